@@ -1,0 +1,52 @@
+"""The LangGraph graph: a chat model that can call tools, over `add_messages` state.
+
+    START -> agent -(tool calls?)-> tools -> agent ... -> END
+
+Built and compiled once per agent, with the store's saver as checkpointer.
+Turns run with `durability="exit"`, so one turn writes one checkpoint: the
+history has one entry per turn (or state update), and the checkpoint after a
+finished turn has no next nodes.
+"""
+
+from __future__ import annotations
+
+from langchain_core.language_models import BaseChatModel
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+from agent.errors import ModelError
+from agent.messages import close_unanswered_tool_calls
+from agent.storage.base import TurnSaverMixin
+from agent.tools import TOOLS
+
+
+def build_graph(model: BaseChatModel, saver: TurnSaverMixin) -> CompiledStateGraph:
+    """Compile the agent graph over `model` with `saver` as its checkpointer.
+
+    A model that cannot bind tools (`bind_tools` raises NotImplementedError) is
+    used without them.
+    """
+    try:
+        bound = model.bind_tools(TOOLS)
+    except NotImplementedError:
+        bound = model
+
+    def agent(state: MessagesState) -> dict:
+        try:
+            reply = bound.invoke(close_unanswered_tool_calls(state["messages"]))
+        except Exception as exc:
+            raise ModelError(f"The chat model failed: {type(exc).__name__}: {exc}; nothing was written.") from exc
+        return {"messages": [reply]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode(TOOLS))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition, ["tools", END])
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(checkpointer=saver)
+    # The saver summarizes `next_nodes` when it writes a checkpoint; it needs
+    # to know which channels trigger which node.
+    saver.node_triggers = {name: list(node.triggers) for name, node in graph.nodes.items()}
+    return graph

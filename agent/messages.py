@@ -1,0 +1,110 @@
+"""Conversions between Responses API items and LangChain messages, and the tool-call repair.
+
+Input items (`message`, `function_call`, `function_call_output`) become chat
+completion dicts through MLflow's `to_chat_completions_input`, then LangChain
+messages through `convert_to_messages`; output messages become Responses items
+through MLflow's `output_to_responses_items_stream`. This module only adds
+validation (so bad items get `InvalidRequest` instead of a KeyError deep in a
+library) and `close_unanswered_tool_calls`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_messages
+from mlflow.types.responses import output_to_responses_items_stream, to_chat_completions_input
+
+from agent.errors import InvalidRequest
+
+ROLES = {"user", "assistant", "system", "developer"}
+TEXT_PART_TYPES = {"input_text", "output_text", "text"}
+
+#: What the model reads in place of a tool result that never arrived.
+UNANSWERED_TOOL_CALL = "Not run: the conversation branched or was edited before this tool call finished."
+
+
+def to_langchain(items: Sequence[Any]) -> list[BaseMessage]:
+    """LangChain messages for Responses input items, in order.
+
+    Accepts `message` items (role user/assistant/system/developer; content a
+    string or a list of text parts), `function_call` and `function_call_output`
+    items, as dicts or MLflow pydantic items.
+
+    Raises:
+        InvalidRequest: an item of another type, a missing or mistyped field.
+    """
+    plain = [item.model_dump(exclude_none=True) if hasattr(item, "model_dump") else item for item in items]
+    for index, item in enumerate(plain):
+        _check_item(index, item)
+    try:
+        return convert_to_messages(to_chat_completions_input(plain))
+    except (KeyError, TypeError, ValueError, NotImplementedError) as exc:
+        raise InvalidRequest(f"Could not read the input items: {exc}") from None
+
+
+def _check_item(index: int, item: Any) -> None:
+    where = f"input[{index}]"
+    if not isinstance(item, dict):
+        raise InvalidRequest(f"{where} must be an object, got {type(item).__name__}")
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}")
+        content = item.get("content")
+        if isinstance(content, str):
+            return
+        if not isinstance(content, list) or not content:
+            raise InvalidRequest(f"{where}.content must be a string or a non-empty list of text parts")
+        for part_index, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES and isinstance(part.get("text"), str)):
+                raise InvalidRequest(
+                    f"{where}.content[{part_index}] must be a text part like {{'type': 'input_text', 'text': '...'}}"
+                )
+    elif kind == "function_call":
+        for key in ("call_id", "name"):
+            if not isinstance(item.get(key), str) or not item.get(key):
+                raise InvalidRequest(f"{where}.{key} must be a non-empty string")
+        if not isinstance(item.get("arguments", "{}"), str):
+            raise InvalidRequest(f"{where}.arguments must be a JSON string")
+    elif kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str) or not item.get("call_id"):
+            raise InvalidRequest(f"{where}.call_id must be a non-empty string")
+        if "output" not in item:
+            raise InvalidRequest(f"{where}.output is required")
+    else:
+        raise InvalidRequest(
+            f"{where}.type {kind!r} is not supported; use 'message', 'function_call' or 'function_call_output'"
+        )
+
+
+def to_output_items(messages: Iterable[BaseMessage]) -> list[dict]:
+    """Responses output items (`message`, `function_call`, `function_call_output`) for the turn's new messages."""
+    return [event.item for event in output_to_responses_items_stream(iter(list(messages)))]
+
+
+def close_unanswered_tool_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """`messages` with a tool message inserted after every tool call that has no answer.
+
+    Branching or editing state at a checkpoint where the assistant had asked
+    for a tool leaves a tool call without its result; OpenAI and Anthropic
+    reject such a history with HTTP 400 (LangGraph's INVALID_CHAT_HISTORY).
+    The inserted message tells the model the call was not run. The stored
+    state is not changed.
+    """
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    repaired: list[BaseMessage] = []
+    pending: list[str] = []
+    for message in messages:
+        if pending and not isinstance(message, ToolMessage):
+            repaired.extend(ToolMessage(UNANSWERED_TOOL_CALL, tool_call_id=call_id) for call_id in pending)
+            pending = []
+        repaired.append(message)
+        if isinstance(message, AIMessage) and message.tool_calls:
+            pending = [call["id"] for call in message.tool_calls if call["id"] not in answered]
+        elif isinstance(message, ToolMessage) and message.tool_call_id in pending:
+            pending.remove(message.tool_call_id)
+    repaired.extend(ToolMessage(UNANSWERED_TOOL_CALL, tool_call_id=call_id) for call_id in pending)
+    return repaired

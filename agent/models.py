@@ -1,0 +1,274 @@
+"""The chat model factory, and the offline model that needs no network.
+
+`make_chat_model` turns the `model` setting into a LangChain chat model:
+`"offline"` gives `OfflineChatModel`, any other name gives `ChatOpenAI`.
+
+`OfflineChatModel` is deterministic, so tests and demos can see memory at work:
+each reply quotes, in order, the user messages the model received in that call.
+It streams a few words per chunk, can call the `calculator` tool, and rejects a
+history with unanswered tool calls as the OpenAI API does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.errors import ErrorCode, create_error_message
+from pydantic import Field
+
+from agent.config import resolve_model_name
+from agent.errors import ConfigurationError
+
+#: The `model` setting that selects `OfflineChatModel`.
+OFFLINE_MODEL_NAME = "offline"
+
+#: First words of every offline reply, so nobody mistakes it for a real model.
+OFFLINE_MARKER = "[offline model] "
+
+#: How many user messages a reply quotes (the most recent ones), and how many characters of each.
+MAX_QUOTED_MESSAGES = 10
+MAX_QUOTED_CHARS = 80
+
+#: The tool the offline model calls, and the prefix of a user message that asks for it.
+CALCULATOR_TOOL = "calculator"
+CALCULATE_PREFIX = "calculate "
+
+#: Words per streamed chunk.
+WORDS_PER_CHUNK = 3
+
+
+def make_chat_model(model: str | BaseChatModel | None = None) -> BaseChatModel:
+    """The chat model for the `model` setting.
+
+    Args:
+        model: a chat model (returned as is); `"offline"` for `OfflineChatModel`;
+            another name for a streaming `ChatOpenAI`, which reads `OPENAI_API_KEY`
+            and `OPENAI_BASE_URL` from the environment; `None` for
+            `agent.config.resolve_model_name(None)` (offline unless a key or base URL is set).
+
+    Returns:
+        A LangChain chat model.
+
+    Raises:
+        ConfigurationError: `model` is an empty string or neither a string nor a chat model,
+            or `ChatOpenAI` refuses the configuration (for example no API key).
+    """
+    if isinstance(model, BaseChatModel):
+        return model
+    if model is None:
+        model = resolve_model_name(None)
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigurationError(
+            f"model must be a non-empty model name or a chat model, not {model!r}", model=repr(model)
+        )
+    if model == OFFLINE_MODEL_NAME:
+        return OfflineChatModel()
+    return _make_openai_model(model)
+
+
+def _make_openai_model(name: str) -> BaseChatModel:
+    # Imported here: it costs over a second, and the offline model needs none of it.
+    from langchain_openai import ChatOpenAI
+
+    extra: dict[str, Any] = {}
+    if os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
+        # Local OpenAI-compatible servers (vLLM, Ollama) ignore the key, but the openai client requires one.
+        extra["api_key"] = "unused"
+    try:
+        return ChatOpenAI(model=name, streaming=True, **extra)
+    except Exception as exc:  # openai.OpenAIError when no key is set; pydantic errors for bad values.
+        raise ConfigurationError(f"Cannot configure OpenAI model {name!r}: {exc}", model=name) from None
+
+
+class OfflineChatModel(BaseChatModel):
+    """A deterministic local chat model that quotes what the user said.
+
+    A reply is `OFFLINE_MARKER`, then "You said, in order: " and the user messages
+    of this call numbered and quoted (the last `MAX_QUOTED_MESSAGES`, each cut to
+    `MAX_QUOTED_CHARS` characters). After tool results it first says
+    "The <tool> says: <result>.". When `calculator` is bound and the last message
+    is a human message starting with "calculate ", it replies with one tool call
+    instead, whose arguments are `{"expression": <rest of the message>}`.
+
+    Fields:
+        latency_ms: milliseconds to sleep per call, to stand in for a real model (default 0).
+        tool_names: names of the bound tools; set by `bind_tools` (default none).
+
+    Raises (on every call):
+        ValueError: the history is invalid for a chat API (message contains `INVALID_CHAT_HISTORY`):
+            a tool call is not answered by a ToolMessage before the next other message,
+            or a ToolMessage answers no preceding tool call.
+    """
+
+    latency_ms: float = Field(default=0.0, ge=0)
+    tool_names: tuple[str, ...] = ()
+
+    @property
+    def _llm_type(self) -> str:
+        return OFFLINE_MODEL_NAME
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": OFFLINE_MODEL_NAME, "latency_ms": self.latency_ms, "tool_names": self.tool_names}
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> OfflineChatModel:
+        """A copy of this model that knows `tools` by name (dicts, functions or BaseTools).
+
+        Other keyword arguments (such as `tool_choice`) are accepted and ignored.
+        """
+        names = tuple(convert_to_openai_tool(tool)["function"]["name"] for tool in tools)
+        return self.model_copy(update={"tool_names": names})
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        time.sleep(self.latency_ms / 1000)
+        return ChatResult(generations=[ChatGeneration(message=self._reply(messages))])
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        # Sleep on the event loop, not in an executor thread, so concurrent turns overlap as with a real model.
+        await asyncio.sleep(self.latency_ms / 1000)
+        return ChatResult(generations=[ChatGeneration(message=self._reply(messages))])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        time.sleep(self.latency_ms / 1000)
+        # No on_llm_new_token here: langchain-core 1.x BaseChatModel.stream/_generate_with_cache
+        # report each chunk to the callbacks themselves, so calling it here would double every token.
+        yield from _to_chunks(self._reply(messages))
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        await asyncio.sleep(self.latency_ms / 1000)
+        for chunk in _to_chunks(self._reply(messages)):
+            yield chunk
+
+    def _reply(self, messages: list[BaseMessage]) -> AIMessage:
+        """The whole reply to `messages`, without an id (LangChain assigns it)."""
+        check_tool_calls_answered(messages)
+        last = messages[-1] if messages else None
+        if (
+            isinstance(last, HumanMessage)
+            and CALCULATOR_TOOL in self.tool_names
+            and last.text.lower().startswith(CALCULATE_PREFIX)
+        ):
+            expression = last.text[len(CALCULATE_PREFIX) :].strip()
+            call_id = tool_call_id(len(messages), expression)
+            return AIMessage(
+                content="",
+                tool_calls=[{"name": CALCULATOR_TOOL, "args": {"expression": expression}, "id": call_id}],
+            )
+        user_texts = [m.text for m in messages if isinstance(m, HumanMessage)]
+        return AIMessage(content=OFFLINE_MARKER + _tool_results(messages) + quote_user_messages(user_texts))
+
+
+def quote_user_messages(texts: Sequence[str]) -> str:
+    """`You said, in order: 1. "…" 2. "…"` for the last `MAX_QUOTED_MESSAGES` texts, each cut to `MAX_QUOTED_CHARS`.
+
+    Numbering starts at 1 with the oldest quoted text. No texts gives `You said nothing yet.`
+    """
+    recent = list(texts)[-MAX_QUOTED_MESSAGES:]
+    if not recent:
+        return "You said nothing yet."
+    quoted = " ".join(f'{n}. "{text[:MAX_QUOTED_CHARS]}"' for n, text in enumerate(recent, start=1))
+    return f"You said, in order: {quoted}"
+
+
+def tool_call_id(position: int, expression: str) -> str:
+    """A deterministic tool call id: `call_` and a short hash of the call's position in the history and its input."""
+    digest = hashlib.sha256(f"{position}:{expression}".encode()).hexdigest()
+    return f"call_{digest[:12]}"
+
+
+def check_tool_calls_answered(messages: Sequence[BaseMessage]) -> None:
+    """Reject a history that a chat API would reject.
+
+    Every tool call of an AIMessage must be answered by a ToolMessage among the
+    ToolMessages that directly follow it, and every ToolMessage must answer one.
+
+    Raises:
+        ValueError: with `INVALID_CHAT_HISTORY` and the offending tool call ids in its message.
+    """
+    unanswered: list[str] = []
+    stray: list[str] = []
+    pending: set[str] = set()
+    for message in messages:
+        if isinstance(message, ToolMessage):
+            if message.tool_call_id in pending:
+                pending.discard(message.tool_call_id)
+            else:
+                stray.append(message.tool_call_id)
+            continue
+        unanswered.extend(sorted(pending))
+        pending = {call["id"] for call in message.tool_calls} if isinstance(message, AIMessage) else set()
+    unanswered.extend(sorted(pending))
+    if unanswered or stray:
+        raise ValueError(
+            create_error_message(
+                message=(
+                    "Invalid chat history: tool calls without a ToolMessage right after them: "
+                    f"{unanswered}; ToolMessages that answer no preceding tool call: {stray}."
+                ),
+                error_code=ErrorCode.INVALID_CHAT_HISTORY,
+            )
+        )
+
+
+def _tool_results(messages: Sequence[BaseMessage]) -> str:
+    """`The <tool> says: <result>. ` for each ToolMessage at the end of `messages`, oldest first."""
+    # A ToolMessage's name is optional; the tool call it answers always has one.
+    call_names = {c["id"]: c["name"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls}
+    results: list[str] = []
+    for message in reversed(messages):
+        if not isinstance(message, ToolMessage):
+            break
+        name = message.name or call_names.get(message.tool_call_id, "tool")
+        results.append(f"The {name} says: {message.text}. ")
+    return "".join(reversed(results))
+
+
+def _to_chunks(message: AIMessage) -> Iterator[ChatGenerationChunk]:
+    """`message` as stream chunks of `WORDS_PER_CHUNK` words; a tool call is one chunk."""
+    if message.tool_calls:
+        call_chunks = [
+            {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i, "type": "tool_call_chunk"}
+            for i, c in enumerate(message.tool_calls)
+        ]
+        yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=call_chunks))
+        return
+    words = re.findall(r"\S+\s*", message.text)
+    for start in range(0, len(words), WORDS_PER_CHUNK):
+        piece = "".join(words[start : start + WORDS_PER_CHUNK])
+        yield ChatGenerationChunk(message=AIMessageChunk(content=piece))

@@ -1,0 +1,376 @@
+"""Postgres backend: `psycopg_pool.ConnectionPool` + LangGraph's `PostgresSaver`.
+
+Design notes:
+
+* **One connection per turn.** A turn checks out a connection, opens a
+  transaction and takes `pg_advisory_xact_lock` on the thread id, so turns on
+  one thread queue (or are refused) across processes and replicas, and
+  different threads never wait for each other. The lock ends with the
+  transaction, also when the process dies. The turn's reads and its final
+  writes use that connection; the chat model runs while the transaction is
+  idle, so `pool_max_size` bounds the turns that run at once.
+* **No saver-wide lock.** `PostgresSaver` serializes every query of an
+  instance behind one lock even when it is given a pool (langgraph#7259), so
+  `_cursor` is overridden to take a pooled connection without it.
+* **Schema.** LangGraph's tables are created by `PostgresSaver.setup()`; the
+  agent adds `agent_threads` (owner and head of each thread) through its own
+  numbered migrations. `setup()` runs under a session advisory lock because
+  LangGraph's migrations (`CREATE INDEX CONCURRENTLY`) are not safe to run from
+  two processes at once.
+* **Managed credentials.** With a `credential_provider`, the pool's connection
+  kwargs are a callable (psycopg_pool >= 3.3), so every new connection gets a
+  fresh or cached password, and `max_lifetime` retires connections before their
+  token expires.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import psycopg
+from langgraph.checkpoint.postgres import PostgresSaver
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from agent.config import AgentSettings, mask_url
+from agent.errors import StorageUnavailable, ThreadBusy
+from agent.storage.base import Store, ThreadRecord, Turn, TurnSaverMixin
+
+# The agent's own migrations; a migration's position is its version.
+MIGRATIONS = [
+    "CREATE TABLE IF NOT EXISTS agent_migrations (v INTEGER PRIMARY KEY)",
+    """CREATE TABLE IF NOT EXISTS agent_threads (
+        thread_id TEXT PRIMARY KEY,
+        user_id TEXT,
+        head_checkpoint_id TEXT NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_threads_user_id_idx ON agent_threads (user_id)",
+]
+
+# Any constant works; it keeps setup's lock apart from the thread locks' key space.
+SETUP_LOCK_KEY = 7_140_213_911
+
+TRY_THREAD_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS locked"
+WAIT_THREAD_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+SELECT_THREAD_SQL = "SELECT thread_id, user_id, head_checkpoint_id FROM agent_threads WHERE thread_id = %s"
+UPSERT_THREAD_SQL = """
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id) VALUES (%s, %s, %s)
+ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id, updated_at = now()
+"""
+CHECKPOINT_IN_THREAD_SQL = """
+SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s
+"""
+LIST_CHECKPOINTS_SQL = """
+SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
+WHERE thread_id = %s AND checkpoint_ns = '' AND (%s::text IS NULL OR checkpoint_id < %s)
+ORDER BY checkpoint_id DESC LIMIT %s
+"""
+# Every checkpoint's stored `messages` value: the blob its channel version points at.
+SELECT_THREAD_MESSAGES_SQL = """
+SELECT c.checkpoint_id, b.type, b.blob FROM checkpoints c
+JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+  AND b.channel = 'messages' AND b.version = c.checkpoint -> 'channel_versions' ->> 'messages'
+WHERE c.thread_id = %s AND c.checkpoint_ns = %s
+"""
+SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
+DELETE_THREAD_SQL = [
+    "DELETE FROM checkpoint_writes WHERE thread_id = %s",
+    "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
+    "DELETE FROM checkpoints WHERE thread_id = %s",
+    "DELETE FROM agent_threads WHERE thread_id = %s",
+]
+
+# Set only for the duration of one synchronous call, so the saver's queries run
+# on the turn's connection (inside its transaction) instead of the pool.
+_TURN_CONN: ContextVar[psycopg.Connection | None] = ContextVar("tt_turn_conn", default=None)
+
+
+class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
+    """`PostgresSaver` with turn buffering, message deltas, summaries and no instance lock."""
+
+    def __init__(self, pool: ConnectionPool, *, message_cache_size: int) -> None:
+        PostgresSaver.__init__(self, pool)
+        self._init_turns(message_cache_size)
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[psycopg.Cursor]:
+        conn = _TURN_CONN.get()
+        if conn is not None:
+            if pipeline:
+                with conn.pipeline(), conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    yield cur
+            else:
+                with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    yield cur
+            return
+        # langgraph#7259: the base class holds `self.lock` here even with a pool.
+        with self.conn.connection() as conn:
+            if pipeline:
+                with conn.pipeline(), conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    yield cur
+            else:
+                with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    yield cur
+
+    @contextmanager
+    def on_connection(self, conn: psycopg.Connection | None) -> Iterator[None]:
+        """Run the saver's queries in this block on `conn` (None: the pool)."""
+        token = _TURN_CONN.set(conn)
+        try:
+            yield
+        finally:
+            _TURN_CONN.reset(token)
+
+    def _backend_get_tuple(self, config):
+        turn = self.active_turn(config["configurable"]["thread_id"])
+        with self.on_connection(turn.lock if turn is not None else _TURN_CONN.get()):
+            return PostgresSaver.get_tuple(self, config)
+
+    def _load_checkpoint_tuple(self, value):
+        return self._resolve_tuple(PostgresSaver._load_checkpoint_tuple(self, value))
+
+    def _backend_put(self, config, checkpoint, metadata, new_versions):
+        return PostgresSaver.put(self, config, checkpoint, metadata, new_versions)
+
+    def _backend_put_writes(self, config, writes, task_id, task_path):
+        return PostgresSaver.put_writes(self, config, writes, task_id, task_path)
+
+    def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:
+        with self._cursor() as cur:
+            cur.execute(SELECT_THREAD_MESSAGES_SQL, (thread_id, checkpoint_ns))
+            rows = cur.fetchall()
+        decoded: dict[tuple, Any] = {}
+        stored = {}
+        for row in rows:
+            key = (row["type"], bytes(row["blob"]) if row["blob"] is not None else None)
+            if key not in decoded:
+                decoded[key] = None if row["type"] == "empty" else self.serde.loads_typed(key)
+            stored[row["checkpoint_id"]] = decoded[key]
+        return stored
+
+
+class CachedCredential:
+    """Calls `provider` for a password at most once per `lifetime` seconds. Thread-safe."""
+
+    def __init__(self, provider: Callable[[], str], lifetime: float) -> None:
+        self._provider = provider
+        self._lifetime = lifetime
+        self._lock = threading.Lock()
+        self._value: str | None = None
+        self._expires = 0.0
+
+    def __call__(self) -> str:
+        with self._lock:
+            if self._value is None or time.monotonic() >= self._expires:
+                self._value = self._provider()
+                self._expires = time.monotonic() + self._lifetime
+            return self._value
+
+
+class PostgresStore(Store):
+    """Postgres storage for one agent. Connects on first use; `setup()` is run then."""
+
+    def __init__(self, url: str, settings: AgentSettings) -> None:
+        self.url = url
+        self.settings = settings
+        base_kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+        kwargs: Any = base_kwargs
+        if settings.credential_provider is not None:
+            credential = CachedCredential(settings.credential_provider, settings.credential_cache_seconds)
+            kwargs = lambda: {**base_kwargs, "password": credential()}  # noqa: E731 - psycopg_pool calls it per connection
+        self.pool = ConnectionPool(
+            url,
+            kwargs=kwargs,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            timeout=settings.pool_timeout,
+            max_lifetime=settings.pool_max_lifetime,
+            open=False,
+            name="timetravel-agent",
+        )
+        self.saver = TurnPostgresSaver(self.pool, message_cache_size=settings.message_cache_size)
+        self._setup_lock = threading.Lock()
+        self._ready = False
+
+    # -- lifecycle -----------------------------------------------------------
+    def setup(self) -> None:
+        with self._setup_lock:
+            if self._ready:
+                return
+            with self._errors("set up the database"):
+                self.pool.open(wait=True, timeout=self.settings.pool_timeout)
+                with self.pool.connection() as conn:
+                    conn.execute("SELECT pg_advisory_lock(%s)", (SETUP_LOCK_KEY,))
+                    try:
+                        self.saver.setup()
+                        self._migrate(conn)
+                    finally:
+                        conn.execute("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))
+            self._ready = True
+
+    def _migrate(self, conn: psycopg.Connection) -> None:
+        conn.execute(MIGRATIONS[0])
+        row = conn.execute("SELECT max(v) AS v FROM agent_migrations").fetchone()
+        current = -1 if row["v"] is None else row["v"]
+        for version in range(current + 1, len(MIGRATIONS)):
+            with conn.transaction():
+                conn.execute(MIGRATIONS[version])
+                conn.execute("INSERT INTO agent_migrations (v) VALUES (%s)", (version,))
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # -- turns -----------------------------------------------------------------
+    @contextmanager
+    def turn(self, thread_id: str, *, user_id: str | None, strategy: str, timeout: float) -> Iterator[Turn]:
+        """See `Store.turn`. Three round trips: lock and read the record, load the start, write and commit."""
+        self.setup()
+        with self._errors("start the turn", thread_id):
+            conn, record = self._begin_turn(thread_id, strategy, timeout)
+        committing = False
+        try:
+            turn = Turn(thread_id=thread_id, user_id=user_id, lock=conn, record=record)
+            with self.saver.buffering(turn):
+                yield turn
+                committing = True
+                # One pipeline: every write, the head, and COMMIT in one round trip.
+                with conn.pipeline(), self.saver.on_connection(conn):
+                    if turn.puts:
+                        self.saver.write_turn(turn)
+                        conn.execute(UPSERT_THREAD_SQL, (thread_id, user_id, turn.new_head))
+                    conn.execute("COMMIT")
+        except psycopg.OperationalError as exc:
+            outcome = (
+                "the turn may or may not have been saved; list the thread's history before retrying"
+                if committing
+                else "nothing was written; the request can be retried"
+            )
+            raise StorageUnavailable(
+                f"Lost the connection to {mask_url(self.url)}: {_first_line(exc)}; {outcome}.", thread_id=thread_id
+            ) from None
+        finally:
+            if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                try:
+                    conn.execute("ROLLBACK")
+                except psycopg.Error:
+                    pass  # the pool discards a broken connection
+            self.pool.putconn(conn)
+
+    def _begin_turn(self, thread_id: str, strategy: str, timeout: float) -> tuple[psycopg.Connection, ThreadRecord | None]:
+        # Connections are not checked when taken from the pool (that costs a
+        # round trip per turn). A connection that died (pg_terminate_backend,
+        # a server restart) fails here, before anything is written: the pool
+        # then drops every dead idle connection and the turn tries once more.
+        for attempt in (1, 2):
+            conn = self.pool.getconn()
+            try:
+                return conn, self._lock_and_read(conn, thread_id, strategy, timeout)
+            except psycopg.OperationalError:
+                self.pool.putconn(conn)
+                if attempt == 2 or not conn.closed:
+                    raise
+                self.pool.check()
+            except BaseException:
+                if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    conn.execute("ROLLBACK")
+                self.pool.putconn(conn)
+                raise
+        raise AssertionError("unreachable")
+
+    def _lock_and_read(self, conn: psycopg.Connection, thread_id: str, strategy: str, timeout: float) -> ThreadRecord | None:
+        # BEGIN, the lock and the record read go in one simple-protocol query
+        # (one round trip), so the id is quoted by psycopg as a literal.
+        tid = sql.Literal(thread_id)
+        if strategy == "reject":
+            lock = sql.SQL("SELECT pg_try_advisory_xact_lock(hashtextextended({}, 0)) AS locked").format(tid)
+        else:
+            # SET LOCAL ends with the transaction; lock_timeout also bounds advisory lock waits.
+            lock = sql.SQL("SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock(hashtextextended({}, 0)), true AS locked").format(
+                sql.Literal(f"{max(1, int(timeout * 1000))}ms"), tid
+            )
+        query = sql.SQL("BEGIN; {}; {}").format(lock, sql.SQL(SELECT_THREAD_SQL.replace("%s", "{}")).format(tid))
+        cur = conn.cursor()
+        try:
+            cur.execute(query, prepare=False)
+        except psycopg.errors.LockNotAvailable:
+            conn.execute("ROLLBACK")
+            raise ThreadBusy(
+                f"Thread {thread_id!r} stayed busy for {timeout} s; the turn was not run.", thread_id=thread_id
+            ) from None
+        # Results: BEGIN, [SET,] the lock, the record.
+        results = []
+        while True:
+            if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
+                results.append(cur.fetchall())
+            if not cur.nextset():
+                break
+        locked_rows, record_rows = results[-2], results[-1]
+        if not locked_rows[0]["locked"]:
+            conn.execute("ROLLBACK")
+            raise ThreadBusy(f"Thread {thread_id!r} is busy with another turn.", thread_id=thread_id)
+        return ThreadRecord(**record_rows[0]) if record_rows else None
+
+    # -- reads -------------------------------------------------------------------
+    @contextmanager
+    def _connection(self, thread_id: str | None = None) -> Iterator[psycopg.Connection]:
+        """The active turn's connection for this thread, else a pooled one."""
+        self.setup()
+        turn = self.saver.active_turn(thread_id) if thread_id else None
+        with self._errors("read from the database"):
+            if turn is not None:
+                yield turn.lock
+            else:
+                with self.pool.connection() as conn:
+                    yield conn
+
+    def get_thread(self, thread_id: str) -> ThreadRecord | None:
+        with self._connection(thread_id) as conn:
+            row = conn.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone()
+        return ThreadRecord(**row) if row else None
+
+    def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
+        with self._connection(thread_id) as conn:
+            return conn.execute(CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)).fetchone() is not None
+
+    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
+        with self._connection(thread_id) as conn:
+            return conn.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit)).fetchall()
+
+    def threads_of_user(self, user_id: str) -> list[str]:
+        with self._connection() as conn:
+            return [row["thread_id"] for row in conn.execute(SELECT_USER_THREADS_SQL, (user_id,))]
+
+    def delete_thread(self, thread_id: str) -> None:
+        with self.turn(thread_id, user_id=None, strategy="enqueue", timeout=self.settings.enqueue_timeout) as turn:
+            for statement in DELETE_THREAD_SQL:
+                turn.lock.execute(statement, (thread_id,))
+        self.saver.message_cache.clear()
+
+    # -- errors --------------------------------------------------------------------
+    @contextmanager
+    def _errors(self, action: str, thread_id: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except PoolTimeout:
+            raise StorageUnavailable(
+                f"Could not {action}: no connection to {mask_url(self.url)} within {self.settings.pool_timeout} s; "
+                "nothing was written.",
+                thread_id=thread_id,
+            ) from None
+        except psycopg.OperationalError as exc:
+            raise StorageUnavailable(
+                f"Could not {action} at {mask_url(self.url)}: {_first_line(exc)}; nothing was written.",
+                thread_id=thread_id,
+            ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,91 @@
+"""Fixtures that start real services: a fresh Postgres database per test session, SQLite files, agents.
+
+Postgres comes from AGENT_TEST_DATABASE_URL (default: the local server at
+127.0.0.1:5432, user postgres). If it cannot be reached the session fails
+with what to set; it is never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from agent import create_agent
+
+DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _with_database(url: str, dbname: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    info["dbname"] = dbname
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+def _as_url(conninfo: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(conninfo)
+    user = info.get("user", "postgres")
+    auth = user + (":" + info["password"] if info.get("password") else "")
+    return f"postgresql://{auth}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{info['dbname']}"
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> str:
+    """The Postgres server the tests use (a maintenance database URL)."""
+    url = os.environ.get("AGENT_TEST_DATABASE_URL", DEFAULT_SERVER_URL)
+    try:
+        with psycopg.connect(url, connect_timeout=5):
+            pass
+    except psycopg.OperationalError as exc:
+        pytest.fail(
+            f"Postgres is not reachable at AGENT_TEST_DATABASE_URL={url!r}: {exc}. "
+            "Start it (scripts/test.sh does when a local cluster exists) or set AGENT_TEST_DATABASE_URL.",
+            pytrace=False,
+        )
+    return url
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server_url: str) -> Iterator[str]:
+    """A fresh database for this test session, dropped afterwards."""
+    name = f"tt_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield _as_url(_with_database(pg_server_url, name))
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def backend_url(request, tmp_path) -> str:
+    """Each test that uses it runs on real Postgres and on a SQLite file."""
+    if request.param == "postgres":
+        return request.getfixturevalue("pg_url")
+    return f"sqlite:///{tmp_path / 'checkpoints.sqlite'}"
+
+
+@pytest.fixture
+def make_agent() -> Iterator[Callable[..., object]]:
+    """A factory for agents (offline model, tracing off unless asked) that closes them afterwards."""
+    agents = []
+
+    def make(url: str, **settings):
+        settings.setdefault("model", "offline")
+        settings.setdefault("tracing", False)
+        agent = create_agent(url, **settings)
+        agents.append(agent)
+        return agent
+
+    yield make
+    for agent in agents:
+        agent.close()
+
+
+@pytest.fixture
+def agent(backend_url, make_agent):
+    """An offline agent on each backend."""
+    return make_agent(backend_url)
