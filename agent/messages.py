@@ -94,6 +94,9 @@ def close_unanswered_tool_calls(messages: Sequence[BaseMessage]) -> list[BaseMes
     The inserted message tells the model the call was not run. The stored
     state is not changed.
     """
+    # Fast path, taken on nearly every call: nothing to repair (one cheap pass).
+    if not _has_unanswered_call(messages):
+        return list(messages)
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     repaired: list[BaseMessage] = []
     pending: list[str] = []
@@ -108,3 +111,15 @@ def close_unanswered_tool_calls(messages: Sequence[BaseMessage]) -> list[BaseMes
             pending.remove(message.tool_call_id)
     repaired.extend(ToolMessage(UNANSWERED_TOOL_CALL, tool_call_id=call_id) for call_id in pending)
     return repaired
+
+
+def _has_unanswered_call(messages: Sequence[BaseMessage]) -> bool:
+    pending: set[str] = set()
+    for message in messages:
+        if isinstance(message, ToolMessage):
+            pending.discard(message.tool_call_id)
+        elif pending:
+            return True
+        elif isinstance(message, AIMessage) and message.tool_calls:
+            pending = {call["id"] for call in message.tool_calls}
+    return bool(pending)

@@ -190,8 +190,7 @@ class OfflineChatModel(BaseChatModel):
                 content="",
                 tool_calls=[{"name": CALCULATOR_TOOL, "args": {"expression": expression}, "id": call_id}],
             )
-        user_texts = [m.text for m in messages if isinstance(m, HumanMessage)]
-        return AIMessage(content=OFFLINE_MARKER + _tool_results(messages) + quote_user_messages(user_texts))
+        return AIMessage(content=OFFLINE_MARKER + _tool_results(messages) + quote_user_messages(_recent_user_texts(messages)))
 
 
 def quote_user_messages(texts: Sequence[str]) -> str:
@@ -224,6 +223,7 @@ def check_tool_calls_answered(messages: Sequence[BaseMessage]) -> None:
     unanswered: list[str] = []
     stray: list[str] = []
     pending: set[str] = set()
+    # One cheap pass: this runs on every reply, over the whole thread.
     for message in messages:
         if isinstance(message, ToolMessage):
             if message.tool_call_id in pending:
@@ -231,8 +231,11 @@ def check_tool_calls_answered(messages: Sequence[BaseMessage]) -> None:
             else:
                 stray.append(message.tool_call_id)
             continue
-        unanswered.extend(sorted(pending))
-        pending = {call["id"] for call in message.tool_calls} if isinstance(message, AIMessage) else set()
+        if pending:
+            unanswered.extend(sorted(pending))
+            pending = set()
+        if isinstance(message, AIMessage) and message.tool_calls:
+            pending = {call["id"] for call in message.tool_calls}
     unanswered.extend(sorted(pending))
     if unanswered or stray:
         raise ValueError(
@@ -246,17 +249,32 @@ def check_tool_calls_answered(messages: Sequence[BaseMessage]) -> None:
         )
 
 
+def _recent_user_texts(messages: Sequence[BaseMessage]) -> list[str]:
+    """The texts of the last `MAX_QUOTED_MESSAGES` user messages, oldest first (reads from the end only)."""
+    texts: list[str] = []
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            texts.append(message.text)
+            if len(texts) == MAX_QUOTED_MESSAGES:
+                break
+    return texts[::-1]
+
+
 def _tool_results(messages: Sequence[BaseMessage]) -> str:
     """`The <tool> says: <result>. ` for each ToolMessage at the end of `messages`, oldest first."""
-    # A ToolMessage's name is optional; the tool call it answers always has one.
-    call_names = {c["id"]: c["name"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls}
-    results: list[str] = []
-    for message in reversed(messages):
-        if not isinstance(message, ToolMessage):
-            break
-        name = message.name or call_names.get(message.tool_call_id, "tool")
-        results.append(f"The {name} says: {message.text}. ")
-    return "".join(reversed(results))
+    trailing: list[ToolMessage] = []
+    index = len(messages) - 1
+    while index >= 0 and isinstance(messages[index], ToolMessage):
+        trailing.append(messages[index])
+        index -= 1
+    if not trailing:
+        return ""
+    # A ToolMessage's name is optional; the tool call it answers (just before them) always has one.
+    caller = messages[index] if index >= 0 else None
+    call_names = {c["id"]: c["name"] for c in caller.tool_calls} if isinstance(caller, AIMessage) else {}
+    return "".join(
+        f"The {m.name or call_names.get(m.tool_call_id, 'tool')} says: {m.text}. " for m in reversed(trailing)
+    )
 
 
 def _to_chunks(message: AIMessage) -> Iterator[ChatGenerationChunk]:

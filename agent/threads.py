@@ -20,7 +20,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings
 from agent.errors import CheckpointNotFound, ThreadNotFound
-from agent.storage import Store, ThreadRecord
+from agent.storage import Store, ThreadRecord, Turn
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,8 @@ class Threads:
             ModelError, StorageUnavailable: the model or the database failed.
         """
         thread_id = thread_id or str(uuid.uuid4())
-        with self._turn(thread_id, user_id, strategy) as turn:
-            start = self._starting_checkpoint(turn.record, thread_id, user_id, checkpoint_id)
+        with self._turn(thread_id, user_id, strategy, checkpoint_id) as turn:
+            start = self._starting_checkpoint(turn, user_id, checkpoint_id)
             config = _config(thread_id, start)
             modes = ["messages", "updates"] if stream_tokens else ["updates"]
             for mode, chunk in self.graph.stream({"messages": list(messages)}, config, stream_mode=modes, durability="exit"):
@@ -132,10 +132,11 @@ class Threads:
         Raises:
             ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run_turn`.
         """
-        with self._turn(thread_id, user_id, strategy) as turn:
+        with self._turn(thread_id, user_id, strategy, checkpoint_id) as turn:
             record = authorize(turn.record, thread_id, user_id)
             start = checkpoint_id or record.head_checkpoint_id
-            self._check_checkpoint(thread_id, start)
+            if turn.loaded.get(start) is None:
+                raise _checkpoint_not_found(thread_id, start)
             # As the agent node: the new checkpoint's next step then follows the
             # usual edge (tools if the last message asks for one, else the end).
             self.graph.update_state(_config(thread_id, start), {"messages": list(messages)}, as_node="agent")
@@ -156,8 +157,8 @@ class Threads:
             CheckpointNotFound: `before` is not a checkpoint of this thread.
         """
         authorize(self.store.get_thread(thread_id), thread_id, user_id)
-        if before is not None:
-            self._check_checkpoint(thread_id, before)
+        if before is not None and not self.store.checkpoint_in_thread(thread_id, before):
+            raise _checkpoint_not_found(thread_id, before)
         rows = self.store.list_checkpoints(thread_id, limit=limit, before=before)
         return [_history_entry(thread_id, row) for row in rows]
 
@@ -178,18 +179,18 @@ class Threads:
         return deleted
 
     # -- helpers -----------------------------------------------------------------
-    def _turn(self, thread_id: str, user_id: str | None, strategy: str | None):
+    def _turn(self, thread_id: str, user_id: str | None, strategy: str | None, checkpoint_id: str | None = None):
         return self.store.turn(
             thread_id,
             user_id=user_id,
             strategy=strategy or self.settings.multitask_strategy,
             timeout=self.settings.enqueue_timeout,
+            checkpoint_id=checkpoint_id,
         )
 
-    def _starting_checkpoint(
-        self, record: ThreadRecord | None, thread_id: str, user_id: str | None, checkpoint_id: str | None
-    ) -> str | None:
+    def _starting_checkpoint(self, turn: Turn, user_id: str | None, checkpoint_id: str | None) -> str | None:
         """The checkpoint a turn starts from; the one owner of the "head unless branching" rule."""
+        record, thread_id = turn.record, turn.thread_id
         if record is None and checkpoint_id is None:
             return None  # a new thread
         if record is None:
@@ -201,16 +202,17 @@ class Threads:
         authorize(record, thread_id, user_id)
         if checkpoint_id is None:
             return record.head_checkpoint_id
-        self._check_checkpoint(thread_id, checkpoint_id)
+        if turn.loaded.get(checkpoint_id) is None:
+            raise _checkpoint_not_found(thread_id, checkpoint_id)
         return checkpoint_id
 
-    def _check_checkpoint(self, thread_id: str, checkpoint_id: str) -> None:
-        if not self.store.checkpoint_in_thread(thread_id, checkpoint_id):
-            raise CheckpointNotFound(
-                f"Checkpoint {checkpoint_id!r} was not found in thread {thread_id!r}.",
-                thread_id=thread_id,
-                checkpoint_id=checkpoint_id,
-            )
+
+def _checkpoint_not_found(thread_id: str, checkpoint_id: str) -> CheckpointNotFound:
+    return CheckpointNotFound(
+        f"Checkpoint {checkpoint_id!r} was not found in thread {thread_id!r}.",
+        thread_id=thread_id,
+        checkpoint_id=checkpoint_id,
+    )
 
 
 def _config(thread_id: str, checkpoint_id: str | None) -> dict:

@@ -280,8 +280,12 @@ class Store(ABC):
         """Create or migrate the tables. Idempotent, and safe to run from several processes at once."""
 
     @abstractmethod
-    def turn(self, thread_id: str, *, user_id: str | None, strategy: str, timeout: float):
+    def turn(self, thread_id: str, *, user_id: str | None, strategy: str, timeout: float, checkpoint_id: str | None = None):
         """A context manager that holds the thread's lock for one turn and yields a `Turn`.
+
+        Under the lock it reads the thread record (`Turn.record`) and the turn's
+        start, `checkpoint_id` or else the head, into `Turn.loaded` (absent when
+        that checkpoint is not in the thread), so the turn needs no other read.
 
         On a normal exit it commits the turn's checkpoints, writes, the new head
         and (for a new thread) the owner, atomically; on an exception it writes

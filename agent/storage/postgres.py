@@ -65,6 +65,11 @@ UPSERT_THREAD_SQL = """
 INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id) VALUES (%s, %s, %s)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id, updated_at = now()
 """
+# The turn's start: the requested checkpoint, else the thread head.
+SELECT_START_WHERE_SQL = """
+WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = COALESCE(
+    %s, (SELECT head_checkpoint_id FROM agent_threads WHERE thread_id = %s))
+"""
 CHECKPOINT_IN_THREAD_SQL = """
 SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s
 """
@@ -230,14 +235,18 @@ class PostgresStore(Store):
 
     # -- turns -----------------------------------------------------------------
     @contextmanager
-    def turn(self, thread_id: str, *, user_id: str | None, strategy: str, timeout: float) -> Iterator[Turn]:
-        """See `Store.turn`. Three round trips: lock and read the record, load the start, write and commit."""
+    def turn(
+        self, thread_id: str, *, user_id: str | None, strategy: str, timeout: float, checkpoint_id: str | None = None
+    ) -> Iterator[Turn]:
+        """See `Store.turn`. Two round trips: (lock, read the record and the start) and (write, commit)."""
         self.setup()
         with self._errors("start the turn", thread_id):
-            conn, record = self._begin_turn(thread_id, strategy, timeout)
+            conn, record, start = self._begin_turn(thread_id, strategy, timeout, checkpoint_id)
         committing = False
         try:
             turn = Turn(thread_id=thread_id, user_id=user_id, lock=conn, record=record)
+            if start is not None:
+                turn.loaded[start.config["configurable"]["checkpoint_id"]] = start
             with self.saver.buffering(turn):
                 yield turn
                 committing = True
@@ -257,14 +266,10 @@ class PostgresStore(Store):
                 f"Lost the connection to {mask_url(self.url)}: {_first_line(exc)}; {outcome}.", thread_id=thread_id
             ) from None
         finally:
-            if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                try:
-                    conn.execute("ROLLBACK")
-                except psycopg.Error:
-                    pass  # the pool discards a broken connection
+            _rollback_quietly(conn)
             self.pool.putconn(conn)
 
-    def _begin_turn(self, thread_id: str, strategy: str, timeout: float) -> tuple[psycopg.Connection, ThreadRecord | None]:
+    def _begin_turn(self, thread_id: str, strategy: str, timeout: float, checkpoint_id: str | None):
         # Connections are not checked when taken from the pool (that costs a
         # round trip per turn). A connection that died (pg_terminate_backend,
         # a server restart) fails here, before anything is written: the pool
@@ -272,51 +277,59 @@ class PostgresStore(Store):
         for attempt in (1, 2):
             conn = self.pool.getconn()
             try:
-                return conn, self._lock_and_read(conn, thread_id, strategy, timeout)
+                return (conn, *self._lock_and_read(conn, thread_id, strategy, timeout, checkpoint_id))
             except psycopg.OperationalError:
                 self.pool.putconn(conn)
                 if attempt == 2 or not conn.closed:
                     raise
                 self.pool.check()
             except BaseException:
-                if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    conn.execute("ROLLBACK")
+                _rollback_quietly(conn)
                 self.pool.putconn(conn)
                 raise
         raise AssertionError("unreachable")
 
-    def _lock_and_read(self, conn: psycopg.Connection, thread_id: str, strategy: str, timeout: float) -> ThreadRecord | None:
-        # BEGIN, the lock and the record read go in one simple-protocol query
-        # (one round trip), so the id is quoted by psycopg as a literal.
+    def _lock_and_read(self, conn: psycopg.Connection, thread_id: str, strategy: str, timeout: float, checkpoint_id: str | None):
+        """BEGIN, take the thread lock, read the record and the turn's start checkpoint, in one round trip.
+
+        Returns (record or None, start CheckpointTuple or None). The start is
+        `checkpoint_id` if given, else the head; None if it is not in the thread.
+        A simple-protocol query carries several statements, so ids are quoted
+        by psycopg as literals.
+        """
         tid = sql.Literal(thread_id)
         if strategy == "reject":
             lock = sql.SQL("SELECT pg_try_advisory_xact_lock(hashtextextended({}, 0)) AS locked").format(tid)
         else:
             # SET LOCAL ends with the transaction; lock_timeout also bounds advisory lock waits.
-            lock = sql.SQL("SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock(hashtextextended({}, 0)), true AS locked").format(
-                sql.Literal(f"{max(1, int(timeout * 1000))}ms"), tid
-            )
-        query = sql.SQL("BEGIN; {}; {}").format(lock, sql.SQL(SELECT_THREAD_SQL.replace("%s", "{}")).format(tid))
+            lock = sql.SQL(
+                "SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock(hashtextextended({}, 0)), true AS locked"
+            ).format(sql.Literal(f"{max(1, int(timeout * 1000))}ms"), tid)
+        record = sql.SQL(SELECT_THREAD_SQL.replace("%s", "{}")).format(tid)
+        start = sql.SQL(self.saver.SELECT_SQL + SELECT_START_WHERE_SQL.replace("%s", "{}")).format(
+            tid, sql.Literal(checkpoint_id), tid
+        )
         cur = conn.cursor()
         try:
-            cur.execute(query, prepare=False)
+            cur.execute(sql.SQL("BEGIN; {}; {}; {}").format(lock, record, start), prepare=False)
         except psycopg.errors.LockNotAvailable:
-            conn.execute("ROLLBACK")
+            _rollback_quietly(conn)
             raise ThreadBusy(
                 f"Thread {thread_id!r} stayed busy for {timeout} s; the turn was not run.", thread_id=thread_id
             ) from None
-        # Results: BEGIN, [SET,] the lock, the record.
-        results = []
+        results = []  # the rows of each SELECT: the lock, the record, the start
         while True:
             if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
                 results.append(cur.fetchall())
             if not cur.nextset():
                 break
-        locked_rows, record_rows = results[-2], results[-1]
+        locked_rows, record_rows, start_rows = results[-3:]
         if not locked_rows[0]["locked"]:
-            conn.execute("ROLLBACK")
+            _rollback_quietly(conn)
             raise ThreadBusy(f"Thread {thread_id!r} is busy with another turn.", thread_id=thread_id)
-        return ThreadRecord(**record_rows[0]) if record_rows else None
+        with self.saver.on_connection(conn):
+            start = self.saver._load_checkpoint_tuple(start_rows[0]) if start_rows else None
+        return (ThreadRecord(**record_rows[0]) if record_rows else None), start
 
     # -- reads -------------------------------------------------------------------
     @contextmanager
@@ -370,6 +383,15 @@ class PostgresStore(Store):
                 f"Could not {action} at {mask_url(self.url)}: {_first_line(exc)}; nothing was written.",
                 thread_id=thread_id,
             ) from None
+
+
+def _rollback_quietly(conn: psycopg.Connection) -> None:
+    """End an open transaction; a broken connection is left for the pool to discard."""
+    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        try:
+            conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass
 
 
 def _first_line(exc: BaseException) -> str:

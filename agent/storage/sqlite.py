@@ -177,12 +177,22 @@ class SqliteStore(Store):
 
     # -- turns -----------------------------------------------------------------
     @contextmanager
-    def turn(self, thread_id: str, *, user_id: str | None, strategy: str, timeout: float) -> Iterator[Turn]:
+    def turn(
+        self, thread_id: str, *, user_id: str | None, strategy: str, timeout: float, checkpoint_id: str | None = None
+    ) -> Iterator[Turn]:
         with self._errors():
             owner = self._claim(thread_id, strategy, timeout)
         released = False
         try:
-            turn = Turn(thread_id=thread_id, user_id=user_id, lock=owner, record=self.get_thread(thread_id))
+            record = self.get_thread(thread_id)
+            turn = Turn(thread_id=thread_id, user_id=user_id, lock=owner, record=record)
+            start_id = checkpoint_id or (record.head_checkpoint_id if record else None)
+            if start_id is not None:
+                config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": start_id}}
+                with self._errors():
+                    start = self.saver._backend_get_tuple(config)
+                if start is not None:
+                    turn.loaded[start_id] = start
             with self.saver.buffering(turn):
                 yield turn
                 # The writes, the head and the lock's release commit together.
