@@ -51,7 +51,8 @@ def _check_item(index: int, item: Any) -> None:
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")
-        if role not in ROLES:
+        # isinstance first: `in` a set raises TypeError for an unhashable value.
+        if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}")
         content = item.get("content")
         if isinstance(content, str):
@@ -59,7 +60,8 @@ def _check_item(index: int, item: Any) -> None:
         if not isinstance(content, list) or not content:
             raise InvalidRequest(f"{where}.content must be a string or a non-empty list of text parts")
         for part_index, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES and isinstance(part.get("text"), str)):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if not (isinstance(kind, str) and kind in TEXT_PART_TYPES and isinstance(part.get("text"), str)):
                 raise InvalidRequest(
                     f"{where}.content[{part_index}] must be a text part like {{'type': 'input_text', 'text': '...'}}"
                 )
@@ -86,40 +88,49 @@ def to_output_items(messages: Iterable[BaseMessage]) -> list[dict]:
 
 
 def close_unanswered_tool_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """`messages` with a tool message inserted after every tool call that has no answer.
+    """`messages` as a chat API accepts them: a tool message is inserted after every tool call that
+    is not answered right after it, and a tool message that answers no such call is left out.
 
     Branching or editing state at a checkpoint where the assistant had asked
-    for a tool leaves a tool call without its result; OpenAI and Anthropic
-    reject such a history with HTTP 400 (LangGraph's INVALID_CHAT_HISTORY).
-    The inserted message tells the model the call was not run. The stored
-    state is not changed.
+    for a tool leaves a tool call without its result, and `update_checkpoint_state`
+    can store a tool result for a call nobody made; OpenAI and Anthropic reject
+    either history with HTTP 400 (LangGraph's INVALID_CHAT_HISTORY), so every
+    later turn of the thread would fail. The inserted message tells the model
+    the call was not run. The stored state is not changed.
     """
     # Fast path, taken on nearly every call: nothing to repair (one cheap pass).
-    if not _has_unanswered_call(messages):
+    if _tool_calls_well_formed(messages):
         return list(messages)
-    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     repaired: list[BaseMessage] = []
-    pending: list[str] = []
+    pending: list[str] = []  # calls of the last assistant message not answered yet, in order
     for message in messages:
-        if pending and not isinstance(message, ToolMessage):
-            repaired.extend(ToolMessage(UNANSWERED_TOOL_CALL, tool_call_id=call_id) for call_id in pending)
-            pending = []
+        if isinstance(message, ToolMessage):
+            if message.tool_call_id in pending:
+                pending.remove(message.tool_call_id)
+                repaired.append(message)
+            continue  # otherwise it answers no call open here: left out
+        repaired.extend(ToolMessage(UNANSWERED_TOOL_CALL, tool_call_id=call_id) for call_id in pending)
         repaired.append(message)
-        if isinstance(message, AIMessage) and message.tool_calls:
-            pending = [call["id"] for call in message.tool_calls if call["id"] not in answered]
-        elif isinstance(message, ToolMessage) and message.tool_call_id in pending:
-            pending.remove(message.tool_call_id)
+        pending = [call["id"] for call in message.tool_calls] if isinstance(message, AIMessage) else []
     repaired.extend(ToolMessage(UNANSWERED_TOOL_CALL, tool_call_id=call_id) for call_id in pending)
     return repaired
 
 
-def _has_unanswered_call(messages: Sequence[BaseMessage]) -> bool:
+def _tool_calls_well_formed(messages: Sequence[BaseMessage]) -> bool:
+    """Each tool call is answered, and each tool message answers a call, among the tool messages
+    right after the assistant message that made it (the rule of the OpenAI API)."""
+    # Runs before every model call over the whole thread, so it compares the
+    # `type` field: isinstance on pydantic message classes goes through ABCMeta
+    # and costs several times more.
     pending: set[str] = set()
     for message in messages:
-        if isinstance(message, ToolMessage):
+        kind = message.type
+        if kind == "tool":
+            if message.tool_call_id not in pending:
+                return False
             pending.discard(message.tool_call_id)
         elif pending:
-            return True
-        elif isinstance(message, AIMessage) and message.tool_calls:
+            return False
+        elif kind == "ai" and message.tool_calls:
             pending = {call["id"] for call in message.tool_calls}
-    return bool(pending)
+    return not pending

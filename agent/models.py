@@ -138,7 +138,8 @@ class OfflineChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        time.sleep(self.latency_ms / 1000)
+        if self.latency_ms:
+            time.sleep(self.latency_ms / 1000)
         return ChatResult(generations=[ChatGeneration(message=self._reply(messages))])
 
     async def _agenerate(
@@ -149,7 +150,8 @@ class OfflineChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         # Sleep on the event loop, not in an executor thread, so concurrent turns overlap as with a real model.
-        await asyncio.sleep(self.latency_ms / 1000)
+        if self.latency_ms:
+            await asyncio.sleep(self.latency_ms / 1000)
         return ChatResult(generations=[ChatGeneration(message=self._reply(messages))])
 
     def _stream(
@@ -159,7 +161,8 @@ class OfflineChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        time.sleep(self.latency_ms / 1000)
+        if self.latency_ms:
+            time.sleep(self.latency_ms / 1000)
         # No on_llm_new_token here: langchain-core 1.x BaseChatModel.stream/_generate_with_cache
         # report each chunk to the callbacks themselves, so calling it here would double every token.
         yield from _to_chunks(self._reply(messages))
@@ -171,7 +174,8 @@ class OfflineChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        await asyncio.sleep(self.latency_ms / 1000)
+        if self.latency_ms:
+            await asyncio.sleep(self.latency_ms / 1000)
         for chunk in _to_chunks(self._reply(messages)):
             yield chunk
 
@@ -223,9 +227,11 @@ def check_tool_calls_answered(messages: Sequence[BaseMessage]) -> None:
     unanswered: list[str] = []
     stray: list[str] = []
     pending: set[str] = set()
-    # One cheap pass: this runs on every reply, over the whole thread.
+    # One cheap pass over the whole thread on every reply: compare the `type`
+    # field, as isinstance on pydantic message classes goes through ABCMeta.
     for message in messages:
-        if isinstance(message, ToolMessage):
+        kind = message.type
+        if kind == "tool":
             if message.tool_call_id in pending:
                 pending.discard(message.tool_call_id)
             else:
@@ -234,7 +240,7 @@ def check_tool_calls_answered(messages: Sequence[BaseMessage]) -> None:
         if pending:
             unanswered.extend(sorted(pending))
             pending = set()
-        if isinstance(message, AIMessage) and message.tool_calls:
+        if kind == "ai" and message.tool_calls:
             pending = {call["id"] for call in message.tool_calls}
     unanswered.extend(sorted(pending))
     if unanswered or stray:

@@ -68,8 +68,9 @@ def parse_request(request: Any, *, max_request_bytes: int, require_user_id: bool
     if not isinstance(raw, dict):
         raise InvalidRequest(f"The request must be an object, got {type(raw).__name__}")
     _check_size(raw, max_request_bytes)
-    custom = raw.get("custom_inputs") or {}
-    context = raw.get("context") or {}
+    # `is None`, not `or`: an empty list or string is the wrong type, not "none given".
+    custom = {} if raw.get("custom_inputs") is None else raw["custom_inputs"]
+    context = {} if raw.get("context") is None else raw["context"]
     if not isinstance(custom, dict):
         raise InvalidRequest("custom_inputs must be an object")
     if not isinstance(context, dict):
@@ -145,12 +146,24 @@ def check_limit(value: Any) -> int:
 
 
 def _check_size(raw: dict, limit: int) -> None:
+    size = encoded_size("The request", raw)
+    if size > limit:
+        raise InvalidRequest(f"The request is {size} bytes; the limit is {limit} bytes")
+
+
+def encoded_size(name: str, value: Any) -> int:
+    """The size of `value` as UTF-8 JSON, in bytes.
+
+    Raises:
+        InvalidRequest: `value` holds text that is not valid Unicode (a lone
+            surrogate), or is nested too deeply (or circularly) to encode.
+    """
     try:
-        encoded = json.dumps(raw, ensure_ascii=False, default=str).encode("utf-8")
+        return len(json.dumps(value, ensure_ascii=False, default=str).encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise InvalidRequest(f"The request holds text that is not valid Unicode ({exc.reason})") from None
-    if len(encoded) > limit:
-        raise InvalidRequest(f"The request is {len(encoded)} bytes; the limit is {limit} bytes")
+        raise InvalidRequest(f"{name} holds text that is not valid Unicode ({exc.reason})") from None
+    except (RecursionError, ValueError) as exc:  # ValueError: a circular reference
+        raise InvalidRequest(f"{name} is nested too deeply to read ({type(exc).__name__})") from None
 
 
 def _check_unicode(name: str, value: str) -> None:

@@ -30,9 +30,10 @@ from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse
 from agent.config import AgentSettings
 from agent.errors import AgentError, InvalidRequest
 from agent.messages import to_langchain, to_output_items
-from agent.requests import ParsedRequest, check_id, check_limit, check_user_id, parse_request
+from agent.requests import ParsedRequest, check_id, check_limit, check_user_id, encoded_size, parse_request
 from agent.storage import Store
 from agent.threads import NewMessages, TextDelta, Threads, TurnIds
+from agent.tracing import scrub_trace_inputs, tag_trace
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class LangGraphResponsesAgent(ResponsesAgent):
         """
         parsed = self._parse(request)
         if parsed.action != "turn":
-            yield ResponsesAgentStreamEvent(type="response.completed", custom_outputs=self._run_action(parsed))
+            yield _completed_event(self._run_action(parsed))
             return
         held: dict | None = None
         for event in self._turn_events(parsed, stream_tokens=True):
@@ -96,10 +97,16 @@ class LangGraphResponsesAgent(ResponsesAgent):
                 for item in to_output_items(event.messages):
                     if held is not None:
                         yield ResponsesAgentStreamEvent(type="response.output_item.done", item=held)
-                    held = item
+                        held = None
+                    # Only an assistant text can be the turn's last item; tool
+                    # calls and results go out at once.
+                    if item.get("type") == "message":
+                        held = item
+                    else:
+                        yield ResponsesAgentStreamEvent(type="response.output_item.done", item=item)
             elif isinstance(event, TurnIds):
                 if held is None:  # pragma: no cover - a turn always ends with a reply
-                    yield ResponsesAgentStreamEvent(type="response.completed", custom_outputs=_custom_outputs(event))
+                    yield _completed_event(_custom_outputs(event))
                 else:
                     yield ResponsesAgentStreamEvent(
                         type="response.output_item.done", item=held, custom_outputs=_custom_outputs(event)
@@ -140,6 +147,7 @@ class LangGraphResponsesAgent(ResponsesAgent):
         with _agent_errors():
             if new_messages is not None and not isinstance(new_messages, (list, tuple)):
                 raise InvalidRequest("new_messages must be a list of Responses message items")
+            encoded_size("new_messages", new_messages)  # refuses lone surrogates, as requests do
             ids = self.threads.update_state(
                 _required_id("thread_id", thread_id),
                 check_id("checkpoint_id", checkpoint_id),
@@ -178,24 +186,33 @@ class LangGraphResponsesAgent(ResponsesAgent):
     # -- internals -------------------------------------------------------------------------
     def _parse(self, request: Any) -> ParsedRequest:
         with _agent_errors():
-            return parse_request(
-                request,
-                max_request_bytes=self.settings.max_request_bytes,
-                require_user_id=self.settings.require_user_id,
-            )
+            try:
+                return parse_request(
+                    request,
+                    max_request_bytes=self.settings.max_request_bytes,
+                    require_user_id=self.settings.require_user_id,
+                )
+            except InvalidRequest:
+                scrub_trace_inputs()  # a refused request may hold text MLflow cannot export
+                raise
 
     def _turn_events(self, parsed: ParsedRequest, *, stream_tokens: bool):
         with _agent_errors():
-            yield from self.threads.run_turn(
+            for event in self.threads.run_turn(
                 parsed.messages,
                 thread_id=parsed.thread_id,
                 user_id=parsed.user_id,
                 checkpoint_id=parsed.checkpoint_id,
                 strategy=parsed.multitask_strategy,
                 stream_tokens=stream_tokens,
-            )
+            ):
+                if isinstance(event, TurnIds):
+                    tag_trace(event.thread_id, event.checkpoint_id, event.parent_checkpoint_id, user_id=parsed.user_id)
+                yield event
 
     def _run_action(self, parsed: ParsedRequest) -> dict[str, Any]:
+        if parsed.thread_id is not None:
+            tag_trace(parsed.thread_id, user_id=parsed.user_id)
         with _agent_errors():
             if parsed.action == "get_checkpoint_history":
                 history = self.threads.history(
@@ -210,12 +227,21 @@ class LangGraphResponsesAgent(ResponsesAgent):
                     user_id=parsed.user_id,
                     strategy=parsed.multitask_strategy,
                 )
+                tag_trace(ids.thread_id, ids.checkpoint_id, ids.parent_checkpoint_id, user_id=parsed.user_id)
                 return ids.as_dict()
             if parsed.action == "delete_thread":
                 self.threads.delete_thread(parsed.thread_id, user_id=parsed.user_id)
                 return {"thread_id": parsed.thread_id, "deleted": True}
             deleted = self.threads.delete_user_data(parsed.user_id)
             return {"user_id": parsed.user_id, "deleted_thread_ids": deleted}
+
+
+def _completed_event(custom_outputs: dict[str, Any]) -> ResponsesAgentStreamEvent:
+    # MLflow validates a `response.completed` event against the Responses schema,
+    # which requires a `response` with its `output`; the items went out before.
+    return ResponsesAgentStreamEvent(
+        type="response.completed", response={"output": [], "status": "completed"}, custom_outputs=custom_outputs
+    )
 
 
 def _custom_outputs(ids: TurnIds | None) -> dict[str, str | None]:
@@ -246,9 +272,14 @@ class _agent_errors:
 
 def _mlflow_validation_as_invalid_request(method: Callable) -> Callable:
     # ResponsesAgent validates dict requests with pydantic before our code runs
-    # and raises a bare MlflowException; callers should see InvalidRequest.
+    # and raises a bare MlflowException, or lets through what its validators
+    # raise on odd input (a TypeError for a list where a content part type
+    # belongs); callers should see InvalidRequest. So a dict is validated here,
+    # as MLflow does it, and MLflow's wrapper gets the validated request.
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
+        if len(args) == 1 and isinstance(args[0], dict):
+            args = (_validated_request(args[0]),)
         try:
             return method(self, *args, **kwargs)
         except AgentError:
@@ -257,6 +288,18 @@ def _mlflow_validation_as_invalid_request(method: Callable) -> Callable:
             raise InvalidRequest(exc.message) from None
 
     return wrapper
+
+
+def _validated_request(raw: dict) -> ResponsesAgentRequest:
+    try:
+        # The same two steps as mlflow.pyfunc.utils.data_validation.wrap_non_list_predict_pydantic.
+        ResponsesAgentRequest.model_validate(raw, strict=True)
+        return ResponsesAgentRequest(**raw)
+    except Exception as exc:  # pydantic's ValidationError, or whatever MLflow's validators raise
+        reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        raise InvalidRequest(
+            f"Invalid dictionary input for a ResponsesAgent; expected the ResponsesRequest schema: {reason}"
+        ) from None
 
 
 # Set after the class body so that ResponsesAgent.__init_subclass__ (which adds

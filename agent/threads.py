@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from langchain_core.messages import AIMessageChunk, BaseMessage
 from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings
-from agent.errors import CheckpointNotFound, ThreadNotFound
+from agent.errors import CheckpointNotFound, ThreadBusy, ThreadNotFound
 from agent.storage import Store, ThreadRecord, Turn
 
 
@@ -179,26 +180,33 @@ class Threads:
         return deleted
 
     # -- helpers -----------------------------------------------------------------
-    def _turn(self, thread_id: str, user_id: str | None, strategy: str | None, checkpoint_id: str | None = None):
-        return self.store.turn(
-            thread_id,
-            user_id=user_id,
-            strategy=strategy or self.settings.multitask_strategy,
-            timeout=self.settings.enqueue_timeout,
-            checkpoint_id=checkpoint_id,
-        )
+    @contextmanager
+    def _turn(
+        self, thread_id: str, user_id: str | None, strategy: str | None, checkpoint_id: str | None = None
+    ) -> Iterator[Turn]:
+        try:
+            with self.store.turn(
+                thread_id,
+                user_id=user_id,
+                strategy=strategy or self.settings.multitask_strategy,
+                timeout=self.settings.enqueue_timeout,
+                checkpoint_id=checkpoint_id,
+            ) as turn:
+                yield turn
+        except ThreadBusy:
+            # "Busy" would tell a caller who may not use the thread that it
+            # exists (issue 5): they get ThreadNotFound, as for any other request.
+            record = self.store.get_thread(thread_id)
+            if record is not None:
+                authorize(record, thread_id, user_id)
+            raise
 
     def _starting_checkpoint(self, turn: Turn, user_id: str | None, checkpoint_id: str | None) -> str | None:
         """The checkpoint a turn starts from; the one owner of the "head unless branching" rule."""
         record, thread_id = turn.record, turn.thread_id
         if record is None and checkpoint_id is None:
             return None  # a new thread
-        if record is None:
-            raise ThreadNotFound(
-                f"Thread {thread_id!r} has no checkpoints, so checkpoint {checkpoint_id!r} cannot be branched from.",
-                thread_id=thread_id,
-                checkpoint_id=checkpoint_id,
-            )
+        # Also for a thread without checkpoints: worded as for someone else's thread (issue 5).
         authorize(record, thread_id, user_id)
         if checkpoint_id is None:
             return record.head_checkpoint_id

@@ -65,6 +65,14 @@ class Turn:
     loaded: dict[str, Any] = field(default_factory=dict)
     #: Set by the backend while the turn holds the thread's lock.
     lock: Any = None
+    #: The OS thread that opened the turn. A database connection in `lock` is
+    #: the turn's alone: reads from other OS threads (another request on the
+    #: same thread) must not use it, or they run inside the turn's transaction.
+    os_thread: int = field(default_factory=threading.get_ident)
+
+    def opened_here(self) -> bool:
+        """Whether the calling OS thread opened this turn."""
+        return self.os_thread == threading.get_ident()
 
     @property
     def new_head(self) -> str | None:

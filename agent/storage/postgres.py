@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -59,15 +59,35 @@ MIGRATIONS = [
 SETUP_LOCK_KEY = 7_140_213_911
 
 TRY_THREAD_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS locked"
-WAIT_THREAD_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+WAIT_THREAD_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)), true AS locked"
+SET_LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', %s, true)"
 SELECT_THREAD_SQL = "SELECT thread_id, user_id, head_checkpoint_id FROM agent_threads WHERE thread_id = %s"
 UPSERT_THREAD_SQL = """
 INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id) VALUES (%s, %s, %s)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id, updated_at = now()
 """
-# The turn's start: the requested checkpoint, else the thread head.
-SELECT_START_WHERE_SQL = """
-WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = COALESCE(
+# The turn's start (the requested checkpoint, else the thread head), in the
+# shape of PostgresSaver.SELECT_SQL. The blobs are fetched by one primary-key
+# lookup per channel (OFFSET 0 keeps the planner from flattening it): on a
+# young table without statistics the planner otherwise hashes every blob of
+# the thread, a cost that grows with the thread.
+SELECT_START_SQL = """
+SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
+    (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+     FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+     CROSS JOIN LATERAL (
+        SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
+        WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+          AND b.channel = v.channel AND b.version = v.version
+        OFFSET 0) AS bl
+    ) AS channel_values,
+    (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                            convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+     FROM checkpoint_writes cw
+     WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns AND cw.checkpoint_id = c.checkpoint_id
+    ) AS pending_writes
+FROM checkpoints c
+WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = COALESCE(
     %s, (SELECT head_checkpoint_id FROM agent_threads WHERE thread_id = %s))
 """
 CHECKPOINT_IN_THREAD_SQL = """
@@ -107,23 +127,14 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
 
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[psycopg.Cursor]:
-        conn = _TURN_CONN.get()
-        if conn is not None:
-            if pipeline:
-                with conn.pipeline(), conn.cursor(binary=True, row_factory=dict_row) as cur:
-                    yield cur
-            else:
-                with conn.cursor(binary=True, row_factory=dict_row) as cur:
-                    yield cur
-            return
-        # langgraph#7259: the base class holds `self.lock` here even with a pool.
-        with self.conn.connection() as conn:
-            if pipeline:
-                with conn.pipeline(), conn.cursor(binary=True, row_factory=dict_row) as cur:
-                    yield cur
-            else:
-                with conn.cursor(binary=True, row_factory=dict_row) as cur:
-                    yield cur
+        turn_conn = _TURN_CONN.get()
+        # langgraph#7259: the base class holds `self.lock` here even with a
+        # pool; a pooled (or the turn's) connection is not shared, so no lock.
+        with nullcontext(turn_conn) if turn_conn is not None else self.conn.connection() as conn:
+            # Inside the turn's commit pipeline a nested one would cost a round trip.
+            nested = pipeline and conn.info.pipeline_status == psycopg.pq.PipelineStatus.OFF
+            with conn.pipeline() if nested else nullcontext(), conn.cursor(binary=True, row_factory=dict_row) as cur:
+                yield cur
 
     @contextmanager
     def on_connection(self, conn: psycopg.Connection | None) -> Iterator[None]:
@@ -136,7 +147,7 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
 
     def _backend_get_tuple(self, config):
         turn = self.active_turn(config["configurable"]["thread_id"])
-        with self.on_connection(turn.lock if turn is not None else _TURN_CONN.get()):
+        with self.on_connection(turn.lock if turn is not None and turn.opened_here() else _TURN_CONN.get()):
             return PostgresSaver.get_tuple(self, config)
 
     def _load_checkpoint_tuple(self, value):
@@ -191,6 +202,7 @@ class PostgresStore(Store):
         if settings.credential_provider is not None:
             credential = CachedCredential(settings.credential_provider, settings.credential_cache_seconds)
             kwargs = lambda: {**base_kwargs, "password": credential()}  # noqa: E731 - psycopg_pool calls it per connection
+        self._kwargs = kwargs
         self.pool = ConnectionPool(
             url,
             kwargs=kwargs,
@@ -211,15 +223,35 @@ class PostgresStore(Store):
             if self._ready:
                 return
             with self._errors("set up the database"):
+                # One direct attempt first: the pool would retry an unreachable
+                # server for `pool_timeout` seconds before saying anything.
+                kwargs = self._kwargs() if callable(self._kwargs) else self._kwargs
+                psycopg.connect(self.url, connect_timeout=max(2, int(min(self.settings.pool_timeout, 10))), **kwargs).close()
                 self.pool.open(wait=True, timeout=self.settings.pool_timeout)
                 with self.pool.connection() as conn:
-                    conn.execute("SELECT pg_advisory_lock(%s)", (SETUP_LOCK_KEY,))
+                    self._take_setup_lock(conn)
                     try:
-                        self.saver.setup()
+                        # On this connection: a second one from the pool may not
+                        # exist (pool_max_size=1) while this one holds the lock.
+                        with self.saver.on_connection(conn):
+                            self.saver.setup()
                         self._migrate(conn)
                     finally:
                         conn.execute("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))
             self._ready = True
+
+    def _take_setup_lock(self, conn: psycopg.Connection) -> None:
+        # Polled, not waited for: a statement blocked in pg_advisory_lock keeps
+        # its snapshot, and the holder's CREATE INDEX CONCURRENTLY waits for
+        # every older snapshot, so two processes would deadlock.
+        deadline = time.monotonic() + self.settings.pool_timeout
+        while not conn.execute("SELECT pg_try_advisory_lock(%s) AS locked", (SETUP_LOCK_KEY,)).fetchone()["locked"]:
+            if time.monotonic() > deadline:
+                raise StorageUnavailable(
+                    f"Another process held the setup lock of {mask_url(self.url)} for {self.settings.pool_timeout} s; "
+                    "nothing was written."
+                )
+            time.sleep(0.05)
 
     def _migrate(self, conn: psycopg.Connection) -> None:
         conn.execute(MIGRATIONS[0])
@@ -249,13 +281,15 @@ class PostgresStore(Store):
                 turn.loaded[start.config["configurable"]["checkpoint_id"]] = start
             with self.saver.buffering(turn):
                 yield turn
-                committing = True
-                # One pipeline: every write, the head, and COMMIT in one round trip.
-                with conn.pipeline(), self.saver.on_connection(conn):
-                    if turn.puts:
-                        self.saver.write_turn(turn)
-                        conn.execute(UPSERT_THREAD_SQL, (thread_id, user_id, turn.new_head))
-                    conn.execute("COMMIT")
+            # Commit after the buffer is unregistered: COMMIT releases the lock,
+            # and a turn of this process waiting for it registers its own buffer.
+            committing = True
+            # One pipeline: every write, the head, and COMMIT in one round trip.
+            with conn.pipeline(), self.saver.on_connection(conn):
+                if turn.puts:
+                    self.saver.write_turn(turn)
+                    conn.execute(UPSERT_THREAD_SQL, (thread_id, user_id, turn.new_head))
+                conn.execute("COMMIT")
         except psycopg.OperationalError as exc:
             outcome = (
                 "the turn may or may not have been saved; list the thread's history before retrying"
@@ -294,72 +328,73 @@ class PostgresStore(Store):
 
         Returns (record or None, start CheckpointTuple or None). The start is
         `checkpoint_id` if given, else the head; None if it is not in the thread.
-        A simple-protocol query carries several statements, so ids are quoted
-        by psycopg as literals.
+        The statements go in one pipeline, as prepared statements, so the start
+        query is planned once per connection, not once per turn.
         """
-        tid = sql.Literal(thread_id)
-        if strategy == "reject":
-            lock = sql.SQL("SELECT pg_try_advisory_xact_lock(hashtextextended({}, 0)) AS locked").format(tid)
-        else:
-            # SET LOCAL ends with the transaction; lock_timeout also bounds advisory lock waits.
-            lock = sql.SQL(
-                "SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock(hashtextextended({}, 0)), true AS locked"
-            ).format(sql.Literal(f"{max(1, int(timeout * 1000))}ms"), tid)
-        record = sql.SQL(SELECT_THREAD_SQL.replace("%s", "{}")).format(tid)
-        start = sql.SQL(self.saver.SELECT_SQL + SELECT_START_WHERE_SQL.replace("%s", "{}")).format(
-            tid, sql.Literal(checkpoint_id), tid
-        )
-        cur = conn.cursor()
         try:
-            cur.execute(sql.SQL("BEGIN; {}; {}; {}").format(lock, record, start), prepare=False)
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                if strategy == "reject":
+                    locked = conn.execute(TRY_THREAD_LOCK_SQL, (thread_id,))
+                else:
+                    # Local to the transaction; lock_timeout also bounds advisory lock waits.
+                    conn.execute(SET_LOCK_TIMEOUT_SQL, (f"{max(1, int(timeout * 1000))}ms",))
+                    locked = conn.execute(WAIT_THREAD_LOCK_SQL, (thread_id,))
+                record = conn.execute(SELECT_THREAD_SQL, (thread_id,))
+                start = conn.cursor(binary=True).execute(SELECT_START_SQL, (thread_id, checkpoint_id, thread_id))
         except psycopg.errors.LockNotAvailable:
             _rollback_quietly(conn)
             raise ThreadBusy(
                 f"Thread {thread_id!r} stayed busy for {timeout} s; the turn was not run.", thread_id=thread_id
             ) from None
-        results = []  # the rows of each SELECT: the lock, the record, the start
-        while True:
-            if cur.pgresult is not None and cur.pgresult.status == psycopg.pq.ExecStatus.TUPLES_OK:
-                results.append(cur.fetchall())
-            if not cur.nextset():
-                break
-        locked_rows, record_rows, start_rows = results[-3:]
-        if not locked_rows[0]["locked"]:
+        if not locked.fetchone()["locked"]:
             _rollback_quietly(conn)
             raise ThreadBusy(f"Thread {thread_id!r} is busy with another turn.", thread_id=thread_id)
+        record_row, start_row = record.fetchone(), start.fetchone()
         with self.saver.on_connection(conn):
-            start = self.saver._load_checkpoint_tuple(start_rows[0]) if start_rows else None
-        return (ThreadRecord(**record_rows[0]) if record_rows else None), start
+            start_tuple = self.saver._load_checkpoint_tuple(start_row) if start_row else None
+        return (ThreadRecord(**record_row) if record_row else None), start_tuple
 
     # -- reads -------------------------------------------------------------------
-    @contextmanager
-    def _connection(self, thread_id: str | None = None) -> Iterator[psycopg.Connection]:
-        """The active turn's connection for this thread, else a pooled one."""
+    def _read(self, thread_id: str | None, query: str, params: tuple) -> list[dict]:
+        """The rows of a read-only query, on the connection of the turn this OS thread holds on
+        `thread_id`, else on a pooled one.
+
+        Pooled connections are not checked when taken (see `_begin_turn`); one
+        found dead (pg_terminate_backend, a server restart) is dropped, with
+        every other dead idle one, and the read runs once more: a read is safe
+        to repeat.
+        """
         self.setup()
         turn = self.saver.active_turn(thread_id) if thread_id else None
         with self._errors("read from the database"):
-            if turn is not None:
-                yield turn.lock
-            else:
-                with self.pool.connection() as conn:
-                    yield conn
+            if turn is not None and turn.opened_here():
+                return turn.lock.execute(query, params).fetchall()
+            for attempt in (1, 2):
+                conn = None
+                try:
+                    with self.pool.connection() as conn:
+                        return conn.execute(query, params).fetchall()
+                except PoolTimeout:
+                    raise
+                except psycopg.OperationalError:
+                    if attempt == 2 or conn is None or not conn.closed:
+                        raise
+                    self.pool.check()
+        raise AssertionError("unreachable")
 
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
-        with self._connection(thread_id) as conn:
-            row = conn.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone()
-        return ThreadRecord(**row) if row else None
+        rows = self._read(thread_id, SELECT_THREAD_SQL, (thread_id,))
+        return ThreadRecord(**rows[0]) if rows else None
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
-        with self._connection(thread_id) as conn:
-            return conn.execute(CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)).fetchone() is not None
+        return bool(self._read(thread_id, CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)))
 
     def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
-        with self._connection(thread_id) as conn:
-            return conn.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit)).fetchall()
+        return self._read(thread_id, LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit))
 
     def threads_of_user(self, user_id: str) -> list[str]:
-        with self._connection() as conn:
-            return [row["thread_id"] for row in conn.execute(SELECT_USER_THREADS_SQL, (user_id,))]
+        return [row["thread_id"] for row in self._read(None, SELECT_USER_THREADS_SQL, (user_id,))]
 
     def delete_thread(self, thread_id: str) -> None:
         with self.turn(thread_id, user_id=None, strategy="enqueue", timeout=self.settings.enqueue_timeout) as turn:

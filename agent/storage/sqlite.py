@@ -195,15 +195,17 @@ class SqliteStore(Store):
                     turn.loaded[start_id] = start
             with self.saver.buffering(turn):
                 yield turn
-                # The writes, the head and the lock's release commit together.
-                with self._errors(), self.saver.transaction() as cur:
-                    self._check_still_ours(cur, thread_id, owner)
-                    if turn.puts:
-                        self.saver.write_turn(turn)
-                        now = time.time()
-                        cur.execute(UPSERT_THREAD_SQL, (thread_id, user_id, turn.new_head, now, now))
-                    cur.execute(RELEASE_LOCK_SQL, (thread_id, owner))
-                released = True
+            # The writes, the head and the lock's release commit together, after
+            # the buffer is unregistered: a turn of this process waiting for the
+            # lease registers its own buffer as soon as the lease is released.
+            with self._errors(), self.saver.transaction() as cur:
+                self._check_still_ours(cur, thread_id, owner)
+                if turn.puts:
+                    self.saver.write_turn(turn)
+                    now = time.time()
+                    cur.execute(UPSERT_THREAD_SQL, (thread_id, user_id, turn.new_head, now, now))
+                cur.execute(RELEASE_LOCK_SQL, (thread_id, owner))
+            released = True
         finally:
             if not released:
                 with self._errors(), self.saver.cursor() as cur:

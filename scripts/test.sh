@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Run the test suite: `scripts/test.sh [pytest options and paths]`.
+#
+# Creates or refreshes .venv at the repository root (Python 3.11+ from PATH:
+# python3, else python3.13/3.12/3.11; or $PYTHON), installs the project with
+# its dev extra (skipped while pyproject.toml is unchanged), makes sure Postgres
+# answers at AGENT_TEST_DATABASE_URL (default
+# postgresql://postgres@127.0.0.1:5432/postgres; a local cluster that is down is
+# started with pg_ctlcluster), then runs `python -m pytest "$@"`.
+# Exit code: pytest's, except that "no tests ran" (5) is a failure too.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+source scripts/_venv.sh
+DEFAULT_TEST_DATABASE_URL="postgresql://postgres@127.0.0.1:5432/postgres"
+
+masked() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:***@#' <<<"$1"; }
+
+# url_part URL FIELD: host or port of a libpq URL (defaults 127.0.0.1 / 5432).
+url_part() {
+    "$VENV/bin/python" - "$1" "$2" <<'PY'
+import sys
+from psycopg.conninfo import conninfo_to_dict
+info = conninfo_to_dict(sys.argv[1])
+print(info.get(sys.argv[2]) or {"host": "127.0.0.1", "port": "5432"}[sys.argv[2]])
+PY
+}
+
+postgres_answers() {
+    "$VENV/bin/python" - "$1" <<'PY' 2>/dev/null
+import sys
+import psycopg
+psycopg.connect(sys.argv[1], connect_timeout=3).close()
+PY
+}
+
+# Start the local cluster that serves the URL's port, if there is one and it is down.
+start_local_cluster() {
+    local url=$1 host port version cluster cport status
+    host=$(url_part "$url" host)
+    port=$(url_part "$url" port)
+    case "$host" in 127.0.0.1 | localhost | ::1 | /*) ;; *) return 1 ;; esac
+    command -v pg_lsclusters >/dev/null 2>&1 || return 1
+    while read -r version cluster cport status _; do
+        [[ $cport == "$port" && $status == down* ]] || continue
+        echo "Starting the local Postgres cluster $version/$cluster on port $port"
+        pg_ctlcluster --skip-systemctl-redirect "$version" "$cluster" start || return 1
+        for _ in $(seq 1 30); do
+            if pg_isready -q -h "$host" -p "$port"; then
+                return 0
+            fi
+            sleep 1
+        done
+        echo "The cluster $version/$cluster did not answer within 30 s" >&2
+        return 1
+    done < <(pg_lsclusters --no-header 2>/dev/null)
+    return 1
+}
+
+ensure_postgres() {
+    local url=$AGENT_TEST_DATABASE_URL
+    postgres_answers "$url" && return 0
+    if start_local_cluster "$url" && postgres_answers "$url"; then
+        return 0
+    fi
+    cat >&2 <<MSG
+error: Postgres is not reachable at AGENT_TEST_DATABASE_URL=$(masked "$url").
+The tests need a Postgres server where they may create and drop databases. Either
+  - start a local server on 127.0.0.1:5432 with a user postgres that may log in
+    without a password (trust auth), e.g. sudo pg_ctlcluster <version> main start, or
+  - point the tests at another server:
+      export AGENT_TEST_DATABASE_URL=postgresql://USER:PASSWORD@HOST:PORT/postgres
+and run scripts/test.sh again.
+MSG
+    exit 1
+}
+
+ensure_venv dev
+export PATH="$PWD/$VENV/bin:$PATH"
+export AGENT_TEST_DATABASE_URL="${AGENT_TEST_DATABASE_URL:-$DEFAULT_TEST_DATABASE_URL}"
+ensure_postgres
+
+status=0
+"$VENV/bin/python" -m pytest "$@" || status=$?
+if [[ $status -eq 5 ]]; then
+    echo "error: no tests ran (pytest exit code 5); check the paths and -k/-m filters" >&2
+    exit 1
+fi
+exit "$status"

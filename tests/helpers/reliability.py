@@ -1,0 +1,318 @@
+"""Builders for the reliability and security tests (issue 5): chat models that block or fail on cue,
+a thread's committed messages, row counts per table, throwaway Postgres databases, child processes.
+
+The chat models are the only stand-ins; every database here is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from psycopg import sql
+
+from agent.models import OfflineChatModel
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: The tables that hold a thread's rows, per backend (each has a `thread_id` column).
+POSTGRES_THREAD_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads")
+SQLITE_THREAD_TABLES = ("checkpoints", "writes", "agent_threads", "agent_thread_locks")
+
+#: Seconds a test waits for something that should happen at once; only a hang reaches it.
+HANG_TIMEOUT = 60
+
+
+def _last_human_text(messages: Sequence[BaseMessage]) -> str:
+    humans = [m for m in messages if isinstance(m, HumanMessage)]
+    return humans[-1].text if humans else ""
+
+
+class GatedChatModel(OfflineChatModel):
+    """The offline model, except that a call whose last user message contains `block_on` first sets
+    `entered` and then waits until `gate` is set (at most `HANG_TIMEOUT` seconds).
+
+    Other calls answer at once, so a turn can be held inside the model while others run.
+    """
+
+    gate: Any = None
+    entered: Any = None
+    block_on: str = "block"
+
+    def _wait(self, messages: Sequence[BaseMessage]) -> None:
+        if self.block_on in _last_human_text(messages):
+            self.entered.set()
+            if not self.gate.wait(HANG_TIMEOUT):
+                raise TimeoutError("the test never opened the gate")
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        self._wait(messages)
+        return super()._generate(messages, stop, run_manager, **kwargs)
+
+    def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+        self._wait(messages)
+        yield from super()._stream(messages, stop, run_manager, **kwargs)
+
+
+def gated_model(**fields: Any) -> GatedChatModel:
+    """A `GatedChatModel` with a fresh closed gate and a fresh `entered` event."""
+    return GatedChatModel(gate=threading.Event(), entered=threading.Event(), **fields)
+
+
+class FailingChatModel(OfflineChatModel):
+    """The offline model, except that its next `failures[0]` calls raise `RuntimeError` (counting down).
+
+    `failures` is a one-element list shared by the copies `bind_tools` makes.
+    Calls that return a tool call are exempt when `fail_after_tool_call` is set,
+    so a turn can fail half-way: after the tool ran, before the final reply.
+    """
+
+    # Any, not list: pydantic would copy a list, and the test could no longer arm the model.
+    failures: Any = None
+    fail_after_tool_call: bool = False
+
+    def _maybe_fail(self, messages: Sequence[BaseMessage]) -> None:
+        reply = self._reply(list(messages))
+        if self.fail_after_tool_call and reply.tool_calls:
+            return
+        if self.failures and self.failures[0] > 0:
+            self.failures[0] -= 1
+            raise RuntimeError("the chat model is down (injected)")
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        self._maybe_fail(messages)
+        return super()._generate(messages, stop, run_manager, **kwargs)
+
+    def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+        self._maybe_fail(messages)
+        yield from super()._stream(messages, stop, run_manager, **kwargs)
+
+
+def head_messages(agent, thread_id: str) -> list[BaseMessage]:
+    """The messages of the thread's committed head checkpoint (empty for an unknown thread)."""
+    record = agent.store.get_thread(thread_id)
+    if record is None:
+        return []
+    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": record.head_checkpoint_id}}
+    return list(agent.graph.get_state(config).values.get("messages", []))
+
+
+def user_texts(messages: Sequence[BaseMessage]) -> list[str]:
+    """The texts of the user messages, in order."""
+    return [m.text for m in messages if isinstance(m, HumanMessage)]
+
+
+def assert_each_user_message_followed_by_its_reply(messages: Sequence[BaseMessage]) -> None:
+    """Every user message is directly followed by the offline model's reply to it (no interleaving).
+
+    The offline model quotes the user messages it saw, oldest first, so its reply
+    to a message ends with that message, quoted.
+    """
+    for index, message in enumerate(messages):
+        if isinstance(message, HumanMessage):
+            assert index + 1 < len(messages), f"user message {message.text!r} has no reply"
+            reply = messages[index + 1]
+            assert isinstance(reply, AIMessage), f"user message {message.text!r} is followed by {reply!r}"
+            assert reply.text.endswith(f'"{message.text}"'), f"reply to {message.text!r} is {reply.text!r}"
+
+
+def assert_linear_chain(start: str, steps: Sequence[tuple[str, str]]) -> None:
+    """`steps` ((parent, checkpoint) pairs, any order) form one chain starting at `start`.
+
+    That holds when turns were serialized: each started from the previous one's checkpoint.
+    """
+    children = {}
+    for parent, child in steps:
+        assert parent not in children, f"two turns started from checkpoint {parent}"
+        children[parent] = child
+    current, walked = start, 0
+    while current in children:
+        current, walked = children[current], walked + 1
+    assert walked == len(steps), f"the chain from {start} covers {walked} of {len(steps)} turns"
+
+
+# --- rows -----------------------------------------------------------------------------------
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+def sqlite_path(url: str) -> str:
+    return url[len("sqlite:///") :]
+
+
+def thread_rows(url: str, thread_id: str) -> dict[str, int]:
+    """Rows per table that belong to `thread_id`, read on a separate connection."""
+    if is_postgres(url):
+        with psycopg.connect(url) as conn:
+            return {
+                table: conn.execute(
+                    sql.SQL("SELECT count(*) FROM {} WHERE thread_id = %s").format(sql.Identifier(table)), (thread_id,)
+                ).fetchone()[0]
+                for table in POSTGRES_THREAD_TABLES
+            }
+    with sqlite3.connect(sqlite_path(url)) as conn:
+        return {
+            table: conn.execute(f"SELECT count(*) FROM {table} WHERE thread_id = ?", (thread_id,)).fetchone()[0]
+            for table in SQLITE_THREAD_TABLES
+        }
+
+
+def all_rows(url: str) -> dict[str, int]:
+    """Rows per table over all threads (to prove a refused request wrote nothing)."""
+    tables = POSTGRES_THREAD_TABLES if is_postgres(url) else SQLITE_THREAD_TABLES
+    if is_postgres(url):
+        with psycopg.connect(url) as conn:
+            return {t: conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(t))).fetchone()[0] for t in tables}
+    with sqlite3.connect(sqlite_path(url)) as conn:
+        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables}
+
+
+# --- Postgres -------------------------------------------------------------------------------
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    """`url` pointing at database `dbname`, as a postgresql:// URL."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    user = info.get("user", "postgres")
+    auth = user + (":" + info["password"] if info.get("password") else "")
+    return f"postgresql://{auth}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{dbname}"
+
+
+def dbname_of(url: str) -> str:
+    return psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+
+
+@contextmanager
+def fresh_database(server_url: str) -> Iterator[str]:
+    """An empty database on the server of `server_url` (a maintenance URL); dropped afterwards."""
+    name = f"tt_fault_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield with_dbname(server_url, name)
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def terminate_backends(server_url: str, dbname: str) -> int:
+    """`pg_terminate_backend` every connection to `dbname` but this admin one; returns how many."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (dbname,),
+        ).fetchall()
+    return sum(1 for (ok,) in rows if ok)
+
+
+# --- child processes ------------------------------------------------------------------------
+
+
+class Child:
+    """A Python child process running `code` with `args` (in sys.argv[1:]), speaking JSON lines.
+
+    The code runs in phases. Before each phase it prints `"ready"` and waits
+    for a line on stdin, so several children can be released at the same
+    moment (`release_together`); during the phase it prints one JSON value per
+    result, and after it `"done"`.
+    """
+
+    def __init__(self, code: str, *args: str) -> None:
+        # stderr goes to a file: a pipe nobody reads could fill up and block the child.
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
+        # A reader thread, so that a child that hangs fails the test instead of hanging it.
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read_lines, daemon=True).start()
+
+    def _read_lines(self) -> None:
+        for line in self.process.stdout:
+            self._lines.put(line)
+        self._lines.put("")
+
+    def _line(self) -> Any:
+        try:
+            line = self._lines.get(timeout=HANG_TIMEOUT)
+        except queue.Empty:
+            self.kill()
+            raise RuntimeError(f"child said nothing for {HANG_TIMEOUT} s (hung)") from None
+        if not line:
+            self.process.wait()
+            raise RuntimeError(f"child exited with {self.process.returncode}:\n{self.stderr()}")
+        return json.loads(line)
+
+    def stderr(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()
+
+    def wait_ready(self) -> None:
+        line = self._line()
+        if line != "ready":
+            raise RuntimeError(f"child said {line!r} instead of ready")
+
+    def go(self) -> None:
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def phase_results(self) -> list[Any]:
+        """Every JSON value the child printed until `"done"`."""
+        results = []
+        while (line := self._line()) != "done":
+            results.append(line)
+        return results
+
+    def finish(self) -> None:
+        """Wait for the child to exit; raise if it failed or hangs."""
+        try:
+            self.process.wait(timeout=HANG_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError("child hung") from None
+        if self.process.returncode != 0:
+            raise RuntimeError(f"child exited with {self.process.returncode}:\n{self.stderr()}")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def release_together(children: Sequence[Child], phases: int = 1) -> list[list[list[Any]]]:
+    """Run `phases` phases: each time wait until every child is ready, release them all at once,
+    and collect each one's results. Returns results[phase][child]."""
+    try:
+        results = []
+        for _ in range(phases):
+            for child in children:
+                child.wait_ready()
+            for child in children:
+                child.go()
+            results.append([child.phase_results() for child in children])
+        for child in children:
+            child.finish()
+        return results
+    finally:
+        for child in children:
+            child.kill()

@@ -1,0 +1,208 @@
+"""Per-thread concurrency control (issue 5, item 1), on Postgres and SQLite.
+
+Without it, two turns that start from the same head both commit, and one user
+message silently disappears from the thread. Here every turn either lands whole
+or is refused with ThreadBusy (`reject`), or waits its turn (`enqueue`), also
+across processes; and turns on different threads never wait for each other.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from agent.errors import AgentError, ThreadBusy
+from agent.models import OfflineChatModel
+from tests.helpers.reliability import (
+    HANG_TIMEOUT,
+    Child,
+    assert_each_user_message_followed_by_its_reply,
+    assert_linear_chain,
+    gated_model,
+    head_messages,
+    release_together,
+    user_texts,
+)
+from tests.helpers.scenario import outputs, say
+
+N_TURNS = 16
+
+
+def send_at_once(agent, thread_id: str, texts: list[str], **custom_inputs) -> list:
+    """Send one turn per text to the thread, all released by one barrier; each result or its AgentError."""
+    barrier = threading.Barrier(len(texts))
+
+    def send(text: str):
+        barrier.wait()
+        try:
+            return say(agent, text, thread_id=thread_id, **custom_inputs)
+        except AgentError as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(texts)) as pool:
+        return list(pool.map(send, texts))
+
+
+def start_thread(agent) -> tuple[str, str]:
+    first = outputs(say(agent, "start"))
+    return first["thread_id"], first["checkpoint_id"]
+
+
+def test_simultaneous_turns_under_reject_land_whole_or_are_refused(backend_url, make_agent):
+    agent = make_agent(backend_url, model=OfflineChatModel(latency_ms=50))
+    thread_id, start = start_thread(agent)
+    texts = [f"turn {n:02d}" for n in range(N_TURNS)]
+
+    results = send_at_once(agent, thread_id, texts)
+
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert all(isinstance(e, ThreadBusy) for e in errors), errors
+    landed = {text: outputs(r) for text, r in zip(texts, results) if not isinstance(r, Exception)}
+    assert landed, "no turn succeeded"
+    assert errors, "no turn was refused, so the turns did not overlap"
+    messages = head_messages(agent, thread_id)
+    # Every committed turn is in the head's history, nothing of a refused one is.
+    assert sorted(user_texts(messages)) == sorted(["start", *landed])
+    assert_each_user_message_followed_by_its_reply(messages)
+    assert_linear_chain(start, [(o["parent_checkpoint_id"], o["checkpoint_id"]) for o in landed.values()])
+
+
+@pytest.mark.parametrize("where", ["agent setting", "request"])
+def test_simultaneous_turns_under_enqueue_all_land_one_after_another(backend_url, make_agent, where):
+    if where == "agent setting":
+        agent = make_agent(backend_url, model=OfflineChatModel(latency_ms=50), multitask_strategy="enqueue")
+        custom = {}
+    else:
+        agent = make_agent(backend_url, model=OfflineChatModel(latency_ms=50))
+        custom = {"multitask_strategy": "enqueue"}
+    thread_id, start = start_thread(agent)
+    texts = [f"turn {n:02d}" for n in range(N_TURNS)]
+
+    results = send_at_once(agent, thread_id, texts, **custom)
+
+    assert not [r for r in results if isinstance(r, Exception)]
+    messages = head_messages(agent, thread_id)
+    assert sorted(user_texts(messages)) == sorted(["start", *texts])
+    assert_each_user_message_followed_by_its_reply(messages)
+    assert_linear_chain(start, [(outputs(r)["parent_checkpoint_id"], outputs(r)["checkpoint_id"]) for r in results])
+    # The stored history agrees: N_TURNS + 1 checkpoints, each the parent of the next.
+    history = agent.get_checkpoint_history(thread_id, limit=100)
+    assert len(history) == N_TURNS + 1
+    assert [h["parent_checkpoint_id"] for h in history[:-1]] == [h["checkpoint_id"] for h in history[1:]]
+
+
+def test_enqueued_turn_gets_thread_busy_after_the_enqueue_timeout(backend_url, make_agent):
+    model = gated_model()
+    agent = make_agent(backend_url, model=model, multitask_strategy="enqueue", enqueue_timeout=0.2)
+    thread_id, _ = start_thread(agent)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(say, agent, "block here", thread_id=thread_id)
+        assert model.entered.wait(HANG_TIMEOUT)
+        try:
+            with pytest.raises(ThreadBusy) as busy:
+                say(agent, "waited too long", thread_id=thread_id)
+            assert busy.value.ids["thread_id"] == thread_id
+        finally:
+            model.gate.set()
+        held.result(timeout=HANG_TIMEOUT)
+    assert user_texts(head_messages(agent, thread_id)) == ["start", "block here"]
+
+
+@pytest.mark.parametrize("strategy", ["reject", "enqueue"])
+def test_a_turn_held_on_one_thread_does_not_block_another_thread(backend_url, make_agent, strategy):
+    model = gated_model()
+    agent = make_agent(backend_url, model=model, multitask_strategy=strategy)
+    thread_a, _ = start_thread(agent)
+    thread_b, _ = start_thread(agent)
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(say, agent, "block on A", thread_id=thread_a)
+        assert model.entered.wait(HANG_TIMEOUT)
+        try:
+            other = pool.submit(say, agent, "hello B", thread_id=thread_b)
+            assert outputs(other.result(timeout=HANG_TIMEOUT))["thread_id"] == thread_b
+            # A new thread is not blocked either.
+            fresh = pool.submit(say, agent, "a new thread")
+            assert outputs(fresh.result(timeout=HANG_TIMEOUT))["parent_checkpoint_id"] is None
+            assert not held.done(), "the turn on A should still be inside the model"
+        finally:
+            model.gate.set()
+        held.result(timeout=HANG_TIMEOUT)
+    assert user_texts(head_messages(agent, thread_a)) == ["start", "block on A"]
+    assert user_texts(head_messages(agent, thread_b)) == ["start", "hello B"]
+
+
+# A child process: its own agent on the same database, sending turns to one thread, one
+# phase per strategy.
+CHILD_TURNS = """
+import json, sys
+from agent import create_agent
+from agent.errors import ThreadBusy
+from agent.models import OfflineChatModel
+url, thread_id, name, count, *strategies = sys.argv[1:]
+agent = create_agent(url, model=OfflineChatModel(latency_ms=30), tracing=False)
+for strategy in strategies:
+    print(json.dumps("ready"), flush=True)
+    sys.stdin.readline()
+    for n in range(int(count)):
+        text = f"{name} {strategy} turn {n}"
+        custom = {"thread_id": thread_id, "multitask_strategy": strategy}
+        try:
+            out = agent.predict({"input": [{"role": "user", "content": text}], "custom_inputs": custom}).custom_outputs
+            print(json.dumps({"text": text, "parent": out["parent_checkpoint_id"], "checkpoint": out["checkpoint_id"]}), flush=True)
+        except ThreadBusy:
+            print(json.dumps({"text": text, "busy": True}), flush=True)
+    print(json.dumps("done"), flush=True)
+agent.close()
+"""
+
+
+@pytest.mark.slow
+def test_the_thread_lock_holds_across_processes(backend_url, make_agent):
+    agent = make_agent(backend_url)
+    thread_id, start = start_thread(agent)
+    strategies = ("reject", "enqueue")
+    children = [Child(CHILD_TURNS, backend_url, thread_id, name, "8", *strategies) for name in ("p1", "p2")]
+
+    phases = release_together(children, phases=len(strategies))
+
+    landed = []
+    for strategy, per_child in zip(strategies, phases):
+        results = [r for child_results in per_child for r in child_results]
+        assert len(results) == 16
+        if strategy == "enqueue":
+            assert not [r for r in results if r.get("busy")], "an enqueued turn was refused"
+        landed += [r for r in results if not r.get("busy")]
+    # Whatever was refused, the turns that ran were serialized, and none was lost.
+    assert_linear_chain(start, [(r["parent"], r["checkpoint"]) for r in landed])
+    messages = head_messages(agent, thread_id)
+    assert sorted(user_texts(messages)) == sorted(["start", *(r["text"] for r in landed)])
+    assert_each_user_message_followed_by_its_reply(messages)
+
+
+def test_reading_a_thread_while_its_turns_commit_breaks_neither(backend_url, make_agent):
+    # Reads used to borrow the connection of a turn running on the same thread in
+    # this process, and broke its commit ("failed to enter pipeline mode").
+    agent = make_agent(backend_url, model=OfflineChatModel(latency_ms=5), multitask_strategy="enqueue")
+    thread_id, start = start_thread(agent)
+    stop = threading.Event()
+
+    def read() -> int:
+        reads = 0
+        while not stop.is_set():
+            agent.get_checkpoint_history(thread_id, limit=5)
+            reads += 1
+        return reads
+
+    texts = [f"turn {n:02d}" for n in range(40)]
+    with ThreadPoolExecutor(12) as pool:
+        readers = [pool.submit(read) for _ in range(4)]
+        turns = [pool.submit(say, agent, text, thread_id=thread_id) for text in texts]
+        try:
+            results = [turn.result(timeout=HANG_TIMEOUT) for turn in turns]
+        finally:
+            stop.set()
+        assert all(reader.result(timeout=HANG_TIMEOUT) > 0 for reader in readers)
+    assert_linear_chain(start, [(outputs(r)["parent_checkpoint_id"], outputs(r)["checkpoint_id"]) for r in results])
+    assert sorted(user_texts(head_messages(agent, thread_id))) == sorted(["start", *texts])

@@ -1,0 +1,212 @@
+"""`create_agent` configuration: URL schemes and their errors (passwords masked), settings and the
+`AGENT_*` environment, the embedded default store, and the pool's lifecycle on real Postgres."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from agent import ConfigurationError, StorageUnavailable, create_agent
+from agent.storage.postgres import PostgresStore
+from agent.storage.sqlite import SqliteStore
+from tests.helpers.fake_openai import free_port
+from tests.helpers.scenario import TRIP, outputs, say, text_of
+
+SECRET = "s3cret-pa55word"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    """No AGENT_* or OPENAI_* setting from the machine leaks into these tests."""
+    for name in ("AGENT_DATABASE_URL", "AGENT_MODEL", "AGENT_POOL_MAX_SIZE", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# --- URLs and settings ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [f"mysql://u:{SECRET}@h/db", f"redis://:{SECRET}@cache:6379/0", f"mongodb+srv://admin:{SECRET}@cluster/db"],
+)
+def test_unknown_scheme_is_a_configuration_error_with_the_password_masked(url):
+    with pytest.raises(ConfigurationError) as err:
+        create_agent(url, model="offline", tracing=False)
+    message = err.value.message
+    assert SECRET not in message and SECRET not in str(err.value)
+    assert url.split("://")[0] in message
+    assert url.rsplit("@", 1)[1] in message  # host and database are named
+
+
+def test_sqlite_url_without_a_path_is_a_configuration_error():
+    with pytest.raises(ConfigurationError) as err:
+        create_agent("sqlite://", model="offline", tracing=False)
+    assert "sqlite" in err.value.message
+
+
+def test_unreachable_postgres_is_storage_unavailable_naming_the_masked_url():
+    port = free_port()  # nothing listens there
+    url = f"postgresql://agent:{SECRET}@127.0.0.1:{port}/agentdb"
+    with pytest.raises(StorageUnavailable) as err:
+        create_agent(url, model="offline", tracing=False, pool_timeout=1)
+    message = err.value.message
+    assert SECRET not in message and SECRET not in str(err.value)
+    assert f"127.0.0.1:{port}/agentdb" in message
+    assert "agent:***@" in message
+
+
+def test_unreachable_postgres_with_deferred_connect_fails_on_the_first_request():
+    port = free_port()
+    url = f"postgresql://agent:{SECRET}@127.0.0.1:{port}/agentdb"
+    agent = create_agent(url, model="offline", tracing=False, pool_timeout=1, connect=False)
+    try:
+        with pytest.raises(StorageUnavailable) as err:
+            say(agent, TRIP[0])
+        assert SECRET not in err.value.message
+        assert f"127.0.0.1:{port}/agentdb" in err.value.message
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"pool_size": 3}, "pool_size"),
+        ({"databse_url": "memory://"}, "databse_url"),
+        ({"pool_max_size": 0}, "pool_max_size"),
+        ({"multitask_strategy": "yolo"}, "multitask_strategy"),
+        ({"pool_timeout": "soon"}, "pool_timeout"),
+    ],
+)
+def test_unknown_or_invalid_setting_is_a_configuration_error_naming_it(settings, named):
+    with pytest.raises(ConfigurationError) as err:
+        create_agent("memory://", model="offline", tracing=False, **settings)
+    assert named in err.value.message
+
+
+def test_environment_configures_database_model_and_settings(tmp_path, monkeypatch):
+    path = tmp_path / "from-env.sqlite"
+    monkeypatch.setenv("AGENT_DATABASE_URL", f"sqlite:///{path}")
+    monkeypatch.setenv("AGENT_POOL_MAX_SIZE", "3")
+    # A key would select an OpenAI model; AGENT_MODEL overrides that choice.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-used-by-the-offline-model")
+    monkeypatch.setenv("AGENT_MODEL", "offline")
+    with create_agent(tracing=False) as agent:
+        assert agent.settings.pool_max_size == 3
+        reply = say(agent, TRIP[1])
+        assert text_of(reply).startswith("[offline model]")
+    with sqlite3.connect(path) as conn:
+        threads = [row[0] for row in conn.execute("SELECT thread_id FROM agent_threads")]
+    assert threads == [outputs(reply)["thread_id"]]
+
+
+def test_memory_url_from_the_environment_keeps_nothing_on_disk(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AGENT_DATABASE_URL", "memory://")
+    with create_agent(model="offline", tracing=False) as agent:
+        assert isinstance(agent.store, SqliteStore) and agent.store.path == ":memory:"
+        ids = outputs(say(agent, TRIP[1]))
+        assert len(agent.get_checkpoint_history(ids["thread_id"])) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_arguments_win_over_the_environment(tmp_path, monkeypatch):
+    from_env = tmp_path / "from-env.sqlite"
+    monkeypatch.setenv("AGENT_DATABASE_URL", f"sqlite:///{from_env}")
+    monkeypatch.setenv("AGENT_MODEL", "some-openai-model")
+    with create_agent(f"sqlite:///{tmp_path / 'explicit.sqlite'}", model="offline", tracing=False) as agent:
+        assert text_of(say(agent, TRIP[1])).startswith("[offline model]")
+    assert (tmp_path / "explicit.sqlite").exists()
+    assert not from_env.exists()
+
+
+def test_default_store_is_the_embedded_sqlite_file_under_dot_agent(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with create_agent(tracing=False) as agent:
+        assert isinstance(agent.store, SqliteStore)
+        reply = say(agent, TRIP[1])
+        assert text_of(reply).startswith("[offline model]")  # no key configured: the offline model
+    path = tmp_path / ".agent" / "checkpoints.sqlite"
+    assert path.is_file()
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT count(*) FROM checkpoints WHERE thread_id = ?", (outputs(reply)["thread_id"],))
+        assert rows.fetchone()[0] == 1
+    # A second agent in the same directory finds the thread.
+    with create_agent(model="offline", tracing=False) as again:
+        assert len(again.get_checkpoint_history(outputs(reply)["thread_id"])) == 1
+
+
+# --- the Postgres pool's lifecycle ------------------------------------------------------------
+
+
+def with_application_name(url: str) -> tuple[str, str]:
+    """`url` with a unique application_name, so pg_stat_activity shows this agent's connections only."""
+    name = f"tt-test-{uuid.uuid4().hex[:12]}"
+    return f"{url}?application_name={name}", name
+
+
+def connections_of(server_url: str, application_name: str) -> int:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application_name,)
+        ).fetchone()[0]
+
+
+def wait_for_no_connections(server_url: str, application_name: str, timeout: float = 10.0) -> int:
+    """The connection count once it reaches 0, or what it is after `timeout` s.
+
+    A backend leaves pg_stat_activity a moment after its client hung up.
+    """
+    deadline = time.monotonic() + timeout
+    while (count := connections_of(server_url, application_name)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return count
+
+
+def test_close_releases_every_postgres_connection(pg_url, pg_server_url):
+    url, name = with_application_name(pg_url)
+    agent = create_agent(url, model="offline", tracing=False, pool_min_size=2)
+    say(agent, TRIP[0])
+    assert connections_of(pg_server_url, name) >= 1
+    agent.close()
+    assert agent.store.pool.closed
+    assert wait_for_no_connections(pg_server_url, name) == 0
+
+
+def test_context_manager_releases_every_postgres_connection(pg_url, pg_server_url):
+    url, name = with_application_name(pg_url)
+    with create_agent(url, model="offline", tracing=False) as agent:
+        ids = outputs(say(agent, TRIP[0]))
+        assert connections_of(pg_server_url, name) >= 1
+    assert wait_for_no_connections(pg_server_url, name) == 0
+    # The thread outlives the agent.
+    with create_agent(pg_url, model="offline", tracing=False) as again:
+        assert len(again.get_checkpoint_history(ids["thread_id"])) == 1
+
+
+def test_graph_and_pool_are_built_once_per_agent(pg_url, pg_server_url, make_agent):
+    url, name = with_application_name(pg_url)
+    agent = make_agent(url, pool_min_size=1, pool_max_size=3)
+    graph, pool = agent.graph, agent.store.pool
+
+    thread_id = None
+    for n in range(10):
+        thread_id = outputs(say(agent, f"message {n}", thread_id=thread_id))["thread_id"]
+        agent.get_checkpoint_history(thread_id)
+    # More turns at once than the pool has connections: they share the three.
+    with ThreadPoolExecutor(max_workers=8) as workers:
+        replies = list(workers.map(lambda n: say(agent, f"parallel {n}"), range(16)))
+    assert all(text_of(reply).startswith("[offline model]") for reply in replies)
+
+    assert agent.graph is graph and agent.store.pool is pool
+    stats = pool.get_stats()
+    # connections_num counts every connection the pool ever opened.
+    assert stats["connections_num"] <= 3
+    assert stats["pool_size"] <= 3
+    assert connections_of(pg_server_url, name) <= 3
+    assert isinstance(agent.store, PostgresStore)

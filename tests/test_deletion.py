@@ -1,0 +1,160 @@
+"""Deletion (issue 5, item 6), on Postgres and SQLite.
+
+`delete_thread` removes every row of a thread from every table: checkpoints,
+blobs and writes (Postgres: checkpoints, checkpoint_blobs, checkpoint_writes;
+SQLite: checkpoints, writes), its owner record (agent_threads) and any lease
+(SQLite agent_thread_locks). `delete_user_data` does that for every thread a
+user owns. Both are also actions, and both respect ownership.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+
+import pytest
+
+from agent.errors import InvalidRequest, ThreadNotFound
+from tests.helpers.reliability import all_rows, head_messages, sqlite_path, thread_rows, user_texts
+from tests.helpers.scenario import outputs, say
+
+DANGLING_CALL = {"type": "function_call", "call_id": "call_1", "name": "calculator", "arguments": '{"expression": "1"}'}
+
+
+def make_thread(agent, user_id: str | None, label: str) -> str:
+    """A thread with turns, a branch, a tool turn and a state update, so that every table has rows."""
+    first = outputs(say(agent, f"{label}: I'm headed to SF!", user_id=user_id))
+    thread_id = first["thread_id"]
+    say(agent, "calculate 6*7", thread_id=thread_id, user_id=user_id)
+    say(agent, "New York instead", thread_id=thread_id, user_id=user_id, checkpoint_id=first["checkpoint_id"])
+    agent.update_checkpoint_state(thread_id, None, [DANGLING_CALL], user_id=user_id)
+    return thread_id
+
+
+# Unique per test: the Postgres database is shared by the session, and delete_user_data
+# would otherwise also find the threads other tests wrote as "alice".
+@pytest.fixture
+def alice() -> str:
+    return f"alice-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def bob() -> str:
+    return f"bob-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def threads(agent, backend_url, alice, bob):
+    """alice owns two threads, bob one, and one is anonymous; every table holds rows of each."""
+    made = {
+        "alice 1": make_thread(agent, alice, "alice 1"),
+        "alice 2": make_thread(agent, alice, "alice 2"),
+        "bob": make_thread(agent, bob, "bob"),
+        "anonymous": make_thread(agent, None, "anonymous"),
+    }
+    for thread_id in made.values():
+        rows = thread_rows(backend_url, thread_id)
+        # Every table but the lease table holds rows of the thread, or the test would prove little.
+        assert all(count > 0 for table, count in rows.items() if table != "agent_thread_locks"), rows
+    return made
+
+
+def rows_of(url: str, threads: dict[str, str]) -> dict[str, dict[str, int]]:
+    return {name: thread_rows(url, thread_id) for name, thread_id in threads.items()}
+
+
+def gone(rows: dict[str, int]) -> bool:
+    return all(count == 0 for count in rows.values())
+
+
+def test_delete_thread_removes_every_row_of_that_thread_and_nothing_else(agent, backend_url, threads, alice, bob):
+    before = rows_of(backend_url, threads)
+
+    agent.delete_thread(threads["alice 1"], user_id=alice)
+
+    after = rows_of(backend_url, threads)
+    assert gone(after["alice 1"]), after["alice 1"]
+    assert {k: v for k, v in after.items() if k != "alice 1"} == {k: v for k, v in before.items() if k != "alice 1"}
+    with pytest.raises(ThreadNotFound):
+        agent.get_checkpoint_history(threads["alice 1"], user_id=alice)
+    # The id can be used again, for a new, empty thread: nothing of the old one comes back.
+    say(agent, "fresh start", thread_id=threads["alice 1"], user_id=bob)
+    assert user_texts(head_messages(agent, threads["alice 1"])) == ["fresh start"]
+
+
+def test_delete_user_data_removes_every_thread_of_the_user_and_nothing_else(agent, backend_url, threads, alice, bob):
+    before = rows_of(backend_url, threads)
+
+    deleted = agent.delete_user_data(alice)
+
+    assert deleted == sorted([threads["alice 1"], threads["alice 2"]])
+    after = rows_of(backend_url, threads)
+    assert gone(after["alice 1"]) and gone(after["alice 2"])
+    assert after["bob"] == before["bob"] and after["anonymous"] == before["anonymous"]
+    assert agent.delete_user_data(alice) == []
+    assert agent.get_checkpoint_history(threads["bob"], user_id=bob)
+
+
+def test_deletion_actions_remove_the_rows_too(agent, backend_url, threads, alice, bob):
+    before = rows_of(backend_url, threads)
+    out = agent.predict(
+        {"input": [], "custom_inputs": {"action": "delete_thread", "thread_id": threads["bob"], "user_id": bob}}
+    )
+    assert outputs(out) == {"thread_id": threads["bob"], "deleted": True}
+    assert gone(thread_rows(backend_url, threads["bob"]))
+
+    events = list(agent.predict_stream({"input": [], "custom_inputs": {"action": "delete_user_data", "user_id": alice}}))
+    assert events[-1].custom_outputs["deleted_thread_ids"] == sorted([threads["alice 1"], threads["alice 2"]])
+    after = rows_of(backend_url, threads)
+    assert gone(after["alice 1"]) and gone(after["alice 2"])
+    assert after["anonymous"] == before["anonymous"]
+
+    anonymous = {"action": "delete_thread", "thread_id": threads["anonymous"]}
+    agent.predict({"input": [], "context": {}, "custom_inputs": anonymous})
+    assert gone(thread_rows(backend_url, threads["anonymous"]))
+
+
+@pytest.mark.parametrize("intruder", ["other user", "anonymous"])
+def test_nobody_deletes_someone_elses_thread(agent, backend_url, threads, intruder, bob):
+    intruder = bob if intruder == "other user" else None
+    before = all_rows(backend_url)
+    action = {"action": "delete_thread", "thread_id": threads["alice 1"]}
+    if intruder is not None:
+        action["user_id"] = intruder
+    attempts = [
+        lambda: agent.delete_thread(threads["alice 1"], user_id=intruder),
+        lambda: agent.predict({"input": [], "custom_inputs": action}),
+        lambda: list(agent.predict_stream({"input": [], "custom_inputs": action})),
+    ]
+    for attempt in attempts:
+        with pytest.raises(ThreadNotFound):
+            attempt()
+    assert all_rows(backend_url) == before
+
+
+def test_delete_user_data_needs_a_user_id(agent, backend_url, threads):
+    before = all_rows(backend_url)
+    with pytest.raises(InvalidRequest):
+        agent.predict({"input": [], "custom_inputs": {"action": "delete_user_data"}})
+    with pytest.raises(InvalidRequest):
+        agent.delete_user_data(None)
+    assert all_rows(backend_url) == before
+
+
+def test_deleting_a_thread_also_removes_a_lease_left_by_a_crashed_process(make_agent, tmp_path):
+    # SQLite only: Postgres thread locks are advisory locks of a transaction and hold no row.
+    url = f"sqlite:///{tmp_path / 'leases.sqlite'}"
+    agent = make_agent(url)
+    thread_id = make_thread(agent, "alice", "alice")
+    # A process that died mid-turn leaves its lease row behind until it expires.
+    with sqlite3.connect(sqlite_path(url)) as conn:
+        conn.execute(
+            "INSERT INTO agent_thread_locks (thread_id, owner, expires_at) VALUES (?, ?, ?)",
+            (thread_id, "a crashed process", time.time() - 1),
+        )
+    assert thread_rows(url, thread_id)["agent_thread_locks"] == 1
+
+    agent.delete_thread(thread_id, user_id="alice")
+
+    assert gone(thread_rows(url, thread_id))

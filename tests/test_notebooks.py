@@ -1,0 +1,81 @@
+"""Notebooks (issue 3, item 7): stored without outputs, and executed top to bottom with nbclient on the
+embedded default store and on Postgres (`AGENT_DATABASE_URL`); a cell error fails the test.
+
+The kernel is this interpreter (a kernelspec written to a temporary JUPYTER_PATH),
+so the notebooks see exactly the packages the tests see.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import psycopg
+import pytest
+from nbclient import NotebookClient
+
+from tests.helpers.servers import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
+KERNEL_NAME = "timetravel-agent-tests"
+
+
+@pytest.fixture(scope="module")
+def kernel_name(tmp_path_factory) -> str:
+    jupyter_path = tmp_path_factory.mktemp("jupyter")
+    spec_dir = jupyter_path / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "timetravel-agent tests",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JUPYTER_PATH", str(jupyter_path))
+        yield KERNEL_NAME
+
+
+def test_the_three_notebooks_exist_and_are_stored_without_outputs():
+    assert {path.stem for path in NOTEBOOKS} == {"short_term_memory", "time_travel", "serving"}
+    for path in NOTEBOOKS:
+        notebook = nbformat.read(path, as_version=4)
+        for cell in notebook.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, f"{path.name} holds outputs"
+
+
+def run(path: Path, kernel_name: str, cwd: Path) -> None:
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, kernel_name=kernel_name, timeout=300, resources={"metadata": {"path": str(cwd)}}).execute()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_on_the_embedded_default_store(path, kernel_name, tmp_path, monkeypatch):
+    for name in ("AGENT_DATABASE_URL", "AGENT_MODEL", "MLFLOW_TRACKING_URI", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    run(path, kernel_name, tmp_path)
+    assert (tmp_path / ".agent" / "checkpoints.sqlite").is_file()
+    assert (tmp_path / ".agent" / "mlflow.db").is_file() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_on_postgres_from_agent_database_url(path, kernel_name, tmp_path, monkeypatch, pg_url):
+    for name in ("AGENT_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AGENT_DATABASE_URL", pg_url)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    threads_before = _thread_count(pg_url)
+    run(path, kernel_name, tmp_path)
+    assert _thread_count(pg_url) > threads_before
+    assert not (tmp_path / ".agent" / "checkpoints.sqlite").exists()
+
+
+def _thread_count(pg_url: str) -> int:
+    with psycopg.connect(pg_url) as conn:
+        exists = conn.execute("SELECT to_regclass('agent_threads') IS NOT NULL").fetchone()[0]
+        return conn.execute("SELECT count(*) FROM agent_threads").fetchone()[0] if exists else 0
