@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
@@ -69,6 +69,15 @@ class AgentSettings(BaseSettings):
     """Checkpoints whose message lists are kept in memory (they are immutable, so the cache is never stale)."""
     tracing: bool = True
     """MLflow tracing (LangChain autolog) of every turn."""
+
+
+    @model_validator(mode="after")
+    def _pool_bounds(self) -> AgentSettings:
+        if "pool_min_size" not in self.model_fields_set:
+            self.pool_min_size = min(self.pool_min_size, self.pool_max_size)
+        elif self.pool_min_size > self.pool_max_size:
+            raise ValueError(f"pool_min_size ({self.pool_min_size}) is larger than pool_max_size ({self.pool_max_size})")
+        return self
 
 
 def load_settings(**overrides) -> AgentSettings:

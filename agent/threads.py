@@ -169,14 +169,22 @@ class Threads:
         Raises:
             ThreadNotFound: unknown thread, or not the caller's.
         """
-        authorize(self.store.get_thread(thread_id), thread_id, user_id)
-        self.store.delete_thread(thread_id)
+        with self._busy_is_not_found(thread_id, user_id):
+            self.store.delete_thread(thread_id, check=lambda record: authorize(record, thread_id, user_id))
 
     def delete_user_data(self, user_id: str) -> list[str]:
-        """Delete every thread `user_id` owns; returns their ids (sorted)."""
-        deleted = self.store.threads_of_user(user_id)
-        for thread_id in deleted:
-            self.store.delete_thread(thread_id)
+        """Delete every thread `user_id` owns; returns their ids (sorted).
+
+        Each thread is deleted in its own transaction, after checking under its
+        lock that `user_id` still owns it.
+        """
+        deleted = []
+        for thread_id in self.store.threads_of_user(user_id):
+            try:
+                self.store.delete_thread(thread_id, check=lambda record, t=thread_id: authorize(record, t, user_id))
+            except ThreadNotFound:
+                continue  # deleted meanwhile
+            deleted.append(thread_id)
         return deleted
 
     # -- helpers -----------------------------------------------------------------
@@ -184,18 +192,24 @@ class Threads:
     def _turn(
         self, thread_id: str, user_id: str | None, strategy: str | None, checkpoint_id: str | None = None
     ) -> Iterator[Turn]:
+        with self._busy_is_not_found(thread_id, user_id), self.store.turn(
+            thread_id,
+            user_id=user_id,
+            strategy=strategy or self.settings.multitask_strategy,
+            timeout=self.settings.enqueue_timeout,
+            checkpoint_id=checkpoint_id,
+        ) as turn:
+            yield turn
+
+    @contextmanager
+    def _busy_is_not_found(self, thread_id: str, user_id: str | None) -> Iterator[None]:
+        """Turn ThreadBusy into ThreadNotFound for a caller who may not use the thread.
+
+        "Busy" would tell them the thread exists (issue 5).
+        """
         try:
-            with self.store.turn(
-                thread_id,
-                user_id=user_id,
-                strategy=strategy or self.settings.multitask_strategy,
-                timeout=self.settings.enqueue_timeout,
-                checkpoint_id=checkpoint_id,
-            ) as turn:
-                yield turn
+            yield
         except ThreadBusy:
-            # "Busy" would tell a caller who may not use the thread that it
-            # exists (issue 5): they get ThreadNotFound, as for any other request.
             record = self.store.get_thread(thread_id)
             if record is not None:
                 authorize(record, thread_id, user_id)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -322,8 +322,13 @@ class Store(ABC):
         """The ids of the threads `user_id` owns."""
 
     @abstractmethod
-    def delete_thread(self, thread_id: str) -> None:
-        """Delete every checkpoint, write, blob and the record of a thread, in one transaction."""
+    def delete_thread(self, thread_id: str, *, check: Callable[[ThreadRecord | None], object]) -> None:
+        """Delete every checkpoint, write, blob and the record of a thread, in one transaction.
+
+        `check` is called with the thread's record under the thread's lock,
+        before anything is deleted; it raises to refuse (ownership is decided
+        on the same record the deletion acts on).
+        """
 
     @abstractmethod
     def close(self) -> None:

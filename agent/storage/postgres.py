@@ -291,9 +291,14 @@ class PostgresStore(Store):
                     conn.execute(UPSERT_THREAD_SQL, (thread_id, user_id, turn.new_head))
                 conn.execute("COMMIT")
         except psycopg.OperationalError as exc:
+            # The server ends a session it terminates (pg_terminate_backend, a
+            # shutdown) with AdminShutdown before running anything else, so the
+            # pipelined COMMIT did not run. Any other loss during the commit
+            # leaves its outcome unknown.
+            unknown = committing and not isinstance(exc, psycopg.errors.AdminShutdown)
             outcome = (
                 "the turn may or may not have been saved; list the thread's history before retrying"
-                if committing
+                if unknown
                 else "nothing was written; the request can be retried"
             )
             raise StorageUnavailable(
@@ -396,8 +401,9 @@ class PostgresStore(Store):
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, SELECT_USER_THREADS_SQL, (user_id,))]
 
-    def delete_thread(self, thread_id: str) -> None:
+    def delete_thread(self, thread_id: str, *, check: Callable[[ThreadRecord | None], object]) -> None:
         with self.turn(thread_id, user_id=None, strategy="enqueue", timeout=self.settings.enqueue_timeout) as turn:
+            check(turn.record)
             for statement in DELETE_THREAD_SQL:
                 turn.lock.execute(statement, (thread_id,))
         self.saver.message_cache.clear()

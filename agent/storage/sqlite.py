@@ -26,7 +26,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -263,8 +263,9 @@ class SqliteStore(Store):
         with self._errors(), self.saver.cursor(transaction=False) as cur:
             return [row[0] for row in cur.execute(SELECT_USER_THREADS_SQL, (user_id,))]
 
-    def delete_thread(self, thread_id: str) -> None:
-        with self.turn(thread_id, user_id=None, strategy="enqueue", timeout=self.settings.enqueue_timeout):
+    def delete_thread(self, thread_id: str, *, check: Callable[[ThreadRecord | None], object]) -> None:
+        with self.turn(thread_id, user_id=None, strategy="enqueue", timeout=self.settings.enqueue_timeout) as turn:
+            check(turn.record)
             with self._errors(), self.saver.transaction() as cur:
                 for sql in DELETE_THREAD_SQL:
                     cur.execute(sql, (thread_id,))
