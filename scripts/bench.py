@@ -33,10 +33,12 @@ How it measures, and why:
   text of every message the thread holds at the end. User messages are drawn
   from a vocabulary, so TOAST compression cannot hide a design that stores the
   same text many times.
-* Turn latency: p50 of the first and of the last `WINDOW` turns of the thread.
-  The same design in memory runs its own thread in lockstep with the Postgres
-  one (turn t on both before turn t+1), so a busy moment of the machine hits
-  both alike.
+* Turn latency: p50 of the last `WINDOW` turns of the N-turn thread over the
+  p50 of the first `WINDOW` turns of a thread, taken from a second thread
+  whose first turns alternate with the long thread's last ones (so both are
+  measured at the same moment). The same design in memory runs its own
+  threads in lockstep with the Postgres ones (turn t on both before turn t+1),
+  so a busy moment of the machine hits both alike.
 * History: p50 of `get_checkpoint_history(limit=10)` (the reference: its loop)
   on the N-turn thread and on a new thread of `WINDOW` turns (the same
   messages), calls interleaved for the same reason.
@@ -323,18 +325,30 @@ def run_threads(designs: dict[str, Design], turns: int) -> dict[str, dict[str, A
 
     Lockstep (turn t on every design before turn t+1) makes a busy moment of
     the machine hit every design alike, so ratios between designs stay fair.
+    The last `WINDOW` turns alternate with the first `WINDOW` turns of a second,
+    new thread (the same messages as the first thread's first turns), so the
+    "first 10" and "last 10" turn times that the growth ratio compares are
+    taken at the same moment, not minutes apart on a machine whose speed drifts.
     """
     threads = {name: new_thread_id(name) for name in designs}
+    fresh = {name: new_thread_id(f"{name}-fresh") for name in designs}
     times: dict[str, list[float]] = {name: [] for name in designs}
+    fresh_times: dict[str, list[float]] = {name: [] for name in designs}
     for turn in range(1, turns + 1):
         text = user_message(turn)
+        early = turn - (turns - WINDOW)  # 1..WINDOW during the last WINDOW turns
         for name, design in designs.items():
+            if early >= 1:
+                seconds, _ = timed(lambda: design.turn(fresh[name], user_message(early)))
+                fresh_times[name].append(seconds)
             seconds, _ = timed(lambda: design.turn(threads[name], text))
             times[name].append(seconds)
     return {
         name: {
             "thread_id": threads[name],
-            "turn_p50_ms_first": p50_ms(times[name][:WINDOW]),
+            "fresh_thread_id": fresh[name],
+            "turn_p50_ms_first_of_thread": p50_ms(times[name][:WINDOW]),
+            "turn_p50_ms_first": p50_ms(fresh_times[name]),
             "turn_p50_ms_last": p50_ms(times[name][-WINDOW:]),
         }
         for name in designs
@@ -382,7 +396,9 @@ def measure_main(design: Design, memory: Design, url: str, turns: int, long_hist
     }
     messages = design.messages(thread_id)
     out["message_count"] = len(messages)
-    out["raw_message_bytes"] = message_bytes(messages)
+    # Both threads written since `before` count: the N-turn one and the
+    # second one whose first turns were timed alongside its last.
+    out["raw_message_bytes"] = message_bytes(messages) + message_bytes(design.messages(found["postgres"]["fresh_thread_id"]))
     # After the size is read: the history's short thread is not part of the storage figure.
     out.update(time_history(design, thread_id, long_history_repetitions))
     return out
