@@ -8,29 +8,15 @@ with what to set; it is never skipped.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from agent import create_agent
+from tests.helpers.databases import fresh_database
 
 DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-
-
-def _with_database(url: str, dbname: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    info["dbname"] = dbname
-    return psycopg.conninfo.make_conninfo(**info)
-
-
-def _as_url(conninfo: str) -> str:
-    info = psycopg.conninfo.conninfo_to_dict(conninfo)
-    user = info.get("user", "postgres")
-    auth = user + (":" + info["password"] if info.get("password") else "")
-    return f"postgresql://{auth}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{info['dbname']}"
 
 
 @pytest.fixture(scope="session")
@@ -52,12 +38,8 @@ def pg_server_url() -> str:
 @pytest.fixture(scope="session")
 def pg_url(pg_server_url: str) -> Iterator[str]:
     """A fresh database for this test session, dropped afterwards."""
-    name = f"tt_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield _as_url(_with_database(pg_server_url, name))
-    with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with fresh_database(pg_server_url) as url:
+        yield url
 
 
 @pytest.fixture(params=["postgres", "sqlite"])

@@ -25,6 +25,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from psycopg import sql
 
 from agent.models import OfflineChatModel
+from tests.helpers.databases import dbname_of, fresh_database, with_dbname  # noqa: F401 - used by the tests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,31 +184,6 @@ def all_rows(url: str) -> dict[str, int]:
 
 
 # --- Postgres -------------------------------------------------------------------------------
-
-
-def with_dbname(url: str, dbname: str) -> str:
-    """`url` pointing at database `dbname`, as a postgresql:// URL."""
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    user = info.get("user", "postgres")
-    auth = user + (":" + info["password"] if info.get("password") else "")
-    return f"postgresql://{auth}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{dbname}"
-
-
-def dbname_of(url: str) -> str:
-    return psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-
-
-@contextmanager
-def fresh_database(server_url: str) -> Iterator[str]:
-    """An empty database on the server of `server_url` (a maintenance URL); dropped afterwards."""
-    name = f"tt_fault_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield with_dbname(server_url, name)
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def terminate_backends(server_url: str, dbname: str) -> int:
