@@ -83,7 +83,7 @@ def parse_request(request: Any, *, max_request_bytes: int, require_user_id: bool
     if action != "turn" and action not in ACTIONS:
         raise InvalidRequest(f"Unknown action {action!r}; known: {list(ACTIONS)}")
     thread_id = check_id("thread_id", custom.get("thread_id", context.get("conversation_id")))
-    user_id = check_user_id(custom.get("user_id", context.get("user_id")), require=require_user_id)
+    user_id = check_user_id(_user_id(custom, context), require=require_user_id)
     strategy = custom.get("multitask_strategy")
     if strategy is not None and strategy not in STRATEGIES:
         raise InvalidRequest(f"multitask_strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
@@ -110,6 +110,15 @@ def parse_request(request: Any, *, max_request_bytes: int, require_user_id: bool
         before=check_id("before", custom.get("before")),
         messages=messages,
     )
+
+
+def _user_id(custom: dict, context: dict) -> Any:
+    # A host that authenticates its callers puts the user in `context.user_id`;
+    # a client could still send `custom_inputs.user_id`. When both are given
+    # they must agree, so a client cannot speak for another user.
+    if "user_id" in custom and "user_id" in context and custom["user_id"] != context["user_id"]:
+        raise InvalidRequest("custom_inputs.user_id and context.user_id disagree; send one, or the same in both")
+    return custom.get("user_id", context.get("user_id"))
 
 
 def check_id(name: str, value: Any) -> str | None:

@@ -123,31 +123,41 @@ def tag_trace(
 
 
 def scrub_trace_inputs() -> None:
-    """Make the active span's recorded inputs encodable as UTF-8, if they are not.
+    """Shrink the active span's recorded inputs to a short, UTF-8-safe preview.
 
-    MLflow records a request before the agent validates it. A lone UTF-16
-    surrogate (which the agent refuses with InvalidRequest) then makes the
-    trace's export fail with UnicodeEncodeError, and the export of the next
-    trace with it (seen with mlflow 3.17). Surrogates are replaced by their
-    `\\udXXX` escape text. Does nothing without an active span; never raises.
+    Called when a request is refused. MLflow records a request before the
+    agent validates it, so a refused request would otherwise be stored whole:
+    an oversized one fills the tracking store, and a lone UTF-16 surrogate
+    makes the trace's export fail with UnicodeEncodeError, and the export of
+    the next trace with it (seen with mlflow 3.17). Strings are cut to
+    `PREVIEW_CHARS`, lists to `PREVIEW_ITEMS`, surrogates become `\\udXXX`
+    text. Does nothing without an active span; never raises.
     """
     span = mlflow.get_current_active_span()
     if span is None:
         return
     try:
         inputs = span.inputs
-        scrubbed = _utf8_safe(inputs)
-        if scrubbed != inputs:
-            span.set_inputs(scrubbed)
+        preview = _preview(inputs)
+        if preview != inputs:
+            span.set_inputs(preview)
     except Exception:
         logger.warning("Could not scrub the trace inputs", exc_info=True)
 
 
-def _utf8_safe(value: Any) -> Any:
+#: How much of a refused request a trace keeps.
+PREVIEW_CHARS = 200
+PREVIEW_ITEMS = 20
+
+
+def _preview(value: Any, depth: int = 0) -> Any:
+    if depth > 20:
+        return "…"
     if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        cut = value[:PREVIEW_CHARS] + ("…" if len(value) > PREVIEW_CHARS else "")
+        return cut.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
-        return {_utf8_safe(k): _utf8_safe(v) for k, v in value.items()}
+        return {_preview(k, depth + 1): _preview(v, depth + 1) for k, v in list(value.items())[:PREVIEW_ITEMS]}
     if isinstance(value, (list, tuple)):
-        return [_utf8_safe(v) for v in value]
+        return [_preview(v, depth + 1) for v in value[:PREVIEW_ITEMS]]
     return value

@@ -9,6 +9,7 @@ mid-stream, one that waits for the test) run in-process with uvicorn.
 
 from __future__ import annotations
 
+import gc
 import json
 import sqlite3
 import sys
@@ -326,3 +327,59 @@ def test_a_waiting_turn_does_not_block_other_requests():
                 gate.set()
                 rest = sse_events("\n".join(lines))
             assert rest[-1] == "[DONE]" and rest[-2]["custom_outputs"]["checkpoint_id"]
+
+
+class PausesMidStream(OfflineChatModel):
+    """The offline model, except that after its first chunk it waits for `gate`: a turn stays mid-stream."""
+
+    gate: Any = None
+
+    def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+        chunks = super()._stream(messages, stop, run_manager, **kwargs)
+        yield next(chunks)
+        self.gate.wait(30)
+        yield from chunks
+
+
+def test_a_client_that_leaves_a_stream_ends_its_turn_and_frees_the_thread(tmp_path):
+    # Found by trying it: the turn stayed suspended, holding the thread's lock and
+    # a pooled connection, until garbage collection got to it.
+    gate = threading.Event()
+    url = f"sqlite:///{tmp_path / 'left.sqlite'}"
+    with create_agent(url, model=PausesMidStream(gate=gate), tracing=False) as agent, in_process_server(build_app(agent)) as base:
+        thread_id = agent.predict(request("I'm planning for an upcoming trip!")).custom_outputs["thread_id"]
+        with httpx.Client(base_url=base, timeout=30) as http:
+            with http.stream("POST", "/responses", json={**request(TRIP[1], thread_id=thread_id), "stream": True}) as left:
+                next(left.iter_lines())  # the first delta arrived; then the client goes away
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # the turn must end because the client left, not because a collector ran
+        try:
+            gate.set()
+            deadline = time.monotonic() + 10
+            while agent.store.saver.active_turn(thread_id) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert agent.store.saver.active_turn(thread_id) is None
+            history = agent.get_checkpoint_history(thread_id)
+            assert [entry["message_count"] for entry in history] == [2]  # the abandoned turn wrote nothing
+            answer = agent.predict(request("Where am I going?", thread_id=thread_id, multitask_strategy="reject"))
+            assert answer.custom_outputs["parent_checkpoint_id"] == history[0]["checkpoint_id"]
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+
+@pytest.mark.parametrize("body", [b"[]", b"null", b'"text"', b"42", b"{not json"])
+def test_a_body_that_is_not_a_json_object_is_a_400_with_the_error_body(server, body):
+    for path in ("/invocations", "/responses"):
+        response = server.http.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, (path, body, response.text)
+        assert response.json()["error_code"] == "INVALID_PARAMETER_VALUE"
+        assert "Traceback" not in response.text
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(tmp_path):
+    with create_agent("memory://", model="offline", tracing=False, max_request_bytes=1000) as agent, in_process_server(build_app(agent)) as base:
+        huge = json.dumps(request("x" * 200_000)).encode()
+        response = httpx.post(f"{base}/invocations", content=huge, headers={"Content-Type": "application/json"}, timeout=30)
+        assert response.status_code == 400
+        assert "limit" in response.json()["message"]

@@ -212,3 +212,27 @@ def test_racing_first_writes_to_a_new_thread_have_exactly_one_winner(backend_url
         assert agent.store.get_thread(thread_id).user_id == winners[0]
         assert user_texts(head_messages(agent, thread_id)) == [f"{winners[0]} was here"]
         assert all(isinstance(m, HumanMessage) or f"{loser} was here" not in m.text for m in head_messages(agent, thread_id))
+
+
+def test_a_client_cannot_name_another_user_than_the_host_put_in_context(backend_url, make_agent):
+    # Found by trying it: custom_inputs.user_id used to win over the host's context.user_id.
+    agent = make_agent(backend_url)
+    alice = first_write(agent, "alice")
+    rows = all_rows(backend_url)
+    as_bob_claiming_alice = {
+        **request("let me in", thread_id=alice["thread_id"], user_id="alice"),
+        "context": {"user_id": "bob"},
+    }
+    with pytest.raises(InvalidRequest, match="disagree"):
+        agent.predict(as_bob_claiming_alice)
+    with pytest.raises(InvalidRequest, match="disagree"):
+        agent.predict(
+            {
+                "input": [],
+                "context": {"user_id": "bob"},
+                "custom_inputs": {"action": "get_checkpoint_history", "thread_id": alice["thread_id"], "user_id": "alice"},
+            }
+        )
+    assert all_rows(backend_url) == rows
+    same = {**request("me again", thread_id=alice["thread_id"], user_id="alice"), "context": {"user_id": "alice"}}
+    assert outputs(agent.predict(same))["thread_id"] == alice["thread_id"]

@@ -125,3 +125,18 @@ def test_default_tracking_store_is_under_dot_agent_not_the_current_directory(tmp
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"uri": f"sqlite:///{tmp_path / '.agent' / 'mlflow.db'}", "traces": 1}
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_a_refused_oversized_request_is_traced_as_a_short_preview(tracking_uri, make_agent):
+    # Found by trying it: MLflow records a request before the agent refuses it, so
+    # a 300 MB body was stored whole in the tracking store.
+    agent = make_agent("memory://", tracing=True, max_request_bytes=1000)
+    marker = f"oversized-{os.getpid()}"
+    with pytest.raises(InvalidRequest, match="limit"):
+        say(agent, marker + "x" * 200_000)
+    mlflow.flush_trace_async_logging()
+    latest = mlflow.search_traces(locations=["0"], return_type="list", order_by=["timestamp_ms DESC"], max_results=1)[0]
+    recorded = json.dumps([span.inputs for span in latest.data.spans])
+    assert marker in recorded  # it is the refused request's trace
+    assert len(recorded) < 5_000
+    disable_tracing()

@@ -26,9 +26,11 @@ process serves one agent: `build_app(agent)` binds it (a second call rebinds).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -63,8 +65,16 @@ async def respond(request: ResponsesAgentRequest) -> ResponsesAgentResponse:
 @stream()
 async def respond_stream(request: ResponsesAgentRequest) -> AsyncIterator[ResponsesAgentStreamEvent]:
     """The bound agent's `predict_stream` events; the last one carries `custom_outputs`."""
-    async for event in iterate_in_threadpool(_agent().predict_stream(request)):
-        yield event
+    events = _agent().predict_stream(request)
+    try:
+        async for event in iterate_in_threadpool(events):
+            yield event
+    finally:
+        # A client that goes away leaves the turn suspended mid-stream, holding
+        # its thread's lock and a pooled connection until garbage collection
+        # (minutes under load). Closing it ends the turn now: nothing is written.
+        with anyio.CancelScope(shield=True):
+            await run_in_threadpool(events.close)
 
 
 class _ResponsesAgentServer(AgentServer):
@@ -94,6 +104,8 @@ class _ResponsesAgentServer(AgentServer):
                     _tag_server_trace(event)
             except AgentError as exc:
                 yield _error_event(exc)
+            finally:
+                await events.aclose()  # also when the client left: see respond_stream
 
         replay.__name__ = handler.__name__  # MLflow names the server's span after it
         return StreamingResponse(self._generate(replay, request, return_trace_id), media_type="text/event-stream")
@@ -113,7 +125,69 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     app = _ResponsesAgentServer("ResponsesAgent").app
     app.add_exception_handler(AgentError, _agent_error_response)
     app.add_exception_handler(HTTPException, _http_error_response)
+    app.add_middleware(RequestBodyLimits, max_bytes=_body_limit(agent.settings.max_request_bytes))
     return app
+
+
+def _body_limit(max_request_bytes: int) -> int:
+    # The agent measures a request as compact UTF-8 JSON; a body may spell the
+    # same text with whitespace or \uXXXX escapes (up to 6 bytes a character).
+    return 6 * max_request_bytes + 64 * 1024
+
+
+class RequestBodyLimits:
+    """ASGI middleware: a POST body must be at most `max_bytes` and a JSON object, or it gets a 400.
+
+    Checked before MLflow's server reads it: MLflow parses (and traces) any
+    body in full, and answers a body that is not a JSON object with a 500.
+    """
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send, f"The request body is {int(declared)} bytes; the limit is {self.max_bytes} bytes")
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                await self._refuse(send, f"The request body is over the limit of {self.max_bytes} bytes")
+                return
+        try:
+            parsed = json.loads(body)
+        except ValueError as exc:
+            await self._refuse(send, f"The request body is not valid JSON: {exc}")
+            return
+        if not isinstance(parsed, dict):
+            await self._refuse(send, f"The request body must be a JSON object, got {type(parsed).__name__}")
+            return
+        delivered = False
+
+        async def replay() -> dict:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(send: Any, message: str) -> None:
+        payload = json.dumps(_error_body(InvalidRequest(message))).encode()
+        await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": payload})
 
 
 def run_agent_server(host: str, port: int, database_url: str | None, model: str | None) -> None:
