@@ -219,6 +219,8 @@ class PostgresStore(Store):
 
     # -- lifecycle -----------------------------------------------------------
     def setup(self) -> None:
+        if self._ready:  # every turn calls this; only the first takes the lock
+            return
         with self._setup_lock:
             if self._ready:
                 return
