@@ -22,7 +22,6 @@ import logging
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
-import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.pyfunc import ResponsesAgent
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent

@@ -7,16 +7,13 @@ The chat models are the only stand-ins; every database here is real.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
