@@ -1,20 +1,25 @@
 """timetravel-agent: a conversational agent with LangGraph checkpoint memory you can branch from.
 
-Layout (one responsibility per module):
+Layout (one responsibility per module; data flows one way, from the edges inwards):
 
-* `config`      settings (`AgentSettings`, `AGENT_*` environment), URL masking
-* `errors`      the error types and their HTTP statuses
-* `storage/`    databases behind one `Store`: `postgres`, `sqlite` (also `memory://`),
-                `deltas` (messages stored once), `base` (turn commits, summaries)
-* `models`      chat model factory and the offline model
-* `tools`       the tools the model can call
-* `graph`       the LangGraph graph
-* `messages`    Responses items <-> LangChain messages, tool-call repair
-* `requests`    request parsing and validation, at the edge
-* `threads`     thread operations: turns, branching, history, state update, deletion, ownership
-* `responses`   the MLflow `ResponsesAgent` adapter
-* `serving/`    models-from-code entry and the HTTP servers
-* `cli`         the `tt-agent` command
+* `config`       settings (`AgentSettings`, `AGENT_*` environment), URL masking
+* `errors`       the error types (plain Python; `serving.errors` maps them to HTTP)
+* `types`        typed results crossing layers (`TurnResult`, `CheckpointSummary`)
+* `validation`   checks of single request values
+* `storage/`     short-term memory: checkpoints, thread records, the claim/commit turn protocol
+* `models`       chat model factory and the offline model
+* `tools`        the tools the model can call
+* `graph`        the LangGraph graph
+* `messages`     Responses items <-> LangChain messages, tool-call repair
+* `operations/`  what you can do to a thread, and the `custom_inputs.action` table
+* `requests`     request parsing and validation, at the edge
+* `responses`    the MLflow `ResponsesAgent` adapter
+* `factory`      `create_agent`
+* `serving/`     models-from-code entry, the HTTP server, the error mapping
+* `cli`          the `tt-agent` command
+
+`import agent` is cheap: names are imported on first use (PEP 562), so the
+command line and servers pay only for what they use.
 
 Quick use::
 
@@ -28,25 +33,34 @@ Quick use::
 
 from __future__ import annotations
 
-from langchain_core.language_models import BaseChatModel
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from agent.config import AgentSettings, load_settings, resolve_database_url
 from agent.errors import (
     AgentError,
     CheckpointNotFound,
     ConfigurationError,
     InvalidRequest,
+    LeaseExpired,
     ModelError,
     StorageUnavailable,
     ThreadBusy,
     ThreadNotFound,
+    TurnCancelled,
 )
-from agent.graph import build_graph
-from agent.models import make_chat_model
-from agent.responses import LangGraphResponsesAgent
-from agent.storage import open_store
-from agent.threads import Threads
-from agent.tracing import disable_tracing, enable_tracing
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings
+    from agent.factory import create_agent
+    from agent.responses import LangGraphResponsesAgent
+
+__version__ = "0.2.0"
+
+_LAZY = {
+    "create_agent": "agent.factory",
+    "AgentSettings": "agent.config",
+    "LangGraphResponsesAgent": "agent.responses",
+}
 
 __all__ = [
     "AgentError",
@@ -55,58 +69,20 @@ __all__ = [
     "ConfigurationError",
     "InvalidRequest",
     "LangGraphResponsesAgent",
+    "LeaseExpired",
     "ModelError",
     "StorageUnavailable",
     "ThreadBusy",
     "ThreadNotFound",
+    "TurnCancelled",
+    "__version__",
     "create_agent",
 ]
 
 
-def create_agent(
-    database_url: str | None = None,
-    model: str | BaseChatModel | None = None,
-    *,
-    connect: bool = True,
-    **settings,
-) -> LangGraphResponsesAgent:
-    """Build an agent: its store, chat model and compiled graph, once.
-
-    Args:
-        database_url: `postgresql://…`, `sqlite:///path` or `memory://`. Unset:
-            `AGENT_DATABASE_URL`, else the embedded `sqlite:///.agent/checkpoints.sqlite`.
-        model: a LangChain chat model, an OpenAI-compatible model name, or
-            `"offline"`. Unset: `AGENT_MODEL`, else `"offline"` unless
-            `OPENAI_API_KEY` or `OPENAI_BASE_URL` is set.
-        connect: connect and set up the tables now (default), so a wrong URL
-            fails here. `False` defers it to the first request (used when
-            MLflow logs the model on a machine without the database).
-        **settings: any field of `AgentSettings` (pool sizes, `multitask_strategy`,
-            `require_user_id`, `credential_provider`, …).
-
-    Returns:
-        A `LangGraphResponsesAgent`; call `close()` or use `with` to release its pool.
-
-    Raises:
-        ConfigurationError: an unknown setting, a bad value, an unknown URL scheme.
-        StorageUnavailable: `connect=True` and the database cannot be reached
-            (the message shows the URL with its password masked).
-    """
-    config = load_settings(database_url=database_url, **settings)
-    if isinstance(model, BaseChatModel):
-        chat_model = model
-    else:
-        chat_model = make_chat_model(model or config.model)
-    store = open_store(resolve_database_url(config.database_url), config)
-    try:
-        if connect:
-            store.setup()
-        graph = build_graph(chat_model, store.saver)
-    except BaseException:
-        store.close()
-        raise
-    if config.tracing:
-        enable_tracing()
-    else:
-        disable_tracing()
-    return LangGraphResponsesAgent(store, Threads(store, graph, config), config)
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'agent' has no attribute {name!r}")

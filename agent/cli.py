@@ -171,7 +171,7 @@ def serve(
 ) -> None:
     """Start the MLflow Agent Server (POST /invocations, POST /responses, GET /health)."""
     with _agent_errors():
-        from agent.serving.agent_server import run_agent_server
+        from agent.serving.app import run_agent_server
 
         run_agent_server(host=host, port=port, database_url=database_url, model=model)
 
@@ -439,9 +439,9 @@ def _turn(
         outputs = data.get("custom_outputs") or outputs
     out.end()
     parent = outputs.get("parent_checkpoint_id")
-    if parent is None:
+    if thread_id is None:
         console.print(Text(f"  new thread_id {outputs.get('thread_id')}", style="dim"))
-    where = f"parent {_short(parent)}" if parent else "the thread's first"
+    where = f"parent {_short(parent)}" if thread_id else f"the thread's first, after its root {_short(parent)}"
     console.print(Text(f"  saved as checkpoint {outputs.get('checkpoint_id')} ({where})", style="dim"))
     return {**outputs, "text": out.reply}
 
@@ -545,7 +545,7 @@ def _history_table(
     table.add_column("last message")
     for index, entry in enumerate(entries):
         marks = [notes[entry["checkpoint_id"]]] if entry["checkpoint_id"] in notes else []
-        if index == 0 and head_known:
+        if entry.get("is_head"):
             marks.insert(0, "head")
         last = Text(_last_message(entry))
         if marks:
@@ -582,7 +582,7 @@ def _branch_tree(entries: list[dict[str, Any]], *, notes: dict[str, str] | None 
     for entry in sorted(entries, key=lambda e: e["checkpoint_id"]):  # ids are time-ordered
         parent = entry["parent_checkpoint_id"] if entry["parent_checkpoint_id"] in by_id else None
         children.setdefault(parent, []).append(entry)
-    head = max(by_id)
+    head = next((e["checkpoint_id"] for e in entries if e.get("is_head")), None)
 
     def label(entry: dict[str, Any]) -> Text:
         marks = (["head"] if entry["checkpoint_id"] == head else []) + (
@@ -616,7 +616,7 @@ def _short(checkpoint_id: str | None) -> str:
 
 
 def _last_message(entry: dict[str, Any]) -> str:
-    from agent.storage.base import LAST_MESSAGE_CHARS
+    from agent.storage.summaries import LAST_MESSAGE_CHARS
 
     text = entry["last_message"] or ""
     # The history keeps the first LAST_MESSAGE_CHARS characters; show that the text was cut.

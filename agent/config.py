@@ -4,29 +4,44 @@ Every setting can be passed to `create_agent(**settings)` or set in the
 environment as `AGENT_<NAME>` (for example `AGENT_DATABASE_URL`,
 `AGENT_MULTITASK_STRATEGY`). Keyword arguments win over the environment.
 `OPENAI_API_KEY` and `OPENAI_BASE_URL` keep their usual names and are read by
-`langchain-openai` itself.
+`langchain-openai` itself. Every default is resolved here (`AgentSettings`
+after validation holds the database URL and model name that will be used), so
+no other module guesses them.
+
+This module imports only pydantic and the standard library: `tt-agent --help`
+and `import agent` must stay fast.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy.engine import make_url
 
 from agent.errors import ConfigurationError
 
-#: Where the embedded store lives when no database URL is configured.
+#: Where the embedded store lives when no database URL is configured (relative to the current directory).
 DEFAULT_SQLITE_PATH = Path(".agent") / "checkpoints.sqlite"
 
 #: The OpenAI model used when an API key or base URL is set and `AGENT_MODEL` is not.
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 
-MultitaskStrategy = Literal["reject", "enqueue"]
+#: The `model` setting that selects the offline model.
+OFFLINE_MODEL_NAME = "offline"
+
+#: What a turn does when another turn holds its thread (LangGraph Agent Server's double-texting strategies).
+MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback"]
+MULTITASK_STRATEGIES: tuple[str, ...] = ("reject", "enqueue", "interrupt", "rollback")
+
+ContextStrategy = Literal["trim", "summarize"]
+MemoryScope = Literal["user", "branch"]
+ThreadTtlStrategy = Literal["delete", "keep_latest"]
 
 
 class AgentSettings(BaseSettings):
@@ -34,49 +49,97 @@ class AgentSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGENT_", extra="forbid", arbitrary_types_allowed=True)
 
-    database_url: str | None = None
-    """`postgresql://…`, `sqlite:///path`, or `memory://`. Unset: `sqlite:///.agent/checkpoints.sqlite`."""
+    # -- what to run -------------------------------------------------------------------------
+    database_url: str = ""
+    """`postgresql://…` (or a libpq `key=value` string), `sqlite:///path`, or `memory://`.
+    Empty: `sqlite:///.agent/checkpoints.sqlite`."""
+    model: str = ""
+    """`"offline"` or an OpenAI-compatible model name. Empty: offline unless an OpenAI key or base URL is set."""
 
-    model: str | None = None
-    """`"offline"` or an OpenAI-compatible model name. Unset: offline unless an OpenAI key or base URL is set."""
-
-    # Postgres pool (psycopg_pool.ConnectionPool). One turn holds one connection
-    # for its whole duration (it holds the thread's lock), so `pool_max_size`
-    # bounds the turns that run at once in this process.
+    # -- Postgres connections (psycopg_pool.ConnectionPool) ------------------------------------
+    # A turn uses a connection only for its two short transactions (claim, commit),
+    # never while the model runs, so a small pool serves many concurrent turns.
     pool_min_size: int = Field(default=2, ge=0)
-    pool_max_size: int = Field(default=20, ge=1)
+    pool_max_size: int = Field(default=10, ge=1)
     pool_timeout: float = Field(default=30.0, gt=0)
-    """Seconds to wait for a free connection before `StorageUnavailable`."""
+    """Seconds to wait for a free connection when the database is reachable but every connection is in use."""
     pool_max_lifetime: float = Field(default=45 * 60.0, gt=0)
     """Seconds after which a pooled connection is replaced; keep it below a managed credential's lifetime."""
+    connect_timeout: float = Field(default=5.0, gt=0)
+    """Seconds a new connection may take; an unreachable database fails within about this long."""
+    prepare_threshold: int | None = None
+    """psycopg's `prepare_threshold`: None (default) never prepares statements, which transaction-mode
+    poolers such as PgBouncer require; an integer prepares a statement after that many runs."""
     credential_provider: Callable[[], str] | None = None
     """Called for the Postgres password when the pool opens a connection (Lakebase, Azure AD, RDS IAM tokens)."""
     credential_cache_seconds: float = Field(default=15 * 60.0, ge=0)
     """How long a password from `credential_provider` is reused before the provider is called again."""
 
+    # -- turns on one thread -----------------------------------------------------------------
     multitask_strategy: MultitaskStrategy = "reject"
-    """What a turn does when another turn holds its thread: `reject` raises ThreadBusy, `enqueue` waits."""
+    """A turn on a thread another turn holds: `reject` raises ThreadBusy, `enqueue` waits, `interrupt` stops
+    the running turn and keeps what it produced, `rollback` stops it and writes nothing of it."""
     enqueue_timeout: float = Field(default=30.0, ge=0)
-    """Seconds an `enqueue` turn waits for its thread before ThreadBusy."""
-    sqlite_lease_seconds: float = Field(default=300.0, gt=0)
-    """SQLite only: a thread lock left by a crashed process expires after this many seconds."""
+    """Seconds a turn waits for its thread (`enqueue`, `interrupt`, `rollback`) before ThreadBusy."""
+    lease_seconds: float = Field(default=15.0, gt=0)
+    """A running turn's claim on its thread lasts this long and is renewed while it runs; a crashed
+    process's claim frees the thread after at most this long."""
+    idempotency_ttl_seconds: float = Field(default=24 * 3600.0, gt=0)
+    """How long an `idempotency_key`'s result is kept for retries."""
 
+    # -- requests ----------------------------------------------------------------------------
     require_user_id: bool = False
     """Refuse every request that carries no user_id (InvalidRequest)."""
+    user_id_header: str | None = None
+    """A trusted HTTP header that carries the caller's user_id (e.g. `X-Forwarded-User` on Databricks Apps)."""
     max_request_bytes: int = Field(default=1_000_000, gt=0)
     """Largest accepted request, measured as UTF-8 JSON."""
+    max_input_items: int = Field(default=1000, ge=1)
+    """Most input items (messages, tool calls and results) one request may carry."""
+    body_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a client may take to send a request body before the server answers 408."""
+
+    # -- memory and context --------------------------------------------------------------------
     message_cache_size: int = Field(default=1024, ge=0)
     """Checkpoints whose message lists are kept in memory (they are immutable, so the cache is never stale)."""
-    tracing: bool = True
-    """MLflow tracing (LangChain autolog) of every turn."""
+    max_context_tokens: int | None = Field(default=None, ge=1)
+    """Most tokens sent to the model per call. None: a safe default for the configured model."""
+    context_strategy: ContextStrategy = "trim"
+    """Over the budget: `trim` drops the oldest whole turns, `summarize` folds them into a summary."""
+    memory_scope: MemoryScope = "user"
+    """Long-term memories: `user` (visible in every thread of the user) or `branch` (only on the branch that wrote them)."""
+    max_memories_in_context: int = Field(default=5, ge=0)
+    """Most long-term memories given to the model before a turn."""
+    embedding_model: str | None = None
+    """An OpenAI-compatible embeddings model for semantic memory search. None: keyword search."""
+    memory_ttl_seconds: float | None = Field(default=None, gt=0)
+    """Long-term memories expire after this long without being read. None: never."""
 
+    # -- retention ----------------------------------------------------------------------------
+    thread_ttl_seconds: float | None = Field(default=None, gt=0)
+    """A thread idle (no write) for this long expires. None: never."""
+    thread_ttl_strategy: ThreadTtlStrategy = "delete"
+    """What expiry does: `delete` the whole thread, or `keep_latest` (only the head checkpoint stays)."""
+    sweep_interval_seconds: float | None = Field(default=None, gt=0)
+    """`tt-agent serve` sweeps expired threads this often. None: no sweeper."""
+
+    # -- observability ----------------------------------------------------------------------------
+    tracing: bool | None = None
+    """MLflow tracing of every turn. None: on when a tracking server is configured (`MLFLOW_TRACKING_URI`,
+    or a Databricks runtime), else off. `tt-agent serve` turns it on."""
+    trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """The fraction of turns traced when tracing is on."""
 
     @model_validator(mode="after")
-    def _pool_bounds(self) -> AgentSettings:
+    def _resolve(self) -> AgentSettings:
         if "pool_min_size" not in self.model_fields_set:
             self.pool_min_size = min(self.pool_min_size, self.pool_max_size)
         elif self.pool_min_size > self.pool_max_size:
             raise ValueError(f"pool_min_size ({self.pool_min_size}) is larger than pool_max_size ({self.pool_max_size})")
+        self.database_url = resolve_database_url(self.database_url)
+        self.model = resolve_model_name(self.model)
+        if self.tracing is None:
+            self.tracing = tracking_server_configured()
         return self
 
 
@@ -105,13 +168,39 @@ def resolve_model_name(model: str | None) -> str:
         return model
     if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
         return DEFAULT_OPENAI_MODEL
-    return "offline"
+    return OFFLINE_MODEL_NAME
+
+
+def tracking_server_configured() -> bool:
+    """Whether an MLflow tracking store is configured: `MLFLOW_TRACKING_URI` set, a Databricks runtime,
+    or `mlflow.set_tracking_uri(...)` already called in this process (MLflow is not imported to find out)."""
+    if os.environ.get("MLFLOW_TRACKING_URI") or os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        return True
+    mlflow = sys.modules.get("mlflow")
+    return bool(mlflow is not None and mlflow.is_tracking_uri_set())
+
+
+# -- connection strings ------------------------------------------------------------------------
+_URL_PASSWORD = re.compile(r"^(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:]*):(?P<secret>[^@/]*)@")
+_QUERY_PASSWORD = re.compile(r"(?P<key>[?&]password=)[^&]*", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"(?P<key>\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
+
+
+def is_postgres_url(url: str) -> bool:
+    """Whether `url` names a Postgres database: a `postgres(ql)://` URL or a libpq `key=value` string."""
+    lowered = url.strip().lower()
+    return lowered.startswith(("postgresql://", "postgres://", "postgresql+")) or ("=" in url and "://" not in url)
 
 
 def mask_url(url: str) -> str:
-    """`url` with its password replaced by `***`, safe to put in messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        # Not a URL we can parse: show only the scheme, which holds no secret.
-        return url.split(":", 1)[0] + ":<unparseable>"
+    """`url` with its password replaced by `***`, safe to put in messages and logs.
+
+    Handles every form libpq accepts: `postgresql://user:secret@host/db`,
+    `…?password=secret`, and `host=h password=secret` (also quoted), and
+    leaves URLs without a password (`sqlite:///…`, `memory://`) unchanged.
+    """
+    masked = _URL_PASSWORD.sub(r"\g<head>:***@", url)
+    masked = _QUERY_PASSWORD.sub(r"\g<key>***", masked)
+    if "://" not in masked:
+        masked = _KV_PASSWORD.sub(r"\g<key>***", masked)
+    return masked

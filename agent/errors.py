@@ -1,32 +1,41 @@
-"""The agent's error types, and the one place that decides their HTTP status.
+"""The agent's error types: one small hierarchy, plain Python, each error carrying the ids that caused it.
 
-Every error the agent raises on purpose is an `AgentError`. `AgentError` is an
-`mlflow.exceptions.MlflowException`, so MLflow's scoring server
-(`mlflow models serve`) and the MLflow Agent Server turn it into an HTTP status
-from its `error_code`, with the message and without a traceback. The mapping is
-the `error_code` class attribute of each class below; `http_status()` reads it
-back for servers of our own.
+Every error the agent raises on purpose is an `AgentError`. The classes say
+*what* went wrong; how a server answers each one (HTTP status, MLflow error
+code, OpenAI error type) is decided in one table, `agent.serving.errors`, so
+this module imports nothing heavy and `import agent` stays light.
 
-Each error is raised before anything is written, and names the id that caused it.
+Errors about a request are raised before anything is written. Each message
+says whether anything was written where that is not obvious.
+
+    AgentError
+    ├── InvalidRequest          the request is malformed
+    ├── ConfigurationError      a setting is invalid
+    ├── NotFound
+    │   ├── ThreadNotFound      no such thread (or not the caller's)
+    │   └── CheckpointNotFound  no such checkpoint in this thread
+    ├── Conflict
+    │   ├── ThreadBusy          another turn holds the thread
+    │   │   └── LeaseExpired    this turn's claim on the thread expired before it committed
+    │   └── TurnCancelled       a newer turn rolled this one back (multitask_strategy "rollback")
+    ├── Unavailable
+    │   ├── StorageUnavailable  the database failed
+    │   └── ModelError          the chat model failed
 """
 
 from __future__ import annotations
 
-from mlflow.exceptions import MlflowException
-from mlflow.protos import databricks_pb2
 
-
-class AgentError(MlflowException):
-    """Base class of every error the agent raises on purpose."""
-
-    error_code: int = databricks_pb2.INTERNAL_ERROR
+class AgentError(Exception):
+    """Base class of every error the agent raises on purpose; any other failure inside the agent."""
 
     def __init__(self, message: str, **ids: str | None) -> None:
-        super().__init__(message, error_code=self.error_code)
-        # The ids that caused the error, for callers that branch on them.
+        super().__init__(message)
+        self.message = message
+        #: The ids that caused the error (thread_id, checkpoint_id, …), for callers that branch on them.
         self.ids = ids
 
-    def __reduce__(self):  # MlflowException's pickling drops subclass fields.
+    def __reduce__(self):  # keep `ids` when pickled (MLflow and multiprocessing pickle errors)
         return (_rebuild, (type(self), self.message, self.ids))
 
 
@@ -35,47 +44,48 @@ def _rebuild(cls: type[AgentError], message: str, ids: dict) -> AgentError:
 
 
 class InvalidRequest(AgentError):
-    """The request is malformed: empty input, ids that are not strings, bad messages, too large."""
-
-    error_code = databricks_pb2.INVALID_PARAMETER_VALUE
-
-
-class ThreadNotFound(AgentError):
-    """The thread does not exist, has no checkpoints, or belongs to another user."""
-
-    error_code = databricks_pb2.RESOURCE_DOES_NOT_EXIST
-
-
-class CheckpointNotFound(AgentError):
-    """The checkpoint does not exist in this thread (it may not exist at all, or belong to another thread)."""
-
-    error_code = databricks_pb2.RESOURCE_DOES_NOT_EXIST
-
-
-class ThreadBusy(AgentError):
-    """Another turn holds the thread: refused under `reject`, or waited past the timeout under `enqueue`."""
-
-    error_code = databricks_pb2.RESOURCE_CONFLICT
-
-
-class StorageUnavailable(AgentError):
-    """The database could not be reached or dropped the connection; the message says whether anything was written."""
-
-    error_code = databricks_pb2.TEMPORARILY_UNAVAILABLE
-
-
-class ModelError(AgentError):
-    """The chat model failed (HTTP error, timeout, invalid reply); the turn wrote nothing."""
-
-    error_code = databricks_pb2.TEMPORARILY_UNAVAILABLE
+    """The request is malformed: empty input, ids that are not strings, bad messages, too large, unknown fields."""
 
 
 class ConfigurationError(AgentError):
-    """A setting is invalid, such as an unknown database URL scheme."""
-
-    error_code = databricks_pb2.INVALID_PARAMETER_VALUE
+    """A setting is invalid: an unknown database URL scheme, a bad value, a model that cannot be configured."""
 
 
-def http_status(error: AgentError) -> int:
-    """The HTTP status for `error` (400, 404, 409, 503 or 500), from its MLflow error code."""
-    return error.get_http_status_code()
+class NotFound(AgentError):
+    """Something the request names does not exist (or is not the caller's)."""
+
+
+class ThreadNotFound(NotFound):
+    """The thread does not exist, has no checkpoints, or belongs to another user."""
+
+
+class CheckpointNotFound(NotFound):
+    """The checkpoint does not exist in this thread (it may not exist at all, or belong to another thread)."""
+
+
+class Conflict(AgentError):
+    """The request conflicts with another one on the same thread."""
+
+
+class ThreadBusy(Conflict):
+    """Another turn holds the thread: refused under `reject`, or waited past the timeout under `enqueue`."""
+
+
+class LeaseExpired(ThreadBusy):
+    """The turn's claim on its thread expired (or was taken over) before it committed; nothing was written."""
+
+
+class TurnCancelled(Conflict):
+    """A newer turn on the thread rolled this turn back (`multitask_strategy="rollback"`); nothing was written."""
+
+
+class Unavailable(AgentError):
+    """A service the agent depends on failed; the message says whether anything was written."""
+
+
+class StorageUnavailable(Unavailable):
+    """The database could not be reached, refused the operation, or dropped the connection."""
+
+
+class ModelError(Unavailable):
+    """The chat model failed (HTTP error, timeout, invalid reply); the turn wrote nothing."""

@@ -2,27 +2,32 @@
 
     START -> agent -(tool calls?)-> tools -> agent ... -> END
 
-Built and compiled once per agent, with the store's saver as checkpointer.
+Built and compiled once per agent, with the storage's saver as checkpointer.
 Turns run with `durability="exit"`, so one turn writes one checkpoint: the
 history has one entry per turn (or state update), and the checkpoint after a
 finished turn has no next nodes.
+
+The agent node has a synchronous and an async body (a `RunnableLambda` with
+both), so `graph.stream` (in-process `predict`) and `graph.astream` (the HTTP
+server) each call the model the natural way: the async path awaits the HTTP
+request instead of holding an OS thread while the model thinks.
 """
 
 from __future__ import annotations
 
 from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import RunnableLambda
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from agent.errors import ModelError
 from agent.messages import close_unanswered_tool_calls
-from agent.storage.base import TurnSaverMixin
 from agent.tools import TOOLS
 
 
-def build_graph(model: BaseChatModel, saver: TurnSaverMixin) -> CompiledStateGraph:
-    """Compile the agent graph over `model` with `saver` as its checkpointer.
+def build_graph(model: BaseChatModel, saver) -> CompiledStateGraph:
+    """Compile the agent graph over `model` with `saver` (a `TurnSaverMixin` saver) as its checkpointer.
 
     A model that cannot bind tools (`bind_tools` raises NotImplementedError) is
     used without them.
@@ -36,11 +41,18 @@ def build_graph(model: BaseChatModel, saver: TurnSaverMixin) -> CompiledStateGra
         try:
             reply = bound.invoke(close_unanswered_tool_calls(state["messages"]))
         except Exception as exc:
-            raise ModelError(f"The chat model failed: {type(exc).__name__}: {exc}; nothing was written.") from exc
+            raise _model_error(exc) from exc
+        return {"messages": [reply]}
+
+    async def aagent(state: MessagesState) -> dict:
+        try:
+            reply = await bound.ainvoke(close_unanswered_tool_calls(state["messages"]))
+        except Exception as exc:
+            raise _model_error(exc) from exc
         return {"messages": [reply]}
 
     builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
+    builder.add_node("agent", RunnableLambda(agent, afunc=aagent, name="agent"))
     builder.add_node("tools", ToolNode(TOOLS))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition, ["tools", END])
@@ -50,3 +62,7 @@ def build_graph(model: BaseChatModel, saver: TurnSaverMixin) -> CompiledStateGra
     # to know which channels trigger which node.
     saver.node_triggers = {name: list(node.triggers) for name, node in graph.nodes.items()}
     return graph
+
+
+def _model_error(exc: Exception) -> ModelError:
+    return ModelError(f"The chat model failed: {type(exc).__name__}: {exc}; nothing was written.")

@@ -28,11 +28,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.errors import ErrorCode, create_error_message
 from pydantic import Field
 
-from agent.config import resolve_model_name
+from agent.config import OFFLINE_MODEL_NAME, resolve_model_name
 from agent.errors import ConfigurationError
-
-#: The `model` setting that selects `OfflineChatModel`.
-OFFLINE_MODEL_NAME = "offline"
 
 #: First words of every offline reply, so nobody mistakes it for a real model.
 OFFLINE_MARKER = "[offline model] "

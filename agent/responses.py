@@ -1,25 +1,29 @@
-"""`LangGraphResponsesAgent`: the MLflow `ResponsesAgent` adapter over `Threads`.
+"""`LangGraphResponsesAgent`: the MLflow `ResponsesAgent` adapter over `agent.operations.Threads`.
 
-A thin translation layer: it parses the request once (`requests.parse_request`),
-calls `Threads`, and builds Responses items with MLflow's helpers. It holds no
-memory or branching logic.
+A thin translation layer: it parses a request once (`requests.parse_request`),
+dispatches through `agent.operations.ACTIONS`, and builds Responses items with
+MLflow's helpers. It holds no memory or branching logic.
 
-Streaming (`predict_stream`) yields `response.output_text.delta` events as the
-model produces tokens and `response.output_item.done` per finished item. The
-last `output_item.done` is held back until the turn is committed, so that it
-can carry `custom_outputs` with the new `checkpoint_id` (the Databricks
-reference drops `custom_outputs` on streams).
-
-Errors: everything raised is an `AgentError` (an `MlflowException`), so MLflow's
-servers answer with its status and message and never with a traceback; an
-unexpected exception is logged here and re-raised as a plain `AgentError`.
+* `predict` / `predict_stream` are MLflow's interface (in-process callers,
+  `mlflow models serve`); `apredict` / `apredict_stream` are the same on the
+  event loop, for the HTTP server (`agent.serving`): the model call is awaited
+  and no thread is held while it runs.
+* Streaming yields `response.output_text.delta` events as the model produces
+  tokens and `response.output_item.done` per finished item. The last
+  `output_item.done` is held back until the turn is committed, so that it can
+  carry `custom_outputs` with the new `checkpoint_id` (the Databricks reference
+  drops `custom_outputs` on streams).
+* Errors: everything raised is an `AgentError`. From `predict`/`predict_stream`
+  it is also an `MlflowException` (`agent.serving.errors.as_mlflow_exception`),
+  so MLflow's scoring server answers with its status instead of a 500; an
+  unexpected exception is logged here and re-raised as a plain `AgentError`.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from typing import Any
 
 from mlflow.exceptions import MlflowException
@@ -29,10 +33,12 @@ from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse
 from agent.config import AgentSettings
 from agent.errors import AgentError, InvalidRequest
 from agent.messages import to_langchain, to_output_items
-from agent.requests import ParsedRequest, check_id, check_limit, check_user_id, encoded_size, parse_request
-from agent.storage import Store
-from agent.threads import NewMessages, TextDelta, Threads, TurnIds
+from agent.operations import Threads, TurnArgs
+from agent.requests import ParsedRequest, parse_request
+from agent.serving.errors import as_mlflow_exception
 from agent.tracing import scrub_trace_inputs, tag_trace
+from agent.types import NewMessages, TextDelta, TurnResult
+from agent.validation import check_id, check_limit, check_user_id, encoded_size, required_id
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +50,18 @@ class LangGraphResponsesAgent(ResponsesAgent):
     as a context manager; it owns a connection pool.
     """
 
-    def __init__(self, store: Store, threads: Threads, settings: AgentSettings) -> None:
-        self.store = store
+    def __init__(self, threads: Threads, settings: AgentSettings) -> None:
         self.threads = threads
         self.settings = settings
 
     @property
+    def storage(self):
+        """The `agent.storage.ThreadStorage` this agent keeps its threads in."""
+        return self.threads.storage
+
+    @property
     def graph(self):
-        """The compiled LangGraph graph (for `get_state`, drawing, and the like)."""
+        """The compiled LangGraph graph (for drawing it; read state with `get_checkpoint_history`)."""
         return self.threads.graph
 
     # -- Responses API ---------------------------------------------------------------
@@ -61,71 +71,91 @@ class LangGraphResponsesAgent(ResponsesAgent):
         In: a Responses request; `custom_inputs` as documented in `agent.requests`.
         Out: `output` items for the new messages; `custom_outputs` with
         `thread_id`, `checkpoint_id` (the head after the turn) and
-        `parent_checkpoint_id` (where the turn started), plus `history` for
-        the `get_checkpoint_history` action.
+        `parent_checkpoint_id` (where the turn started), or the action's results.
 
         Raises: `InvalidRequest`, `ThreadNotFound`, `CheckpointNotFound`,
-        `ThreadBusy`, `ModelError`, `StorageUnavailable` (all `AgentError`).
+        `ThreadBusy`, `TurnCancelled`, `ModelError`, `StorageUnavailable` (all `AgentError`).
         """
-        parsed = self._parse(request)
-        if parsed.action != "turn":
-            return ResponsesAgentResponse(output=[], custom_outputs=self._run_action(parsed))
-        output: list[dict] = []
-        ids: TurnIds | None = None
-        for event in self._turn_events(parsed, stream_tokens=False):
-            if isinstance(event, NewMessages):
-                output.extend(to_output_items(event.messages))
-            elif isinstance(event, TurnIds):
-                ids = event
-        return ResponsesAgentResponse(output=output, custom_outputs=_custom_outputs(ids))
+        with _agent_errors(mlflow=True):
+            parsed = self._parse(request)
+            if parsed.action.run is not None:
+                return ResponsesAgentResponse(output=[], custom_outputs=self._run_action(parsed))
+            output: list[dict] = []
+            result: TurnResult | None = None
+            for event in self.threads.run_turn(_turn_args(parsed), stream_tokens=False):
+                if isinstance(event, NewMessages):
+                    output.extend(to_output_items(event.messages))
+                elif isinstance(event, TurnResult):
+                    result = self._tagged(event, parsed)
+            return ResponsesAgentResponse(output=output, custom_outputs=_custom_outputs(result))
 
     def predict_stream(self, request: ResponsesAgentRequest) -> Generator[ResponsesAgentStreamEvent, None, None]:
         """Run one turn and yield events as they happen; the last event carries `custom_outputs`.
 
         Actions (`custom_inputs.action`) yield a single event with their `custom_outputs`.
+        Closing the generator early ends the turn: nothing of it is written.
         """
-        parsed = self._parse(request)
-        if parsed.action != "turn":
-            yield _completed_event(self._run_action(parsed))
-            return
-        held: dict | None = None
-        for event in self._turn_events(parsed, stream_tokens=True):
-            if isinstance(event, TextDelta):
-                yield ResponsesAgentStreamEvent(**self.create_text_delta(delta=event.text, item_id=event.item_id))
-            elif isinstance(event, NewMessages):
-                for item in to_output_items(event.messages):
-                    if held is not None:
-                        yield ResponsesAgentStreamEvent(type="response.output_item.done", item=held)
-                        held = None
-                    # Only an assistant text can be the turn's last item; tool
-                    # calls and results go out at once.
-                    if item.get("type") == "message":
-                        held = item
-                    else:
-                        yield ResponsesAgentStreamEvent(type="response.output_item.done", item=item)
-            elif isinstance(event, TurnIds):
-                if held is None:  # pragma: no cover - a turn always ends with a reply
-                    yield _completed_event(_custom_outputs(event))
-                else:
-                    yield ResponsesAgentStreamEvent(
-                        type="response.output_item.done", item=held, custom_outputs=_custom_outputs(event)
-                    )
+        with _agent_errors(mlflow=True):
+            parsed = self._parse(request)
+            if parsed.action.run is not None:
+                yield _completed_event(self._run_action(parsed))
+                return
+            stream = _StreamEvents()
+            for event in self.threads.run_turn(_turn_args(parsed), stream_tokens=True):
+                yield from stream.events(self._tagged(event, parsed) if isinstance(event, TurnResult) else event)
+
+    async def apredict(self, request: ResponsesAgentRequest | dict, *, user_id: str | None = None) -> ResponsesAgentResponse:
+        """`predict` on the event loop (for servers). `user_id`: one the host authenticated (a trusted header)."""
+        with _agent_errors():
+            parsed = self._parse(request, user_id=user_id)
+            if parsed.action.run is not None:
+                return ResponsesAgentResponse(output=[], custom_outputs=await self._arun_action(parsed))
+            output: list[dict] = []
+            result: TurnResult | None = None
+            async for event in self.threads.arun_turn(_turn_args(parsed), stream_tokens=False):
+                if isinstance(event, NewMessages):
+                    output.extend(to_output_items(event.messages))
+                elif isinstance(event, TurnResult):
+                    result = self._tagged(event, parsed)
+            return ResponsesAgentResponse(output=output, custom_outputs=_custom_outputs(result))
+
+    async def apredict_stream(
+        self, request: ResponsesAgentRequest | dict, *, user_id: str | None = None
+    ) -> AsyncIterator[ResponsesAgentStreamEvent]:
+        """`predict_stream` on the event loop (for servers). Cancelling the consumer ends the turn, writing nothing."""
+        with _agent_errors():
+            parsed = self._parse(request, user_id=user_id)
+            if parsed.action.run is not None:
+                yield _completed_event(await self._arun_action(parsed))
+                return
+            stream = _StreamEvents()
+            async for event in self.threads.arun_turn(_turn_args(parsed), stream_tokens=True):
+                for out in stream.events(self._tagged(event, parsed) if isinstance(event, TurnResult) else event):
+                    yield out
 
     # -- time travel (Python API) -------------------------------------------------------
     def get_checkpoint_history(
         self, thread_id: str, limit: int = 10, before: str | None = None, *, user_id: str | None = None
     ) -> list[dict[str, Any]]:
-        """The thread's checkpoints, newest first (see `Threads.history` for the entry fields).
+        """The thread's checkpoints, newest first, all branches interleaved.
+
+        Each entry: `checkpoint_id`, `parent_checkpoint_id`, `thread_id`,
+        `timestamp` (ISO 8601, UTC), `next_nodes` (node names), `message_count`,
+        `last_message` and `last_user_message` (at most 100 characters each),
+        `source` (`root` for the thread's empty first checkpoint, `loop` for a
+        turn, `update` for a state update), `step` and `is_head`. `before` (a
+        checkpoint_id) pages backwards.
 
         Raises: `InvalidRequest` (bad ids or limit), `ThreadNotFound`, `CheckpointNotFound` (`before`).
         """
         with _agent_errors():
-            return self.threads.history(
-                _required_id("thread_id", thread_id),
-                user_id=check_user_id(user_id, require=self.settings.require_user_id),
+            entries = self.threads.history(
+                required_id("thread_id", thread_id),
+                user_id=self._user(user_id),
                 limit=check_limit(limit),
                 before=check_id("before", before),
             )
+            return [entry.as_dict() for entry in entries]
 
     def update_checkpoint_state(
         self,
@@ -147,13 +177,13 @@ class LangGraphResponsesAgent(ResponsesAgent):
             if new_messages is not None and not isinstance(new_messages, (list, tuple)):
                 raise InvalidRequest("new_messages must be a list of Responses message items")
             encoded_size("new_messages", new_messages)  # refuses lone surrogates, as requests do
-            ids = self.threads.update_state(
-                _required_id("thread_id", thread_id),
+            result = self.threads.update_state(
+                required_id("thread_id", thread_id),
                 check_id("checkpoint_id", checkpoint_id),
                 to_langchain(list(new_messages or [])),
-                user_id=check_user_id(user_id, require=self.settings.require_user_id),
+                user_id=self._user(user_id),
             )
-        return ids.as_dict()
+            return result.as_dict()
 
     def delete_thread(self, thread_id: str, *, user_id: str | None = None) -> None:
         """Delete every checkpoint, write and the ownership record of a thread.
@@ -161,20 +191,17 @@ class LangGraphResponsesAgent(ResponsesAgent):
         Raises: `InvalidRequest`, `ThreadNotFound` (unknown, or not the caller's).
         """
         with _agent_errors():
-            self.threads.delete_thread(
-                _required_id("thread_id", thread_id),
-                user_id=check_user_id(user_id, require=self.settings.require_user_id),
-            )
+            self.threads.delete_thread(required_id("thread_id", thread_id), user_id=self._user(user_id))
 
     def delete_user_data(self, user_id: str) -> list[str]:
-        """Delete every thread `user_id` owns; returns the deleted thread ids."""
+        """Delete every thread `user_id` owns; returns the deleted thread ids, sorted."""
         with _agent_errors():
-            return self.threads.delete_user_data(_required_id("user_id", user_id))
+            return self.threads.delete_user_data(required_id("user_id", user_id))
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
         """Release the connection pool. The agent is unusable afterwards."""
-        self.store.close()
+        self.threads.close()
 
     def __enter__(self) -> LangGraphResponsesAgent:
         return self
@@ -183,56 +210,76 @@ class LangGraphResponsesAgent(ResponsesAgent):
         self.close()
 
     # -- internals -------------------------------------------------------------------------
-    def _parse(self, request: Any) -> ParsedRequest:
-        with _agent_errors():
-            try:
-                return parse_request(
-                    request,
-                    max_request_bytes=self.settings.max_request_bytes,
-                    require_user_id=self.settings.require_user_id,
-                )
-            except InvalidRequest:
-                scrub_trace_inputs()  # a refused request may hold text MLflow cannot export
-                raise
+    def _user(self, user_id: Any) -> str | None:
+        return check_user_id(user_id, require=self.settings.require_user_id)
 
-    def _turn_events(self, parsed: ParsedRequest, *, stream_tokens: bool):
-        with _agent_errors():
-            for event in self.threads.run_turn(
-                parsed.messages,
-                thread_id=parsed.thread_id,
-                user_id=parsed.user_id,
-                checkpoint_id=parsed.checkpoint_id,
-                strategy=parsed.multitask_strategy,
-                stream_tokens=stream_tokens,
-            ):
-                if isinstance(event, TurnIds):
-                    tag_trace(event.thread_id, event.checkpoint_id, event.parent_checkpoint_id, user_id=parsed.user_id)
-                yield event
+    def _parse(self, request: Any, *, user_id: str | None = None) -> ParsedRequest:
+        try:
+            return parse_request(request, self.settings, user_id=user_id)
+        except InvalidRequest:
+            scrub_trace_inputs()  # a refused request may hold text MLflow cannot export
+            raise
 
     def _run_action(self, parsed: ParsedRequest) -> dict[str, Any]:
-        if parsed.thread_id is not None:
-            tag_trace(parsed.thread_id, user_id=parsed.user_id)
-        with _agent_errors():
-            if parsed.action == "get_checkpoint_history":
-                history = self.threads.history(
-                    parsed.thread_id, user_id=parsed.user_id, limit=parsed.limit, before=parsed.before
-                )
-                return {"thread_id": parsed.thread_id, "history": history}
-            if parsed.action == "update_checkpoint_state":
-                ids = self.threads.update_state(
-                    parsed.thread_id,
-                    parsed.checkpoint_id,
-                    parsed.messages,
-                    user_id=parsed.user_id,
-                    strategy=parsed.multitask_strategy,
-                )
-                tag_trace(ids.thread_id, ids.checkpoint_id, ids.parent_checkpoint_id, user_id=parsed.user_id)
-                return ids.as_dict()
-            if parsed.action == "delete_thread":
-                self.threads.delete_thread(parsed.thread_id, user_id=parsed.user_id)
-                return {"thread_id": parsed.thread_id, "deleted": True}
-            deleted = self.threads.delete_user_data(parsed.user_id)
-            return {"user_id": parsed.user_id, "deleted_thread_ids": deleted}
+        envelope = parsed.envelope
+        if envelope.thread_id is not None:
+            tag_trace(envelope.thread_id, user_id=envelope.user_id)
+        outputs = parsed.action.run(self.threads, envelope, parsed.args)
+        if outputs.get("thread_id") and outputs.get("checkpoint_id"):  # an action that wrote a checkpoint
+            tag_trace(
+                outputs["thread_id"], outputs["checkpoint_id"], outputs.get("parent_checkpoint_id"), user_id=envelope.user_id
+            )
+        return outputs
+
+    async def _arun_action(self, parsed: ParsedRequest) -> dict[str, Any]:
+        return await self.threads.in_io(self._run_action, parsed)
+
+    @staticmethod
+    def _tagged(result: TurnResult, parsed: ParsedRequest) -> TurnResult:
+        tag_trace(result.thread_id, result.checkpoint_id, result.parent_checkpoint_id, user_id=parsed.envelope.user_id)
+        return result
+
+
+class _StreamEvents:
+    """Turns a turn's events into Responses stream events, holding back the last message item
+    until the commit so that it can carry `custom_outputs`."""
+
+    def __init__(self) -> None:
+        self.held: dict | None = None
+
+    def events(self, event: TextDelta | NewMessages | TurnResult) -> list[ResponsesAgentStreamEvent]:
+        out: list[ResponsesAgentStreamEvent] = []
+        if isinstance(event, TextDelta):
+            out.append(ResponsesAgentStreamEvent(**ResponsesAgent.create_text_delta(delta=event.text, item_id=event.item_id)))
+        elif isinstance(event, NewMessages):
+            for item in to_output_items(event.messages):
+                if self.held is not None:
+                    out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=self.held))
+                    self.held = None
+                # Only an assistant text can be the turn's last item; tool calls and results go out at once.
+                if item.get("type") == "message":
+                    self.held = item
+                else:
+                    out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=item))
+        elif self.held is None:
+            out.append(_completed_event(_custom_outputs(event)))
+        else:
+            out.append(
+                ResponsesAgentStreamEvent(type="response.output_item.done", item=self.held, custom_outputs=_custom_outputs(event))
+            )
+        return out
+
+
+def _turn_args(parsed: ParsedRequest) -> TurnArgs:
+    envelope = parsed.envelope
+    return TurnArgs(
+        messages=envelope.messages,
+        thread_id=envelope.thread_id,
+        user_id=envelope.user_id,
+        checkpoint_id=envelope.checkpoint_id,
+        strategy=envelope.multitask_strategy,
+        idempotency_key=envelope.idempotency_key,
+    )
 
 
 def _completed_event(custom_outputs: dict[str, Any]) -> ResponsesAgentStreamEvent:
@@ -243,65 +290,65 @@ def _completed_event(custom_outputs: dict[str, Any]) -> ResponsesAgentStreamEven
     )
 
 
-def _custom_outputs(ids: TurnIds | None) -> dict[str, str | None]:
-    if ids is None:  # pragma: no cover - run_turn always ends with TurnIds
+def _custom_outputs(result: TurnResult | None) -> dict[str, Any]:
+    if result is None:  # pragma: no cover - a turn always ends with a TurnResult
         raise AgentError("The turn ended without a result.")
-    return ids.as_dict()
-
-
-def _required_id(name: str, value: Any) -> str:
-    checked = check_id(name, value)
-    if checked is None:
-        raise InvalidRequest(f"{name} is required")
-    return checked
+    return result.as_dict()
 
 
 class _agent_errors:
-    """Let `AgentError` through; turn anything else into an `AgentError` without a traceback for the client."""
+    """Let `AgentError` through (as an `MlflowException` twin when `mlflow`); turn anything else into an
+    `AgentError` without a traceback for the client, logging it here."""
+
+    def __init__(self, *, mlflow: bool = False) -> None:
+        self.mlflow = mlflow
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is None or isinstance(exc, AgentError) or not isinstance(exc, Exception):
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, MlflowException):
             return False
-        logger.exception("Unexpected error in the agent")
-        raise AgentError(f"Internal error ({type(exc).__name__}); see the server log.") from exc
+        if not isinstance(exc, AgentError):
+            logger.exception("Unexpected error in the agent")
+            error = AgentError(f"Internal error ({type(exc).__name__}); see the server log.")
+            raise (as_mlflow_exception(error) if self.mlflow else error) from exc
+        if self.mlflow:
+            raise as_mlflow_exception(exc) from exc.__cause__
+        return False
 
 
-def _mlflow_validation_as_invalid_request(method: Callable) -> Callable:
+def _validated_before_mlflow(method: Callable) -> Callable:
     # ResponsesAgent validates dict requests with pydantic before our code runs
-    # and raises a bare MlflowException, or lets through what its validators
-    # raise on odd input (a TypeError for a list where a content part type
-    # belongs); callers should see InvalidRequest. So a dict is validated here,
-    # as MLflow does it, and MLflow's wrapper gets the validated request.
+    # and raises a bare MlflowException (or lets through what its validators
+    # raise on odd input, such as a TypeError). Callers should see InvalidRequest,
+    # and the OpenAI client's `input="Hi"` should work. So a dict is validated
+    # here, and MLflow's wrapper gets a ResponsesAgentRequest, which it passes through.
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         if len(args) == 1 and isinstance(args[0], dict):
             args = (_validated_request(args[0]),)
-        try:
-            return method(self, *args, **kwargs)
-        except AgentError:
-            raise
-        except MlflowException as exc:
-            raise InvalidRequest(exc.message) from None
+        return method(self, *args, **kwargs)
 
     return wrapper
 
 
 def _validated_request(raw: dict) -> ResponsesAgentRequest:
+    if isinstance(raw.get("input"), str):
+        raw = {**raw, "input": [{"role": "user", "content": raw["input"]}]}
     try:
         # The same two steps as mlflow.pyfunc.utils.data_validation.wrap_non_list_predict_pydantic.
         ResponsesAgentRequest.model_validate(raw, strict=True)
         return ResponsesAgentRequest(**raw)
     except Exception as exc:  # pydantic's ValidationError, or whatever MLflow's validators raise
         reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-        raise InvalidRequest(
-            f"Invalid dictionary input for a ResponsesAgent; expected the ResponsesRequest schema: {reason}"
+        raise as_mlflow_exception(
+            InvalidRequest(f"Invalid dictionary input for a ResponsesAgent; expected the ResponsesRequest schema: {reason}")
         ) from None
 
 
-# Set after the class body so that ResponsesAgent.__init_subclass__ (which adds
-# validation and tracing) wraps our methods first and this wraps that.
-LangGraphResponsesAgent.predict = _mlflow_validation_as_invalid_request(LangGraphResponsesAgent.predict)
-LangGraphResponsesAgent.predict_stream = _mlflow_validation_as_invalid_request(LangGraphResponsesAgent.predict_stream)
+# After the class body, because ResponsesAgent.__init_subclass__ wraps `predict` and
+# `predict_stream` (tracing, then pydantic validation of dicts) when the class is created;
+# this wraps that, so a dict is validated our way first.
+LangGraphResponsesAgent.predict = _validated_before_mlflow(LangGraphResponsesAgent.predict)
+LangGraphResponsesAgent.predict_stream = _validated_before_mlflow(LangGraphResponsesAgent.predict_stream)

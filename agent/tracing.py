@@ -1,7 +1,7 @@
 """MLflow tracing: LangChain/LangGraph autolog, and each trace tagged with its thread.
 
-`create_agent(tracing=True)` (the default) calls `enable_tracing()`;
-`tracing=False` calls `disable_tracing()`. Both act on the whole process,
+`create_agent(tracing=True)` calls `enable_tracing()`; `tracing=False` calls
+`disable_tracing()` (the default follows `AgentSettings.tracing`). Both act on the whole process,
 because MLflow's tracing switch is global: `ResponsesAgent` traces every
 `predict` call on its own, so turning tracing off must be global too.
 
@@ -30,6 +30,8 @@ from typing import Any
 
 import mlflow
 
+from agent.config import AgentSettings
+
 logger = logging.getLogger(__name__)
 
 #: The tracking store used when the user configured none (relative to the current directory).
@@ -39,6 +41,14 @@ DEFAULT_ARTIFACTS_DIR = Path(".agent") / "mlartifacts"
 
 _lock = threading.Lock()
 _autologged = False
+
+
+def configure_tracing(settings: AgentSettings) -> None:
+    """Turn tracing on or off for this process, as `settings.tracing` says."""
+    if settings.tracing:
+        enable_tracing()
+    else:
+        disable_tracing()
 
 
 def enable_tracing() -> None:

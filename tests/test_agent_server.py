@@ -9,9 +9,9 @@ mid-stream, one that waits for the test) run in-process with uvicorn.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
-import sqlite3
 import sys
 import threading
 import time
@@ -27,7 +27,7 @@ import pytest
 from agent import create_agent
 from agent.models import OfflineChatModel
 from agent.serving.agent_server import build_app
-from agent.storage.sqlite import CLAIM_LOCK_SQL, RELEASE_LOCK_SQL
+from tests.helpers.claims import is_claimed, other_replica_holds
 from tests.helpers.scenario import TRIP, request
 from tests.helpers.servers import free_port, in_process_server, server_process
 
@@ -205,20 +205,19 @@ def test_openai_client_raises_typed_errors_with_the_agent_message(server):
 
 
 class other_process_holds:
-    """Holds `thread_id`'s SQLite lease as another replica would (None: holds nothing)."""
+    """Holds `thread_id` as another replica would (None: holds nothing)."""
 
     def __init__(self, database, thread_id: str | None) -> None:
         self.database, self.thread_id = database, thread_id
+        self.held = other_replica_holds(f"sqlite:///{database}", thread_id) if thread_id is not None else None
 
     def __enter__(self) -> None:
-        if self.thread_id is not None:
-            with sqlite3.connect(self.database) as conn:
-                conn.execute(CLAIM_LOCK_SQL, (self.thread_id, "other-replica", time.time() + 600, time.time()))
+        if self.held is not None:
+            self.held.__enter__()
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.thread_id is not None:
-            with sqlite3.connect(self.database) as conn:
-                conn.execute(RELEASE_LOCK_SQL, (self.thread_id, "other-replica"))
+        if self.held is not None:
+            self.held.__exit__(*exc_info)
 
 
 # --- tracing ---------------------------------------------------------------------------------
@@ -252,6 +251,10 @@ def test_a_refused_lone_surrogate_is_traced_and_so_is_the_next_turn(server, stre
         stored = client.search_traces(locations=["0"], include_spans=False, max_results=1000)
         return [t.info.state.value for t in stored if marker in (t.info.request_preview or "")]
 
+    if stream:
+        # A stream refused before its first event never opens the server's span: nothing to export.
+        assert refused_traces() == []
+        return
     deadline = time.monotonic() + 30  # exported in the background, in no set order
     while not refused_traces() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -281,6 +284,11 @@ class BreaksMidStream(OfflineChatModel):
         yield next(iter(super()._stream(messages, stop, run_manager, **kwargs)))
         raise ConnectionError("upstream connection reset")
 
+    async def _astream(self, messages, stop=None, run_manager=None, **kwargs):
+        async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
+            yield chunk
+            raise ConnectionError("upstream connection reset")
+
 
 class WaitsForGate(OfflineChatModel):
     """Streams the first chunk, then waits until the test opens `gate` (a threading.Event)."""
@@ -293,6 +301,14 @@ class WaitsForGate(OfflineChatModel):
         if not self.gate.wait(timeout=60):
             raise TimeoutError("the test never opened the gate")
         yield from chunks
+
+    async def _astream(self, messages, stop=None, run_manager=None, **kwargs):
+        first = True
+        async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
+            yield chunk
+            if first and not await asyncio.to_thread(self.gate.wait, 60):
+                raise TimeoutError("the test never opened the gate")
+            first = False
 
 
 def test_error_after_the_first_event_ends_the_stream_with_an_error_event():
@@ -340,6 +356,14 @@ class PausesMidStream(OfflineChatModel):
         self.gate.wait(30)
         yield from chunks
 
+    async def _astream(self, messages, stop=None, run_manager=None, **kwargs):
+        first = True
+        async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
+            yield chunk
+            if first:
+                await asyncio.to_thread(self.gate.wait, 30)
+            first = False
+
 
 def test_a_client_that_leaves_a_stream_ends_its_turn_and_frees_the_thread(tmp_path):
     # Found by trying it: the turn stayed suspended, holding the thread's lock and
@@ -356,11 +380,11 @@ def test_a_client_that_leaves_a_stream_ends_its_turn_and_frees_the_thread(tmp_pa
         try:
             gate.set()
             deadline = time.monotonic() + 10
-            while agent.store.saver.active_turn(thread_id) is not None and time.monotonic() < deadline:
+            while is_claimed(url, thread_id) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert agent.store.saver.active_turn(thread_id) is None
+            assert not is_claimed(url, thread_id) and agent.storage.saver.active_turn(thread_id) is None
             history = agent.get_checkpoint_history(thread_id)
-            assert [entry["message_count"] for entry in history] == [2]  # the abandoned turn wrote nothing
+            assert [entry["message_count"] for entry in history] == [2, 0]  # the abandoned turn wrote nothing
             answer = agent.predict(request("Where am I going?", thread_id=thread_id, multitask_strategy="reject"))
             assert answer.custom_outputs["parent_checkpoint_id"] == history[0]["checkpoint_id"]
         finally:

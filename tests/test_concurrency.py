@@ -1,4 +1,4 @@
-"""Per-thread concurrency control (issue 5, item 1), on Postgres and SQLite.
+"""Per-thread concurrency control, on Postgres and SQLite.
 
 Without it, two turns that start from the same head both commit, and one user
 message silently disappears from the thread. Here every turn either lands whole
@@ -87,9 +87,9 @@ def test_simultaneous_turns_under_enqueue_all_land_one_after_another(backend_url
     assert sorted(user_texts(messages)) == sorted(["start", *texts])
     assert_each_user_message_followed_by_its_reply(messages)
     assert_linear_chain(start, [(outputs(r)["parent_checkpoint_id"], outputs(r)["checkpoint_id"]) for r in results])
-    # The stored history agrees: N_TURNS + 1 checkpoints, each the parent of the next.
+    # The stored history agrees: the root, "start" and N_TURNS checkpoints, each the parent of the next.
     history = agent.get_checkpoint_history(thread_id, limit=100)
-    assert len(history) == N_TURNS + 1
+    assert len(history) == N_TURNS + 2
     assert [h["parent_checkpoint_id"] for h in history[:-1]] == [h["checkpoint_id"] for h in history[1:]]
 
 
@@ -124,7 +124,8 @@ def test_a_turn_held_on_one_thread_does_not_block_another_thread(backend_url, ma
             assert outputs(other.result(timeout=HANG_TIMEOUT))["thread_id"] == thread_b
             # A new thread is not blocked either.
             fresh = pool.submit(say, agent, "a new thread")
-            assert outputs(fresh.result(timeout=HANG_TIMEOUT))["parent_checkpoint_id"] is None
+            fresh_thread = outputs(fresh.result(timeout=HANG_TIMEOUT))["thread_id"]
+            assert user_texts(head_messages(agent, fresh_thread)) == ["a new thread"]
             assert not held.done(), "the turn on A should still be inside the model"
         finally:
             model.gate.set()

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from agent import ConfigurationError, StorageUnavailable, create_agent
-from agent.storage.postgres import PostgresStore
-from agent.storage.sqlite import SqliteStore
+from agent.storage.postgres import PostgresThreadStorage
+from agent.storage.sqlite import SqliteThreadStorage
 from tests.helpers.fake_openai import free_port
 from tests.helpers.scenario import TRIP, outputs, say, text_of
 
@@ -109,9 +109,9 @@ def test_memory_url_from_the_environment_keeps_nothing_on_disk(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AGENT_DATABASE_URL", "memory://")
     with create_agent(model="offline", tracing=False) as agent:
-        assert isinstance(agent.store, SqliteStore) and agent.store.path == ":memory:"
+        assert isinstance(agent.storage, SqliteThreadStorage) and agent.storage.path == ":memory:"
         ids = outputs(say(agent, TRIP[1]))
-        assert len(agent.get_checkpoint_history(ids["thread_id"])) == 1
+        assert len(agent.get_checkpoint_history(ids["thread_id"])) == 2  # the root and the turn
     assert list(tmp_path.iterdir()) == []
 
 
@@ -128,17 +128,17 @@ def test_arguments_win_over_the_environment(tmp_path, monkeypatch):
 def test_default_store_is_the_embedded_sqlite_file_under_dot_agent(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with create_agent(tracing=False) as agent:
-        assert isinstance(agent.store, SqliteStore)
+        assert isinstance(agent.storage, SqliteThreadStorage)
         reply = say(agent, TRIP[1])
         assert text_of(reply).startswith("[offline model]")  # no key configured: the offline model
     path = tmp_path / ".agent" / "checkpoints.sqlite"
     assert path.is_file()
     with sqlite3.connect(path) as conn:
         rows = conn.execute("SELECT count(*) FROM checkpoints WHERE thread_id = ?", (outputs(reply)["thread_id"],))
-        assert rows.fetchone()[0] == 1
+        assert rows.fetchone()[0] == 2  # the root and the turn
     # A second agent in the same directory finds the thread.
     with create_agent(model="offline", tracing=False) as again:
-        assert len(again.get_checkpoint_history(outputs(reply)["thread_id"])) == 1
+        assert len(again.get_checkpoint_history(outputs(reply)["thread_id"])) == 2
 
 
 # --- the Postgres pool's lifecycle ------------------------------------------------------------
@@ -174,7 +174,7 @@ def test_close_releases_every_postgres_connection(pg_url, pg_server_url):
     say(agent, TRIP[0])
     assert connections_of(pg_server_url, name) >= 1
     agent.close()
-    assert agent.store.pool.closed
+    assert agent.storage.pool.closed
     assert wait_for_no_connections(pg_server_url, name) == 0
 
 
@@ -186,13 +186,13 @@ def test_context_manager_releases_every_postgres_connection(pg_url, pg_server_ur
     assert wait_for_no_connections(pg_server_url, name) == 0
     # The thread outlives the agent.
     with create_agent(pg_url, model="offline", tracing=False) as again:
-        assert len(again.get_checkpoint_history(ids["thread_id"])) == 1
+        assert len(again.get_checkpoint_history(ids["thread_id"])) == 2
 
 
 def test_graph_and_pool_are_built_once_per_agent(pg_url, pg_server_url, make_agent):
     url, name = with_application_name(pg_url)
     agent = make_agent(url, pool_min_size=1, pool_max_size=3)
-    graph, pool = agent.graph, agent.store.pool
+    graph, pool = agent.graph, agent.storage.pool
 
     thread_id = None
     for n in range(10):
@@ -203,10 +203,10 @@ def test_graph_and_pool_are_built_once_per_agent(pg_url, pg_server_url, make_age
         replies = list(workers.map(lambda n: say(agent, f"parallel {n}"), range(16)))
     assert all(text_of(reply).startswith("[offline model]") for reply in replies)
 
-    assert agent.graph is graph and agent.store.pool is pool
+    assert agent.graph is graph and agent.storage.pool is pool
     stats = pool.get_stats()
     # connections_num counts every connection the pool ever opened.
     assert stats["connections_num"] <= 3
     assert stats["pool_size"] <= 3
     assert connections_of(pg_server_url, name) <= 3
-    assert isinstance(agent.store, PostgresStore)
+    assert isinstance(agent.storage, PostgresThreadStorage)

@@ -113,7 +113,7 @@ def test_conversation_continues_across_a_password_rotation_and_new_connections_u
     first = say(agent, TRIP[0])
     thread = outputs(first)["thread_id"]
     old_password = tokens.current
-    with agent.store.pool.connection() as conn:
+    with agent.storage.pool.connection() as conn:
         assert conn.info.password == old_password
 
     rotated_at = server_now(role)
@@ -126,14 +126,14 @@ def test_conversation_continues_across_a_password_rotation_and_new_connections_u
     # after use, or, idle ones, at its maintenance `check()`.
     time.sleep(MAX_LIFETIME + CACHE_SECONDS)
     second = say(agent, TRIP[1], thread_id=thread)
-    agent.store.pool.check()
+    agent.storage.pool.check()
     third = say(agent, TRIP[2], thread_id=thread)
 
     assert outputs(second)["parent_checkpoint_id"] == outputs(first)["checkpoint_id"]
     assert outputs(third)["parent_checkpoint_id"] == outputs(second)["checkpoint_id"]
     assert "SF" in text_of(third) and TRIP[0] in text_of(third)
     assert tokens.issued[issued_before:] and set(tokens.issued[issued_before:]) == {tokens.current}
-    with agent.store.pool.connection() as conn:
+    with agent.storage.pool.connection() as conn:
         assert conn.info.password == tokens.current
     assert _wait_for(lambda: all(b["backend_start"] > rotated_at for b in backends(role)))
 
@@ -143,7 +143,7 @@ def test_provider_is_called_once_per_cache_lifetime_not_per_connection(role, mak
     agent = make_agent(role.url, credential_provider=tokens, credential_cache_seconds=600, pool_min_size=3, pool_max_size=3)
     say(agent, TRIP[1])
     drained_at = server_now(role)
-    agent.store.pool.drain()  # three new connections, inside the cache lifetime
+    agent.storage.pool.drain()  # three new connections, inside the cache lifetime
     assert _wait_for(lambda: len(new := backends(role)) == 3 and all(b["backend_start"] > drained_at for b in new))
     assert tokens.issued == [tokens.current]
 
@@ -153,7 +153,7 @@ def test_provider_is_called_for_every_connection_without_a_cache(role, make_agen
     agent = make_agent(role.url, credential_provider=tokens, credential_cache_seconds=0, pool_min_size=3, pool_max_size=3)
     say(agent, TRIP[1])
     issued_before = len(tokens.issued)
-    agent.store.pool.drain()  # the pool replaces its three connections
+    agent.storage.pool.drain()  # the pool replaces its three connections
     assert _wait_for(lambda: len(tokens.issued) - issued_before >= 3)
     assert len(tokens.issued) - issued_before == 3
     assert _wait_for(lambda: len(backends(role)) == 3)

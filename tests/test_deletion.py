@@ -1,22 +1,21 @@
-"""Deletion (issue 5, item 6), on Postgres and SQLite.
+"""Deletion, on Postgres and SQLite.
 
 `delete_thread` removes every row of a thread from every table: checkpoints,
 blobs and writes (Postgres: checkpoints, checkpoint_blobs, checkpoint_writes;
-SQLite: checkpoints, writes), its owner record (agent_threads) and any lease
-(SQLite agent_thread_locks). `delete_user_data` does that for every thread a
+SQLite: checkpoints, writes), its owner record (agent_threads) and its claim
+row (agent_claims), also one a crashed process left behind. `delete_user_data` does that for every thread a
 user owns. Both are also actions, and both respect ownership.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import time
 import uuid
 
 import pytest
 
 from agent.errors import InvalidRequest, ThreadNotFound
-from tests.helpers.reliability import all_rows, head_messages, sqlite_path, thread_rows, user_texts
+from tests.helpers.claims import other_replica_holds
+from tests.helpers.reliability import all_rows, head_messages, thread_rows, user_texts
 from tests.helpers.scenario import outputs, say
 
 DANGLING_CALL = {"type": "function_call", "call_id": "call_1", "name": "calculator", "arguments": '{"expression": "1"}'}
@@ -55,8 +54,9 @@ def threads(agent, backend_url, alice, bob):
     }
     for thread_id in made.values():
         rows = thread_rows(backend_url, thread_id)
-        # Every table but the lease table holds rows of the thread, or the test would prove little.
-        assert all(count > 0 for table, count in rows.items() if table != "agent_thread_locks"), rows
+        # Every table holds rows of the thread, or the test would prove little (idempotency
+        # records exist only for requests that carry an idempotency_key).
+        assert all(count > 0 for table, count in rows.items() if table != "agent_idempotency"), rows
     return made
 
 
@@ -142,19 +142,10 @@ def test_delete_user_data_needs_a_user_id(agent, backend_url, threads):
     assert all_rows(backend_url) == before
 
 
-def test_deleting_a_thread_also_removes_a_lease_left_by_a_crashed_process(make_agent, tmp_path):
-    # SQLite only: Postgres thread locks are advisory locks of a transaction and hold no row.
-    url = f"sqlite:///{tmp_path / 'leases.sqlite'}"
-    agent = make_agent(url)
+def test_deleting_a_thread_also_removes_a_claim_left_by_a_crashed_process(agent, backend_url):
     thread_id = make_thread(agent, "alice", "alice")
-    # A process that died mid-turn leaves its lease row behind until it expires.
-    with sqlite3.connect(sqlite_path(url)) as conn:
-        conn.execute(
-            "INSERT INTO agent_thread_locks (thread_id, owner, expires_at) VALUES (?, ?, ?)",
-            (thread_id, "a crashed process", time.time() - 1),
-        )
-    assert thread_rows(url, thread_id)["agent_thread_locks"] == 1
-
-    agent.delete_thread(thread_id, user_id="alice")
-
-    assert gone(thread_rows(url, thread_id))
+    # A process that died mid-turn leaves its claim behind until the lease expires.
+    with other_replica_holds(backend_url, thread_id, seconds=-1):
+        assert thread_rows(backend_url, thread_id)["agent_claims"] == 1
+        agent.delete_thread(thread_id, user_id="alice")
+        assert gone(thread_rows(backend_url, thread_id))

@@ -24,12 +24,12 @@ from agent import (
     ThreadBusy,
     ThreadNotFound,
 )
-from agent.errors import http_status
-from agent.storage.postgres import PostgresStore
+from agent.serving.errors import as_mlflow_exception, http_status
+from agent.storage.postgres import PostgresThreadStorage
 from tests.helpers.scenario import request, run_trip, text_of
 
-POSTGRES_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads")
-SQLITE_TABLES = ("checkpoints", "writes", "agent_threads", "agent_thread_locks")
+POSTGRES_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads", "agent_claims", "agent_idempotency")
+SQLITE_TABLES = ("checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency")
 
 #: A well-formed checkpoint id that no thread has.
 MISSING_CHECKPOINT = "1f000000-0000-6000-8000-000000000000"
@@ -37,8 +37,8 @@ MISSING_CHECKPOINT = "1f000000-0000-6000-8000-000000000000"
 
 def row_counts(agent) -> dict[str, int]:
     """Rows per table the agent writes, read from the agent's own database."""
-    store = agent.store
-    if isinstance(store, PostgresStore):
+    store = agent.storage
+    if isinstance(store, PostgresThreadStorage):
         count = sql.SQL("SELECT count(*) AS n FROM {}")
         with store.pool.connection() as conn:
             return {
@@ -111,7 +111,7 @@ def test_checkpoint_id_on_a_thread_without_checkpoints_is_thread_not_found(agent
     with writes_nothing(agent, trip["mine"]["thread_id"]), pytest.raises(ThreadNotFound) as err:
         run(agent, how, turn(thread_id=fresh, checkpoint_id=trip["mine"]["after_turn1"]))
     assert fresh in err.value.message
-    assert agent.store.get_thread(fresh) is None
+    assert agent.storage.get_thread(fresh) is None
 
 
 def test_unknown_checkpoint_id_does_not_become_the_head(agent, trip):
@@ -238,7 +238,7 @@ def test_update_on_unknown_thread_is_thread_not_found(agent, trip):
             assert fresh in err.value.message
         with pytest.raises(ThreadNotFound):
             agent.predict({"input": TOKYO, "custom_inputs": {"action": "update_checkpoint_state", "thread_id": fresh}})
-    assert agent.store.get_thread(fresh) is None
+    assert agent.storage.get_thread(fresh) is None
 
 
 def test_update_at_unknown_or_foreign_checkpoint_is_checkpoint_not_found(agent, trip):
@@ -308,9 +308,13 @@ STATUSES = {
 def test_errors_are_importable_from_agent_and_map_to_http_statuses(error_type):
     assert getattr(agent_package, error_type.__name__) is error_type
     assert error_type.__name__ in agent_package.__all__
-    assert issubclass(error_type, AgentError) and issubclass(error_type, MlflowException)
+    assert issubclass(error_type, AgentError) and not issubclass(error_type, MlflowException)
     error = error_type("something went wrong", thread_id="t1")
     assert http_status(error) == STATUSES[error_type]
+    # What MLflow's scoring server sees: the same error, also an MlflowException with the same status.
+    served = as_mlflow_exception(error)
+    assert isinstance(served, error_type) and isinstance(served, MlflowException)
+    assert served.get_http_status_code() == STATUSES[error_type] and served.ids == {"thread_id": "t1"}
     assert error.ids == {"thread_id": "t1"}
     assert error.message == "something went wrong"
 

@@ -79,8 +79,8 @@ def test_killed_connections_between_turns_the_next_request_succeeds(pg_server_ur
 
     assert terminate_backends(pg_server_url, dbname_of(fault_db)) >= 1
     # Reads are retried the same way.
-    assert len(agent.get_checkpoint_history(thread_id)) == 3
-    assert agent.store.get_thread(thread_id).user_id is None
+    assert len(agent.get_checkpoint_history(thread_id)) == 4  # the root and three turns
+    assert agent.storage.get_thread(thread_id).user_id is None
 
 
 def test_killed_connections_during_a_turn_fail_it_and_write_nothing(pg_server_url, fault_db, make_agent):
@@ -180,7 +180,7 @@ def test_a_failing_model_writes_nothing_and_a_retry_adds_the_message_once(backen
         send()
     assert "injected" in failed.value.message
     assert history_ids(agent, thread_id) == before
-    assert agent.store.get_thread(thread_id).head_checkpoint_id == before[0]
+    assert agent.storage.get_thread(thread_id).head_checkpoint_id == before[0]
     assert all_rows(backend_url) == rows
 
     assert send()["parent_checkpoint_id"] == before[0]
@@ -232,7 +232,8 @@ def test_setup_from_two_processes_at_once_on_an_empty_database(fault_db):
         agent_versions = [row[0] for row in conn.execute("SELECT v FROM agent_migrations ORDER BY v")]
         threads = conn.execute("SELECT count(*) FROM agent_threads").fetchone()[0]
     assert sorted(tables) == sorted(
-        {"checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations", "agent_threads", "agent_migrations"}
+        {"checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations", "agent_threads",
+         "agent_migrations", "agent_claims", "agent_idempotency"}
     )
     assert langgraph_versions == list(range(len(langgraph_versions))) and langgraph_versions
     assert agent_versions == list(range(len(MIGRATIONS)))
@@ -242,7 +243,7 @@ def test_setup_from_two_processes_at_once_on_an_empty_database(fault_db):
 def test_setup_with_a_pool_of_one_connection(fault_db, make_agent):
     agent = make_agent(fault_db, pool_min_size=1, pool_max_size=1, pool_timeout=5)
     thread_id = outputs(say(agent, "hi"))["thread_id"]
-    assert len(agent.get_checkpoint_history(thread_id)) == 1
+    assert len(agent.get_checkpoint_history(thread_id)) == 2
 
 
 def test_an_unreachable_database_is_a_clear_storage_error(make_agent, pg_server_url):

@@ -16,8 +16,10 @@ ENTRY_FIELDS = {
     "next_nodes",
     "message_count",
     "last_message",
+    "last_user_message",
     "source",
     "step",
+    "is_head",
 }
 
 
@@ -58,7 +60,11 @@ def branched_thread(agent) -> dict:
 def test_every_entry_has_exactly_the_documented_fields_with_their_types(agent):
     ids = branched_thread(agent)
     history = full_history(agent, ids["thread_id"])
-    assert len(history) == 7
+    assert len(history) == 8  # the root and seven turns or updates
+    root = history.pop()
+    assert (root["checkpoint_id"], root["parent_checkpoint_id"]) == (ids["root"], None)
+    assert (root["source"], root["message_count"], root["next_nodes"], root["is_head"]) == ("root", 0, [], False)
+    assert [entry["is_head"] for entry in history] == [True] + [False] * 6
     for entry in history:
         assert set(entry) == ENTRY_FIELDS
         assert isinstance(entry["checkpoint_id"], str) and entry["checkpoint_id"]
@@ -68,6 +74,7 @@ def test_every_entry_has_exactly_the_documented_fields_with_their_types(agent):
         assert isinstance(entry["next_nodes"], list)
         assert isinstance(entry["message_count"], int) and entry["message_count"] >= 2
         assert isinstance(entry["last_message"], str) and 0 < len(entry["last_message"]) <= 100
+        assert isinstance(entry["last_user_message"], str) and 0 < len(entry["last_user_message"]) <= 100
         assert entry["source"] in ("loop", "update")
         assert isinstance(entry["step"], int)
 
@@ -78,7 +85,9 @@ def test_entries_summarize_the_checkpoint_they_name(agent):
         state = state_of(agent, ids["thread_id"], entry["checkpoint_id"])
         messages = state.values["messages"]
         assert entry["message_count"] == len(messages)
-        assert entry["last_message"] == messages[-1].text[:100]
+        assert entry["last_message"] == (messages[-1].text[:100] if messages else "")
+        users = [m for m in messages if m.type == "human"]
+        assert entry["last_user_message"] == (users[-1].text[:100] if users else "")
         assert entry["parent_checkpoint_id"] == (
             state.parent_config["configurable"]["checkpoint_id"] if state.parent_config else None
         )
@@ -105,13 +114,14 @@ def test_entry_after_turn_one_has_two_messages_and_nothing_left_to_run(agent):
     first = next(e for e in history if e["checkpoint_id"] == ids["after_turn1"])
     assert first["message_count"] == 2
     assert first["next_nodes"] == []
-    assert first["parent_checkpoint_id"] is None
+    assert first["parent_checkpoint_id"] == ids["root"]
     assert first["source"] == "loop"
     assert first["last_message"].startswith("[offline model]")
-    # One checkpoint per turn, each a child of the one before.
-    assert [e["checkpoint_id"] for e in history] == [ids["after_turn3"], ids["after_turn2"], ids["after_turn1"]]
-    assert [e["parent_checkpoint_id"] for e in history] == [ids["after_turn2"], ids["after_turn1"], None]
-    assert [e["message_count"] for e in history] == [6, 4, 2]
+    assert first["last_user_message"] == TRIP[0]
+    # The root, then one checkpoint per turn, each a child of the one before.
+    assert [e["checkpoint_id"] for e in history] == [ids["after_turn3"], ids["after_turn2"], ids["after_turn1"], ids["root"]]
+    assert [e["parent_checkpoint_id"] for e in history] == [ids["after_turn2"], ids["after_turn1"], ids["root"], None]
+    assert [e["message_count"] for e in history] == [6, 4, 2, 0]
 
 
 def test_history_is_newest_first_with_branches_interleaved(agent):
@@ -129,6 +139,7 @@ def test_history_is_newest_first_with_branches_interleaved(agent):
         ids["after_turn3"],
         ids["after_turn2"],
         ids["after_turn1"],
+        ids["root"],
     ]
     parents = {e["checkpoint_id"]: e["parent_checkpoint_id"] for e in history}
     assert parents[ids["ny"]] == ids["after_turn1"]
@@ -144,8 +155,8 @@ def test_history_lists_only_the_threads_own_checkpoints(agent):
     mine = run_trip(agent)
     other = run_trip(agent)
     listed = {e["checkpoint_id"] for e in full_history(agent, mine["thread_id"])}
-    assert listed == {mine["after_turn1"], mine["after_turn2"], mine["after_turn3"]}
-    assert not listed & {other["after_turn1"], other["after_turn2"], other["after_turn3"]}
+    assert listed == {mine["root"], mine["after_turn1"], mine["after_turn2"], mine["after_turn3"]}
+    assert not listed & {other["root"], other["after_turn1"], other["after_turn2"], other["after_turn3"]}
 
 
 def test_limit_returns_that_many_newest_entries(agent):
@@ -162,7 +173,7 @@ def test_default_limit_is_ten(agent):
     for n in range(12):
         thread_id = outputs(say(agent, f"message {n}", thread_id=thread_id))["thread_id"]
     assert len(agent.get_checkpoint_history(thread_id)) == 10
-    assert len(full_history(agent, thread_id)) == 12
+    assert len(full_history(agent, thread_id)) == 13  # the root and 12 turns
 
 
 def test_before_pages_backwards_without_gaps_or_overlaps(agent):
@@ -185,7 +196,10 @@ def test_before_pages_backwards_without_gaps_or_overlaps(agent):
 
 def test_before_the_oldest_checkpoint_is_an_empty_page(agent):
     ids = run_trip(agent)
-    assert agent.get_checkpoint_history(ids["thread_id"], before=ids["after_turn1"]) == []
+    assert [e["checkpoint_id"] for e in agent.get_checkpoint_history(ids["thread_id"], before=ids["after_turn1"])] == [
+        ids["root"]
+    ]
+    assert agent.get_checkpoint_history(ids["thread_id"], before=ids["root"]) == []
 
 
 def test_history_action_matches_the_python_api(agent):
@@ -208,7 +222,7 @@ def test_next_nodes_equal_langgraph_next_for_every_checkpoint(agent):
     # A plain user message written by a state update, too.
     agent.update_checkpoint_state(thread_id, ids["ny"], [{"role": "user", "content": "Or maybe Boston?"}])
     history = full_history(agent, thread_id)
-    assert len(history) == 8
+    assert len(history) == 9  # the root, seven, and the update
     for entry in history:
         assert entry["next_nodes"] == list(state_of(agent, thread_id, entry["checkpoint_id"]).next)
 

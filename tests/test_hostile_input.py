@@ -18,7 +18,17 @@ from langchain_core.messages import HumanMessage
 
 from agent import create_agent
 from agent.errors import AgentError, CheckpointNotFound, InvalidRequest, ThreadNotFound
-from agent.requests import ACTIONS, CUSTOM_INPUT_KEYS, ParsedRequest, parse_request
+from agent.config import load_settings
+from agent.operations import ACTIONS as ACTION_TABLE
+from agent.requests import ENVELOPE_KEYS, ParsedRequest, parse_request
+from agent.serving.errors import http_status
+
+ACTIONS = sorted(name for name in ACTION_TABLE if name != "turn")
+CUSTOM_INPUT_KEYS = ENVELOPE_KEYS.union(*(action.keys for action in ACTION_TABLE.values()))
+
+
+def parse(raw, *, max_request_bytes: int):
+    return parse_request(raw, load_settings(database_url="memory://", max_request_bytes=max_request_bytes))
 from tests.helpers.reliability import all_rows, head_messages
 from tests.helpers.scenario import outputs, request, say, text_of
 
@@ -125,7 +135,7 @@ REQUESTS = st.one_of(
 @settings(max_examples=400, deadline=None)
 def test_the_parser_accepts_or_refuses_with_invalid_request(raw):
     try:
-        parsed = parse_request(raw, max_request_bytes=100_000, require_user_id=False)
+        parsed = parse(raw, max_request_bytes=100_000)
     except InvalidRequest:
         return
     assert isinstance(parsed, ParsedRequest)
@@ -159,7 +169,7 @@ def test_predict_answers_or_refuses_and_a_refusal_writes_nothing(fuzz_agent, bac
         assert "Traceback" not in refused.message
         assert all_rows(backend_url) == rows
     except AgentError as other:
-        pytest.fail(f"{type(other).__name__} (HTTP {other.get_http_status_code()}): {other.message}")
+        pytest.fail(f"{type(other).__name__} (HTTP {http_status(other)}): {other.message}")
 
 
 # --- specific cases -------------------------------------------------------------------------------
@@ -229,7 +239,7 @@ def test_lone_surrogates_are_refused(agent, backend_url, body):
     refused(agent, backend_url, body)
     refused(agent, backend_url, body, stream=True)
     with pytest.raises(InvalidRequest):
-        parse_request(body, max_request_bytes=1_000_000, require_user_id=False)
+        parse(body, max_request_bytes=1_000_000)
 
 
 @pytest.mark.parametrize("raw_id", SQL_IDS)
@@ -246,7 +256,9 @@ def test_ids_with_sql_metacharacters_are_plain_ids(agent, backend_url, raw_id):
     )
     assert branched["parent_checkpoint_id"] == first["checkpoint_id"]
     history = agent.get_checkpoint_history(thread_id, user_id=user_id, before=branched["checkpoint_id"])
-    assert [h["checkpoint_id"] for h in history] == [second["checkpoint_id"], first["checkpoint_id"]]
+    assert [h["checkpoint_id"] for h in history] == [
+        second["checkpoint_id"], first["checkpoint_id"], first["parent_checkpoint_id"]
+    ]
     with pytest.raises(ThreadNotFound):
         agent.get_checkpoint_history(thread_id, user_id="someone else")
     assert agent.delete_user_data(user_id) == [thread_id]
@@ -286,7 +298,7 @@ def test_unknown_or_malformed_items_are_refused(agent, backend_url, item):
     refused(agent, backend_url, {"input": [item]})
     refused(agent, backend_url, {"input": [{"role": "user", "content": "hi"}, item]}, stream=True)
     with pytest.raises(InvalidRequest):
-        parse_request({"input": [item]}, max_request_bytes=1_000_000, require_user_id=False)
+        parse({"input": [item]}, max_request_bytes=1_000_000)
 
 
 @pytest.mark.parametrize(
@@ -321,7 +333,7 @@ def test_custom_inputs_of_the_wrong_type_are_refused(agent, backend_url, custom_
     refused(agent, backend_url, body)
     refused(agent, backend_url, body, stream=True)
     with pytest.raises(InvalidRequest):
-        parse_request(body, max_request_bytes=1_000_000, require_user_id=False)
+        parse(body, max_request_bytes=1_000_000)
 
 
 @pytest.mark.parametrize("limit", [True, False, "5", -1, 0, 1001, 2.5, None, [5], {"n": 5}])
@@ -344,7 +356,7 @@ def test_deeply_nested_input_is_refused(agent, backend_url):
         nested = {"x": nested}
     refused(agent, backend_url, {"input": [{"role": "user", "content": "hi"}], "custom_inputs": {"thread_id": nested}})
     with pytest.raises(InvalidRequest):
-        parse_request({"input": [], "custom_inputs": {"before": nested}}, max_request_bytes=10**9, require_user_id=False)
+        parse({"input": [], "custom_inputs": {"before": nested}}, max_request_bytes=10**9)
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,9 @@ def test_notebook_runs_on_the_embedded_default_store(path, kernel_name, tmp_path
         monkeypatch.delenv(name, raising=False)
     run(path, kernel_name, tmp_path)
     assert (tmp_path / ".agent" / "checkpoints.sqlite").is_file()
-    assert (tmp_path / ".agent" / "mlflow.db").is_file() and not (tmp_path / "mlflow.db").exists()
+    # Only logging a model writes an MLflow store, and then under .agent/; nothing lands in the current directory.
+    assert (tmp_path / ".agent" / "mlflow.db").is_file() == (path.stem == "serving")
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -16,6 +16,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from agent.errors import AgentError, InvalidRequest, ThreadBusy, ThreadNotFound
+from agent.serving.errors import http_status
 from agent.models import OfflineChatModel
 from tests.helpers.reliability import HANG_TIMEOUT, all_rows, gated_model, head_messages, user_texts
 from tests.helpers.scenario import outputs, request, say, text_of
@@ -82,7 +83,7 @@ def error_of(call) -> AgentError:
 
 def snapshot(agent, thread_id: str, user_id: str | None) -> tuple:
     history = agent.get_checkpoint_history(thread_id, limit=100, user_id=user_id)
-    return tuple(h["checkpoint_id"] for h in history), agent.store.get_thread(thread_id)
+    return tuple(h["checkpoint_id"] for h in history), agent.storage.get_thread(thread_id)
 
 
 @pytest.mark.parametrize("how", ["custom_inputs", "context"])
@@ -97,7 +98,7 @@ def test_someone_else_is_told_the_thread_does_not_exist_by_every_operation(agent
     for name, call in theirs.items():
         error = error_of(call)
         assert isinstance(error, ThreadNotFound), f"{name}: {error!r}"
-        assert error.get_http_status_code() == 404
+        assert http_status(error) == 404
         assert error.ids.get("thread_id") == alice["thread_id"]
         if name in ("predict", "predict_stream"):
             continue  # a turn on a thread id nobody used starts that thread: nothing to compare with
@@ -108,7 +109,7 @@ def test_someone_else_is_told_the_thread_does_not_exist_by_every_operation(agent
 
     assert snapshot(agent, alice["thread_id"], "alice") == before
     assert all_rows(backend_url) == rows
-    assert agent.store.get_thread(missing) is None
+    assert agent.storage.get_thread(missing) is None
 
 
 def test_the_owner_can_do_everything_the_others_cannot(agent):
@@ -118,22 +119,22 @@ def test_the_owner_can_do_everything_the_others_cannot(agent):
         if "delete" not in name:
             call()
     ops["delete_thread"]()
-    assert agent.store.get_thread(alice["thread_id"]) is None
+    assert agent.storage.get_thread(alice["thread_id"]) is None
 
 
 def test_the_owner_is_the_first_writer_and_never_changes(agent):
     alice = first_write(agent, "alice")
-    assert agent.store.get_thread(alice["thread_id"]).user_id == "alice"
+    assert agent.storage.get_thread(alice["thread_id"]).user_id == "alice"
     say(agent, "still me", thread_id=alice["thread_id"], user_id="alice")
     agent.update_checkpoint_state(alice["thread_id"], alice["first"], TOKYO, user_id="alice")
-    assert agent.store.get_thread(alice["thread_id"]).user_id == "alice"
+    assert agent.storage.get_thread(alice["thread_id"]).user_id == "alice"
 
 
 @pytest.mark.parametrize("intruder", ["alice", "bob"])
 def test_anonymous_threads_are_open_to_anonymous_callers_only(agent, intruder):
     anon = first_write(agent, None)
     say(agent, "anyone anonymous may continue", thread_id=anon["thread_id"])
-    assert agent.store.get_thread(anon["thread_id"]).user_id is None
+    assert agent.storage.get_thread(anon["thread_id"]).user_id is None
     for name, call in operations(agent, anon["thread_id"], anon["first"], intruder).items():
         assert isinstance(error_of(call), ThreadNotFound), name
 
@@ -209,7 +210,7 @@ def test_racing_first_writes_to_a_new_thread_have_exactly_one_winner(backend_url
         (loser,) = set(results) - set(winners)
         allowed = (ThreadNotFound,) if strategy == "enqueue" else (ThreadNotFound, ThreadBusy)
         assert isinstance(results[loser], allowed), results[loser]
-        assert agent.store.get_thread(thread_id).user_id == winners[0]
+        assert agent.storage.get_thread(thread_id).user_id == winners[0]
         assert user_texts(head_messages(agent, thread_id)) == [f"{winners[0]} was here"]
         assert all(isinstance(m, HumanMessage) or f"{loser} was here" not in m.text for m in head_messages(agent, thread_id))
 

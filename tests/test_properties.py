@@ -106,6 +106,9 @@ def _run_turn(agent, model: TreeModel, thread_id: str, text: str, start: str | N
     response = say(agent, text, thread_id=thread_id, checkpoint_id=start if branch else None)
     ids = outputs(response)
     assert ids["thread_id"] == thread_id
+    if start is None:  # a new thread: its first turn starts from the thread's empty root checkpoint
+        start = ids["parent_checkpoint_id"]
+        model.add(start, None, [])
     assert ids["parent_checkpoint_id"] == start
     context = [*base, ("user", text)]
     reply = text_of(response)
@@ -153,7 +156,7 @@ def apply(agent, model: TreeModel, thread_id: str, op: tuple) -> None:
             del edited[position]
         _run_edit(agent, model, thread_id, start, new_message, edited)
     elif kind == "clear_cache":
-        agent.store.saver.message_cache.clear()
+        agent.storage.saver.message_cache.clear()
     else:  # pragma: no cover - the strategy draws only the kinds above
         raise AssertionError(kind)
 
@@ -172,7 +175,7 @@ def check_against_model(agent, model: TreeModel, thread_id: str) -> None:
         assert entry["last_message"] == (expected[-1][1][:100].replace("\x00", "") if expected else "")
         assert entry["next_nodes"] == []
     assert history[0]["checkpoint_id"] == model.head
-    assert agent.store.get_thread(thread_id).head_checkpoint_id == model.head
+    assert agent.storage.get_thread(thread_id).head_checkpoint_id == model.head
 
 
 def run_property(agent) -> None:
@@ -184,7 +187,7 @@ def run_property(agent) -> None:
         for op in ops:
             apply(agent, model, thread_id, op)
         check_against_model(agent, model, thread_id)
-        agent.store.saver.message_cache.clear()
+        agent.storage.saver.message_cache.clear()
         check_against_model(agent, model, thread_id)
 
     property_holds()
@@ -209,7 +212,7 @@ def test_replacing_a_message_in_the_middle_keeps_both_branches(agent):
     ids = agent.threads.update_state(
         thread_id, head, [HumanMessage(content="ONE", id=original[0].id)], user_id=None
     )
-    agent.store.saver.message_cache.clear()
+    agent.storage.saver.message_cache.clear()
     edited = _as_pairs(_stored(agent, thread_id, ids.checkpoint_id))
     assert edited == [("user", "ONE"), *_as_pairs(original)[1:]]
     assert _as_pairs(_stored(agent, thread_id, head)) == _as_pairs(original)

@@ -16,10 +16,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
-import psycopg
 import pytest
 
-from agent.storage.postgres import WAIT_THREAD_LOCK_SQL
+from tests.helpers.claims import other_replica_holds
 from tests.helpers.fake_openai import fake_openai_server
 from tests.helpers.scenario import TRIP, request
 from tests.helpers.servers import free_port, log_model_with_script, server_process
@@ -105,7 +104,8 @@ def test_invocations_time_travel_actions_match_python_methods_without_calling_th
     listed = ok(invoke(server, request(action="get_checkpoint_history", thread_id=thread, limit=3)))
     assert listed["custom_outputs"]["history"] == agent.get_checkpoint_history(thread, limit=3)
     older = ok(invoke(server, request(action="get_checkpoint_history", thread_id=thread, before=after_turn1)))
-    assert older["custom_outputs"]["history"] == []  # nothing is older than the first turn
+    # Only the thread's empty root checkpoint is older than the first turn.
+    assert [(e["source"], e["message_count"]) for e in older["custom_outputs"]["history"]] == [("root", 0)]
 
     updated = ok(invoke(server, request("I'm headed to Tokyo!", action="update_checkpoint_state",
                                         thread_id=thread, checkpoint_id=after_turn1)))  # fmt: skip
@@ -151,8 +151,7 @@ def test_invocations_answers_agent_errors_with_4xx_and_the_message_without_a_tra
 
 def test_invocations_answers_409_while_another_process_holds_the_thread(server, pg_url):
     thread = ok(invoke(server, request(TRIP[1])))["custom_outputs"]["thread_id"]
-    with psycopg.connect(pg_url) as other_replica, other_replica.transaction():
-        other_replica.execute(WAIT_THREAD_LOCK_SQL, (thread,))
+    with other_replica_holds(pg_url, thread):
         busy = invoke(server, request(TRIP[2], thread_id=thread))
     assert busy.status_code == 409, busy.text
     assert busy.json()["error_code"] == "RESOURCE_CONFLICT"

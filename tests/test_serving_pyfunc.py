@@ -101,7 +101,7 @@ def test_loaded_model_history_action_equals_the_python_method(loaded, make_agent
         request(action="get_checkpoint_history", thread_id=ids["thread_id"], before=ids["after_turn3"], limit=5)
     )
     assert outputs(older)["history"] == agent.get_checkpoint_history(ids["thread_id"], limit=5, before=ids["after_turn3"])
-    assert [e["checkpoint_id"] for e in outputs(older)["history"]] == [ids["after_turn2"], ids["after_turn1"]]
+    assert [e["checkpoint_id"] for e in outputs(older)["history"]] == [ids["after_turn2"], ids["after_turn1"], ids["root"]]
 
 
 def test_loaded_model_update_checkpoint_state_action_makes_the_new_head(loaded, make_agent, backend_url):

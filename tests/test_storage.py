@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.storage.postgres import PostgresStore
+from agent.storage.postgres import PostgresThreadStorage
 from tests.helpers.scenario import TRIP, outputs, run_trip, say, text_of
 
 
@@ -18,8 +18,8 @@ def state_of(agent, thread_id: str, checkpoint_id: str):
 
 def stored_message_bytes(agent, thread_id: str) -> int:
     """Bytes the database holds for the thread's `messages` values."""
-    store = agent.store
-    if isinstance(store, PostgresStore):
+    store = agent.storage
+    if isinstance(store, PostgresThreadStorage):
         with store.pool.connection() as conn:
             row = conn.execute(
                 "SELECT coalesce(sum(length(blob)), 0) AS n FROM checkpoint_blobs"
@@ -84,7 +84,7 @@ def test_old_checkpoints_read_back_exactly_their_messages_after_many_turns(agent
     sample = [main[0][0], main[4][0], main[15][0], main[-1][0], branch[0][0], branch[-1][0]]
 
     warm = {cid: read_messages(agent, thread_id, cid) for cid in sample}
-    agent.store.saver.message_cache.clear()
+    agent.storage.saver.message_cache.clear()
     cold = {cid: read_messages(agent, thread_id, cid) for cid in sample}
     fresh_agent = make_agent(backend_url)
     fresh = {cid: read_messages(fresh_agent, thread_id, cid) for cid in sample}
@@ -102,14 +102,14 @@ def test_message_ids_survive_a_cold_read(agent):
     thread_id, record = converse(agent, 12)
     old = record[3][0]
     before = [m.id for m in state_of(agent, thread_id, old).values["messages"]]
-    agent.store.saver.message_cache.clear()
+    agent.storage.saver.message_cache.clear()
     after = [m.id for m in state_of(agent, thread_id, old).values["messages"]]
     assert before == after and len(before) == 8 and all(before)
 
 
 def test_a_turn_from_an_old_checkpoint_with_a_cold_cache_continues_from_it(agent):
     thread_id, record = converse(agent, 20)
-    agent.store.saver.message_cache.clear()
+    agent.storage.saver.message_cache.clear()
     response = say(agent, "What did I tell you?", thread_id=thread_id, checkpoint_id=record[2][0])
     reply = text_of(response)
     assert "Turn 3:" in reply and "Turn 4:" not in reply
@@ -119,7 +119,7 @@ def test_a_turn_from_an_old_checkpoint_with_a_cold_cache_continues_from_it(agent
 
 def test_history_of_a_long_thread_reads_summaries_not_messages(agent, monkeypatch):
     thread_id, record = converse(agent, 40)
-    serde = agent.store.saver.serde
+    serde = agent.storage.saver.serde
     loads = serde.loads_typed
     decoded = []
 
@@ -128,10 +128,12 @@ def test_history_of_a_long_thread_reads_summaries_not_messages(agent, monkeypatc
         return loads(data)
 
     monkeypatch.setattr(serde, "loads_typed", counting_loads)
-    agent.store.saver.message_cache.clear()
+    agent.storage.saver.message_cache.clear()
     history = agent.get_checkpoint_history(thread_id, limit=1000)
     assert decoded == []  # no checkpoint or message was deserialized
 
+    root = history.pop()
+    assert (root["checkpoint_id"], root["message_count"], root["source"]) == (record[0][1], 0, "root")
     assert [e["checkpoint_id"] for e in history] == [cid for cid, *_ in reversed(record)]
     assert [e["message_count"] for e in history] == list(range(80, 0, -2))
     assert [e["last_message"] for e in history] == [reply[:100] for *_, reply in reversed(record)]

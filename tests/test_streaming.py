@@ -39,7 +39,8 @@ def test_stream_yields_several_text_deltas_that_add_up_to_the_reply(agent):
 def test_last_event_carries_the_new_head_and_where_the_turn_started(agent):
     first = stream(agent, TRIP[0])
     ids = first[-1]["custom_outputs"]
-    assert ids["parent_checkpoint_id"] is None
+    root = agent.get_checkpoint_history(ids["thread_id"])[-1]
+    assert (ids["parent_checkpoint_id"], root["source"]) == (root["checkpoint_id"], "root")
     thread_id = ids["thread_id"]
     second = stream(agent, TRIP[1], thread_id=thread_id)
     last = second[-1]

@@ -54,7 +54,7 @@ def test_each_turn_trace_has_the_thread_as_session_and_its_checkpoints(traced_ag
     assert len(traces) == 2
     first_meta, second_meta = (t.info.trace_metadata for t in traces)
     assert first_meta["checkpoint_id"] == outputs(first)["checkpoint_id"]
-    assert "parent_checkpoint_id" not in first_meta  # a new thread has no parent
+    assert first_meta["parent_checkpoint_id"] == outputs(first)["parent_checkpoint_id"]  # the new thread's root
     assert second_meta["checkpoint_id"] == outputs(second)["checkpoint_id"]
     assert second_meta["parent_checkpoint_id"] == outputs(first)["checkpoint_id"]
     assert second_meta["mlflow.trace.user"] == "alice"
@@ -110,7 +110,7 @@ def test_default_tracking_store_is_under_dot_agent_not_the_current_directory(tmp
         """
         import json, mlflow
         from agent import create_agent
-        with create_agent("memory://", model="offline") as agent:
+        with create_agent("memory://", model="offline", tracing=True) as agent:
             thread = agent.predict({"input": [{"role": "user", "content": "hi"}]}).custom_outputs["thread_id"]
         mlflow.flush_trace_async_logging()
         found = mlflow.search_traces(locations=["0"], filter_string=f"metadata.`mlflow.trace.session` = '{thread}'",

@@ -47,13 +47,13 @@ def test_context_conversation_id_is_the_thread_id(agent):
     context = {"conversation_id": conversation_id}
     first = agent.predict({"input": [{"role": "user", "content": TRIP[1]}], "context": context})
     assert outputs(first)["thread_id"] == conversation_id
-    assert outputs(first)["parent_checkpoint_id"] is None
+    root = outputs(first)["parent_checkpoint_id"]  # a new thread starts from its empty root checkpoint
     second = agent.predict({"input": [{"role": "user", "content": TRIP[2]}], "context": context})
     assert outputs(second)["thread_id"] == conversation_id
     assert outputs(second)["parent_checkpoint_id"] == outputs(first)["checkpoint_id"]
     assert "SF" in text_of(second)
     history = agent.get_checkpoint_history(conversation_id)
-    assert [e["checkpoint_id"] for e in history] == [outputs(second)["checkpoint_id"], outputs(first)["checkpoint_id"]]
+    assert [e["checkpoint_id"] for e in history] == [outputs(second)["checkpoint_id"], outputs(first)["checkpoint_id"], root]
 
 
 def test_custom_inputs_thread_id_wins_over_conversation_id(agent):
@@ -80,9 +80,10 @@ def test_request_without_thread_or_conversation_id_starts_a_fresh_thread(agent):
     assert threads[0] != threads[1]
     for thread_id in threads:
         assert str(uuid.UUID(thread_id)) == thread_id
-    assert outputs(second)["parent_checkpoint_id"] is None
+    root = outputs(second)["parent_checkpoint_id"]
     assert "SF" not in text_of(second)  # nothing carried over from the other thread
-    assert len(agent.get_checkpoint_history(threads[1])) == 1
+    history = agent.get_checkpoint_history(threads[1])
+    assert [(e["checkpoint_id"], e["source"]) for e in history] == [(outputs(second)["checkpoint_id"], "loop"), (root, "root")]
 
 
 def test_branch_on_a_conversation_id_thread(agent):

@@ -1,19 +1,25 @@
-"""The MLflow Agent Server (`mlflow.genai.agent_server`) for one agent, as `tt-agent serve` runs it.
+"""The MLflow Agent Server (`mlflow.genai.agent_server`) for one agent: its routes and error answers.
 
 Endpoints (MLflow's): `POST /invocations` and `POST /responses` (the OpenAI
-Responses API shape, so `openai.OpenAI(base_url=...).responses.create(...,
-extra_body={"custom_inputs": {...}})` works), both with `"stream": true` for
-server-sent events; `GET /health`; `GET /agent/info`.
+Responses API shape, so `openai.OpenAI(base_url=...).responses.create(...)`
+works), both with `"stream": true` for server-sent events; `GET /health`
+(liveness); `GET /agent/info`. Added here: `GET /ready` (503 while the
+database is unreachable).
 
 What this module adds to MLflow's server:
 
-* **Handlers off the event loop.** MLflow calls a synchronous handler on the
-  event loop, so one slow turn would stall every other request (and
-  `/health`). `predict` and each step of `predict_stream` run in the thread pool.
+* **Async handlers.** The handlers await the agent's `apredict` /
+  `apredict_stream`: a turn waiting for its model holds no OS thread and no
+  database connection, so hundreds of streams share one process. (MLflow
+  calls a synchronous handler on the event loop, and a streamed sync
+  generator needs a worker thread per chunk; with Starlette's 40 threads the
+  first release deadlocked at 100 streams.)
+* **A client that leaves cancels its turn**: the stream's task is cancelled,
+  which cancels the model request and releases the thread at once.
 * **Errors keep their status.** MLflow answers any handler exception with 500
   (mlflow 3.17, `AgentServer._handle_invoke_request`) and reports a streaming
   error inside a 200 stream. Here an `AgentError` answers with its own status
-  (`agent.errors.http_status`: 400, 404, 409, 503) and the JSON body
+  (`serving.errors`: 400, 404, 409, 503) and the JSON body
   `{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "..."}`, also for a
   stream that fails before its first event. A stream that fails later (the
   status is already sent) ends with one `{"type": "error", "code": ...,
@@ -26,21 +32,19 @@ process serves one agent: `build_app(agent)` binds it (a second call rebinds).
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
-import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, StreamingResponse
 from mlflow.genai.agent_server import AgentServer, get_stream_function, invoke, stream
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from agent.errors import AgentError, InvalidRequest, http_status
+from agent.errors import AgentError, InvalidRequest
 from agent.responses import LangGraphResponsesAgent
+from agent.serving.errors import error_body, http_status
+from agent.serving.limits import RequestBodyLimits, body_limit
 from agent.tracing import scrub_trace_inputs, tag_trace
 
 _bound_agent: LangGraphResponsesAgent | None = None
@@ -54,9 +58,9 @@ def _agent() -> LangGraphResponsesAgent:
 
 @invoke()
 async def respond(request: ResponsesAgentRequest) -> ResponsesAgentResponse:
-    """One whole turn (or `custom_inputs.action`) with the bound agent's `predict`."""
+    """One whole turn (or `custom_inputs.action`) with the bound agent's `apredict`."""
     try:
-        return await run_in_threadpool(_agent().predict, request)
+        return await _agent().apredict(request)
     except InvalidRequest:
         scrub_trace_inputs()  # MLflow's server span recorded the refused request too
         raise
@@ -64,17 +68,9 @@ async def respond(request: ResponsesAgentRequest) -> ResponsesAgentResponse:
 
 @stream()
 async def respond_stream(request: ResponsesAgentRequest) -> AsyncIterator[ResponsesAgentStreamEvent]:
-    """The bound agent's `predict_stream` events; the last one carries `custom_outputs`."""
-    events = _agent().predict_stream(request)
-    try:
-        async for event in iterate_in_threadpool(events):
-            yield event
-    finally:
-        # A client that goes away leaves the turn suspended mid-stream, holding
-        # its thread's lock and a pooled connection until garbage collection
-        # (minutes under load). Closing it ends the turn now: nothing is written.
-        with anyio.CancelScope(shield=True):
-            await run_in_threadpool(events.close)
+    """The bound agent's `apredict_stream` events; the last one carries `custom_outputs`."""
+    async for event in _agent().apredict_stream(request):
+        yield event
 
 
 class _ResponsesAgentServer(AgentServer):
@@ -105,7 +101,7 @@ class _ResponsesAgentServer(AgentServer):
             except AgentError as exc:
                 yield _error_event(exc)
             finally:
-                await events.aclose()  # also when the client left: see respond_stream
+                await events.aclose()  # also when the client left: ends the turn, nothing written
 
         replay.__name__ = handler.__name__  # MLflow names the server's span after it
         return StreamingResponse(self._generate(replay, request, return_trace_id), media_type="text/event-stream")
@@ -118,106 +114,27 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     call rebinds). The caller keeps ownership of `agent` and closes it.
 
     Returns:
-        A FastAPI app to serve with uvicorn (`run_agent_server` does).
+        A FastAPI app to serve with uvicorn (`agent.serving.app` does).
     """
     global _bound_agent
     _bound_agent = agent
     app = _ResponsesAgentServer("ResponsesAgent").app
     app.add_exception_handler(AgentError, _agent_error_response)
     app.add_exception_handler(HTTPException, _http_error_response)
-    app.add_middleware(RequestBodyLimits, max_bytes=_body_limit(agent.settings.max_request_bytes))
+    app.add_middleware(RequestBodyLimits, max_bytes=body_limit(agent.settings.max_request_bytes))
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """200 when the database answers, 503 otherwise (for load balancers' readiness probes)."""
+        up = await agent.threads.in_io(agent.threads.storage.ready)
+        return JSONResponse({"status": "ready" if up else "database unreachable"}, status_code=200 if up else 503)
+
     return app
 
 
-def _body_limit(max_request_bytes: int) -> int:
-    # The agent measures a request as compact UTF-8 JSON; a body may spell the
-    # same text with whitespace or \uXXXX escapes (up to 6 bytes a character).
-    return 6 * max_request_bytes + 64 * 1024
-
-
-class RequestBodyLimits:
-    """ASGI middleware: a POST body must be at most `max_bytes` and a JSON object, or it gets a 400.
-
-    Checked before MLflow's server reads it: MLflow parses (and traces) any
-    body in full, and answers a body that is not a JSON object with a 500.
-    """
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, f"The request body is {int(declared)} bytes; the limit is {self.max_bytes} bytes")
-            return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
-                await self._refuse(send, f"The request body is over the limit of {self.max_bytes} bytes")
-                return
-        try:
-            parsed = json.loads(body)
-        except ValueError as exc:
-            await self._refuse(send, f"The request body is not valid JSON: {exc}")
-            return
-        if not isinstance(parsed, dict):
-            await self._refuse(send, f"The request body must be a JSON object, got {type(parsed).__name__}")
-            return
-        delivered = False
-
-        async def replay() -> dict:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    @staticmethod
-    async def _refuse(send: Any, message: str) -> None:
-        payload = json.dumps(_error_body(InvalidRequest(message))).encode()
-        await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": payload})
-
-
-def run_agent_server(host: str, port: int, database_url: str | None, model: str | None) -> None:
-    """Serve an agent on `host`:`port` until interrupted (Ctrl-C or SIGTERM), then close it.
-
-    Args:
-        host: interface to bind, e.g. `"127.0.0.1"` (local only) or `"0.0.0.0"`.
-        port: TCP port.
-        database_url: as for `agent.create_agent`; None reads `AGENT_DATABASE_URL`,
-            else the embedded SQLite file.
-        model: as for `agent.create_agent`; None reads `AGENT_MODEL`, else offline
-            unless an OpenAI key or base URL is set.
-
-    Raises:
-        ConfigurationError, StorageUnavailable: from `create_agent`, before the
-            port is bound (the database is connected and set up first).
-    """
-    from agent import create_agent
-
-    with create_agent(database_url, model) as agent:
-        uvicorn.run(build_app(agent), host=host, port=port)
-
-
 # -- errors ----------------------------------------------------------------------------------
-def _error_body(exc: AgentError) -> dict[str, str]:
-    return {"error_code": exc.error_code, "message": exc.message}
-
-
 async def _agent_error_response(_request: Request, exc: AgentError) -> JSONResponse:
-    return JSONResponse(_error_body(exc), status_code=http_status(exc))
+    return JSONResponse(error_body(exc), status_code=http_status(exc))
 
 
 async def _http_error_response(request: Request, exc: HTTPException):
@@ -231,7 +148,8 @@ async def _http_error_response(request: Request, exc: HTTPException):
 def _error_event(exc: AgentError) -> dict[str, Any]:
     # `type`/`code`/`message` is the Responses API's error event; the `error`
     # object makes the openai client raise APIError with the message.
-    return {"type": "error", "code": exc.error_code, "message": exc.message, "error": _error_body(exc)}
+    body = error_body(exc)
+    return {"type": "error", "code": body["error_code"], "message": exc.message, "error": body}
 
 
 def _tag_server_trace(event: Any) -> None:

@@ -1,306 +1,338 @@
-"""What every backend provides: a LangGraph saver that commits a turn atomically, and the thread records.
+"""What every backend provides: thread records, checkpoints, and the turn protocol (claim, run, commit).
 
-The pieces, and why:
+Why a turn is two short transactions and a lease, not one long transaction:
 
-* A **turn** is one run of the graph, or one state update, on one thread. The
-  saver does not write while a turn runs: `put`/`put_writes` go to the turn's
-  buffer, and `Store.turn()` writes them, the thread's head and (on the first
-  write) its owner, in one transaction when the turn ends well. A turn that
-  fails half-way (database gone, chat model raising) therefore writes nothing,
-  and a retry cannot duplicate the user message (issue 5). LangGraph itself
-  would write the failed step and make it the latest checkpoint even with
-  `durability="exit"`.
-* The **thread head** is a column of the thread record, moved only by a
-  committed turn. LangGraph's "latest checkpoint id" is not used as the head.
-* The **owner** (`user_id`) is written with the thread's first checkpoint, in
-  the same transaction, under the thread's lock, so two racing first writes
-  cannot both win.
-* **Messages** are stored as deltas (see `deltas.py`), and each checkpoint's
-  metadata gets a summary (`message_count`, `last_message`, `next_nodes`,
-  `ts`) when it is written, so listing history never deserializes messages.
+* **Claim.** A turn first claims its thread: one short statement writes a row
+  of `agent_claims` (a random token, a fencing number that grows with every
+  claim, and an expiry `lease_seconds` ahead) unless an unexpired claim is
+  there, or the thread belongs to another user. In the same round trip it
+  reads the thread record and the checkpoint the turn starts from. Then the
+  connection goes back to the pool: **no connection and no transaction is held
+  while the model runs.** Holding one (the first release did, for its advisory
+  lock) capped a process at `pool_max_size / model_seconds` turns per second,
+  broke behind transaction-mode PgBouncer, and is what managed Postgres kills
+  (`idle_in_transaction_session_timeout`).
+* **Run.** LangGraph runs the graph against the saver, which buffers the
+  turn's checkpoints and writes in memory (`saver.TurnSaverMixin`) and reads
+  the start from the claim.
+* **Commit.** One short transaction checks that the claim's token is still
+  there (the fencing check: a turn whose claim expired and was taken over by
+  a newer turn cannot overwrite the newer head), writes the buffered
+  checkpoints, moves the head and releases the claim, atomically. A turn that
+  fails writes nothing and releases its claim.
+* **Lease.** While a turn runs, `claims.ClaimKeeper` renews its claim every
+  `lease_seconds / 3`. A process killed with `kill -9` stops renewing, so its
+  threads are free again after at most `lease_seconds` (15 s by default), with
+  nothing half-written. Expiry is judged by the database's clock on Postgres
+  (replicas' clocks may differ) and by the machine's on SQLite.
+* **Double texting.** A turn under `interrupt` or `rollback` that finds its
+  thread claimed asks the running turn to stop (`agent_claims.cancel`), then
+  waits for the claim like `enqueue` (LangGraph Agent Server's strategies).
 
-Backends subclass `Store` and mix `TurnSaverMixin` into LangGraph's own saver
-for their database (`PostgresSaver`, `SqliteSaver`), overriding only the
-`_backend_*` hooks.
+Backends implement the `_`-prefixed hooks and a `Tx` (the statements a write
+transaction may run); the protocol above is written once, here.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.checkpoint.base import CheckpointTuple
 
-from agent.storage import deltas
-
-#: Longest `last_message` kept in a checkpoint's summary, in characters.
-LAST_MESSAGE_CHARS = 100
+from agent.config import AgentSettings, MultitaskStrategy
+from agent.errors import ThreadBusy, ThreadNotFound
 
 
 @dataclass(frozen=True)
 class ThreadRecord:
-    """A thread as the agent knows it: its owner (None for anonymous) and its head checkpoint."""
+    """A thread as the agent knows it (one row of `agent_threads`).
+
+    Timestamps are ISO 8601 strings in UTC; `metadata` maps strings to strings.
+    """
 
     thread_id: str
     user_id: str | None
     head_checkpoint_id: str
+    title: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    message_count: int = 0
+    forked_from: Mapping[str, str] | None = None
+    ttl_seconds: float | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+
+
+def owned_by(record: ThreadRecord | None, user_id: str | None) -> bool:
+    """Whether `user_id` may use the thread: it exists and its owner is `user_id`.
+
+    Threads written without a user_id belong to anonymous callers only. The
+    claim statements of each backend apply the same rule in SQL.
+    """
+    return record is not None and record.user_id == user_id
+
+
+@dataclass(eq=False)
+class Claim:
+    """A turn's hold on one thread, from its claim to its commit or release.
+
+    `record` and `start` were read in the claim's round trip: the thread (None
+    for a new one) and the checkpoint the turn starts from (the requested one,
+    else the head; None when that checkpoint is not in the thread).
+    """
+
+    thread_id: str
+    user_id: str | None
+    token: str
+    fence: int
+    record: ThreadRecord | None
+    start: CheckpointTuple | None
+    idempotency_key: str | None = None
+    #: Set by `ClaimKeeper` when a newer turn asked this one to stop: "interrupt" or "rollback".
+    cancel: str | None = None
+    #: Set when renewing found the claim gone (expired and taken over): the commit will fail.
+    lost: bool = False
+    #: Set together with `cancel` or `lost`, so a running turn can stop early.
+    stop: threading.Event = field(default_factory=threading.Event)
+    _on_stop: list[Callable[[], None]] = field(default_factory=list)
+
+    def signal(self, *, cancel: str | None = None, lost: bool = False) -> None:
+        """Record a cancel request or a lost claim and wake whoever waits on `stop`. Thread-safe."""
+        if cancel and self.cancel is None:
+            self.cancel = cancel
+        self.lost = self.lost or lost
+        if not self.stop.is_set():
+            self.stop.set()
+            for callback in list(self._on_stop):
+                callback()
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from any OS thread) when the claim is signalled; at once if it already was."""
+        self._on_stop.append(callback)
+        if self.stop.is_set():
+            callback()
 
 
 @dataclass
 class Turn:
-    """The writes of one turn, held until `Store.turn()` commits them."""
+    """The writes of one turn, buffered by the saver until `ThreadStorage.commit` writes them."""
 
     thread_id: str
-    user_id: str | None
-    #: The thread's record as read under the lock; None for a new thread.
+    #: The thread's record as read by the claim; None for a new thread.
     record: ThreadRecord | None = None
     puts: list[tuple] = field(default_factory=list)
     writes: list[tuple] = field(default_factory=list)
-    #: Checkpoints this turn has read, by id (LangGraph reads its start twice).
-    loaded: dict[str, Any] = field(default_factory=dict)
-    #: Set by the backend while the turn holds the thread's lock.
-    lock: Any = None
-    #: The OS thread that opened the turn. A database connection in `lock` is
-    #: the turn's alone: reads from other OS threads (another request on the
-    #: same thread) must not use it, or they run inside the turn's transaction.
-    os_thread: int = field(default_factory=threading.get_ident)
-
-    def opened_here(self) -> bool:
-        """Whether the calling OS thread opened this turn."""
-        return self.os_thread == threading.get_ident()
+    #: Checkpoints this turn has read (or written), by id, as resolved CheckpointTuples.
+    loaded: dict[str, CheckpointTuple | None] = field(default_factory=dict)
 
     @property
     def new_head(self) -> str | None:
         """The checkpoint this turn will leave as the thread head: its last one."""
         return self.puts[-1][1]["id"] if self.puts else None
 
-
-def message_text(message: BaseMessage | None) -> str:
-    """A one-line text for a message: its text, else the tools it calls."""
-    if message is None:
-        return ""
-    text = message.text
-    if not text and isinstance(message, AIMessage) and message.tool_calls:
-        text = "[tool call: " + ", ".join(call["name"] for call in message.tool_calls) + "]"
-    return text
+    @property
+    def latest_id(self) -> str | None:
+        """What LangGraph calls the thread's latest checkpoint while this turn runs."""
+        if self.puts:
+            return self.puts[-1][1]["id"]
+        return self.record.head_checkpoint_id if self.record else None
 
 
-def summarize(messages: Sequence[BaseMessage], checkpoint: Mapping[str, Any], node_triggers: Mapping[str, Sequence[str]]) -> dict:
-    """The summary stored in a checkpoint's metadata, read by history listings.
+class Tx(ABC):
+    """The statements one write transaction may run; each backend implements them on its connection."""
 
-    `next_nodes` applies LangGraph's trigger rule to the checkpoint alone: a
-    node runs next when one of its trigger channels holds a value whose version
-    is newer than the one the node last saw.
-    """
-    last = message_text(messages[-1] if messages else None)
-    values = checkpoint.get("channel_values", {})
-    versions = checkpoint.get("channel_versions", {})
-    seen = checkpoint.get("versions_seen", {})
-    next_nodes = [
-        node
-        for node, triggers in node_triggers.items()
-        if any(
-            channel in values and _newer(versions.get(channel), seen.get(node, {}).get(channel))
-            for channel in triggers
-        )
-    ]
-    return {
-        "message_count": len(messages),
-        # Postgres jsonb refuses NUL, and LangGraph would strip it anyway.
-        "last_message": last[:LAST_MESSAGE_CHARS].replace("\x00", ""),
-        "next_nodes": next_nodes,
-        "ts": checkpoint.get("ts"),
-    }
-
-
-def _newer(version: Any, seen: Any) -> bool:
-    if version is None:
-        return False
-    if seen is None:
-        return True
-    # Versions are zero-padded strings (or ints), so both compare in order.
-    return version > seen
-
-
-class TurnSaverMixin:
-    """Turn buffering, message deltas and summaries, mixed into a LangGraph saver.
-
-    The backend saver provides `_backend_put`, `_backend_put_writes` and
-    `_fetch_thread_messages`; everything else here is shared.
-    """
-
-    def _init_turns(self, message_cache_size: int) -> None:
-        self._turns: dict[str, Turn] = {}
-        self._turns_lock = threading.Lock()
-        self.message_cache = deltas.MessageCache(message_cache_size)
-        #: Node name -> trigger channels; set by the graph once it is compiled.
-        self.node_triggers: dict[str, list[str]] = {}
-
-    # -- turns -------------------------------------------------------------
-    @contextmanager
-    def buffering(self, turn: Turn) -> Iterator[Turn]:
-        """Route this thread's writes to `turn` until the block ends."""
-        with self._turns_lock:
-            if turn.thread_id in self._turns:
-                # The thread lock makes this unreachable; guard the invariant anyway.
-                raise RuntimeError(f"thread {turn.thread_id!r} already has a turn in this process")
-            self._turns[turn.thread_id] = turn
-        try:
-            yield turn
-        finally:
-            with self._turns_lock:
-                self._turns.pop(turn.thread_id, None)
-
-    def active_turn(self, thread_id: str) -> Turn | None:
-        return self._turns.get(thread_id)
-
+    @abstractmethod
     def write_turn(self, turn: Turn) -> None:
-        """Write a turn's buffered checkpoints and writes. The caller holds the transaction."""
-        for config, checkpoint, metadata, new_versions in turn.puts:
-            self._write_checkpoint(config, checkpoint, metadata, new_versions)
-        for config, writes, task_id, task_path in turn.writes:
-            self._backend_put_writes(config, writes, task_id, task_path)
+        """Write a turn's buffered checkpoints and pending writes (messages as deltas)."""
 
-    # -- BaseCheckpointSaver ------------------------------------------------
-    def get_tuple(self, config):
-        configurable = config["configurable"]
-        turn = self.active_turn(configurable["thread_id"])
-        if turn is None or configurable.get("checkpoint_ns", ""):
-            return self._backend_get_tuple(config)
-        checkpoint_id = configurable.get("checkpoint_id")
-        if not checkpoint_id:
-            # LangGraph asks for the latest checkpoint to tell a branch from a
-            # continuation (`checkpoint_superseded`). Under the thread lock the
-            # head is the latest: every committed write makes a new, larger id
-            # the head. A new thread has none, whatever else the table holds.
-            if turn.record is None:
-                return None
-            checkpoint_id = turn.record.head_checkpoint_id
-        if checkpoint_id not in turn.loaded:
-            found = self._backend_get_tuple(
-                {**config, "configurable": {**configurable, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
-            )
-            turn.loaded[checkpoint_id] = found
-        return turn.loaded[checkpoint_id]
+    @abstractmethod
+    def upsert_thread(self, thread_id: str, *, user_id: str | None, head_checkpoint_id: str, message_count: int) -> None:
+        """Create the thread record (owner `user_id`), or move its head; `updated_at` becomes now."""
 
-    def put(self, config, checkpoint, metadata, new_versions):
-        configurable = config["configurable"]
-        turn = self.active_turn(configurable["thread_id"])
-        if turn is None:
-            return self._write_checkpoint(config, checkpoint, metadata, new_versions)
-        checkpoint = {**checkpoint, "channel_values": dict(checkpoint["channel_values"])}
-        turn.puts.append((config, checkpoint, dict(metadata), dict(new_versions)))
-        return {
-            "configurable": {
-                "thread_id": configurable["thread_id"],
-                "checkpoint_ns": configurable.get("checkpoint_ns", ""),
-                "checkpoint_id": checkpoint["id"],
-            }
-        }
-
-    def put_writes(self, config, writes, task_id, task_path=""):
-        turn = self.active_turn(config["configurable"]["thread_id"])
-        if turn is None:
-            return self._backend_put_writes(config, writes, task_id, task_path)
-        turn.writes.append((config, list(writes), task_id, task_path))
-
-    # -- shared write / read paths -----------------------------------------
-    def _write_checkpoint(self, config, checkpoint, metadata, new_versions):
-        configurable = config["configurable"]
-        thread_id = configurable["thread_id"]
-        checkpoint_ns = configurable.get("checkpoint_ns", "")
-        parent_id = configurable.get("checkpoint_id")
-        values = dict(checkpoint["channel_values"])
-        messages = values.get("messages")
-        if messages is not None and not deltas.is_delta(messages):
-            base = self.messages_of(thread_id, checkpoint_ns, parent_id) if parent_id else ()
-            values["messages"] = deltas.encode(messages, parent_id, base)
-            self.message_cache.put(checkpoint["id"], messages)
-        summary = summarize(messages or [], checkpoint, self.node_triggers)
-        # The turn bookkeeping keys are not the user's metadata.
-        clean = {k: v for k, v in metadata.items() if not k.startswith("tt_")}
-        config = {**config, "configurable": {k: v for k, v in configurable.items() if not k.startswith("tt_")}}
-        return self._backend_put(config, {**checkpoint, "channel_values": values}, {**clean, **summary}, new_versions)
-
-    def messages_of(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> tuple:
-        """The full message list of a stored checkpoint (cached; a miss reads the thread's deltas once)."""
-        cached = self.message_cache.get(checkpoint_id)
-        if cached is not None:
-            return cached
-        stored = self._fetch_thread_messages(thread_id, checkpoint_ns)
-        return deltas._resolve_chain(checkpoint_id, stored, self.message_cache)
-
-    def _resolve_tuple(self, tup: CheckpointTuple | None) -> CheckpointTuple | None:
-        if tup is None:
-            return None
-        values = tup.checkpoint.get("channel_values") or {}
-        stored = values.get("messages")
-        if not deltas.is_delta(stored):
-            return tup
-        configurable = tup.config["configurable"]
-        checkpoint_id = configurable["checkpoint_id"]
-        cached = self.message_cache.get(checkpoint_id)
-        if cached is None:
-            resolved = deltas.resolve(
-                stored,
-                self.message_cache,
-                lambda: self._fetch_thread_messages(configurable["thread_id"], configurable["checkpoint_ns"]),
-            )
-            self.message_cache.put(checkpoint_id, resolved)
-        else:
-            resolved = list(cached)
-        checkpoint = {**tup.checkpoint, "channel_values": {**values, "messages": resolved}}
-        return tup._replace(checkpoint=checkpoint)
-
-    # -- backend hooks -------------------------------------------------------
-    def _backend_get_tuple(self, config):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _backend_put(self, config, checkpoint, metadata, new_versions):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _backend_put_writes(self, config, writes, task_id, task_path):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:  # pragma: no cover
-        """Every stored `messages` value of a thread, keyed by checkpoint id."""
-        raise NotImplementedError
+    @abstractmethod
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every row of the thread in every table (checkpoints, writes, blobs, record, claim, idempotency)."""
 
 
-class Store(ABC):
-    """One database: the LangGraph saver the graph is compiled with, plus thread records.
+class ThreadStorage(ABC):
+    """One database: the LangGraph saver the graph is compiled with, thread records, and turn claims.
 
-    Implementations: `PostgresStore` (`postgresql://`), `SqliteStore`
-    (`sqlite:///path`, and `memory://` as an in-process SQLite database).
-    Every method that reads or writes raises `StorageUnavailable` when the
-    database cannot be reached.
+    Implementations: `PostgresThreadStorage` (`postgresql://`),
+    `SqliteThreadStorage` (`sqlite:///path`, and `memory://` as an in-process
+    SQLite database). Every method that reads or writes raises
+    `StorageUnavailable` when the database cannot be reached or refuses.
     """
 
-    saver: TurnSaverMixin
+    saver: Any  # a TurnSaverMixin subclass of the backend's LangGraph saver
+    settings: AgentSettings
 
+    def __init__(self, settings: AgentSettings) -> None:
+        from agent.storage.claims import ClaimKeeper
+
+        self.settings = settings
+        self.keeper = ClaimKeeper(self, lease_seconds=settings.lease_seconds)
+
+    # -- lifecycle ---------------------------------------------------------------------------
     @abstractmethod
     def setup(self) -> None:
-        """Create or migrate the tables. Idempotent, and safe to run from several processes at once."""
+        """Create or migrate the tables and check that they exist. Idempotent; safe from several processes."""
+
+    def close(self) -> None:
+        """Release connections and stop renewing claims. The storage is unusable afterwards."""
+        self.keeper.close()
+        self._close()
 
     @abstractmethod
-    def turn(self, thread_id: str, *, user_id: str | None, strategy: str, timeout: float, checkpoint_id: str | None = None):
-        """A context manager that holds the thread's lock for one turn and yields a `Turn`.
+    def _close(self) -> None: ...
 
-        Under the lock it reads the thread record (`Turn.record`) and the turn's
-        start, `checkpoint_id` or else the head, into `Turn.loaded` (absent when
-        that checkpoint is not in the thread), so the turn needs no other read.
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether the database answers a query now (for readiness probes). Never raises."""
 
-        On a normal exit it commits the turn's checkpoints, writes, the new head
-        and (for a new thread) the owner, atomically; on an exception it writes
-        nothing. Raises `ThreadBusy` when the lock is not had (at once under
-        `reject`, after `timeout` seconds under `enqueue`).
+    # -- the turn protocol ---------------------------------------------------------------------
+    def claim(
+        self,
+        thread_id: str,
+        *,
+        user_id: str | None,
+        checkpoint_id: str | None,
+        strategy: MultitaskStrategy,
+        timeout: float,
+        idempotency_key: str | None = None,
+    ) -> Claim:
+        """Claim `thread_id` for one turn, and read its record and the turn's start, without holding a connection.
+
+        Args:
+            thread_id: the thread; it need not exist yet.
+            user_id: the caller; a thread owned by someone else is never claimed.
+            checkpoint_id: the checkpoint the turn starts from; None: the head.
+            strategy: when another turn holds the thread: `reject` raises at once;
+                `enqueue` waits up to `timeout` seconds; `interrupt` and `rollback`
+                first ask the running turn to stop, then wait like `enqueue`.
+            timeout: seconds to wait (not `reject`).
+            idempotency_key: stored with the claim, so a retry can tell that its original is still running.
+
+        Returns:
+            The claim; it is renewed until `commit` or `release`.
+
+        Raises:
+            ThreadNotFound: the thread belongs to another user (worded as if it did not exist).
+            ThreadBusy: another turn holds the thread (`reject`), or held it for `timeout` seconds.
+            StorageUnavailable: the database failed; nothing was written.
         """
+        self.setup()
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + (0.0 if strategy == "reject" else timeout)
+        delay = 0.005
+        asked_to_stop = False
+        while True:
+            claim, record = self._try_claim(thread_id, token, user_id=user_id, checkpoint_id=checkpoint_id, idempotency_key=idempotency_key)
+            if claim is not None:
+                self.keeper.add(claim)
+                return claim
+            if record is not None and not owned_by(record, user_id):
+                raise ThreadNotFound(f"Thread {thread_id!r} was not found.", thread_id=thread_id)
+            if strategy in ("interrupt", "rollback") and not asked_to_stop:
+                self.request_cancel(thread_id, strategy)
+                asked_to_stop = True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if strategy == "reject":
+                    raise ThreadBusy(f"Thread {thread_id!r} is busy with another turn.", thread_id=thread_id)
+                raise ThreadBusy(f"Thread {thread_id!r} stayed busy for {timeout} s; the turn was not run.", thread_id=thread_id)
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.1)
 
+    def commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
+        """In one transaction: check that `claim` still holds its thread, run `apply`, release the claim.
+
+        Raises:
+            LeaseExpired: the claim expired and another turn took the thread; nothing was written.
+            StorageUnavailable: the database failed; the message says whether anything was written.
+        """
+        try:
+            self._commit(claim, apply)
+        finally:
+            self.keeper.remove(claim)
+
+    def release(self, claim: Claim) -> None:
+        """Give the thread up without writing (a failed, cancelled or `store: false` turn). Never raises."""
+        self.keeper.remove(claim)
+        try:
+            self._release(claim)
+        except Exception:  # noqa: BLE001 - the claim then expires after lease_seconds
+            pass
+
+    def request_cancel(self, thread_id: str, mode: str) -> None:
+        """Ask the turn that holds `thread_id` to stop (`mode`: "interrupt" or "rollback"), in any process."""
+        local = self.keeper.local(thread_id)
+        if local is not None:
+            local.signal(cancel=mode)
+        self._request_cancel(thread_id, mode)
+
+    @contextmanager
+    def claimed(
+        self,
+        thread_id: str,
+        *,
+        user_id: str | None,
+        strategy: MultitaskStrategy = "enqueue",
+        timeout: float | None = None,
+        checkpoint_id: str | None = None,
+    ) -> Iterator[Claim]:
+        """Claim the thread for a short write that does not run the model; release it if the block raises.
+
+        The block must end by calling `self.commit(claim, ...)` or leave the claim to be released.
+        """
+        claim = self.claim(
+            thread_id,
+            user_id=user_id,
+            checkpoint_id=checkpoint_id,
+            strategy=strategy,
+            timeout=self.settings.enqueue_timeout if timeout is None else timeout,
+        )
+        try:
+            yield claim
+        finally:
+            if self.keeper.holds(claim):
+                self.release(claim)
+
+    # -- backend hooks for the protocol -------------------------------------------------------------
+    @abstractmethod
+    def _try_claim(
+        self, thread_id: str, token: str, *, user_id: str | None, checkpoint_id: str | None, idempotency_key: str | None
+    ) -> tuple[Claim | None, ThreadRecord | None]:
+        """One attempt, in one round trip: (the claim, or None if refused; the thread record)."""
+
+    @abstractmethod
+    def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None: ...
+
+    @abstractmethod
+    def _release(self, claim: Claim) -> None: ...
+
+    @abstractmethod
+    def _request_cancel(self, thread_id: str, mode: str) -> None: ...
+
+    @abstractmethod
+    def renew(self, claims: Sequence[Claim]) -> dict[str, str | None]:
+        """Extend the claims' leases; returns {thread_id: cancel request or None} for the claims still held."""
+
+    @abstractmethod
+    def poll_cancels(self, claims: Sequence[Claim]) -> dict[str, str]:
+        """{thread_id: "interrupt" | "rollback"} for the claims a newer turn asked to stop."""
+
+    # -- writes without a claim ------------------------------------------------------------------------
+    @abstractmethod
+    def transaction(self, apply: Callable[[Tx], Any]) -> Any:
+        """Run `apply` in one write transaction (for changes that need no claim) and return its result."""
+
+    # -- reads ------------------------------------------------------------------------------------------
     @abstractmethod
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
         """The thread's record, or None when the agent never committed a turn on it."""
@@ -310,26 +342,17 @@ class Store(ABC):
         """Whether `checkpoint_id` is a checkpoint of `thread_id` (root namespace)."""
 
     @abstractmethod
+    def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointTuple | None:
+        """The checkpoint with its messages resolved, or None when it is not in the thread."""
+
+    @abstractmethod
     def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
         """Up to `limit` checkpoints of the thread, newest first, older than `before` if given.
 
         Each row: `checkpoint_id`, `parent_checkpoint_id`, `metadata` (dict, with
-        the summary written by `summarize`). Reads no message.
+        the summary written by `summaries.summarize`). Reads no message.
         """
 
     @abstractmethod
     def threads_of_user(self, user_id: str) -> list[str]:
-        """The ids of the threads `user_id` owns."""
-
-    @abstractmethod
-    def delete_thread(self, thread_id: str, *, check: Callable[[ThreadRecord | None], object]) -> None:
-        """Delete every checkpoint, write, blob and the record of a thread, in one transaction.
-
-        `check` is called with the thread's record under the thread's lock,
-        before anything is deleted; it raises to refuse (ownership is decided
-        on the same record the deletion acts on).
-        """
-
-    @abstractmethod
-    def close(self) -> None:
-        """Release connections. The store is unusable afterwards."""
+        """The ids of the threads `user_id` owns, sorted."""

@@ -2,7 +2,7 @@
 
 Why: LangGraph stores a reducer channel such as `messages` whole in every
 checkpoint, so one thread of N turns costs O(N²) bytes (200 turns of ~500 bytes
-gave 44.6 MB of blobs, issue 4). Here the `messages` value of a checkpoint is
+gave 44.6 MB of blobs). Here the `messages` value of a checkpoint is
 written as a delta against the checkpoint the run started from:
 
     {DELTA_KEY: 1, "base": <checkpoint_id or None>, "keep": k, "add": [...]}
@@ -102,11 +102,18 @@ def resolve(
         prefix: Messages = ()
     else:
         cached = cache.get(base)
-        prefix = cached if cached is not None else _resolve_chain(base, fetch_thread(), cache)
+        prefix = cached if cached is not None else resolve_stored(base, fetch_thread(), cache)
     return [*prefix[: value["keep"]], *value["add"]]
 
 
-def _resolve_chain(target: str, stored: Mapping[str, Any], cache: MessageCache) -> Messages:
+def resolve_stored(target: str, stored: Mapping[str, Any], cache: MessageCache) -> Messages:
+    """The messages of checkpoint `target`, given every stored `messages` value of its thread (by checkpoint id).
+
+    Caches every list it resolves on the way.
+
+    Raises:
+        LookupError: a delta names a base checkpoint that is not in `stored`.
+    """
     # Walk back to the nearest cached (or first) checkpoint, then rebuild forwards.
     # Iterative, because a long thread is a long chain.
     chain: list[tuple[str, Any]] = []

@@ -1,22 +1,36 @@
-"""Postgres backend: `psycopg_pool.ConnectionPool` + LangGraph's `PostgresSaver`.
+"""Postgres backend: `psycopg_pool.ConnectionPool` + LangGraph's `PostgresSaver`, with the turn protocol of `base`.
 
 Design notes:
 
-* **One connection per turn.** A turn checks out a connection, opens a
-  transaction and takes `pg_advisory_xact_lock` on the thread id, so turns on
-  one thread queue (or are refused) across processes and replicas, and
-  different threads never wait for each other. The lock ends with the
-  transaction, also when the process dies. The turn's reads and its final
-  writes use that connection; the chat model runs while the transaction is
-  idle, so `pool_max_size` bounds the turns that run at once.
+* **Short transactions only.** A turn uses a pooled connection twice: one
+  round trip to claim its thread and read its start (autocommit statements in
+  one pipeline), and one round trip to commit (`BEGIN`, the fencing check,
+  every write, `COMMIT`, pipelined). Nothing is held while the model runs, so
+  `pool_max_size` bounds concurrent *database work*, not concurrent turns.
+* **Transaction-mode poolers (PgBouncer).** No prepared statements unless
+  `prepare_threshold` is set (psycopg's `0` prepares everything, which
+  PgBouncer 1.18 in transaction mode breaks with `DuplicatePreparedStatement`,
+  langgraph#6705), no session state: no session advisory locks, no `SET`
+  outside a transaction. The fencing check is a plpgsql function
+  (`agent_end_claim`), so the commit stays one round trip.
 * **No saver-wide lock.** `PostgresSaver` serializes every query of an
   instance behind one lock even when it is given a pool (langgraph#7259), so
-  `_cursor` is overridden to take a pooled connection without it.
-* **Schema.** LangGraph's tables are created by `PostgresSaver.setup()`; the
-  agent adds `agent_threads` (owner and head of each thread) through its own
-  numbered migrations. `setup()` runs under a session advisory lock because
-  LangGraph's migrations (`CREATE INDEX CONCURRENTLY`) are not safe to run from
-  two processes at once.
+  `_cursor` is overridden to take a pooled connection (or the commit's) without it.
+* **Schema.** `setup()` runs LangGraph's migration list and the agent's
+  (`MIGRATIONS`, a migration's position is its version) in ONE transaction
+  under `pg_advisory_xact_lock`: safe from many processes at once and through
+  PgBouncer. LangGraph creates its indexes `CONCURRENTLY`, which cannot run in
+  a transaction; they are created here without it (on the new, empty tables
+  this creates, that is instant). Setup then checks that every table exists
+  and re-applies the (idempotent) migrations if one was dropped: trusting
+  the migrations table alone left a database broken for good.
+* **Faults.** A connection found dead (server restart, `pg_terminate_backend`)
+  is replaced and the read or claim is run again (safe: nothing was written).
+  A commit whose connection failed is checked on a fresh connection: if the
+  claim is still ours nothing was written and the commit is retried once.
+  An unreachable server fails after `connect_timeout`, not `pool_timeout`.
+  Missing privileges and a read-only server are found by the claim, before
+  the model is called.
 * **Managed credentials.** With a `credential_provider`, the pool's connection
   kwargs are a callable (psycopg_pool >= 3.3), so every new connection gets a
   fresh or cached password, and `max_lifetime` retires connections before their
@@ -25,23 +39,30 @@ Design notes:
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
 import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATIONS
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.config import AgentSettings, mask_url
-from agent.errors import StorageUnavailable, ThreadBusy
-from agent.storage.base import Store, ThreadRecord, Turn, TurnSaverMixin
+from agent.errors import AgentError, LeaseExpired, StorageUnavailable
+from agent.storage.base import Claim, ThreadRecord, ThreadStorage, Turn, Tx
+from agent.storage.saver import TurnSaverMixin
 
-# The agent's own migrations; a migration's position is its version.
+logger = logging.getLogger(__name__)
+
+# The agent's own migrations; a migration's position is its version. Each is idempotent,
+# so setup can re-apply them all when it finds a table missing.
 MIGRATIONS = [
     "CREATE TABLE IF NOT EXISTS agent_migrations (v INTEGER PRIMARY KEY)",
     """CREATE TABLE IF NOT EXISTS agent_threads (
@@ -52,25 +73,92 @@ MIGRATIONS = [
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
     )""",
     "CREATE INDEX IF NOT EXISTS agent_threads_user_id_idx ON agent_threads (user_id)",
+    """ALTER TABLE agent_threads
+        ADD COLUMN IF NOT EXISTS title TEXT,
+        ADD COLUMN IF NOT EXISTS metadata JSONB NOT NULL DEFAULT '{}',
+        ADD COLUMN IF NOT EXISTS message_count INTEGER NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS forked_from JSONB,
+        ADD COLUMN IF NOT EXISTS ttl_seconds DOUBLE PRECISION""",
+    "CREATE INDEX IF NOT EXISTS agent_threads_activity_idx ON agent_threads (user_id, updated_at DESC, thread_id DESC)",
+    "CREATE INDEX IF NOT EXISTS agent_threads_updated_at_idx ON agent_threads (updated_at)",
+    """CREATE TABLE IF NOT EXISTS agent_claims (
+        thread_id TEXT PRIMARY KEY,
+        token TEXT NOT NULL,
+        fence BIGINT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL,
+        idempotency_key TEXT,
+        cancel TEXT
+    )""",
+    # The commit's fencing check, in the commit's own round trip: it releases the
+    # claim if `token` still holds it, and otherwise aborts the transaction.
+    """CREATE OR REPLACE FUNCTION agent_end_claim(p_thread_id TEXT, p_token TEXT) RETURNS BIGINT
+    LANGUAGE plpgsql AS $$
+    DECLARE v_fence BIGINT;
+    BEGIN
+        UPDATE agent_claims SET token = '', expires_at = '-infinity', cancel = NULL, idempotency_key = NULL
+        WHERE thread_id = p_thread_id AND token = p_token
+        RETURNING fence INTO v_fence;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the claim on thread % is no longer held', p_thread_id USING ERRCODE = 'TT001';
+        END IF;
+        RETURN v_fence;
+    END $$""",
+    """CREATE TABLE IF NOT EXISTS agent_idempotency (
+        user_key TEXT NOT NULL,
+        key TEXT NOT NULL,
+        request_hash TEXT NOT NULL,
+        thread_id TEXT NOT NULL,
+        response JSONB NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        expires_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (user_key, key)
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_idempotency_thread_idx ON agent_idempotency (thread_id)",
 ]
 
-# Any constant works; it keeps setup's lock apart from the thread locks' key space.
+#: Every table setup must leave behind (LangGraph's and the agent's).
+TABLES = (
+    "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
+    "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency",
+)  # fmt: skip
+
+#: The tables a turn's commit writes, and the privileges it needs on them.
+WRITTEN_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads")
+
+# Any constant works; it keeps setup's lock apart from other advisory locks.
 SETUP_LOCK_KEY = 7_140_213_911
 
-TRY_THREAD_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS locked"
-WAIT_THREAD_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)), true AS locked"
-SET_LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', %s, true)"
-SELECT_THREAD_SQL = "SELECT thread_id, user_id, head_checkpoint_id FROM agent_threads WHERE thread_id = %s"
-UPSERT_THREAD_SQL = """
-INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id) VALUES (%s, %s, %s)
-ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id, updated_at = now()
+# Claims the thread unless an unexpired claim holds it or the thread belongs to
+# another user (the rule of `base.owned_by`); re-running it with the same token
+# succeeds, so a claim whose connection died can be retried.
+CLAIM_SQL = """
+INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
+SELECT %(thread_id)s, %(token)s, 1, clock_timestamp() + make_interval(secs => %(lease)s), %(key)s, NULL
+WHERE NOT EXISTS (
+    SELECT 1 FROM agent_threads t WHERE t.thread_id = %(thread_id)s AND t.user_id IS DISTINCT FROM %(user_id)s)
+ON CONFLICT (thread_id) DO UPDATE
+SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
+    idempotency_key = EXCLUDED.idempotency_key, cancel = NULL
+WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
+RETURNING fence
 """
+THREAD_COLUMNS = """thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds,
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS created_at,
+    to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS updated_at"""
+SELECT_THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM agent_threads WHERE thread_id = %s"
+MISSING_PRIVILEGES_SQL = "SELECT array_remove(ARRAY[{}], NULL) AS missing".format(
+    ", ".join(
+        f"CASE WHEN NOT has_table_privilege('{table}', '{privilege}') THEN '{privilege} on {table}' END"
+        for table in WRITTEN_TABLES
+        for privilege in ("INSERT", "UPDATE")
+    )
+)
 # The turn's start (the requested checkpoint, else the thread head), in the
 # shape of PostgresSaver.SELECT_SQL. The blobs are fetched by one primary-key
 # lookup per channel (OFFSET 0 keeps the planner from flattening it): on a
 # young table without statistics the planner otherwise hashes every blob of
 # the thread, a cost that grows with the thread.
-SELECT_START_SQL = """
+SELECT_CHECKPOINT_SQL = """
 SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
     (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
      FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
@@ -89,9 +177,34 @@ FROM checkpoints c
 WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = COALESCE(
     %s, (SELECT head_checkpoint_id FROM agent_threads WHERE thread_id = %s))
 """
-CHECKPOINT_IN_THREAD_SQL = """
-SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s
+END_CLAIM_SQL = "SELECT agent_end_claim(%s, %s)"
+RELEASE_CLAIM_SQL = """
+UPDATE agent_claims SET token = '', expires_at = '-infinity', cancel = NULL, idempotency_key = NULL
+WHERE thread_id = %s AND token = %s
 """
+# A claim on a thread that was never written leaves nothing behind when released.
+DROP_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = %s AND token = %s"
+CLAIM_STATE_SQL = "SELECT token, fence FROM agent_claims WHERE thread_id = %s"
+REQUEST_CANCEL_SQL = """
+UPDATE agent_claims SET cancel = %s WHERE thread_id = %s AND token <> '' AND expires_at >= clock_timestamp()
+"""
+RENEW_CLAIMS_SQL = """
+UPDATE agent_claims c SET expires_at = clock_timestamp() + make_interval(secs => %s)
+FROM unnest(%s::text[], %s::text[]) AS held(thread_id, token)
+WHERE c.thread_id = held.thread_id AND c.token = held.token
+RETURNING c.thread_id, c.cancel
+"""
+POLL_CANCELS_SQL = """
+SELECT c.thread_id, c.cancel FROM agent_claims c
+JOIN unnest(%s::text[], %s::text[]) AS held(thread_id, token) ON c.thread_id = held.thread_id AND c.token = held.token
+WHERE c.cancel IS NOT NULL
+"""
+UPSERT_THREAD_SQL = """
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count) VALUES (%s, %s, %s, %s)
+ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id,
+    message_count = EXCLUDED.message_count, updated_at = now()
+"""
+CHECKPOINT_IN_THREAD_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s"
 LIST_CHECKPOINTS_SQL = """
 SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
 WHERE thread_id = %s AND checkpoint_ns = '' AND (%s::text IS NULL OR checkpoint_id < %s)
@@ -109,28 +222,36 @@ DELETE_THREAD_SQL = [
     "DELETE FROM checkpoint_writes WHERE thread_id = %s",
     "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
     "DELETE FROM checkpoints WHERE thread_id = %s",
+    "DELETE FROM agent_idempotency WHERE thread_id = %s",
     "DELETE FROM agent_threads WHERE thread_id = %s",
 ]
+# The claim row goes last and only if it is released: the deleting operation's own claim
+# is released by its commit, which runs agent_end_claim first.
+DELETE_RELEASED_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = %s AND token = ''"
 
-# Set only for the duration of one synchronous call, so the saver's queries run
-# on the turn's connection (inside its transaction) instead of the pool.
-_TURN_CONN: ContextVar[psycopg.Connection | None] = ContextVar("tt_turn_conn", default=None)
+#: SQLSTATE raised by `agent_end_claim` when the claim is gone.
+CLAIM_LOST_SQLSTATE = "TT001"
+
+# Set for the duration of one write transaction, so the saver's queries run on
+# its connection (inside its transaction) instead of a pooled one.
+_TX_CONN: ContextVar[psycopg.Connection | None] = ContextVar("tt_tx_conn", default=None)
 
 
 class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
     """`PostgresSaver` with turn buffering, message deltas, summaries and no instance lock."""
 
-    def __init__(self, pool: ConnectionPool, *, message_cache_size: int) -> None:
-        PostgresSaver.__init__(self, pool)
+    def __init__(self, storage: PostgresThreadStorage, *, message_cache_size: int) -> None:
+        PostgresSaver.__init__(self, storage.pool)
+        self._storage = storage
         self._init_turns(message_cache_size)
 
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[psycopg.Cursor]:
-        turn_conn = _TURN_CONN.get()
+        tx_conn = _TX_CONN.get()
         # langgraph#7259: the base class holds `self.lock` here even with a
-        # pool; a pooled (or the turn's) connection is not shared, so no lock.
-        with nullcontext(turn_conn) if turn_conn is not None else self.conn.connection() as conn:
-            # Inside the turn's commit pipeline a nested one would cost a round trip.
+        # pool; a pooled (or the transaction's) connection is not shared, so no lock.
+        with nullcontext(tx_conn) if tx_conn is not None else self._storage.connection() as conn:
+            # Inside the commit's pipeline a nested one would cost a round trip.
             nested = pipeline and conn.info.pipeline_status == psycopg.pq.PipelineStatus.OFF
             with conn.pipeline() if nested else nullcontext(), conn.cursor(binary=True, row_factory=dict_row) as cur:
                 yield cur
@@ -138,19 +259,21 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
     @contextmanager
     def on_connection(self, conn: psycopg.Connection | None) -> Iterator[None]:
         """Run the saver's queries in this block on `conn` (None: the pool)."""
-        token = _TURN_CONN.set(conn)
+        token = _TX_CONN.set(conn)
         try:
             yield
         finally:
-            _TURN_CONN.reset(token)
+            _TX_CONN.reset(token)
 
     def _backend_get_tuple(self, config):
-        turn = self.active_turn(config["configurable"]["thread_id"])
-        with self.on_connection(turn.lock if turn is not None and turn.opened_here() else _TURN_CONN.get()):
-            return PostgresSaver.get_tuple(self, config)
+        return PostgresSaver.get_tuple(self, config)
 
     def _load_checkpoint_tuple(self, value):
         return self._resolve_tuple(PostgresSaver._load_checkpoint_tuple(self, value))
+
+    def load_row(self, row: Mapping[str, Any]):
+        """A CheckpointTuple (messages resolved) from a row of `SELECT_CHECKPOINT_SQL`."""
+        return self._load_checkpoint_tuple(row)
 
     def _backend_put(self, config, checkpoint, metadata, new_versions):
         return PostgresSaver.put(self, config, checkpoint, metadata, new_versions)
@@ -172,6 +295,25 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         return stored
 
 
+class PostgresTx(Tx):
+    """The statements of one write transaction, on its connection (in pipeline mode)."""
+
+    def __init__(self, conn: psycopg.Connection, saver: TurnPostgresSaver) -> None:
+        self.conn = conn
+        self.saver = saver
+
+    def write_turn(self, turn: Turn) -> None:
+        self.saver.write_turn(turn)
+
+    def upsert_thread(self, thread_id: str, *, user_id: str | None, head_checkpoint_id: str, message_count: int) -> None:
+        self.conn.execute(UPSERT_THREAD_SQL, (thread_id, user_id, head_checkpoint_id, message_count))
+
+    def delete_thread(self, thread_id: str) -> None:
+        for statement in DELETE_THREAD_SQL:
+            self.conn.execute(statement, (thread_id,))
+        self.conn.execute(DELETE_RELEASED_CLAIM_SQL, (thread_id,))
+
+
 class CachedCredential:
     """Calls `provider` for a password at most once per `lifetime` seconds. Thread-safe."""
 
@@ -190,20 +332,30 @@ class CachedCredential:
             return self._value
 
 
-class PostgresStore(Store):
-    """Postgres storage for one agent. Connects on first use; `setup()` is run then."""
+class PostgresThreadStorage(ThreadStorage):
+    """Postgres storage for one agent. Connects on first use; `setup()` runs then.
 
-    def __init__(self, url: str, settings: AgentSettings) -> None:
-        self.url = url
-        self.settings = settings
-        base_kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    `conninfo` is a `postgresql://` URL or a libpq `key=value` string.
+    """
+
+    def __init__(self, conninfo: str, settings: AgentSettings) -> None:
+        super().__init__(settings)
+        self.conninfo = conninfo
+        self.masked = mask_url(conninfo)
+        # libpq reads connect_timeout in whole seconds, and treats values under 2 as 2.
+        base_kwargs = {
+            "autocommit": True,
+            "prepare_threshold": settings.prepare_threshold,
+            "row_factory": dict_row,
+            "connect_timeout": max(2, math.ceil(settings.connect_timeout)),
+        }
         kwargs: Any = base_kwargs
         if settings.credential_provider is not None:
             credential = CachedCredential(settings.credential_provider, settings.credential_cache_seconds)
             kwargs = lambda: {**base_kwargs, "password": credential()}  # noqa: E731 - psycopg_pool calls it per connection
         self._kwargs = kwargs
         self.pool = ConnectionPool(
-            url,
+            conninfo,
             kwargs=kwargs,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
@@ -212,189 +364,267 @@ class PostgresStore(Store):
             open=False,
             name="timetravel-agent",
         )
-        self.saver = TurnPostgresSaver(self.pool, message_cache_size=settings.message_cache_size)
+        self.saver = TurnPostgresSaver(self, message_cache_size=settings.message_cache_size)
         self._setup_lock = threading.Lock()
         self._ready = False
+        # Set when a connection failed: the next checkout first checks the server answers at all.
+        self._suspect_down = False
 
-    # -- lifecycle -----------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
-        if self._ready:  # every turn calls this; only the first takes the lock
+        if self._ready:  # every claim calls this; only the first does the work
             return
         with self._setup_lock:
             if self._ready:
                 return
             with self._errors("set up the database"):
-                # One direct attempt first: the pool would retry an unreachable
-                # server for `pool_timeout` seconds before saying anything.
-                kwargs = self._kwargs() if callable(self._kwargs) else self._kwargs
-                psycopg.connect(self.url, connect_timeout=max(2, int(min(self.settings.pool_timeout, 10))), **kwargs).close()
-                self.pool.open(wait=True, timeout=self.settings.pool_timeout)
-                with self.pool.connection() as conn:
-                    self._take_setup_lock(conn)
-                    try:
-                        # On this connection: a second one from the pool may not
-                        # exist (pool_max_size=1) while this one holds the lock.
-                        with self.saver.on_connection(conn):
-                            self.saver.setup()
-                        self._migrate(conn)
-                    finally:
-                        conn.execute("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK_KEY,))
+                if not self._reachable():
+                    raise StorageUnavailable(
+                        f"Could not connect to {self.masked} within {self.settings.connect_timeout} s; nothing was written."
+                    )
+                self.pool.open(wait=False)
+                with self.connection() as conn:
+                    self._migrate(conn, everything=False)
+                    missing = self._missing_tables(conn)
+                    if missing:
+                        logger.warning("Tables %s were missing from %s; re-creating them", missing, self.masked)
+                        self._migrate(conn, everything=True)
+                        if self._missing_tables(conn):
+                            raise StorageUnavailable(f"Could not create the tables {missing} in {self.masked}.")
             self._ready = True
 
-    def _take_setup_lock(self, conn: psycopg.Connection) -> None:
-        # Polled, not waited for: a statement blocked in pg_advisory_lock keeps
-        # its snapshot, and the holder's CREATE INDEX CONCURRENTLY waits for
-        # every older snapshot, so two processes would deadlock.
-        deadline = time.monotonic() + self.settings.pool_timeout
-        while not conn.execute("SELECT pg_try_advisory_lock(%s) AS locked", (SETUP_LOCK_KEY,)).fetchone()["locked"]:
-            if time.monotonic() > deadline:
-                raise StorageUnavailable(
-                    f"Another process held the setup lock of {mask_url(self.url)} for {self.settings.pool_timeout} s; "
-                    "nothing was written."
-                )
-            time.sleep(0.05)
+    def _migrate(self, conn: psycopg.Connection, *, everything: bool) -> None:
+        """Apply LangGraph's and the agent's missing migrations (all of them if `everything`) in one transaction."""
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (SETUP_LOCK_KEY,))
+            for table, migrations in (("checkpoint_migrations", LANGGRAPH_MIGRATIONS), ("agent_migrations", MIGRATIONS)):
+                conn.execute(migrations[0])
+                row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
+                current = -1 if everything or row["v"] is None else row["v"]
+                for version in range(current + 1, len(migrations)):
+                    # CONCURRENTLY cannot run inside a transaction (see the module docstring).
+                    conn.execute(migrations[version].replace("CONCURRENTLY ", ""))
+                    conn.execute(f"INSERT INTO {table} (v) VALUES (%s) ON CONFLICT DO NOTHING", (version,))
 
-    def _migrate(self, conn: psycopg.Connection) -> None:
-        conn.execute(MIGRATIONS[0])
-        row = conn.execute("SELECT max(v) AS v FROM agent_migrations").fetchone()
-        current = -1 if row["v"] is None else row["v"]
-        for version in range(current + 1, len(MIGRATIONS)):
-            with conn.transaction():
-                conn.execute(MIGRATIONS[version])
-                conn.execute("INSERT INTO agent_migrations (v) VALUES (%s)", (version,))
+    @staticmethod
+    def _missing_tables(conn: psycopg.Connection) -> list[str]:
+        rows = conn.execute("SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NULL", (list(TABLES),))
+        return [row["t"] for row in rows.fetchall()]
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self.pool.close()
 
-    # -- turns -----------------------------------------------------------------
+    # -- connections -----------------------------------------------------------------------
     @contextmanager
-    def turn(
-        self, thread_id: str, *, user_id: str | None, strategy: str, timeout: float, checkpoint_id: str | None = None
-    ) -> Iterator[Turn]:
-        """See `Store.turn`. Two round trips: (lock, read the record and the start) and (write, commit)."""
-        self.setup()
-        with self._errors("start the turn", thread_id):
-            conn, record, start = self._begin_turn(thread_id, strategy, timeout, checkpoint_id)
-        committing = False
+    def connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection for one short piece of work (never across a model call)."""
+        conn = self._checkout()
         try:
-            turn = Turn(thread_id=thread_id, user_id=user_id, lock=conn, record=record)
-            if start is not None:
-                turn.loaded[start.config["configurable"]["checkpoint_id"]] = start
-            with self.saver.buffering(turn):
-                yield turn
-            # Commit after the buffer is unregistered: COMMIT releases the lock,
-            # and a turn of this process waiting for it registers its own buffer.
-            committing = True
-            # One pipeline: every write, the head, and COMMIT in one round trip.
-            with conn.pipeline(), self.saver.on_connection(conn):
-                if turn.puts:
-                    self.saver.write_turn(turn)
-                    conn.execute(UPSERT_THREAD_SQL, (thread_id, user_id, turn.new_head))
-                conn.execute("COMMIT")
-        except psycopg.OperationalError as exc:
-            # The server ends a session it terminates (pg_terminate_backend, a
-            # shutdown) with AdminShutdown before running anything else, so the
-            # pipelined COMMIT did not run. Any other loss during the commit
-            # leaves its outcome unknown.
-            unknown = committing and not isinstance(exc, psycopg.errors.AdminShutdown)
-            outcome = (
-                "the turn may or may not have been saved; list the thread's history before retrying"
-                if unknown
-                else "nothing was written; the request can be retried"
-            )
-            raise StorageUnavailable(
-                f"Lost the connection to {mask_url(self.url)}: {_first_line(exc)}; {outcome}.", thread_id=thread_id
-            ) from None
+            yield conn
         finally:
             _rollback_quietly(conn)
             self.pool.putconn(conn)
 
-    def _begin_turn(self, thread_id: str, strategy: str, timeout: float, checkpoint_id: str | None):
-        # Connections are not checked when taken from the pool (that costs a
-        # round trip per turn). A connection that died (pg_terminate_backend,
-        # a server restart) fails here, before anything is written: the pool
-        # then drops every dead idle connection and the turn tries once more.
-        for attempt in (1, 2):
-            conn = self.pool.getconn()
-            try:
-                return (conn, *self._lock_and_read(conn, thread_id, strategy, timeout, checkpoint_id))
-            except psycopg.OperationalError:
-                self.pool.putconn(conn)
-                if attempt == 2 or not conn.closed:
-                    raise
-                self.pool.check()
-            except BaseException:
-                _rollback_quietly(conn)
-                self.pool.putconn(conn)
-                raise
-        raise AssertionError("unreachable")
-
-    def _lock_and_read(self, conn: psycopg.Connection, thread_id: str, strategy: str, timeout: float, checkpoint_id: str | None):
-        """BEGIN, take the thread lock, read the record and the turn's start checkpoint, in one round trip.
-
-        Returns (record or None, start CheckpointTuple or None). The start is
-        `checkpoint_id` if given, else the head; None if it is not in the thread.
-        The statements go in one pipeline, as prepared statements, so the start
-        query is planned once per connection, not once per turn.
-        """
+    def _checkout(self) -> psycopg.Connection:
+        # An unreachable server must fail within connect_timeout, not after
+        # pool_timeout of the pool retrying in the background.
+        if self._suspect_down and not self._reachable():
+            raise StorageUnavailable(
+                f"The database {self.masked} is unreachable (no connection within {self.settings.connect_timeout} s); "
+                "nothing was written; the request can be retried."
+            )
+        wait = min(self.settings.connect_timeout, self.settings.pool_timeout)
         try:
-            with conn.pipeline():
-                conn.execute("BEGIN")
-                if strategy == "reject":
-                    locked = conn.execute(TRY_THREAD_LOCK_SQL, (thread_id,))
-                else:
-                    # Local to the transaction; lock_timeout also bounds advisory lock waits.
-                    conn.execute(SET_LOCK_TIMEOUT_SQL, (f"{max(1, int(timeout * 1000))}ms",))
-                    locked = conn.execute(WAIT_THREAD_LOCK_SQL, (thread_id,))
-                record = conn.execute(SELECT_THREAD_SQL, (thread_id,))
-                start = conn.cursor(binary=True).execute(SELECT_START_SQL, (thread_id, checkpoint_id, thread_id))
-        except psycopg.errors.LockNotAvailable:
-            _rollback_quietly(conn)
-            raise ThreadBusy(
-                f"Thread {thread_id!r} stayed busy for {timeout} s; the turn was not run.", thread_id=thread_id
-            ) from None
-        if not locked.fetchone()["locked"]:
-            _rollback_quietly(conn)
-            raise ThreadBusy(f"Thread {thread_id!r} is busy with another turn.", thread_id=thread_id)
-        record_row, start_row = record.fetchone(), start.fetchone()
-        with self.saver.on_connection(conn):
-            start_tuple = self.saver._load_checkpoint_tuple(start_row) if start_row else None
-        return (ThreadRecord(**record_row) if record_row else None), start_tuple
+            return self.pool.getconn(timeout=wait)
+        except PoolTimeout:
+            if not self._reachable():
+                raise StorageUnavailable(
+                    f"The database {self.masked} is unreachable (no connection within {self.settings.connect_timeout} s); "
+                    "nothing was written; the request can be retried."
+                ) from None
+        return self.pool.getconn(timeout=max(0.1, self.settings.pool_timeout - wait))
 
-    # -- reads -------------------------------------------------------------------
-    def _read(self, thread_id: str | None, query: str, params: tuple) -> list[dict]:
-        """The rows of a read-only query, on the connection of the turn this OS thread holds on
-        `thread_id`, else on a pooled one.
+    def _reachable(self) -> bool:
+        """Whether a new connection can be opened now (one attempt, bounded by connect_timeout)."""
+        kwargs = self._kwargs() if callable(self._kwargs) else self._kwargs
+        try:
+            psycopg.connect(self.conninfo, **kwargs).close()
+        except psycopg.OperationalError:
+            self._suspect_down = True
+            return False
+        self._suspect_down = False
+        return True
 
-        Pooled connections are not checked when taken (see `_begin_turn`); one
-        found dead (pg_terminate_backend, a server restart) is dropped, with
-        every other dead idle one, and the read runs once more: a read is safe
-        to repeat.
+    def ready(self) -> bool:
+        """Whether the database answers a query now (for readiness probes). Never raises."""
+        try:
+            self._run("check the database", lambda conn: conn.execute("SELECT 1").fetchone())
+        except AgentError:
+            return False
+        return True
+
+    def _run(self, action: str, work: Callable[[psycopg.Connection], Any], thread_id: str | None = None) -> Any:
+        """`work(conn)` on a pooled connection; run once more on a fresh one if the first was found dead.
+
+        Only for work that is safe to repeat (reads, claims with their token).
         """
         self.setup()
-        turn = self.saver.active_turn(thread_id) if thread_id else None
-        with self._errors("read from the database"):
-            if turn is not None and turn.opened_here():
-                return turn.lock.execute(query, params).fetchall()
+        with self._errors(action, thread_id):
             for attempt in (1, 2):
-                conn = None
-                try:
-                    with self.pool.connection() as conn:
-                        return conn.execute(query, params).fetchall()
-                except PoolTimeout:
-                    raise
-                except psycopg.OperationalError:
-                    if attempt == 2 or conn is None or not conn.closed:
-                        raise
-                    self.pool.check()
+                with self.connection() as conn:
+                    try:
+                        return work(conn)
+                    except psycopg.OperationalError:
+                        if attempt == 2 or not conn.closed:
+                            raise
+                        # The server restarted or ended the session: drop every dead idle connection.
+                        self._suspect_down = True
+                        self.pool.check()
         raise AssertionError("unreachable")
+
+    # -- the turn protocol -----------------------------------------------------------------
+    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key):
+        params = {
+            "thread_id": thread_id,
+            "token": token,
+            "user_id": user_id,
+            "lease": self.settings.lease_seconds,
+            "key": idempotency_key,
+        }
+
+        def attempt(conn: psycopg.Connection):
+            with conn.pipeline():
+                claimed = conn.execute(CLAIM_SQL, params)
+                record = conn.execute(SELECT_THREAD_SQL, (thread_id,))
+                start = conn.cursor(binary=True).execute(SELECT_CHECKPOINT_SQL, (thread_id, checkpoint_id, thread_id))
+                privileges = conn.execute(MISSING_PRIVILEGES_SQL)
+            fence_row, record_row = claimed.fetchone(), record.fetchone()
+            start_row, missing = start.fetchone(), privileges.fetchone()["missing"]
+            if fence_row is not None and missing:
+                conn.execute(RELEASE_CLAIM_SQL, (thread_id, token))
+                raise StorageUnavailable(
+                    f"The database role may not write the conversation ({', '.join(missing)}) at {self.masked}; "
+                    "nothing was written and the model was not called."
+                )
+            return fence_row, record_row, start_row
+
+        fence_row, record_row, start_row = self._run("claim the thread", attempt, thread_id)
+        record = _record(record_row)
+        if fence_row is None:
+            return None, record
+        with self._errors("read the thread", thread_id):
+            start = self.saver.load_row(start_row) if start_row else None
+        claim = Claim(
+            thread_id=thread_id,
+            user_id=user_id,
+            token=token,
+            fence=fence_row["fence"],
+            record=record,
+            start=start,
+            idempotency_key=idempotency_key,
+        )
+        return claim, record
+
+    def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
+        thread_id = claim.thread_id
+        self.setup()
+        for attempt in (1, 2):
+            with self._errors("commit the turn", thread_id):
+                conn = self._checkout()
+            try:
+                with conn.pipeline(), self.saver.on_connection(conn):
+                    conn.execute("BEGIN")
+                    conn.execute(END_CLAIM_SQL, (thread_id, claim.token))
+                    apply(PostgresTx(conn, self.saver))
+                    conn.execute("COMMIT")
+                return
+            except psycopg.Error as exc:
+                if exc.sqlstate == CLAIM_LOST_SQLSTATE:
+                    raise LeaseExpired(
+                        f"The turn's claim on thread {thread_id!r} expired and another turn took the thread; "
+                        "nothing was written.",
+                        thread_id=thread_id,
+                    ) from None
+                if not isinstance(exc, psycopg.OperationalError):
+                    with self._errors("commit the turn", thread_id):
+                        raise
+                landed = self._commit_landed(claim)
+                if landed:
+                    return
+                if landed is False and attempt == 1:
+                    self._suspect_down = True
+                    self.pool.check()
+                    continue  # nothing was written and the claim is still ours: commit again
+                outcome = (
+                    "nothing was written; the request can be retried"
+                    if landed is False
+                    else "the database could not be asked whether the turn was saved; "
+                    "list the thread's history before retrying"
+                )
+                raise StorageUnavailable(
+                    f"Lost the connection to {self.masked} while committing: {_first_line(exc)}; {outcome}.",
+                    thread_id=thread_id,
+                ) from None
+            finally:
+                _rollback_quietly(conn)
+                self.pool.putconn(conn)
+
+    def _commit_landed(self, claim: Claim) -> bool | None:
+        """After a commit's connection failed: True if it committed, False if not, None if that cannot be known."""
+        try:
+            with self.connection() as conn:
+                row = conn.execute(CLAIM_STATE_SQL, (claim.thread_id,)).fetchone()
+        except (psycopg.Error, AgentError):
+            return None
+        if row is None:
+            return None
+        if row["token"] == claim.token:
+            return False  # still claimed by this turn: the commit did not happen
+        if row["token"] == "" and row["fence"] == claim.fence:
+            return True  # released by this turn's commit, and nobody claimed it since
+        return None
+
+    def _release(self, claim: Claim) -> None:
+        statement = DROP_CLAIM_SQL if claim.record is None else RELEASE_CLAIM_SQL
+        self._run("release the thread", lambda conn: conn.execute(statement, (claim.thread_id, claim.token)))
+
+    def _request_cancel(self, thread_id: str, mode: str) -> None:
+        self._run("ask the running turn to stop", lambda conn: conn.execute(REQUEST_CANCEL_SQL, (mode, thread_id)))
+
+    def renew(self, claims: Sequence[Claim]) -> dict[str, str | None]:
+        params = (self.settings.lease_seconds, [c.thread_id for c in claims], [c.token for c in claims])
+        rows = self._run("renew claims", lambda conn: conn.execute(RENEW_CLAIMS_SQL, params).fetchall())
+        return {row["thread_id"]: row["cancel"] for row in rows}
+
+    def poll_cancels(self, claims: Sequence[Claim]) -> dict[str, str]:
+        params = ([c.thread_id for c in claims], [c.token for c in claims])
+        rows = self._run("poll cancel requests", lambda conn: conn.execute(POLL_CANCELS_SQL, params).fetchall())
+        return {row["thread_id"]: row["cancel"] for row in rows}
+
+    def transaction(self, apply: Callable[[Tx], Any]) -> Any:
+        self.setup()
+        with self._errors("write to the database"), self.connection() as conn:
+            with conn.transaction(), self.saver.on_connection(conn):
+                return apply(PostgresTx(conn, self.saver))
+
+    # -- reads -------------------------------------------------------------------------------
+    def _read(self, thread_id: str | None, query: str, params: tuple) -> list[dict]:
+        return self._run("read from the database", lambda conn: conn.execute(query, params).fetchall(), thread_id)
 
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
         rows = self._read(thread_id, SELECT_THREAD_SQL, (thread_id,))
-        return ThreadRecord(**rows[0]) if rows else None
+        return _record(rows[0]) if rows else None
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
         return bool(self._read(thread_id, CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)))
+
+    def get_checkpoint(self, thread_id: str, checkpoint_id: str):
+        def read(conn: psycopg.Connection):
+            return conn.cursor(binary=True).execute(SELECT_CHECKPOINT_SQL, (thread_id, checkpoint_id, thread_id)).fetchone()
+
+        row = self._run("read a checkpoint", read, thread_id)
+        with self._errors("read a checkpoint", thread_id):
+            return self.saver.load_row(row) if row else None
 
     def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
         return self._read(thread_id, LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit))
@@ -402,29 +632,41 @@ class PostgresStore(Store):
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, SELECT_USER_THREADS_SQL, (user_id,))]
 
-    def delete_thread(self, thread_id: str, *, check: Callable[[ThreadRecord | None], object]) -> None:
-        with self.turn(thread_id, user_id=None, strategy="enqueue", timeout=self.settings.enqueue_timeout) as turn:
-            check(turn.record)
-            for statement in DELETE_THREAD_SQL:
-                turn.lock.execute(statement, (thread_id,))
-        self.saver.message_cache.clear()
-
-    # -- errors --------------------------------------------------------------------
+    # -- errors --------------------------------------------------------------------------------
     @contextmanager
     def _errors(self, action: str, thread_id: str | None = None) -> Iterator[None]:
         try:
             yield
         except PoolTimeout:
             raise StorageUnavailable(
-                f"Could not {action}: no connection to {mask_url(self.url)} within {self.settings.pool_timeout} s; "
+                f"Could not {action}: no free connection to {self.masked} within {self.settings.pool_timeout} s; "
                 "nothing was written.",
+                thread_id=thread_id,
+            ) from None
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ReadOnlySqlTransaction) as exc:
+            reason = "the database is read-only" if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) else (
+                "the database role lacks a privilege"
+            )
+            raise StorageUnavailable(
+                f"Could not {action} at {self.masked}: {reason} ({_first_line(exc)}); nothing was written.",
+                thread_id=thread_id,
+            ) from None
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction) as exc:
+            self._ready = False  # the next request runs setup, which re-creates what is missing
+            raise StorageUnavailable(
+                f"Could not {action} at {self.masked}: {_first_line(exc)}; nothing was written; "
+                "the agent re-creates missing tables on the next request.",
                 thread_id=thread_id,
             ) from None
         except psycopg.OperationalError as exc:
             raise StorageUnavailable(
-                f"Could not {action} at {mask_url(self.url)}: {_first_line(exc)}; nothing was written.",
+                f"Could not {action} at {self.masked}: {_first_line(exc)}; nothing was written.",
                 thread_id=thread_id,
             ) from None
+
+
+def _record(row: Mapping[str, Any] | None) -> ThreadRecord | None:
+    return ThreadRecord(**row) if row else None
 
 
 def _rollback_quietly(conn: psycopg.Connection) -> None:
@@ -438,3 +680,4 @@ def _rollback_quietly(conn: psycopg.Connection) -> None:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+

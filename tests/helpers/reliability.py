@@ -6,6 +6,7 @@ The chat models are the only stand-ins; every database here is real.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import sqlite3
@@ -27,8 +28,8 @@ from tests.helpers.databases import dbname_of, fresh_database, with_dbname  # no
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: The tables that hold a thread's rows, per backend (each has a `thread_id` column).
-POSTGRES_THREAD_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads")
-SQLITE_THREAD_TABLES = ("checkpoints", "writes", "agent_threads", "agent_thread_locks")
+POSTGRES_THREAD_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads", "agent_claims", "agent_idempotency")
+SQLITE_THREAD_TABLES = ("checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency")
 
 #: Seconds a test waits for something that should happen at once; only a hang reaches it.
 HANG_TIMEOUT = 60
@@ -64,6 +65,16 @@ class GatedChatModel(OfflineChatModel):
         self._wait(messages)
         yield from super()._stream(messages, stop, run_manager, **kwargs)
 
+    # The async path (the HTTP server) waits off the event loop, as a real HTTP call would.
+    async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
+        await asyncio.to_thread(self._wait, messages)
+        return await super()._agenerate(messages, stop, run_manager, **kwargs)
+
+    async def _astream(self, messages, stop=None, run_manager=None, **kwargs):
+        await asyncio.to_thread(self._wait, messages)
+        async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
+            yield chunk
+
 
 def gated_model(**fields: Any) -> GatedChatModel:
     """A `GatedChatModel` with a fresh closed gate and a fresh `entered` event."""
@@ -98,10 +109,19 @@ class FailingChatModel(OfflineChatModel):
         self._maybe_fail(messages)
         yield from super()._stream(messages, stop, run_manager, **kwargs)
 
+    async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
+        self._maybe_fail(messages)
+        return await super()._agenerate(messages, stop, run_manager, **kwargs)
+
+    async def _astream(self, messages, stop=None, run_manager=None, **kwargs):
+        self._maybe_fail(messages)
+        async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
+            yield chunk
+
 
 def head_messages(agent, thread_id: str) -> list[BaseMessage]:
     """The messages of the thread's committed head checkpoint (empty for an unknown thread)."""
-    record = agent.store.get_thread(thread_id)
+    record = agent.storage.get_thread(thread_id)
     if record is None:
         return []
     config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": record.head_checkpoint_id}}

@@ -39,13 +39,15 @@ def outputs(response) -> dict:
 
 
 def run_trip(agent, **custom_inputs: Any) -> dict:
-    """Turns 1-3 of the trip scenario; returns the ids: thread_id, after_turn1, after_turn2, after_turn3, answer."""
+    """Turns 1-3 of the trip scenario; returns the ids: thread_id, root (the empty checkpoint turn 1
+    started from), after_turn1, after_turn2, after_turn3, and answer (the third reply's text)."""
     first = say(agent, TRIP[0], **custom_inputs)
     thread_id = outputs(first)["thread_id"]
     second = say(agent, TRIP[1], thread_id=thread_id, **custom_inputs)
     third = say(agent, TRIP[2], thread_id=thread_id, **custom_inputs)
     return {
         "thread_id": thread_id,
+        "root": outputs(first)["parent_checkpoint_id"],
         "after_turn1": outputs(first)["checkpoint_id"],
         "after_turn2": outputs(second)["checkpoint_id"],
         "after_turn3": outputs(third)["checkpoint_id"],

@@ -1,0 +1,36 @@
+"""The ownership rule, and the one wording of "not found".
+
+A thread belongs to the `user_id` of its first write. To anyone else every
+operation answers exactly as for a thread that does not exist, so nothing
+leaks about whether it exists. Threads written without a user_id belong to
+anonymous callers only. (The claim statements in `agent.storage` apply the same
+rule in SQL, `storage.owned_by`, so a stranger never even makes a thread busy.)
+"""
+
+from __future__ import annotations
+
+from agent.errors import CheckpointNotFound, ThreadNotFound
+from agent.storage import ThreadRecord, owned_by
+
+
+def authorize(record: ThreadRecord | None, thread_id: str, user_id: str | None) -> ThreadRecord:
+    """The record, if `user_id` may use the thread.
+
+    Raises:
+        ThreadNotFound: the thread does not exist, or its owner is not `user_id`.
+    """
+    if not owned_by(record, user_id):
+        raise thread_not_found(thread_id)
+    return record
+
+
+def thread_not_found(thread_id: str) -> ThreadNotFound:
+    return ThreadNotFound(f"Thread {thread_id!r} was not found.", thread_id=thread_id)
+
+
+def checkpoint_not_found(thread_id: str, checkpoint_id: str) -> CheckpointNotFound:
+    return CheckpointNotFound(
+        f"Checkpoint {checkpoint_id!r} was not found in thread {thread_id!r}.",
+        thread_id=thread_id,
+        checkpoint_id=checkpoint_id,
+    )

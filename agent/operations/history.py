@@ -1,0 +1,43 @@
+"""Reading a thread: its checkpoints (history) and the head.
+
+The head is the one column `agent_threads.head_checkpoint_id`, moved only by
+committed writes; every reader asks `head()` (or gets `is_head` on history
+entries). LangGraph's "latest checkpoint" (the largest id) is not the head:
+after a branch switch it differs.
+"""
+
+from __future__ import annotations
+
+from agent.operations.access import authorize, checkpoint_not_found
+from agent.storage import ThreadStorage
+from agent.types import CheckpointSummary
+
+
+def history(
+    storage: ThreadStorage, thread_id: str, *, user_id: str | None, limit: int, before: str | None
+) -> list[CheckpointSummary]:
+    """Up to `limit` checkpoints of the thread, newest first, all branches interleaved.
+
+    The first entry of a thread's history (its oldest) is its root: an empty
+    checkpoint (`source` "root", 0 messages) that the first turn starts from.
+    `before` (a checkpoint_id) pages backwards. Reads summaries only, never
+    messages, so it costs the same on a thread of any length.
+
+    Raises:
+        ThreadNotFound: unknown thread, or not the caller's.
+        CheckpointNotFound: `before` is not a checkpoint of this thread.
+    """
+    record = authorize(storage.get_thread(thread_id), thread_id, user_id)
+    if before is not None and not storage.checkpoint_in_thread(thread_id, before):
+        raise checkpoint_not_found(thread_id, before)
+    rows = storage.list_checkpoints(thread_id, limit=limit, before=before)
+    return [CheckpointSummary.from_row(thread_id, row, head_checkpoint_id=record.head_checkpoint_id) for row in rows]
+
+
+def head(storage: ThreadStorage, thread_id: str, *, user_id: str | None) -> str:
+    """The thread's head checkpoint id.
+
+    Raises:
+        ThreadNotFound: unknown thread, or not the caller's.
+    """
+    return authorize(storage.get_thread(thread_id), thread_id, user_id).head_checkpoint_id

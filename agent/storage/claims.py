@@ -1,0 +1,103 @@
+"""`ClaimKeeper`: renews the claims of the turns running in this process, and passes on cancel requests.
+
+One daemon thread per storage, alive only while a turn runs. Every
+`lease_seconds / 3` it extends every held claim's lease in one statement;
+every `CANCEL_POLL_SECONDS` it asks the database whether a newer turn (possibly
+in another process) asked one of them to stop (`interrupt` / `rollback`). A
+claim found gone (it expired and another turn took the thread) or asked to
+stop is signalled (`Claim.signal`), so the running turn can stop early.
+
+Both are one query for all of this process's running turns, whatever their
+number, so hundreds of concurrent turns cost a few queries per second.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.storage.base import Claim, ThreadStorage
+
+logger = logging.getLogger(__name__)
+
+#: How often running turns look for a cancel request from another process, in seconds.
+CANCEL_POLL_SECONDS = 0.5
+
+
+class ClaimKeeper:
+    """Keeps this process's claims alive. Thread-safe; the thread starts with the first claim."""
+
+    def __init__(self, storage: ThreadStorage, *, lease_seconds: float) -> None:
+        self._storage = storage
+        self._renew_every = lease_seconds / 3
+        self._claims: dict[str, Claim] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def add(self, claim: Claim) -> None:
+        with self._lock:
+            self._claims[claim.thread_id] = claim
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="tt-claim-keeper", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def remove(self, claim: Claim) -> None:
+        with self._lock:
+            if self._claims.get(claim.thread_id) is claim:
+                del self._claims[claim.thread_id]
+
+    def holds(self, claim: Claim) -> bool:
+        """Whether `claim` is still one of this process's running claims (not yet committed or released)."""
+        with self._lock:
+            return self._claims.get(claim.thread_id) is claim
+
+    def local(self, thread_id: str) -> Claim | None:
+        """This process's running claim on `thread_id`, if any."""
+        with self._lock:
+            return self._claims.get(thread_id)
+
+    def close(self) -> None:
+        """Stop renewing; wait for a renewal in progress to finish (the storage closes its connections next)."""
+        with self._lock:
+            self._closed = True
+            self._claims.clear()
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)
+
+    def _run(self) -> None:
+        next_renewal = time.monotonic() + self._renew_every
+        while True:
+            with self._lock:
+                if not self._closed:
+                    self._wake.wait(CANCEL_POLL_SECONDS)
+                if self._closed:
+                    return
+                claims = list(self._claims.values())
+            if not claims:
+                next_renewal = time.monotonic() + self._renew_every
+                continue
+            try:
+                if time.monotonic() >= next_renewal:
+                    held = self._storage.renew(claims)
+                    next_renewal = time.monotonic() + self._renew_every
+                    for claim in claims:
+                        if claim.thread_id not in held:
+                            if self.holds(claim):  # not committed meanwhile
+                                claim.signal(lost=True)
+                        elif held[claim.thread_id]:
+                            claim.signal(cancel=held[claim.thread_id])
+                else:
+                    for thread_id, mode in self._storage.poll_cancels(claims).items():
+                        claim = self.local(thread_id)
+                        if claim is not None:
+                            claim.signal(cancel=mode)
+            except Exception:  # noqa: BLE001 - a database hiccup must not kill the keeper; the lease has slack
+                logger.warning("Could not renew the claims of %d running turn(s)", len(claims), exc_info=True)
