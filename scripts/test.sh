@@ -6,7 +6,9 @@
 # its dev extra (skipped while pyproject.toml is unchanged), makes sure Postgres
 # answers at AGENT_TEST_DATABASE_URL (default
 # postgresql://postgres@127.0.0.1:5432/postgres; a local cluster that is down is
-# started with pg_ctlcluster), then runs `python -m pytest "$@"`.
+# started with pg_ctlcluster), installs PgBouncer when it is missing and this is
+# a Debian/Ubuntu machine where we are root (its tests are skipped otherwise),
+# then runs `python -m pytest "$@"`.
 # Exit code: pytest's, except that "no tests ran" (5) is a failure too.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -75,10 +77,61 @@ MSG
     exit 1
 }
 
+# PgBouncer for the transaction-mode pooler tests (tests/helpers/pgbouncer.py starts
+# its own instance per test). Never fails the run: without it those tests skip.
+have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]]; }
+
+# Runs in a subshell so its trap removes a policy-rc.d it created, even on Ctrl-C.
+install_pgbouncer() (
+    local log=$1 own_policy=0
+    # The package's maintainer scripts start a system pgbouncer (port 6432, /etc/pgbouncer)
+    # through invoke-rc.d / deb-systemd-invoke. Tests never use it (each runs its own
+    # instance on a free port), so it would only be a stray daemon outliving the run:
+    # a policy-rc.d that exits 101 tells those tools not to start services during the install.
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && own_policy=1
+    fi
+    local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300)
+    # Stale package lists make the install fail; refresh them once and retry.
+    "${apt[@]}" install --no-install-recommends pgbouncer >"$log" 2>&1 ||
+        { "${apt[@]}" update >>"$log" 2>&1 && "${apt[@]}" install --no-install-recommends pgbouncer >>"$log" 2>&1; } ||
+        return 1
+    # A pre-existing policy-rc.d may allow starts; then stop the service it started and keep it from
+    # starting at boot.
+    if [[ $own_policy -eq 0 ]]; then
+        if [[ -d /run/systemd/system ]]; then
+            systemctl disable --now pgbouncer >>"$log" 2>&1 || true
+        elif [[ -x /etc/init.d/pgbouncer ]]; then
+            /etc/init.d/pgbouncer stop >>"$log" 2>&1 || true
+            update-rc.d pgbouncer disable >>"$log" 2>&1 || true
+        fi
+    fi
+)
+
+ensure_pgbouncer() {
+    have_pgbouncer && return 0
+    local why="" log
+    log=$(mktemp)
+    if ! command -v apt-get >/dev/null 2>&1; then
+        why="it is not installed and apt-get is not available"
+    elif [[ $(id -u) -ne 0 ]]; then
+        why="it is not installed and installing it needs root (sudo apt-get install pgbouncer)"
+    else
+        echo "Installing PgBouncer (Debian package pgbouncer) for the transaction-mode pooler tests"
+        if ! install_pgbouncer "$log" || ! have_pgbouncer; then
+            why="apt-get install pgbouncer failed ($(grep -E '^(E|W):' "$log" | tail -n 1 || echo 'no error message'))"
+        fi
+    fi
+    rm -f "$log"
+    [[ -z $why ]] || echo "PgBouncer tests will be skipped: $why"
+}
+
 ensure_venv dev
 export PATH="$PWD/$VENV/bin:$PATH"
 export AGENT_TEST_DATABASE_URL="${AGENT_TEST_DATABASE_URL:-$DEFAULT_TEST_DATABASE_URL}"
 ensure_postgres
+ensure_pgbouncer
 
 status=0
 "$VENV/bin/python" -m pytest "$@" || status=$?
