@@ -8,6 +8,7 @@ after a branch switch it differs.
 
 from __future__ import annotations
 
+from agent.errors import CheckpointNotFound, InvalidRequest
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.storage import ThreadStorage
 from agent.types import CheckpointSummary
@@ -41,3 +42,28 @@ def head(storage: ThreadStorage, thread_id: str, *, user_id: str | None) -> str:
         ThreadNotFound: unknown thread, or not the caller's.
     """
     return authorize(storage.get_thread(thread_id), thread_id, user_id).head_checkpoint_id
+
+
+def resolve_checkpoint_ref(entries: list[dict], thread_id: str, ref: str) -> str:
+    """The full checkpoint id for `ref`: a full id (returned as is) or a unique suffix of an id in `entries`.
+
+    `entries` is the thread's history (`get_checkpoint_history` dicts). Short ids
+    are suffixes because checkpoint ids are time-ordered UUIDs: their ends are random.
+
+    Raises:
+        CheckpointNotFound: no checkpoint in `entries` ends with `ref`.
+        InvalidRequest: several do.
+    """
+    ref = ref.strip().lstrip("…")
+    if len(ref) >= 36 or any(e["checkpoint_id"] == ref for e in entries):
+        return ref  # a full id; the operation that uses it checks that it belongs to the thread
+    matches = [e["checkpoint_id"] for e in entries if e["checkpoint_id"].endswith(ref)]
+    if not matches:
+        raise CheckpointNotFound(
+            f"No checkpoint of thread {thread_id!r} has the id or short id {ref!r}.",
+            thread_id=thread_id,
+            checkpoint_id=ref,
+        )
+    if len(matches) > 1:
+        raise InvalidRequest(f"Short id {ref!r} matches {len(matches)} checkpoints; give more characters.")
+    return matches[0]

@@ -1,0 +1,94 @@
+"""Sending one user message from the command line, and printing the reply as it streams."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+
+from agent.cli import console
+from agent.views import short_id
+
+if TYPE_CHECKING:
+    from agent.responses import LangGraphResponsesAgent
+
+
+def send_turn(
+    agent: LangGraphResponsesAgent,
+    text: str,
+    *,
+    echo: bool = False,
+    thread_id: str | None = None,
+    checkpoint_id: str | None = None,
+    user_id: str | None = None,
+) -> dict[str, Any]:
+    """Send one user message with `predict_stream`, printing the reply as it arrives.
+
+    Returns `custom_outputs` (thread_id, checkpoint_id, parent_checkpoint_id) plus `text`, the reply.
+    """
+    if echo:
+        console.print(Text.assemble(("  you › ", "bold cyan"), text))
+    custom = {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "user_id": user_id}
+    request = {
+        "input": [{"role": "user", "content": text}],
+        "custom_inputs": {k: v for k, v in custom.items() if v is not None},
+    }
+    out = _ReplyPrinter()
+    outputs: dict[str, Any] = {}
+    for event in agent.predict_stream(request):
+        data = event.model_dump(exclude_none=True)
+        if data["type"] == "response.output_text.delta":
+            out.text(data["item_id"], data["delta"])
+        elif data["type"] == "response.output_item.done":
+            out.item(data["item"])
+        outputs = data.get("custom_outputs") or outputs
+    out.end()
+    parent = outputs.get("parent_checkpoint_id")
+    if thread_id is None:
+        console.print(Text(f"  new thread_id {outputs.get('thread_id')}", style="dim"))
+    where = f"parent {short_id(parent)}" if thread_id else f"the thread's first, after its root {short_id(parent)}"
+    console.print(Text(f"  saved as checkpoint {outputs.get('checkpoint_id')} ({where})", style="dim"))
+    return {**outputs, "text": out.reply}
+
+
+class _ReplyPrinter:
+    """Prints streamed text as it arrives, then the items that were not streamed (tool calls, unstreamed replies)."""
+
+    def __init__(self) -> None:
+        self.streamed: set[str] = set()
+        self.open = False  # a reply line is being written
+        self.reply = ""  # the assistant text of this turn
+
+    def text(self, item_id: str, delta: str) -> None:
+        if item_id not in self.streamed:
+            self.streamed.add(item_id)
+            self.start()
+        self.reply += delta
+        console.print(delta, end="", markup=False, soft_wrap=True)
+
+    def item(self, item: dict[str, Any]) -> None:
+        kind = item.get("type")
+        if kind == "message" and item.get("id") not in self.streamed:
+            text = "".join(part.get("text", "") for part in item.get("content", []))
+            self.start()
+            self.reply += text
+            console.print(text, end="", markup=False, soft_wrap=True)
+        elif kind == "function_call":
+            self.line(f"  ↳ tool call {item.get('name')}({item.get('arguments')})")
+        elif kind == "function_call_output":
+            self.line(f"  ↳ tool result {item.get('output')}")
+
+    def start(self) -> None:
+        if self.open:
+            console.print()
+        console.print(Text("  agent › ", style="bold green"), end="")
+        self.open = True
+
+    def line(self, text: str) -> None:
+        self.end()
+        console.print(Text(text, style="dim"))
+
+    def end(self) -> None:
+        if self.open:
+            console.print()
+            self.open = False
