@@ -237,7 +237,6 @@ class LoadBenchmark:
             spec, base_url = self.server_spec("serve", db, tracing=self.load_tracing)
             with self.servers([spec]):
                 out = asyncio.run(self._serve(base_url, dbname_of(db)))
-        n = self.sizes.conversations
         streamed, unstreamed, zero = out["streamed"], out["unstreamed"], out["zero_model_streamed"]
         reads, reads_unstreamed = out["history_during_streamed"], out["history_during_unstreamed"]
         self.values.update(
@@ -265,7 +264,6 @@ class LoadBenchmark:
         if reads["errors"]:  # a failed read is not a fast one
             self.failed.update(("history_p50_s", "history_max_s"))
         self.notes["peak_connections"] = f"{out['connection_samples']} samples during phases 2-3"
-        self.notes["streamed_turn_p50_s"] = f"{n} turns"
         return out
 
     async def _serve(self, base_url: str, dbname: str) -> dict[str, Any]:
@@ -512,9 +510,9 @@ class LoadBenchmark:
                 scratch_database(self.server_url, "tt_load_workers2") as db2:  # fmt: skip
             spec1, url1 = self.server_spec("workers-1", db1, tracing=self.load_tracing, workers=1)
             spec2, url2 = self.server_spec("workers-2", db2, tracing=self.load_tracing, workers=2)
-            with self.servers([spec1, spec2]):
+            with self.servers([spec1, spec2]) as (server1, server2):
                 print(f"  {self.sizes.workers_turns} turns on --workers 1 and on --workers 2 ...", flush=True)
-                out = asyncio.run(self._workers_rounds({1: url1, 2: url2}))
+                out = asyncio.run(self._workers_rounds({1: (server1, url1), 2: (server2, url2)}))
         tps = {n: out[n]["turns"]["requests"] / out[n]["wall_s"] for n in (1, 2)}
         errors = out[1]["turns"]["errors"] + out[2]["turns"]["errors"]
         self.values.update(workers_speedup=tps[2] / tps[1], workers_1_turns_per_s=tps[1], workers_2_turns_per_s=tps[2])
@@ -523,22 +521,25 @@ class LoadBenchmark:
             self.notes["workers_speedup"] = f"{errors} turns failed"
         return {"measurable": True, **{f"workers_{n}": out[n] for n in (1, 2)}}
 
-    async def _workers_rounds(self, urls: Mapping[int, str]) -> dict[int, dict[str, Any]]:
+    async def _workers_rounds(self, servers: Mapping[int, tuple[ServerProcess, str]]) -> dict[int, dict[str, Any]]:
         concurrency, half = self.sizes.workers_concurrency, max(1, self.sizes.workers_turns // 2)
-        wall = {n: 0.0 for n in urls}
-        outcomes: dict[int, list[traffic.Outcome]] = {n: [] for n in urls}
-        clients = {n: traffic.new_client(url, connections=concurrency) for n, url in urls.items()}
+        wall = {n: 0.0 for n in servers}
+        outcomes: dict[int, list[traffic.Outcome]] = {n: [] for n in servers}
+        clients = {n: traffic.new_client(url, connections=concurrency) for n, (_, url) in servers.items()}
         try:
             for n, client in clients.items():  # every worker process imports and connects before it is timed
                 await traffic.conversations(client, 2 * concurrency, concurrency, label=f"workers-{n}-warmup")
             for n in (1, 2, 2, 1):
+                # Both idle first: a server still exporting traces would slow the other's round.
+                for process, _ in servers.values():
+                    await _idle_cpu_seconds(process)
                 seconds, turns = await traffic.conversations(clients[n], half, concurrency, label=f"workers-{n}")
                 wall[n] += seconds
                 outcomes[n] += turns
         finally:
             for client in clients.values():
                 await client.aclose()
-        return {n: {"wall_s": wall[n], "turns": traffic.summarize(outcomes[n])} for n in urls}
+        return {n: {"wall_s": wall[n], "turns": traffic.summarize(outcomes[n])} for n in servers}
 
 
 def serve_has_workers_option(cwd: Path) -> bool:

@@ -25,10 +25,11 @@ is sent S seconds after the request was read. A streamed reply sends its
 headers at once, then its pieces spread evenly over S: with `chunks` K a text
 reply is K content chunks, the i-th sent at i*S/K seconds (`--latency-s 2
 --chunks 4`: 0.5 s apart, the last at 2 s); the role rides with the first,
-the finish chunk and the usage chunk follow the last. Without `chunks` a text
-reply is split every 3 words (a reply shorter than K characters has fewer
-chunks). A tool call streams as three chunks, spread the same way. Errors (400)
-are answered at once.
+the finish chunk and the usage chunk follow the last. The reply is cut at
+word boundaries, or between characters when it has fewer than K words (so a
+reply shorter than K characters has fewer chunks). Without `chunks` a text
+reply is split every 3 words. A tool call streams as three chunks, spread the
+same way. Errors (400) are answered at once.
 
 Tokens (`count_prompt_tokens`), the rule of
 `langchain_core.messages.utils.count_tokens_approximately` with its defaults,
