@@ -21,8 +21,10 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
+from langchain_core.runnables import RunnableConfig
+
+from agent.context import prepare_model_input, turn_context
 from agent.errors import ModelError
-from agent.messages import close_unanswered_tool_calls
 from agent.tools import TOOLS
 
 
@@ -37,16 +39,16 @@ def build_graph(model: BaseChatModel, saver) -> CompiledStateGraph:
     except NotImplementedError:
         bound = model
 
-    def agent(state: MessagesState) -> dict:
+    def agent(state: MessagesState, config: RunnableConfig) -> dict:
         try:
-            reply = bound.invoke(close_unanswered_tool_calls(state["messages"]))
+            reply = bound.invoke(prepare_model_input(state["messages"], turn_context(config)))
         except Exception as exc:
             raise _model_error(exc) from exc
         return {"messages": [reply]}
 
-    async def aagent(state: MessagesState) -> dict:
+    async def aagent(state: MessagesState, config: RunnableConfig) -> dict:
         try:
-            reply = await bound.ainvoke(close_unanswered_tool_calls(state["messages"]))
+            reply = await bound.ainvoke(prepare_model_input(state["messages"], turn_context(config)))
         except Exception as exc:
             raise _model_error(exc) from exc
         return {"messages": [reply]}

@@ -34,6 +34,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
+from agent.context import TURN_CONTEXT_KEY, TurnContext
 from agent.errors import LeaseExpired, TurnCancelled
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.storage import Claim, ThreadStorage, Turn, Tx
@@ -58,6 +59,10 @@ class TurnArgs:
     strategy: MultitaskStrategy | None = None
     """None: the agent's `multitask_strategy`."""
     idempotency_key: str | None = None
+    instructions: str | None = None
+    """A system message for this turn only (not stored)."""
+    max_context_tokens: int | None = None
+    """This turn's token budget for the model's input (None: the agent's setting)."""
 
 
 @dataclass
@@ -231,7 +236,15 @@ class TurnRunner:
             start = _add_root(self.storage.saver, turn)
         else:
             turn.loaded[start] = claim.start
-        return turn, start, _config(claim.thread_id, start)
+        config = _config(claim.thread_id, start)
+        config["configurable"][TURN_CONTEXT_KEY] = TurnContext(
+            thread_id=claim.thread_id,
+            user_id=args.user_id,
+            start_checkpoint_id=start,
+            instructions=args.instructions,
+            max_context_tokens=args.max_context_tokens,
+        )
+        return turn, start, config
 
     @staticmethod
     def _start_of(claim: Claim, user_id: str | None, checkpoint_id: str | None) -> str | None:
