@@ -271,7 +271,7 @@ class _StreamEvents:
 
 
 def _turn_args(parsed: ParsedRequest) -> TurnArgs:
-    envelope = parsed.envelope
+    envelope, options = parsed.envelope, parsed.args
     return TurnArgs(
         messages=envelope.messages,
         thread_id=envelope.thread_id,
@@ -279,6 +279,7 @@ def _turn_args(parsed: ParsedRequest) -> TurnArgs:
         checkpoint_id=envelope.checkpoint_id,
         strategy=envelope.multitask_strategy,
         idempotency_key=envelope.idempotency_key,
+        max_context_tokens=options.max_context_tokens if options else None,
     )
 
 

@@ -21,6 +21,7 @@ from langchain_core.messages import BaseMessage
 from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
+from agent.errors import InvalidRequest
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
 from agent.operations.turns import TurnArgs, TurnEvent, TurnRunner
@@ -31,7 +32,7 @@ from agent.validation import check_id, check_limit
 if TYPE_CHECKING:
     from agent.requests import Envelope
 
-__all__ = ["ACTIONS", "Action", "Threads", "TurnArgs"]
+__all__ = ["ACTIONS", "Action", "Threads", "TurnArgs", "TurnOptions"]
 
 
 class Threads:
@@ -142,11 +143,47 @@ def _run_delete_user_data(threads: Threads, envelope: Envelope, args: None) -> d
     return {"user_id": envelope.user_id, "deleted_thread_ids": threads.delete_user_data(envelope.user_id)}
 
 
+@dataclass(frozen=True)
+class TurnOptions:
+    """A turn's own `custom_inputs`, beyond the envelope."""
+
+    edit_message_id: str | None = None
+    """Branch from the checkpoint before this message and send the input in its place."""
+    regenerate: bool = False
+    """Rerun the model on the last user message (input empty)."""
+    metadata: Mapping[str, str] | None = None
+    """Stored with the thread when this turn creates it."""
+    max_context_tokens: int | None = None
+    """This turn's token budget for the model's input (bounded by the agent's setting)."""
+
+
+def _parse_turn(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOptions:
+    regenerate = custom.get("regenerate", False)
+    if not isinstance(regenerate, bool):
+        raise InvalidRequest(f"regenerate must be true or false, got {regenerate!r}")
+    metadata = custom.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise InvalidRequest("metadata must be an object of string keys and string values")
+    budget = custom.get("max_context_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise InvalidRequest(f"max_context_tokens must be a positive integer, got {budget!r}")
+    return TurnOptions(
+        edit_message_id=check_id("edit_message_id", custom.get("edit_message_id")),
+        regenerate=regenerate,
+        metadata=metadata,
+        max_context_tokens=budget,
+    )
+
+
 TURN = Action(
     name="turn",
     summary="Run the model on the input from the head (or from checkpoint_id: a branch); the default.",
+    keys=frozenset({"edit_message_id", "regenerate", "metadata", "max_context_tokens"}),
     input="required",
     needs_thread=False,
+    parse=_parse_turn,
 )
 
 ACTIONS: dict[str, Action] = {
