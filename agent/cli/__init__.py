@@ -89,15 +89,39 @@ def main() -> None:
 
 
 @contextmanager
-def open_agent(database_url: str | None, model: str | None, tracing: bool) -> Iterator[LangGraphResponsesAgent]:
-    """An agent for one command, closed afterwards."""
+def open_agent(
+    database_url: str | None, model: str | None, tracing: bool, *, read_only: bool = False
+) -> Iterator[LangGraphResponsesAgent]:
+    """An agent for one command, closed afterwards.
+
+    `read_only` commands (history, listings, export) never create a store: a SQLite file
+    that does not exist is a `ConfigurationError` naming the path that was looked at.
+    """
     from agent import create_agent
 
+    if read_only:
+        _require_existing_store(database_url)
     agent = create_agent(database_url, model, tracing=tracing)
     try:
         yield agent
     finally:
         agent.close()
+
+
+def _require_existing_store(database_url: str | None) -> None:
+    from pathlib import Path
+
+    from agent.config import load_settings
+    from agent.errors import ConfigurationError
+
+    url = load_settings(database_url=database_url).database_url
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///") :]).resolve()
+        if not path.is_file():
+            raise ConfigurationError(
+                f"There is no store at {path} (sqlite:///{path}); nothing was created. "
+                "Run the command where the store is, or choose one with --database-url or AGENT_DATABASE_URL."
+            )
 
 
 @contextmanager

@@ -24,7 +24,7 @@ def history(
 ) -> None:
     """Print one thread's checkpoints, newest first."""
     # No turn runs here, so no chat model is needed (and none is configured).
-    with agent_errors(), open_agent(database_url, "offline", False) as agent:
+    with agent_errors(), open_agent(database_url, "offline", False, read_only=True) as agent:
         everything = agent.get_checkpoint_history(thread_id, limit=MAX_LISTED, user_id=user_id) if before or tree else []
         if before is not None:
             before = _resolve(everything, thread_id, before)
