@@ -177,6 +177,10 @@ FROM checkpoints c
 WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = COALESCE(
     %s, (SELECT head_checkpoint_id FROM agent_threads WHERE thread_id = %s))
 """
+# The start, read in the claim's round trip only if the claim succeeded (a waiting turn polls cheaply).
+CLAIMED_START_SQL = SELECT_CHECKPOINT_SQL + """
+  AND EXISTS (SELECT 1 FROM agent_claims k WHERE k.thread_id = %s AND k.token = %s)
+"""
 END_CLAIM_SQL = "SELECT agent_end_claim(%s, %s)"
 RELEASE_CLAIM_SQL = """
 UPDATE agent_claims SET token = '', expires_at = '-infinity', cancel = NULL, idempotency_key = NULL
@@ -496,7 +500,7 @@ class PostgresThreadStorage(ThreadStorage):
             with conn.pipeline():
                 claimed = conn.execute(CLAIM_SQL, params)
                 record = conn.execute(SELECT_THREAD_SQL, (thread_id,))
-                start = conn.cursor(binary=True).execute(SELECT_CHECKPOINT_SQL, (thread_id, checkpoint_id, thread_id))
+                start = conn.cursor(binary=True).execute(CLAIMED_START_SQL, (thread_id, checkpoint_id, thread_id, thread_id, token))
                 privileges = conn.execute(MISSING_PRIVILEGES_SQL)
             fence_row, record_row = claimed.fetchone(), record.fetchone()
             start_row, missing = start.fetchone(), privileges.fetchone()["missing"]
