@@ -19,9 +19,11 @@ result under the key (`idempotency`): a retry gets that result as a
 
 Stopping early: a newer turn's `interrupt` or `rollback` (or a claim found
 lost) sets `claim.stop`. The async path cancels the pending step at once,
-model request included. The sync path (`graph.stream` on the caller's
-thread) cannot cancel a model call in progress: it stops at the next
-streamed chunk or graph step.
+model request included. The sync path cannot cancel a task LangGraph runs
+on a worker thread (closing `graph.stream` waits for it), so a callback
+stops a streaming model at its next token (`_StopOnSignal`); a model call
+that streams nothing (the offline model's `invoke`) ends first, and the turn
+stops at the next graph step.
 
 The async path (`arun`) is what the HTTP server uses: the model call is an
 awaited HTTP request, storage calls run on a small thread pool, and a client
@@ -39,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph.state import CompiledStateGraph
@@ -112,6 +115,27 @@ class _Progress:
         return kept
 
 
+class _Stopped(BaseException):
+    """Raised inside a streaming model call of a sync turn that was asked to stop.
+
+    A BaseException, so that neither the agent node's model-error handling nor
+    LangChain's and LangGraph's `except Exception` handlers take it for a failure.
+    """
+
+
+class _StopOnSignal(BaseCallbackHandler):
+    """Ends a sync turn's streaming model call at its next token once the claim was signalled."""
+
+    raise_error = True
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        if self.claim.stop.is_set():
+            raise _Stopped()
+
+
 class TurnRunner:
     """Runs turns and state updates on one agent's storage and graph."""
 
@@ -154,6 +178,7 @@ class TurnRunner:
         done = False
         try:
             turn, start, config = self._prepare(claim, args)
+            config["callbacks"] = [_StopOnSignal(claim)]
             progress = _Progress()
             with self.storage.saver.buffering(turn):
                 stream = self.graph.stream(
@@ -164,6 +189,8 @@ class TurnRunner:
                         yield from progress.events(mode, chunk, stream_tokens)
                         if claim.stop.is_set():
                             break
+                except _Stopped:
+                    pass  # `_finish` does what the stop asked for
                 finally:
                     stream.close()
             result = self._finish(claim, turn, start, args, progress)

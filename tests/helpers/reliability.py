@@ -315,6 +315,21 @@ class Child:
             results.append(line)
         return results
 
+    def results_until_exit(self) -> list[Any]:
+        """Every JSON value the child printed until it exited; raise if it failed or hangs."""
+        results = []
+        while True:
+            try:
+                line = self._lines.get(timeout=HANG_TIMEOUT)
+            except queue.Empty:
+                self.kill()
+                raise RuntimeError(f"child said nothing for {HANG_TIMEOUT} s (hung)") from None
+            if not line:
+                break
+            results.append(json.loads(line))
+        self.finish()
+        return results
+
     def finish(self) -> None:
         """Wait for the child to exit; raise if it failed or hangs."""
         try:
