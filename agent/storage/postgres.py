@@ -258,6 +258,9 @@ VALUES (%s, %s, %s, %s, %s, now(), now() + make_interval(secs => %s))
 SWEEP_IDEMPOTENCY_SQL = "DELETE FROM agent_idempotency WHERE expires_at <= now()"
 IDEMPOTENCY_PKEY = "agent_idempotency_pkey"
 
+#: Errors after which the server rolled the transaction back and running it again is safe.
+ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
 #: SQLSTATE raised by `agent_end_claim` when the claim is gone.
 CLAIM_LOST_SQLSTATE = "TT001"
 
@@ -417,11 +420,11 @@ class PostgresThreadStorage(ThreadStorage):
                     )
                 self.pool.open(wait=False)
                 with self.connection() as conn:
-                    missing = self._missing_tables(conn)
-                    if missing or not self._migrations_current(conn):
-                        if missing and "agent_migrations" not in missing:
-                            logger.warning("Tables %s were missing from %s; re-creating them", missing, self.masked)
-                        self._migrate(conn, everything=bool(missing))
+                    if self._missing_tables(conn) or not self._migrations_current(conn):
+                        try:
+                            self._migrate(conn)
+                        except ROLLED_BACK:  # chosen as a deadlock's victim by turns running meanwhile
+                            self._migrate(conn)
                         missing = self._missing_tables(conn)
                         if missing:
                             raise StorageUnavailable(f"Could not create the tables {missing} in {self.masked}.")
@@ -438,10 +441,16 @@ class PostgresThreadStorage(ThreadStorage):
             for name, migrations in (("langgraph", LANGGRAPH_MIGRATIONS), ("agent", MIGRATIONS))
         )
 
-    def _migrate(self, conn: psycopg.Connection, *, everything: bool) -> None:
-        """Apply LangGraph's and the agent's missing migrations (all of them if `everything`) in one transaction."""
+    def _migrate(self, conn: psycopg.Connection) -> None:
+        """Apply LangGraph's and the agent's missing migrations in one transaction; all of them if a table is missing."""
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SETUP_LOCK_KEY,))
+            # Decided under the lock: another process may have just created everything, and
+            # needless DDL (ALTER TABLE takes an exclusive lock) would contend with its turns.
+            missing = self._missing_tables(conn)
+            everything = bool(missing) and "agent_migrations" not in missing
+            if everything:
+                logger.warning("Tables %s were missing from %s; re-creating them", missing, self.masked)
             for table, migrations in (("checkpoint_migrations", LANGGRAPH_MIGRATIONS), ("agent_migrations", MIGRATIONS)):
                 conn.execute(migrations[0])
                 row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
@@ -521,6 +530,10 @@ class PostgresThreadStorage(ThreadStorage):
                 with self.connection() as conn:
                     try:
                         return work(conn)
+                    except ROLLED_BACK:
+                        # A deadlock or serialization failure (with a concurrent setup's DDL): rolled back, retry.
+                        if attempt == 2:
+                            raise
                     except psycopg.OperationalError:
                         if attempt == 2 or not conn.closed:
                             raise
