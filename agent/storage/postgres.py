@@ -569,7 +569,8 @@ class PostgresThreadStorage(ThreadStorage):
             fence_row, record_row = claimed.fetchone(), record.fetchone()
             start_row, missing = start.fetchone(), privileges.fetchone()["missing"]
             if fence_row is not None and missing:
-                conn.execute(RELEASE_CLAIM_SQL, (thread_id, token))
+                # Given up as `_release` would: a new thread's claim leaves no row behind.
+                conn.execute(DROP_CLAIM_SQL if record_row is None else RELEASE_CLAIM_SQL, (thread_id, token))
                 raise StorageUnavailable(
                     f"The database role may not write the conversation ({', '.join(missing)}) at {self.masked}; "
                     "nothing was written and the model was not called."
