@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from agent.config import load_settings
-from agent.errors import LeaseExpired, ThreadBusy
+from agent.errors import LeaseExpired, ThreadBusy, ThreadNotFound
 from tests.helpers.claims import is_claimed, other_replica_holds
 from tests.helpers.reliability import (
     HANG_TIMEOUT,
@@ -271,3 +271,28 @@ def wait_for_arrivals(model, server_url: str, url: str) -> tuple[int, int]:
         assert model.arrivals.acquire(timeout=HANG_TIMEOUT), "not every turn reached the model"
     looks = [agent_sessions(server_url, dbname_of(url)) for _ in range(20)]
     return max(look[0] for look in looks), max(look[1] for look in looks)
+
+
+def claim_fence(url: str, thread_id: str) -> int | None:
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        with sqlite3.connect(url[len("sqlite:///") :]) as conn:
+            row = conn.execute("SELECT fence FROM agent_claims WHERE thread_id = ?", (thread_id,)).fetchone()
+    else:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT fence FROM agent_claims WHERE thread_id = %s", (thread_id,)).fetchone()
+    return row[0] if row else None
+
+
+def test_a_strangers_turn_never_touches_the_owners_claim(backend_url, make_agent):
+    # The claim statement refuses a thread that belongs to another user, so a stranger
+    # cannot make the owner's turns busy (the first release's lock could).
+    agent = make_agent(backend_url)
+    thread_id = outputs(say(agent, "mine", user_id="alice"))["thread_id"]
+    fence = claim_fence(backend_url, thread_id)
+    for strategy in ("reject", "enqueue", "interrupt", "rollback"):
+        with pytest.raises(ThreadNotFound):
+            say(agent, "let me in", thread_id=thread_id, user_id="mallory", multitask_strategy=strategy)
+    assert claim_fence(backend_url, thread_id) == fence and not is_claimed(backend_url, thread_id)
+    assert outputs(say(agent, "still mine", thread_id=thread_id, user_id="alice", multitask_strategy="reject"))
