@@ -7,6 +7,10 @@ A turn (see `agent.storage.base` for why it is built this way):
 2. **Prepare**: authorize; pick the start ("head unless branching", the one
    owner of that rule is `_start_of`); a new thread gets its empty **root**
    checkpoint first, so that its first message can be edited like any other.
+   An edit (`edit_message_id`) or a regeneration starts elsewhere, with other
+   messages: `agent.operations.edits` decides where and what, reading only the
+   thread's tree of checkpoint summaries and the start checkpoint (done with
+   the claim, on the storage thread pool on the async path).
 3. **Run** the graph (`graph.stream`, or `graph.astream` on the async path)
    with every checkpoint and write buffered in memory. No connection is held.
    The claim is renewed meanwhile; if a newer turn asks this one to stop
@@ -30,13 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base import CheckpointTuple, empty_checkpoint
 from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.context import TURN_CONTEXT_KEY, TurnContext
 from agent.errors import LeaseExpired, TurnCancelled
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.edits import plan_edit, plan_regenerate, removals
+from agent.operations.tree import fill_kept, read_tree
 from agent.storage import Claim, ThreadStorage, Turn, Tx
 from agent.types import NewMessages, TextDelta, TurnResult
 
@@ -63,6 +69,20 @@ class TurnArgs:
     """A system message for this turn only (not stored)."""
     max_context_tokens: int | None = None
     """This turn's token budget for the model's input (None: the agent's setting)."""
+    edit_message_id: str | None = None
+    """Put `messages` in place of this message of the start checkpoint (a sibling branch; see `edits`)."""
+    regenerate: bool = False
+    """Answer the start checkpoint's last user message again (`messages` empty; see `edits`)."""
+
+
+@dataclass(frozen=True)
+class _Start:
+    """Where a turn starts (None: a new thread, from its root) and the messages it sends."""
+
+    checkpoint_id: str | None
+    messages: list[BaseMessage]
+    loaded: CheckpointTuple | None = None
+    """The start checkpoint, as read with the claim (so the run reads nothing)."""
 
 
 @dataclass
@@ -120,19 +140,20 @@ class TurnRunner:
             ThreadNotFound: the thread belongs to someone else, or has no checkpoints while
                 `checkpoint_id` is given.
             CheckpointNotFound: `checkpoint_id` is not a checkpoint of this thread.
+            InvalidRequest: `edit_message_id` is not in the start checkpoint, or `regenerate` finds no user message.
             ThreadBusy: another turn holds the thread (see `multitask_strategy`).
             TurnCancelled: a newer turn rolled this one back (`rollback`).
             LeaseExpired, ModelError, StorageUnavailable: the claim, the model or the database failed.
         """
         thread_id = args.thread_id or str(uuid.uuid4())
-        claim = self._claim(thread_id, args)
+        claim, begun = self._begin(thread_id, args)
         done = False
         try:
-            turn, start, config = self._prepare(claim, args)
+            turn, start, config = self._prepare(claim, args, begun)
             progress = _Progress()
             with self.storage.saver.buffering(turn):
                 stream = self.graph.stream(
-                    {"messages": list(args.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
+                    {"messages": list(begun.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
                 )
                 try:
                     for mode, chunk in stream:
@@ -141,7 +162,7 @@ class TurnRunner:
                             break
                 finally:
                     stream.close()
-            result = self._finish(claim, turn, start, args, progress)
+            result = self._finish(claim, turn, start, begun.messages, args.user_id, progress)
             done = True
             yield result
         finally:
@@ -156,25 +177,36 @@ class TurnRunner:
         *,
         user_id: str | None,
         strategy: MultitaskStrategy | None = None,
+        remove_message_ids: Sequence[str] = (),
     ) -> TurnResult:
         """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
 
         It becomes the thread head. Messages are applied with LangGraph's
         `add_messages` as if the agent node had returned them: appended, and a
         message whose `id` is already in the state replaces that message.
+        `remove_message_ids` are removed first (`edits.removals`: a tool call's
+        results go with it).
 
         Raises:
             ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
+            InvalidRequest: a `remove_message_ids` id is not in the checkpoint, or removing leaves no message.
         """
         args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy)
         claim = self._claim(thread_id, args)
         try:
             authorize(claim.record, thread_id, user_id)
-            turn, start, config = self._prepare(claim, args)
+            begun = self._start(claim, args)
+            if remove_message_ids:
+                current = claim.start.checkpoint["channel_values"].get("messages") or ()
+                removed = removals(
+                    current, remove_message_ids, thread_id=thread_id, checkpoint_id=begun.checkpoint_id, adding=len(messages)
+                )
+                begun = _Start(begun.checkpoint_id, [*removed, *messages], begun.loaded)
+            turn, start, config = self._prepare(claim, args, begun)
             with self.storage.saver.buffering(turn):
                 # As the agent node: the new checkpoint's next step then follows the
                 # usual edge (tools if the last message asks for one, else the end).
-                self.graph.update_state(config, {"messages": list(messages)}, as_node="agent")
+                self.graph.update_state(config, {"messages": begun.messages}, as_node="agent")
             self.storage.commit(claim, functools.partial(_write, turn, user_id))
         except BaseException:
             self.storage.release(claim)
@@ -188,17 +220,17 @@ class TurnRunner:
         Cancelling the task (a client that left) stops the model request and releases the thread at once.
         """
         thread_id = args.thread_id or str(uuid.uuid4())
-        claim = await self.in_io(self._claim, thread_id, args)
+        claim, begun = await self.in_io(self._begin, thread_id, args)
         done = False
         try:
-            turn, start, config = self._prepare(claim, args)
+            turn, start, config = self._prepare(claim, args, begun)
             progress = _Progress()
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             claim.on_stop(lambda: loop.call_soon_threadsafe(stop.set))
             with self.storage.saver.buffering(turn):
                 stream = self.graph.astream(
-                    {"messages": list(args.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
+                    {"messages": list(begun.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
                 )
                 try:
                     async for mode, chunk in _until(stream, stop):
@@ -206,7 +238,7 @@ class TurnRunner:
                             yield event
                 finally:
                     await stream.aclose()
-            result = await self.in_io(self._finish, claim, turn, start, args, progress)
+            result = await self.in_io(self._finish, claim, turn, start, begun.messages, args.user_id, progress)
             done = True
             yield result
         finally:
@@ -228,14 +260,45 @@ class TurnRunner:
             idempotency_key=args.idempotency_key,
         )
 
-    def _prepare(self, claim: Claim, args: TurnArgs) -> tuple[Turn, str, dict]:
+    def _begin(self, thread_id: str, args: TurnArgs) -> tuple[Claim, _Start]:
+        """Claim the thread and decide where the turn starts; the claim is released if that fails."""
+        claim = self._claim(thread_id, args)
+        try:
+            return claim, self._start(claim, args)
+        except BaseException:
+            self.storage.release(claim)
+            raise
+
+    def _start(self, claim: Claim, args: TurnArgs) -> _Start:
+        """Where the turn starts and what it sends (authorizing the caller on the way)."""
+        editing = args.edit_message_id is not None or args.regenerate
+        start = self._start_of(claim, args.user_id, args.checkpoint_id, new_thread_allowed=not editing)
+        if not editing:
+            return _Start(start, list(args.messages), claim.start)
+        thread_id = claim.thread_id
+        messages = claim.start.checkpoint["channel_values"].get("messages") or ()
+        tree = read_tree(self.storage, thread_id)
+        chain = tree.chain(start)
+        fill_kept(self.storage, tree, chain)
+        if args.regenerate:
+            plan = plan_regenerate(tree, chain, messages)
+        else:
+            plan = plan_edit(tree, chain, messages, args.edit_message_id, args.messages)
+        if plan.checkpoint_id == start:
+            return _Start(start, plan.messages, claim.start)
+        loaded = self.storage.get_checkpoint(thread_id, plan.checkpoint_id)
+        if loaded is None:  # the thread was deleted meanwhile
+            raise checkpoint_not_found(thread_id, plan.checkpoint_id)
+        return _Start(plan.checkpoint_id, plan.messages, loaded)
+
+    def _prepare(self, claim: Claim, args: TurnArgs, begun: _Start) -> tuple[Turn, str, dict]:
         """The turn's buffer, its start checkpoint id, and the graph config that starts there."""
         turn = Turn(thread_id=claim.thread_id, record=claim.record)
-        start = self._start_of(claim, args.user_id, args.checkpoint_id)
+        start = begun.checkpoint_id
         if start is None:
             start = _add_root(self.storage.saver, turn)
         else:
-            turn.loaded[start] = claim.start
+            turn.loaded[start] = begun.loaded
         config = _config(claim.thread_id, start)
         config["configurable"][TURN_CONTEXT_KEY] = TurnContext(
             thread_id=claim.thread_id,
@@ -247,13 +310,15 @@ class TurnRunner:
         return turn, start, config
 
     @staticmethod
-    def _start_of(claim: Claim, user_id: str | None, checkpoint_id: str | None) -> str | None:
+    def _start_of(
+        claim: Claim, user_id: str | None, checkpoint_id: str | None, *, new_thread_allowed: bool = True
+    ) -> str | None:
         """The checkpoint a turn starts from; the one owner of the "head unless branching" rule.
 
         None for a new thread (it starts from a root checkpoint written with its first turn).
         """
         record, thread_id = claim.record, claim.thread_id
-        if record is None and checkpoint_id is None:
+        if record is None and checkpoint_id is None and new_thread_allowed:
             return None
         # Also for a thread without checkpoints: worded as for someone else's thread.
         authorize(record, thread_id, user_id)
@@ -263,7 +328,9 @@ class TurnRunner:
             raise checkpoint_not_found(thread_id, checkpoint_id)
         return checkpoint_id
 
-    def _finish(self, claim: Claim, turn: Turn, start: str, args: TurnArgs, progress: _Progress) -> TurnResult:
+    def _finish(
+        self, claim: Claim, turn: Turn, start: str, sent: list[BaseMessage], user_id: str | None, progress: _Progress
+    ) -> TurnResult:
         """Commit the turn (or, when a newer turn asked it to stop, what that asks for)."""
         status = "completed"
         if claim.stop.is_set():
@@ -279,18 +346,18 @@ class TurnRunner:
                     thread_id=claim.thread_id,
                 )
             if claim.cancel == "interrupt":
-                self._keep_interrupted(turn, start, args, progress)
+                self._keep_interrupted(turn, start, sent, progress)
                 status = "interrupted"
-        self.storage.commit(claim, functools.partial(_write, turn, args.user_id))
+        self.storage.commit(claim, functools.partial(_write, turn, user_id))
         return TurnResult(claim.thread_id, turn.new_head, start, status)
 
-    def _keep_interrupted(self, turn: Turn, start: str, args: TurnArgs, progress: _Progress) -> None:
+    def _keep_interrupted(self, turn: Turn, start: str, sent: list[BaseMessage], progress: _Progress) -> None:
         """Replace what the stopped run buffered with one checkpoint: the input and what it produced."""
         turn.puts = [put for put in turn.puts if put[2].get("source") == ROOT_SOURCE]
         turn.writes = []
         config = {**_config(turn.thread_id, start), "metadata": {"interrupted": True}}
         with self.storage.saver.buffering(turn):
-            self.graph.update_state(config, {"messages": [*args.messages, *progress.kept()]}, as_node="agent")
+            self.graph.update_state(config, {"messages": [*sent, *progress.kept()]}, as_node="agent")
 
 
 def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:
