@@ -34,7 +34,7 @@ from agent.config import AgentSettings
 from agent.errors import AgentError, InvalidRequest
 from agent.messages import to_langchain, to_output_items
 from agent.operations import Threads, TurnArgs
-from agent.requests import ParsedRequest, parse_request
+from agent.requests import ParsedRequest, keeping_item_ids, parse_request
 from agent.serving.errors import as_mlflow_exception
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.types import NewMessages, TextDelta, TurnResult
@@ -164,6 +164,7 @@ class LangGraphResponsesAgent(ResponsesAgent):
         new_messages: Sequence[dict] | None = None,
         *,
         remove_message_ids: Sequence[str] | None = None,
+        edit_message_id: str | None = None,
         user_id: str | None = None,
     ) -> dict[str, str | None]:
         """Create a checkpoint whose parent is `checkpoint_id` (None: the head), with Responses-style
@@ -172,8 +173,9 @@ class LangGraphResponsesAgent(ResponsesAgent):
         An item whose `id` names a message of the checkpoint replaces it (LangGraph's
         `add_messages`); others are appended. `remove_message_ids` (message ids, or a
         `function_call` item's id) are removed first; removing a tool call removes its
-        result too. It becomes the thread head. Returns `thread_id`, `checkpoint_id`
-        (the new one) and `parent_checkpoint_id`.
+        result too. `edit_message_id` with exactly one item: that item replaces the message
+        with that id, in place. It becomes the thread head. Returns `thread_id`,
+        `checkpoint_id` (the new one) and `parent_checkpoint_id`.
 
         Raises: `InvalidRequest` (also: an id to remove is not in the checkpoint, or nothing
         would be left), `ThreadNotFound`, `CheckpointNotFound`, `ThreadBusy`.
@@ -184,11 +186,15 @@ class LangGraphResponsesAgent(ResponsesAgent):
             if remove_message_ids is not None and not isinstance(remove_message_ids, (list, tuple)):
                 raise InvalidRequest("remove_message_ids must be a list of message ids")
             encoded_size("new_messages", new_messages)  # refuses lone surrogates, as requests do
+            messages = to_langchain(list(new_messages or []))
+            if edit_message_id is not None and len(messages) != 1:
+                raise InvalidRequest("With edit_message_id, update_checkpoint_state takes exactly one new message")
             result = self.threads.update_state(
                 required_id("thread_id", thread_id),
                 check_id("checkpoint_id", checkpoint_id),
-                to_langchain(list(new_messages or [])),
+                messages,
                 user_id=self._user(user_id),
+                edit_message_id=check_id("edit_message_id", edit_message_id),
                 remove_message_ids=[
                     required_id(f"remove_message_ids[{i}]", value) for i, value in enumerate(remove_message_ids or ())
                 ],
@@ -445,9 +451,10 @@ def _validated_request(raw: dict) -> ResponsesAgentRequest:
     if isinstance(raw.get("input"), str):
         raw = {**raw, "input": [{"role": "user", "content": raw["input"]}]}
     try:
-        # The same two steps as mlflow.pyfunc.utils.data_validation.wrap_non_list_predict_pydantic.
+        # The same two steps as mlflow.pyfunc.utils.data_validation.wrap_non_list_predict_pydantic,
+        # keeping the input items' ids (requests.ItemIdsRequest).
         ResponsesAgentRequest.model_validate(raw, strict=True)
-        return ResponsesAgentRequest(**raw)
+        return keeping_item_ids(raw)
     except Exception as exc:  # pydantic's ValidationError, or whatever MLflow's validators raise
         reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
         raise as_mlflow_exception(

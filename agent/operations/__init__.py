@@ -73,10 +73,17 @@ class Threads:
         user_id: str | None,
         strategy: MultitaskStrategy | None = None,
         remove_message_ids: Sequence[str] = (),
+        edit_message_id: str | None = None,
     ) -> TurnResult:
         """See `TurnRunner.update_state`."""
         return self.turns.update_state(
-            thread_id, checkpoint_id, messages, user_id=user_id, strategy=strategy, remove_message_ids=remove_message_ids
+            thread_id,
+            checkpoint_id,
+            messages,
+            user_id=user_id,
+            strategy=strategy,
+            remove_message_ids=remove_message_ids,
+            edit_message_id=edit_message_id,
         )
 
     def history(self, thread_id: str, *, user_id: str | None, limit: int, before: str | None) -> list[CheckpointSummary]:
@@ -165,13 +172,17 @@ def _run_history(threads: Threads, envelope: Envelope, args: HistoryArgs) -> dic
 @dataclass(frozen=True)
 class UpdateArgs:
     remove_message_ids: tuple[str, ...] = ()
+    edit_message_id: str | None = None
 
 
 def _parse_update(envelope: Envelope, custom: Mapping[str, Any]) -> UpdateArgs:
     ids = custom.get("remove_message_ids", [])
     if not isinstance(ids, list):
         raise InvalidRequest("remove_message_ids must be a list of message ids")
-    return UpdateArgs(tuple(required_id(f"remove_message_ids[{i}]", value) for i, value in enumerate(ids)))
+    edit_message_id = check_id("edit_message_id", custom.get("edit_message_id"))
+    if edit_message_id is not None and len(envelope.messages) != 1:
+        raise InvalidRequest("With edit_message_id, update_checkpoint_state takes exactly one input message")
+    return UpdateArgs(tuple(required_id(f"remove_message_ids[{i}]", value) for i, value in enumerate(ids)), edit_message_id)
 
 
 def _run_update(threads: Threads, envelope: Envelope, args: UpdateArgs) -> dict[str, Any]:
@@ -182,6 +193,7 @@ def _run_update(threads: Threads, envelope: Envelope, args: UpdateArgs) -> dict[
         user_id=envelope.user_id,
         strategy=envelope.multitask_strategy,
         remove_message_ids=args.remove_message_ids,
+        edit_message_id=args.edit_message_id,
     )
     return result.as_dict()
 
@@ -262,7 +274,7 @@ ACTIONS: dict[str, Action] = {
             name="update_checkpoint_state",
             summary="A new checkpoint on checkpoint_id (default: the head) with the input messages applied "
             "(an item whose id names a message replaces it) and remove_message_ids removed.",
-            keys=frozenset({"remove_message_ids"}),
+            keys=frozenset({"remove_message_ids", "edit_message_id"}),
             input="optional",
             parse=_parse_update,
             run=_run_update,

@@ -41,7 +41,7 @@ from agent.config import AgentSettings, MultitaskStrategy
 from agent.context import TURN_CONTEXT_KEY, TurnContext
 from agent.errors import LeaseExpired, TurnCancelled
 from agent.operations.access import authorize, checkpoint_not_found
-from agent.operations.edits import plan_edit, plan_regenerate, removals
+from agent.operations.edits import plan_edit, plan_regenerate, position_of, removals
 from agent.operations.tree import fill_kept, read_tree
 from agent.storage import Claim, ThreadStorage, Turn, Tx
 from agent.types import NewMessages, TextDelta, TurnResult
@@ -178,6 +178,7 @@ class TurnRunner:
         user_id: str | None,
         strategy: MultitaskStrategy | None = None,
         remove_message_ids: Sequence[str] = (),
+        edit_message_id: str | None = None,
     ) -> TurnResult:
         """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
 
@@ -185,19 +186,26 @@ class TurnRunner:
         `add_messages` as if the agent node had returned them: appended, and a
         message whose `id` is already in the state replaces that message.
         `remove_message_ids` are removed first (`edits.removals`: a tool call's
-        results go with it).
+        results go with it). `edit_message_id`: the one message of `messages`
+        takes that message's id, so it replaces it in place (the way to edit in
+        place when the request's items lost their ids; see `requests.ItemIdsRequest`).
 
         Raises:
             ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
-            InvalidRequest: a `remove_message_ids` id is not in the checkpoint, or removing leaves no message.
+            InvalidRequest: a `remove_message_ids` or `edit_message_id` id is not in the checkpoint, or removing
+                leaves no message.
         """
         args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy)
         claim = self._claim(thread_id, args)
         try:
             authorize(claim.record, thread_id, user_id)
             begun = self._start(claim, args)
+            current = claim.start.checkpoint["channel_values"].get("messages") or ()
+            if edit_message_id is not None:
+                replaced = current[position_of(current, edit_message_id, thread_id=thread_id, checkpoint_id=begun.checkpoint_id)]
+                messages = [message.model_copy(update={"id": replaced.id}) for message in messages]
+                begun = _Start(begun.checkpoint_id, messages, begun.loaded)
             if remove_message_ids:
-                current = claim.start.checkpoint["channel_values"].get("messages") or ()
                 removed = removals(
                     current, remove_message_ids, thread_id=thread_id, checkpoint_id=begun.checkpoint_id, adding=len(messages)
                 )
