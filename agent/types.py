@@ -134,6 +134,9 @@ class MessagePlace:
     sibling_checkpoint_ids: tuple[str, ...]
     """Every alternative at this position, this one included, each named by the checkpoint where it first
     appeared: the children of `branch_checkpoint_id`, oldest first."""
+    sibling_latest_checkpoint_ids: tuple[str, ...] = ()
+    """For each alternative, the newest checkpoint that descends from it (its newest leaf): where to
+    `set_head` to show that alternative with everything written after it."""
 
     @property
     def sibling_index(self) -> int:
@@ -148,6 +151,7 @@ class MessagePlace:
                 "index": self.sibling_index,
                 "count": len(self.sibling_checkpoint_ids),
                 "checkpoint_ids": list(self.sibling_checkpoint_ids),
+                "latest_checkpoint_ids": list(self.sibling_latest_checkpoint_ids),
             },
         }
 

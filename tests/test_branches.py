@@ -69,7 +69,12 @@ def test_state_of_the_head_has_the_history_entry_and_every_message_with_its_plac
         assert ITEM_PLACE_KEYS <= set(item)
         assert item["checkpoint_id"] == turn_checkpoints[index // 2]
         assert item["branch_checkpoint_id"] == parents[index // 2]
-        assert item["siblings"] == {"index": 0, "count": 1, "checkpoint_ids": [turn_checkpoints[index // 2]]}
+        assert item["siblings"] == {
+            "index": 0,
+            "count": 1,
+            "checkpoint_ids": [turn_checkpoints[index // 2]],
+            "latest_checkpoint_ids": [trip["after_turn3"]],  # the newest checkpoint after each alternative
+        }
 
 
 def test_state_of_an_earlier_checkpoint_has_its_own_messages_and_is_not_the_head(agent):
@@ -115,11 +120,19 @@ def test_editing_the_first_message_makes_a_sibling_branch_from_the_root(agent):
     assert state["checkpoint_id"] == outputs(edited)["checkpoint_id"] and state["is_head"]
     assert [role for role, _ in texts(state)] == ["user", "assistant"]
     siblings = state["messages"][0]["siblings"]
-    assert siblings == {"index": 1, "count": 2, "checkpoint_ids": [trip["after_turn1"], outputs(edited)["checkpoint_id"]]}
+    assert siblings == {
+        "index": 1,
+        "count": 2,
+        "checkpoint_ids": [trip["after_turn1"], outputs(edited)["checkpoint_id"]],
+        "latest_checkpoint_ids": [trip["after_turn3"], outputs(edited)["checkpoint_id"]],
+    }
     # The original branch is untouched and now shows 1/2.
     original = agent.get_checkpoint_state(thread_id, trip["after_turn3"])
     assert original["messages"][0]["siblings"]["index"] == 0 and original["messages"][0]["siblings"]["count"] == 2
     assert texts(original)[0] == ("user", "I'm planning for an upcoming trip!")
+    # "< 1/2 >" in a UI: switch to the first alternative's newest checkpoint, the whole original conversation.
+    agent.set_head(thread_id, siblings["latest_checkpoint_ids"][0])
+    assert agent.get_checkpoint_state(thread_id)["checkpoint_id"] == trip["after_turn3"]
 
 
 def test_editing_a_middle_message_keeps_the_messages_before_it_and_drops_the_ones_after(agent):
@@ -189,6 +202,7 @@ def test_regenerate_answers_the_last_user_message_again_as_a_sibling(agent):
         "index": 1,
         "count": 2,
         "checkpoint_ids": [trip["after_turn3"], outputs(again)["checkpoint_id"]],
+        "latest_checkpoint_ids": [trip["after_turn3"], outputs(again)["checkpoint_id"]],
     }
 
 

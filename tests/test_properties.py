@@ -22,8 +22,8 @@ is the model's own identity of a message (a turn's new messages get new keys; a 
 over, replaced or sent again by a regeneration keeps its key). From that alone it derives what the
 agent must answer: where each message first appeared (the oldest checkpoint from which the messages
 up to it never changed on the way to the checkpoint), the checkpoint to branch from, the siblings
-(that checkpoint's children in creation order), the leaves and their fork points, and where an edit
-or a regeneration starts. Real message ids must map one-to-one to keys.
+(that checkpoint's children in creation order) with the newest leaf below each, the leaves and their
+fork points, and where an edit or a regeneration starts. Real message ids must map one-to-one to keys.
 
 After every operation each checkpoint's items (without their places) must be byte-identical to what
 they were when it was written; after the run, every checkpoint's messages, places, history entry, the
@@ -124,6 +124,11 @@ class TreeModel:
 
     def leaves(self) -> list[str]:
         return sorted((c for c in self.order if not self.children(c)), key=self.order.index, reverse=True)
+
+    def newest_leaf(self, checkpoint_id: str) -> str:
+        """The most recently written checkpoint without children among `checkpoint_id` and its descendants."""
+        below = [c for c in self.order if checkpoint_id in self.chain(c)]
+        return max((c for c in below if not self.children(c)), key=self.order.index)
 
     def fork_point(self, checkpoint_id: str) -> str | None:
         current = checkpoint_id
@@ -334,7 +339,12 @@ def check_against_model(run: Run, model: TreeModel) -> None:
             siblings = model.children(model.parents[first])
             assert item["checkpoint_id"] == first, (checkpoint_id, position)
             assert item["branch_checkpoint_id"] == model.parents[first]
-            assert item["siblings"] == {"index": siblings.index(first), "count": len(siblings), "checkpoint_ids": siblings}
+            assert item["siblings"] == {
+                "index": siblings.index(first),
+                "count": len(siblings),
+                "checkpoint_ids": siblings,
+                "latest_checkpoint_ids": [model.newest_leaf(sibling) for sibling in siblings],
+            }
     history = agent.get_checkpoint_history(model.thread_id, limit=1000)
     assert [entry["checkpoint_id"] for entry in history] == sorted(model.order, reverse=True)
     for entry in history:

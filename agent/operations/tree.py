@@ -19,6 +19,9 @@ parent; `agent.storage.summaries`), one cheap index scan of metadata. From it:
   oldest first: every alternative written at that point (edits, regenerations,
   branches, state updates). This is LangGraph `useStream`'s message metadata
   (`firstSeenState`, `branch`, `branchOptions`), computed here on the server.
+  With each sibling comes its newest descendant (a leaf), which is what a UI
+  switches to when the user picks that alternative ("< 2/3 >"), like
+  `useStream`, which follows the newest child at every later fork.
 
 One pass over the chain assigns every position (O(depth + messages)), so
 reading a checkpoint costs the same whatever the number of other branches.
@@ -50,6 +53,7 @@ class ThreadTree:
         for checkpoint_id in sorted(self.links):
             parent = self.links[checkpoint_id].parent_checkpoint_id
             self.children.setdefault(parent if parent in self.links else None, []).append(checkpoint_id)
+        self._newest_leaf: dict[str, str] | None = None
         #: `kept_messages` by checkpoint id, where known (see `fill_kept`).
         self.kept: dict[str, int] = {
             link.checkpoint_id: link.kept_messages for link in self.links.values() if link.kept_messages is not None
@@ -105,6 +109,17 @@ class ThreadTree:
         """The checkpoints without children, newest first."""
         return sorted((c for c in self.links if c not in self.children), reverse=True)
 
+    def newest_leaf(self, checkpoint_id: str) -> str:
+        """The newest checkpoint without children that descends from `checkpoint_id` (itself if it has none)."""
+        if self._newest_leaf is None:
+            # A child is always written after its parent, so newest-first visits children before parents.
+            newest: dict[str, str] = {}
+            for checkpoint_id_ in sorted(self.links, reverse=True):
+                kids = self.children.get(checkpoint_id_)
+                newest[checkpoint_id_] = max(newest[kid] for kid in kids) if kids else checkpoint_id_
+            self._newest_leaf = newest
+        return self._newest_leaf[checkpoint_id]
+
     def fork_point(self, checkpoint_id: str) -> str | None:
         """The newest ancestor of the checkpoint with more than one child (where its branch leaves another)."""
         current = checkpoint_id
@@ -144,7 +159,10 @@ class ThreadTree:
             if index not in made:
                 checkpoint_id = chain[index]
                 parent = chain[index - 1] if index > 0 else None
-                made[index] = MessagePlace(checkpoint_id, parent, tuple(self.children.get(parent, [checkpoint_id])))
+                siblings = tuple(self.children.get(parent, [checkpoint_id]))
+                made[index] = MessagePlace(
+                    checkpoint_id, parent, siblings, tuple(self.newest_leaf(sibling) for sibling in siblings)
+                )
             out.append(made[index])
         return out
 
