@@ -61,14 +61,16 @@ class LangGraphResponsesAgent(ResponsesAgent):
 
     @property
     def graph(self):
-        """The compiled LangGraph graph (for drawing it; read state with `get_checkpoint_history`)."""
+        """The compiled LangGraph graph (for drawing it; read state with `get_checkpoint_state`: LangGraph's
+        latest checkpoint is not the head after `set_head`)."""
         return self.threads.graph
 
     # -- Responses API ---------------------------------------------------------------
     def predict(self, request: ResponsesAgentRequest) -> ResponsesAgentResponse:
         """Run one turn, or one `custom_inputs.action`, and return the whole response.
 
-        In: a Responses request; `custom_inputs` as documented in `agent.requests`.
+        In: a Responses request; `custom_inputs` as documented in `agent.requests` (a turn may
+        also carry `edit_message_id` or `regenerate`; see `agent.operations.edits`).
         Out: `output` items for the new messages; `custom_outputs` with
         `thread_id`, `checkpoint_id` (the head after the turn) and
         `parent_checkpoint_id` (where the turn started), or the action's results.

@@ -4,7 +4,10 @@ Modules: `access` (the ownership rule), `turns` (claim, run, commit; sync and
 async), `history` (checkpoint pages, the head), `lifecycle` (deletion),
 `tree` (a thread's checkpoint tree from summaries, and where each message sits
 in it), `edits` (where an edit or regeneration starts; removals), `branches`
-(checkpoint state, branches, head switch, fork, compare).
+(checkpoint state, branches, head switch, fork, compare). `tree` and `edits`
+stand apart from `branches` because turns use them too: an edit and a
+regeneration are turns (they stream, and follow the multitask strategy), so
+only their planning lives outside `turns`.
 
 `Threads` is the façade the ResponsesAgent adapter calls. `ACTIONS` maps each
 `custom_inputs.action` to one `Action`: which `custom_inputs` keys it takes,
