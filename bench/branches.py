@@ -96,8 +96,7 @@ def figures(sizes: Sizes) -> dict[str, report.Figure]:
         "fork_ms": report.Figure(f"fork_thread of the head p50, {shape} with {sizes.branches} branches", fmt=ms),
         "state_cold_ms": report.Figure("get_checkpoint_state at the head p50, message cache cleared", fmt=ms),
         "fork_storage_ratio": report.Figure(
-            "stored bytes of a fork of the 200-turn chain / the plain thread".replace("200", str(sizes.turns)),
-            fmt=report.fixed(2),
+            f"stored bytes of a fork of the {sizes.turns}-turn chain / the plain thread", fmt=report.fixed(2)
         ),
     }
 
