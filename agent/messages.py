@@ -10,13 +10,21 @@ library) and `close_unanswered_tool_calls`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_messages
-from mlflow.types.responses import output_to_responses_items_stream, to_chat_completions_input
+from mlflow.types.responses import (
+    create_function_call_item,
+    create_function_call_output_item,
+    create_text_output_item,
+    output_to_responses_items_stream,
+    to_chat_completions_input,
+)
 
 from agent.errors import InvalidRequest
+from agent.validation import check_id
 
 ROLES = {"user", "assistant", "system", "developer"}
 TEXT_PART_TYPES = {"input_text", "output_text", "text"}
@@ -32,22 +40,74 @@ def to_langchain(items: Sequence[Any]) -> list[BaseMessage]:
     string or a list of text parts), `function_call` and `function_call_output`
     items, as dicts or MLflow pydantic items.
 
+    An item's `id`, when given, becomes its message's id, so that applying the
+    messages with LangGraph's `add_messages` replaces the message with that id
+    instead of adding a copy (ids come from `get_checkpoint_state` or a turn's
+    output). A `message` item with an id is one message even when its content
+    has several text parts (MLflow's conversion makes one message per part).
+    Other keys (such as the `checkpoint_id`, `branch_checkpoint_id` and
+    `siblings` of `get_checkpoint_state` items) are ignored.
+
     Raises:
-        InvalidRequest: an item of another type, a missing or mistyped field.
+        InvalidRequest: an item of another type, a missing or mistyped field, an `id` that is not an id.
     """
     plain = [item.model_dump(exclude_none=True) if hasattr(item, "model_dump") else item for item in items]
     for index, item in enumerate(plain):
         _check_item(index, item)
+    messages: list[BaseMessage] = []
     try:
-        return convert_to_messages(to_chat_completions_input(plain))
+        for item in plain:
+            # MLflow reads a content list only from an item typed `message` (the type's default here).
+            converted = to_chat_completions_input([{"type": "message", **item}])
+            if item.get("id") is not None and converted:
+                converted = [_one_message(converted)]
+                converted[0]["id"] = item["id"]
+            messages.extend(convert_to_messages(converted))
     except (KeyError, TypeError, ValueError, NotImplementedError) as exc:
         raise InvalidRequest(f"Could not read the input items: {exc}") from None
+    return messages
+
+
+def _one_message(converted: list[dict]) -> dict:
+    if len(converted) == 1:
+        return dict(converted[0])
+    # Several text parts of one message item: one message whose content keeps the parts.
+    return {"role": converted[0]["role"], "content": [{"type": "text", "text": part["content"]} for part in converted]}
+
+
+def to_state_items(message: BaseMessage) -> list[dict]:
+    """The Responses items of one stored message, each with an `id` a request can name.
+
+    A user (or system) message is one `message` item with `input_text` content; an
+    assistant message is a `message` item with its text (none when it only calls
+    tools) followed by one `function_call` item per tool call; a tool result is a
+    `function_call_output` item. Ids: the message's id, except that a
+    `function_call` item's id is its `call_id`, as in a turn's output (MLflow's
+    `output_to_responses_items_stream`).
+    """
+    kind = message.type
+    if kind == "ai":
+        items = []
+        if message.text or not message.tool_calls:
+            items.append(create_text_output_item(text=message.text, id=message.id))
+        for call in message.tool_calls:
+            items.append(
+                create_function_call_item(
+                    id=call["id"], call_id=call["id"], name=call["name"], arguments=json.dumps(call["args"])
+                )
+            )
+        return items
+    if kind == "tool":
+        return [{**create_function_call_output_item(call_id=message.tool_call_id, output=message.text), "id": message.id}]
+    role = {"human": "user", "system": "system"}.get(kind, kind)
+    return [{"type": "message", "role": role, "id": message.id, "content": [{"type": "input_text", "text": message.text}]}]
 
 
 def _check_item(index: int, item: Any) -> None:
     where = f"input[{index}]"
     if not isinstance(item, dict):
         raise InvalidRequest(f"{where} must be an object, got {type(item).__name__}")
+    check_id(f"{where}.id", item.get("id"))
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import BaseMessage
+from mlflow.types.responses import ResponsesAgentRequest
+from pydantic import PrivateAttr
 
 from agent.config import AgentSettings
 from agent.errors import InvalidRequest
@@ -39,6 +41,29 @@ from agent.validation import check_id, check_strategy, check_user_id, encoded_si
 
 #: `custom_inputs` keys every action takes.
 ENVELOPE_KEYS = frozenset({"thread_id", "checkpoint_id", "user_id", "multitask_strategy", "idempotency_key", "action"})
+
+
+class ItemIdsRequest(ResponsesAgentRequest):
+    """A `ResponsesAgentRequest` that remembers the `id` of each input item.
+
+    MLflow's input `Message` type has no `id` field, so validating a request
+    drops the id of every `message` item, and an item meant to replace the
+    message with that id (LangGraph's `add_messages`) would be added as a copy.
+    The agent's own edges (in-process `predict`, the Agent Server) build this
+    instead (`keeping_item_ids`), and `parse_request` puts the ids back.
+    `mlflow models serve` builds MLflow's own request, so there an edit in
+    place goes through `custom_inputs.edit_message_id` instead.
+    """
+
+    _item_ids: list[Any] = PrivateAttr(default_factory=list)
+
+
+def keeping_item_ids(raw: dict[str, Any]) -> ResponsesAgentRequest:
+    """`ResponsesAgentRequest(**raw)` that keeps the input items' ids (`raw` must already be valid)."""
+    request = ItemIdsRequest(**raw)
+    items = raw.get("input")
+    request._item_ids = [item.get("id") if isinstance(item, dict) else None for item in items] if isinstance(items, list) else []
+    return request
 
 
 @dataclass(frozen=True)
@@ -89,6 +114,11 @@ def parse_request(
     raw = request.model_dump(exclude_none=True) if hasattr(request, "model_dump") else request
     if not isinstance(raw, dict):
         raise InvalidRequest(f"The request must be an object, got {type(raw).__name__}")
+    if isinstance(request, ItemIdsRequest) and isinstance(raw.get("input"), list):
+        raw["input"] = [
+            {**item, "id": item_id} if item_id is not None and isinstance(item, dict) else item
+            for item, item_id in zip(raw["input"], request._item_ids + [None] * len(raw["input"]))
+        ]
     size = encoded_size("The request", raw)
     if size > settings.max_request_bytes:
         raise InvalidRequest(f"The request is {size} bytes; the limit is {settings.max_request_bytes} bytes")

@@ -38,7 +38,7 @@ from agent.config import AgentSettings
 from agent.errors import AgentError, InvalidRequest
 from agent.messages import to_langchain, to_output_items
 from agent.operations import Threads, TurnArgs
-from agent.requests import ParsedRequest, parse_request
+from agent.requests import ParsedRequest, keeping_item_ids, parse_request
 from agent.serving.errors import as_mlflow_exception
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
@@ -65,14 +65,16 @@ class LangGraphResponsesAgent(ResponsesAgent):
 
     @property
     def graph(self):
-        """The compiled LangGraph graph (for drawing it; read state with `get_checkpoint_history`)."""
+        """The compiled LangGraph graph (for drawing it; read state with `get_checkpoint_state`: LangGraph's
+        latest checkpoint is not the head after `set_head`)."""
         return self.threads.graph
 
     # -- Responses API ---------------------------------------------------------------
     def predict(self, request: ResponsesAgentRequest) -> ResponsesAgentResponse:
         """Run one turn, or one `custom_inputs.action`, and return the whole response.
 
-        In: a Responses request; `custom_inputs` as documented in `agent.requests`.
+        In: a Responses request; `custom_inputs` as documented in `agent.requests` (a turn may
+        also carry `edit_message_id` or `regenerate`; see `agent.operations.edits`).
         Out: `output` items for the new messages; `custom_outputs` with
         `thread_id`, `checkpoint_id` (the head after the turn) and
         `parent_checkpoint_id` (where the turn started), or the action's results.
@@ -175,27 +177,138 @@ class LangGraphResponsesAgent(ResponsesAgent):
         checkpoint_id: str | None,
         new_messages: Sequence[dict] | None = None,
         *,
+        remove_message_ids: Sequence[str] | None = None,
+        edit_message_id: str | None = None,
         user_id: str | None = None,
     ) -> dict[str, str | None]:
         """Create a checkpoint whose parent is `checkpoint_id` (None: the head), with Responses-style
         `new_messages` (e.g. `[{"role": "user", "content": "I'm headed to Tokyo!"}]`) applied.
 
-        It becomes the thread head. Returns `thread_id`, `checkpoint_id` (the new one)
-        and `parent_checkpoint_id`.
+        An item whose `id` names a message of the checkpoint replaces it (LangGraph's
+        `add_messages`); others are appended. `remove_message_ids` (message ids, or a
+        `function_call` item's id) are removed first; removing a tool call removes its
+        result too. `edit_message_id` with exactly one item: that item replaces the message
+        with that id, in place. It becomes the thread head. Returns `thread_id`,
+        `checkpoint_id` (the new one) and `parent_checkpoint_id`.
 
-        Raises: `InvalidRequest`, `ThreadNotFound`, `CheckpointNotFound`, `ThreadBusy`.
+        Raises: `InvalidRequest` (also: an id to remove is not in the checkpoint, or nothing
+        would be left), `ThreadNotFound`, `CheckpointNotFound`, `ThreadBusy`.
         """
         with _agent_errors():
             if new_messages is not None and not isinstance(new_messages, (list, tuple)):
                 raise InvalidRequest("new_messages must be a list of Responses message items")
+            if remove_message_ids is not None and not isinstance(remove_message_ids, (list, tuple)):
+                raise InvalidRequest("remove_message_ids must be a list of message ids")
             encoded_size("new_messages", new_messages)  # refuses lone surrogates, as requests do
+            messages = to_langchain(list(new_messages or []))
+            if edit_message_id is not None and len(messages) != 1:
+                raise InvalidRequest("With edit_message_id, update_checkpoint_state takes exactly one new message")
             result = self.threads.update_state(
                 required_id("thread_id", thread_id),
                 check_id("checkpoint_id", checkpoint_id),
-                to_langchain(list(new_messages or [])),
+                messages,
+                user_id=self._user(user_id),
+                edit_message_id=check_id("edit_message_id", edit_message_id),
+                remove_message_ids=[
+                    required_id(f"remove_message_ids[{i}]", value) for i, value in enumerate(remove_message_ids or ())
+                ],
+            )
+            return result.as_dict()
+
+    def get_checkpoint_state(
+        self, thread_id: str, checkpoint_id: str | None = None, *, user_id: str | None = None
+    ) -> dict[str, Any]:
+        """The head (or `checkpoint_id`) with its messages: what a chat UI renders.
+
+        Out: the history entry's fields (`checkpoint_id`, `parent_checkpoint_id`,
+        `message_count`, `last_user_message`, `is_head`, …) and `messages`, the whole
+        list as Responses items (`message`, `function_call`, `function_call_output`),
+        oldest first, each with its `id` and: `checkpoint_id` (where the message first
+        appeared), `branch_checkpoint_id` (the checkpoint before it: where an edit or a
+        regeneration of it branches from; the thread's root for the first message) and
+        `siblings` (`{"index", "count", "checkpoint_ids"}`: every alternative at that
+        position, this one included, oldest first). At the root: no messages.
+
+        Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`.
+        """
+        with _agent_errors():
+            state = self.threads.get_checkpoint_state(
+                required_id("thread_id", thread_id), check_id("checkpoint_id", checkpoint_id), user_id=self._user(user_id)
+            )
+            return state.as_dict()
+
+    def list_branches(self, thread_id: str, *, user_id: str | None = None) -> list[dict[str, Any]]:
+        """One entry per branch (a leaf of the checkpoint tree), newest first.
+
+        Each: the leaf's history-entry fields (`checkpoint_id`, `message_count`,
+        `last_user_message`, `is_head`, …), `fork_checkpoint_id` (where the branch leaves
+        its nearest other branch; None for a thread without branches) and `updated_at`
+        (the leaf's timestamp, ISO 8601 UTC).
+
+        Raises: `InvalidRequest` (bad ids), `ThreadNotFound`.
+        """
+        with _agent_errors():
+            branches = self.threads.list_branches(required_id("thread_id", thread_id), user_id=self._user(user_id))
+            return [branch.as_dict() for branch in branches]
+
+    def set_head(self, thread_id: str, checkpoint_id: str, *, user_id: str | None = None) -> dict[str, str]:
+        """Switch the thread to another branch: `checkpoint_id` (any checkpoint of it) becomes the head,
+        without writing a checkpoint; the next turn continues there.
+
+        Returns `thread_id`, `checkpoint_id` and `previous_checkpoint_id` (the head before).
+
+        Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`, `ThreadBusy`.
+        """
+        with _agent_errors():
+            move = self.threads.set_head(
+                required_id("thread_id", thread_id), required_id("checkpoint_id", checkpoint_id), user_id=self._user(user_id)
+            )
+            return move.as_dict()
+
+    def fork_thread(
+        self,
+        thread_id: str,
+        checkpoint_id: str | None = None,
+        *,
+        new_thread_id: str | None = None,
+        user_id: str | None = None,
+    ) -> dict[str, Any]:
+        """A new thread, owned by the same user, whose history is the ancestor chain of `checkpoint_id`
+        (default: the head), with the same messages; independent of the source afterwards.
+
+        Returns `thread_id` and `checkpoint_id` (the new thread and its head) and
+        `forked_from` (`{"thread_id", "checkpoint_id"}`, also kept in the new thread's record).
+
+        Raises: `InvalidRequest` (bad ids, or `new_thread_id` in use), `ThreadNotFound`, `CheckpointNotFound`.
+        """
+        with _agent_errors():
+            result = self.threads.fork_thread(
+                required_id("thread_id", thread_id),
+                check_id("checkpoint_id", checkpoint_id),
+                new_thread_id=check_id("new_thread_id", new_thread_id),
                 user_id=self._user(user_id),
             )
             return result.as_dict()
+
+    def compare_checkpoints(
+        self, thread_id: str, checkpoint_a: str, checkpoint_b: str, *, user_id: str | None = None
+    ) -> dict[str, Any]:
+        """Two checkpoints of a thread side by side.
+
+        Returns `thread_id`, `checkpoint_a`, `checkpoint_b`, `common_ancestor_checkpoint_id` and
+        `only_a` / `only_b`: the messages (items as in `get_checkpoint_state`) each side has after
+        the leading messages both share.
+
+        Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`.
+        """
+        with _agent_errors():
+            diff = self.threads.compare_checkpoints(
+                required_id("thread_id", thread_id),
+                required_id("checkpoint_a", checkpoint_a),
+                required_id("checkpoint_b", checkpoint_b),
+                user_id=self._user(user_id),
+            )
+            return diff.as_dict()
 
     def delete_thread(self, thread_id: str, *, user_id: str | None = None) -> None:
         """Delete every checkpoint, write and the ownership record of a thread.
@@ -323,6 +436,8 @@ def _turn_args(parsed: ParsedRequest) -> TurnArgs:
         idempotency_key=envelope.idempotency_key,
         request_hash=envelope.request_hash,
         max_context_tokens=options.max_context_tokens if options else None,
+        edit_message_id=options.edit_message_id if options else None,
+        regenerate=options.regenerate if options else False,
     )
 
 
@@ -381,9 +496,10 @@ def _validated_request(raw: dict) -> ResponsesAgentRequest:
     if isinstance(raw.get("input"), str):
         raw = {**raw, "input": [{"role": "user", "content": raw["input"]}]}
     try:
-        # The same two steps as mlflow.pyfunc.utils.data_validation.wrap_non_list_predict_pydantic.
+        # The same two steps as mlflow.pyfunc.utils.data_validation.wrap_non_list_predict_pydantic,
+        # keeping the input items' ids (requests.ItemIdsRequest).
         ResponsesAgentRequest.model_validate(raw, strict=True)
-        return ResponsesAgentRequest(**raw)
+        return keeping_item_ids(raw)
     except Exception as exc:  # pydantic's ValidationError, or whatever MLflow's validators raise
         reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
         raise as_mlflow_exception(

@@ -4,11 +4,15 @@
 * `CheckpointSummary`: one history entry (`get_checkpoint_history`).
 * `TextDelta`, `NewMessages`: what a running turn streams before its `TurnResult`.
 * `StoredResponse`: the stored result a retry with the same idempotency key gets instead of a run.
+* `CheckpointState` (`get_checkpoint_state`), `BranchSummary` (`list_branches`), `HeadMove`
+  (`set_head`), `ForkResult` (`fork_thread`), `CheckpointDiff` (`compare_checkpoints`): the
+  branch operations. Their messages stay LangChain messages until `as_dict()` turns them into
+  Responses items (`agent.messages.to_state_items`, imported there so this module stays light).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -128,4 +132,137 @@ class CheckpointSummary:
             "step": self.step,
             "is_head": self.is_head,
             **self.extra,
+        }
+
+
+@dataclass(frozen=True)
+class MessagePlace:
+    """Where one message of a checkpoint sits in its thread's tree (LangGraph `useStream`'s message metadata:
+    `firstSeenState`, `branch`, `branchOptions`)."""
+
+    checkpoint_id: str
+    """The checkpoint where the message first appeared on this branch."""
+    branch_checkpoint_id: str | None
+    """The checkpoint just before it: where an edit or a regeneration of it branches from
+    (the thread's root for the first message)."""
+    sibling_checkpoint_ids: tuple[str, ...]
+    """Every alternative at this position, this one included, each named by the checkpoint where it first
+    appeared: the children of `branch_checkpoint_id`, oldest first."""
+    sibling_latest_checkpoint_ids: tuple[str, ...] = ()
+    """For each alternative, the newest checkpoint that descends from it (its newest leaf): where to
+    `set_head` to show that alternative with everything written after it."""
+
+    @property
+    def sibling_index(self) -> int:
+        """This message's 0-based position in `sibling_checkpoint_ids` (a UI shows `index + 1 / count`)."""
+        return self.sibling_checkpoint_ids.index(self.checkpoint_id)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "checkpoint_id": self.checkpoint_id,
+            "branch_checkpoint_id": self.branch_checkpoint_id,
+            "siblings": {
+                "index": self.sibling_index,
+                "count": len(self.sibling_checkpoint_ids),
+                "checkpoint_ids": list(self.sibling_checkpoint_ids),
+                "latest_checkpoint_ids": list(self.sibling_latest_checkpoint_ids),
+            },
+        }
+
+
+def _placed_items(messages: Sequence[BaseMessage], places: Sequence[MessagePlace]) -> list[dict[str, Any]]:
+    """Responses items of `messages`, each carrying its message's place."""
+    from agent.messages import to_state_items
+
+    return [
+        {**item, **place.as_dict()}
+        for message, place in zip(messages, places, strict=True)
+        for item in to_state_items(message)
+    ]
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """One checkpoint with its messages (`get_checkpoint_state`)."""
+
+    summary: CheckpointSummary
+    messages: tuple[BaseMessage, ...]
+    places: tuple[MessagePlace, ...]
+    """One per message, in order."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The history entry's fields and `messages`: Responses items, each with its id and place."""
+        return {**self.summary.as_dict(), "messages": _placed_items(self.messages, self.places)}
+
+
+@dataclass(frozen=True)
+class BranchSummary:
+    """One branch of a thread (`list_branches`): a leaf of the checkpoint tree."""
+
+    leaf: CheckpointSummary
+    fork_checkpoint_id: str | None
+    """Where the branch leaves its nearest other branch: its newest ancestor with several children
+    (None when the thread has no other branch)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.leaf.as_dict(), "fork_checkpoint_id": self.fork_checkpoint_id, "updated_at": self.leaf.timestamp}
+
+
+@dataclass(frozen=True)
+class HeadMove:
+    """A `set_head`: the thread now continues from `checkpoint_id`."""
+
+    thread_id: str
+    checkpoint_id: str
+    previous_checkpoint_id: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id,
+            "previous_checkpoint_id": self.previous_checkpoint_id,
+        }
+
+
+@dataclass(frozen=True)
+class ForkResult:
+    """A new thread made by `fork_thread`: its id and head, and where it came from."""
+
+    thread_id: str
+    checkpoint_id: str
+    """The new thread's head (a copy of the source checkpoint, with a new id)."""
+    forked_from_thread_id: str
+    forked_from_checkpoint_id: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id,
+            "forked_from": {"thread_id": self.forked_from_thread_id, "checkpoint_id": self.forked_from_checkpoint_id},
+        }
+
+
+@dataclass(frozen=True)
+class CheckpointDiff:
+    """Two checkpoints of one thread side by side (`compare_checkpoints`)."""
+
+    thread_id: str
+    checkpoint_a: str
+    checkpoint_b: str
+    common_ancestor_checkpoint_id: str | None
+    """The newest checkpoint both descend from (itself when one is an ancestor of the other)."""
+    only_a: tuple[BaseMessage, ...]
+    """`checkpoint_a`'s messages after the longest run of leading messages both share."""
+    only_b: tuple[BaseMessage, ...]
+    places_a: tuple[MessagePlace, ...]
+    places_b: tuple[MessagePlace, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "checkpoint_a": self.checkpoint_a,
+            "checkpoint_b": self.checkpoint_b,
+            "common_ancestor_checkpoint_id": self.common_ancestor_checkpoint_id,
+            "only_a": _placed_items(self.only_a, self.places_a),
+            "only_b": _placed_items(self.only_b, self.places_b),
         }

@@ -1,7 +1,10 @@
-"""Drawing threads for people: history tables and branch trees (rich renderables), for the CLI and notebooks.
+"""Drawing threads for people: history tables, branch trees, a checkpoint's messages, branch lists and
+comparisons (rich renderables), for the CLI and notebooks.
 
-Everything here takes history entries (the dicts of `get_checkpoint_history`)
-and returns something `rich` can print; nothing reads the database.
+Everything here takes what the agent's methods return (the dicts of
+`get_checkpoint_history`, `get_checkpoint_state`, `list_branches`,
+`compare_checkpoints`) and returns something `rich` can print; nothing reads
+the database.
 
 Checkpoint ids are time-ordered UUIDs, so ids written close together share
 their first characters; their last 8 characters are random. Tables therefore
@@ -74,10 +77,11 @@ def history_table(
 
 
 def branch_tree(entries: list[dict[str, Any]], *, notes: dict[str, str] | None = None) -> Tree:
-    """The checkpoints as a tree built from `parent_checkpoint_id`.
+    """The checkpoints as a tree built from `parent_checkpoint_id`, each labelled with the user message
+    that led to it (`last_user_message`; the thread's empty root says so).
 
     A run of turns without forks is one list; a checkpoint with several children
-    gets one "branch" subtree per child, oldest first. The newest checkpoint is the head.
+    gets one "branch" subtree per child, oldest first. The entry with `is_head` is marked head.
     """
     notes = notes or {}
     thread_id = entries[0]["thread_id"] if entries else "?"
@@ -96,7 +100,7 @@ def branch_tree(entries: list[dict[str, Any]], *, notes: dict[str, str] | None =
             [notes[entry["checkpoint_id"]]] if entry["checkpoint_id"] in notes else []
         )
         text = Text.assemble(
-            (short_id(entry["checkpoint_id"]), "cyan"), f"  {entry['message_count']} msgs  ", last_message(entry)
+            (short_id(entry["checkpoint_id"]), "cyan"), f"  {entry['message_count']} msgs  ", led_to(entry)
         )
         if marks:
             text.append(f"  ← {', '.join(marks)}", style="bold yellow")
@@ -116,6 +120,97 @@ def branch_tree(entries: list[dict[str, Any]], *, notes: dict[str, str] | None =
     for start in children.get(None, []):
         chain(root, start)
     return root
+
+
+def led_to(entry: dict[str, Any]) -> Text:
+    """What led to a checkpoint: the user message of its turn, or that it is the thread's empty root."""
+    if entry.get("source") == "root":
+        return Text("(root: empty, before the first message)", style="dim")
+    from agent.storage.summaries import LAST_MESSAGE_CHARS  # imported on use: it loads LangGraph
+
+    said = entry.get("last_user_message") or ""
+    if len(said) >= LAST_MESSAGE_CHARS:
+        said += "…"
+    prefix = "update: " if entry.get("source") == "update" else ""
+    return Text(f'{prefix}you: "{said}"' if said else f"{prefix}(no user message)")
+
+
+def state_view(state: dict[str, Any], *, title: str | None = None) -> RenderableType:
+    """A checkpoint's messages (`get_checkpoint_state`), numbered from 1, with "‹i/n›" where a message has
+    alternatives (its `siblings`). The numbers are what `/edit <n>` in `tt-agent chat` takes."""
+    table = Table(
+        title=title or f"Checkpoint {short_id(state['checkpoint_id'])} ({state['message_count']} messages)",
+        header_style="bold",
+        caption="‹i/n›: this message is alternative i of n (edits, regenerations, branches at that point)",
+        caption_justify="left",
+    )
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("who", no_wrap=True)
+    table.add_column("message")
+    table.add_column("alternatives", no_wrap=True)
+    for number, item in enumerate(state["messages"], start=1):
+        who, text = item_text(item)
+        siblings = item.get("siblings") or {"count": 1}
+        choice = f"‹{siblings['index'] + 1}/{siblings['count']}›" if siblings["count"] > 1 else ""
+        table.add_row(str(number), who, Text(text), choice)
+    if not state["messages"]:
+        table.add_row("—", "", Text("no messages (the thread's root)", style="dim"), "")
+    return table
+
+
+def item_text(item: dict[str, Any]) -> tuple[str, str]:
+    """(who, text) of one Responses item."""
+    kind = item.get("type", "message")
+    if kind == "function_call":
+        return "tool call", f"{item.get('name')}({item.get('arguments')})"
+    if kind == "function_call_output":
+        return "tool result", str(item.get("output"))
+    who = {"user": "you", "assistant": "agent"}.get(item.get("role"), item.get("role") or "?")
+    content = item.get("content")
+    text = content if isinstance(content, str) else "".join(part.get("text", "") for part in content or [])
+    return who, text
+
+
+def branches_table(branches: list[dict[str, Any]], *, title: str = "Branches") -> RenderableType:
+    """`list_branches` entries (newest first): each branch's last checkpoint, where it forks, its size and last user message."""
+    table = Table(title=title, header_style="bold", caption="branch: its last checkpoint; /switch <id> moves the head there",
+                  caption_justify="left")  # fmt: skip
+    table.add_column("branch", no_wrap=True, style="cyan")
+    table.add_column("forks at", no_wrap=True, style="dim")
+    table.add_column("time (UTC)", overflow="fold")
+    table.add_column("msgs", justify="right", no_wrap=True)
+    table.add_column("last user message")
+    for branch in branches:
+        said = Text(branch.get("last_user_message") or "")
+        if branch.get("is_head"):
+            said = Text.assemble(("[head] ", "bold yellow"), said)
+        table.add_row(
+            short_id(branch["checkpoint_id"]),
+            short_id(branch.get("fork_checkpoint_id")),
+            time_text(branch.get("updated_at")),
+            str(branch["message_count"]),
+            said,
+        )
+    return table
+
+
+def diff_view(diff: dict[str, Any]) -> RenderableType:
+    """A `compare_checkpoints` result: the common ancestor, then the messages only each side has."""
+    parts: list[RenderableType] = [
+        Text.assemble(
+            "common ancestor: ",
+            (short_id(diff["common_ancestor_checkpoint_id"]), "cyan"),
+            f"   A = {short_id(diff['checkpoint_a'])}, B = {short_id(diff['checkpoint_b'])}",
+        )
+    ]
+    for side, key in (("A", "only_a"), ("B", "only_b")):
+        parts.append(Text(f"only in {side} ({short_id(diff['checkpoint_' + key[-1]])}):", style="bold"))
+        if not diff[key]:
+            parts.append(Text("  (nothing)", style="dim"))
+        for item in diff[key]:
+            who, text = item_text(item)
+            parts.append(Text.assemble(f"  {who}: ", text))
+    return Group(*parts)
 
 
 def short_id(checkpoint_id: str | None) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any

@@ -118,6 +118,41 @@ def test_invocations_time_travel_actions_match_python_methods_without_calling_th
     assert model_calls(server) == calls_before + 1
 
 
+def test_invocations_branch_actions_match_python_methods(server, make_agent, pg_url):
+    ids = trip(server)
+    thread = ids["thread_id"]
+    first, second, third = (turn["custom_outputs"]["checkpoint_id"] for turn in ids["turns"])
+    agent = make_agent(pg_url)
+    state = ok(invoke(server, request(action="get_checkpoint_state", thread_id=thread)))["custom_outputs"]
+    assert state == agent.get_checkpoint_state(thread)
+    assert state["checkpoint_id"] == third and [i["role"] for i in state["messages"]] == ["user", "assistant"] * 3
+
+    # Edit the first message (a sibling from the thread's root), then regenerate that answer.
+    edited = ok(invoke(server, request("I'm headed to Tokyo!", thread_id=thread, edit_message_id=state["messages"][0]["id"])))
+    root = ids["turns"][0]["custom_outputs"]["parent_checkpoint_id"]
+    assert edited["custom_outputs"]["parent_checkpoint_id"] == root and "Tokyo" in text(edited)
+    again = ok(invoke(server, request(thread_id=thread, regenerate=True)))
+    assert again["custom_outputs"]["parent_checkpoint_id"] == root
+    assert agent.get_checkpoint_state(thread)["messages"][0]["siblings"]["count"] == 3
+
+    # Switch back to the SF branch: no checkpoint written, and the next turn continues there.
+    moved = ok(invoke(server, request(action="set_head", thread_id=thread, checkpoint_id=third)))
+    assert moved["custom_outputs"]["previous_checkpoint_id"] == again["custom_outputs"]["checkpoint_id"]
+    assert "SF" in text(ok(invoke(server, request("Where am I going?", thread_id=thread))))
+
+    # This server's request model drops message items' ids; edit_message_id edits in place.
+    sf = state["messages"][2]
+    updated = ok(invoke(server, request("I'm headed to LA!", action="update_checkpoint_state", thread_id=thread,
+                                        checkpoint_id=second, edit_message_id=sf["id"])))  # fmt: skip
+    in_place = agent.get_checkpoint_state(thread, updated["custom_outputs"]["checkpoint_id"])
+    assert in_place["messages"][2]["id"] == sf["id"] and in_place["messages"][2]["content"][0]["text"] == "I'm headed to LA!"
+    assert ok(invoke(server, request(action="list_branches", thread_id=thread)))["custom_outputs"]["branches"] == (
+        agent.list_branches(thread)
+    )
+    fork = ok(invoke(server, request(action="fork_thread", thread_id=thread, checkpoint_id=first)))["custom_outputs"]
+    assert agent.get_checkpoint_state(fork["thread_id"])["message_count"] == 2
+
+
 @pytest.mark.parametrize(
     ("case", "status", "error_code", "says"),
     [
@@ -127,6 +162,9 @@ def test_invocations_time_travel_actions_match_python_methods_without_calling_th
         ("unknown thread", 404, "RESOURCE_DOES_NOT_EXIST", "was not found"),
         ("unknown checkpoint", 404, "RESOURCE_DOES_NOT_EXIST", "Checkpoint"),
         ("another user's thread", 404, "RESOURCE_DOES_NOT_EXIST", "was not found"),
+        ("state at an unknown checkpoint", 404, "RESOURCE_DOES_NOT_EXIST", "Checkpoint"),
+        ("edit of a message not in the checkpoint", 400, "INVALID_PARAMETER_VALUE", "no-such-message"),
+        ("regenerate without a user message", 400, "INVALID_PARAMETER_VALUE", "no user message"),
     ],
 )
 def test_invocations_answers_agent_errors_with_4xx_and_the_message_without_a_traceback(
@@ -140,7 +178,13 @@ def test_invocations_answers_agent_errors_with_4xx_and_the_message_without_a_tra
         "unknown thread": request(action="get_checkpoint_history", thread_id=f"missing-{uuid.uuid4()}"),
         "unknown checkpoint": request("hi", thread_id=owned["thread_id"], user_id="alice", checkpoint_id=str(uuid.uuid4())),
         "another user's thread": request("hi", thread_id=owned["thread_id"], user_id="mallory"),
-    }
+        "state at an unknown checkpoint": request(action="get_checkpoint_state", thread_id=owned["thread_id"],
+                                                  user_id="alice", checkpoint_id=str(uuid.uuid4())),
+        "edit of a message not in the checkpoint": request("hi", thread_id=owned["thread_id"], user_id="alice",
+                                                           edit_message_id="no-such-message"),
+        "regenerate without a user message": request(thread_id=owned["thread_id"], user_id="alice", regenerate=True,
+                                                     checkpoint_id=owned["parent_checkpoint_id"]),
+    }  # fmt: skip
     response = invoke(server, bodies[case])
     assert response.status_code == status, response.text
     body = response.json()

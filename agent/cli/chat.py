@@ -11,13 +11,28 @@ from rich.text import Text
 
 from agent.cli import MAX_LISTED, DatabaseUrl, Model, Tracing, UserId, agent_errors, app, console, open_agent
 from agent.cli.printing import send_turn
-from agent.views import branch_tree, history_table, last_message, short_id
+from agent.views import (
+    branch_tree,
+    branches_table,
+    diff_view,
+    history_table,
+    last_message,
+    short_id,
+    state_view,
+)
 
 if TYPE_CHECKING:
     from agent.responses import LangGraphResponsesAgent
 
 CHAT_HELP = """\
 Commands:
+  /show [id]            the messages of the head (or of checkpoint id), numbered, with ‹i/n› alternatives
+  /edit <n> <text>      send text in place of message n of /show (a sibling branch; the first message too)
+  /regen                answer the last user message again (a sibling answer)
+  /branches             the thread's branches (one per leaf), newest first
+  /switch <id>          make checkpoint id the head (no new checkpoint); the next message continues there
+  /fork                 copy this branch (up to the head, or /branch's checkpoint) into a new thread
+  /diff <a> <b>         what two checkpoints have in common, and the messages only each has
   /history [N] [full]   the thread's last N checkpoints (default 10); "full" shows whole ids
   /tree                 the thread's checkpoints as a branch tree
   /branch <id>          start the next message from this checkpoint (full id or short id)
@@ -25,7 +40,7 @@ Commands:
   /new                  start a new thread with the next message
   /help                 this help
   /quit                 leave (also Ctrl-D)
-Anything else is sent to the agent."""
+Ids: a full checkpoint id or its last 8 characters. Anything else is sent to the agent."""
 
 
 @app.command()
@@ -36,7 +51,7 @@ def chat(
     user_id: UserId = None,
     tracing: Tracing = False,
 ) -> None:
-    """Talk to the agent. Type /help for /history, /branch, /thread, /new and /quit."""
+    """Talk to the agent. Type /help for /show, /edit, /regen, /branches, /switch, /fork, /diff and more."""
     with agent_errors(), open_agent(database_url, model, tracing) as agent:
         _Chat(agent, thread_id=thread_id, user_id=user_id).run()
 
@@ -73,10 +88,10 @@ class _Chat:
                 else:
                     self.send(line)
 
-    def send(self, text: str) -> None:
+    def send(self, text: str, **options) -> None:
         try:
             result = send_turn(
-                self.agent, text, thread_id=self.thread_id, checkpoint_id=self.branch_from, user_id=self.user_id
+                self.agent, text, thread_id=self.thread_id, checkpoint_id=self.branch_from, user_id=self.user_id, **options
             )
         except KeyboardInterrupt:
             console.print("\n[yellow]Interrupted.[/]")
@@ -104,6 +119,9 @@ class _Chat:
                 console.print(branch_tree(entries, notes=self.notes()))
         elif name == "/branch":
             self.branch(args)
+        elif name in BRANCH_COMMANDS:
+            if self.require_thread():
+                getattr(self, BRANCH_COMMANDS[name])(line.split(maxsplit=1)[1] if " " in line else "")
         else:
             console.print(f"[red]Unknown command {escape(name)}.[/] Type /help for the list.")
         return True
@@ -159,6 +177,57 @@ class _Chat:
             message.append(f" ({entry['message_count']} messages; last: {last_message(entry)!r})")
         console.print(message)
 
+    # -- branch operations (the argument is the rest of the line) ------------------------------------
+    def show(self, rest: str) -> None:
+        checkpoint_id = self.checkpoint(rest) if rest else self.branch_from
+        state = self.agent.get_checkpoint_state(self.thread_id, checkpoint_id, user_id=self.user_id)
+        console.print(state_view(state))
+
+    def edit(self, rest: str) -> None:
+        number, _, text = rest.partition(" ")
+        items = self.agent.get_checkpoint_state(self.thread_id, self.branch_from, user_id=self.user_id)["messages"]
+        if not number.isdigit() or not 1 <= int(number) <= len(items) or not text.strip():
+            console.print(f"[red]Usage: /edit <n> <text>[/], n from 1 to {len(items)} (the numbers of /show)")
+            return
+        self.send(text.strip(), edit_message_id=items[int(number) - 1]["id"])
+
+    def regen(self, rest: str) -> None:
+        self.send("", regenerate=True)
+
+    def branches(self, rest: str) -> None:
+        console.print(branches_table(self.agent.list_branches(self.thread_id, user_id=self.user_id)))
+
+    def switch(self, rest: str) -> None:
+        if not rest:
+            console.print("[red]Usage: /switch <checkpoint_id>[/] (a full id or a short id from /branches or /history)")
+            return
+        moved = self.agent.set_head(self.thread_id, self.checkpoint(rest), user_id=self.user_id)
+        self.branch_from = None
+        console.print(
+            f"The head is now checkpoint {short_id(moved['checkpoint_id'])} (was {short_id(moved['previous_checkpoint_id'])}); "
+            "your next message continues there."
+        )
+
+    def fork(self, rest: str) -> None:
+        fork = self.agent.fork_thread(self.thread_id, self.branch_from, user_id=self.user_id)
+        console.print(
+            f"You are now on thread {fork['thread_id']}, a fork of checkpoint "
+            f"{short_id(fork['forked_from']['checkpoint_id'])} of thread {fork['forked_from']['thread_id']}."
+        )
+        self.thread_id, self.branch_from = fork["thread_id"], None
+
+    def diff(self, rest: str) -> None:
+        refs = rest.split()
+        if len(refs) != 2:
+            console.print("[red]Usage: /diff <checkpoint_a> <checkpoint_b>[/] (full or short ids)")
+            return
+        a, b = (self.checkpoint(ref) for ref in refs)
+        console.print(diff_view(self.agent.compare_checkpoints(self.thread_id, a, b, user_id=self.user_id)))
+
+    def checkpoint(self, ref: str) -> str:
+        entries = self.agent.get_checkpoint_history(self.thread_id, limit=MAX_LISTED, user_id=self.user_id)
+        return _resolve(entries, self.thread_id, ref.strip())
+
     def require_thread(self) -> bool:
         if self.thread_id is None:
             console.print("[red]No thread yet:[/] send a message first, or /thread <id>.")
@@ -168,6 +237,18 @@ class _Chat:
     def notes(self) -> dict[str, str]:
         return {self.branch_from: "next message branches from here"} if self.branch_from else {}
 
+
+
+#: Slash commands of the branch operations -> the `_Chat` method that runs them.
+BRANCH_COMMANDS = {
+    "/show": "show",
+    "/edit": "edit",
+    "/regen": "regen",
+    "/branches": "branches",
+    "/switch": "switch",
+    "/fork": "fork",
+    "/diff": "diff",
+}
 
 
 def _resolve(entries: list[dict], thread_id: str, ref: str) -> str:

@@ -21,16 +21,22 @@ def send_turn(
     thread_id: str | None = None,
     checkpoint_id: str | None = None,
     user_id: str | None = None,
+    edit_message_id: str | None = None,
+    regenerate: bool = False,
 ) -> dict[str, Any]:
-    """Send one user message with `predict_stream`, printing the reply as it arrives.
+    """Send one user message with `predict_stream` (or, with `regenerate`, none), printing the reply as it arrives.
+
+    `edit_message_id`: the message sends `text` in place of that one (a sibling branch).
 
     Returns `custom_outputs` (thread_id, checkpoint_id, parent_checkpoint_id) plus `text`, the reply.
     """
     if echo:
         console.print(Text.assemble(("  you › ", "bold cyan"), text))
-    custom = {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "user_id": user_id}
+    custom = {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "user_id": user_id, "edit_message_id": edit_message_id}
+    if regenerate:
+        custom["regenerate"] = True
     request = {
-        "input": [{"role": "user", "content": text}],
+        "input": [] if regenerate else [{"role": "user", "content": text}],
         "custom_inputs": {k: v for k, v in custom.items() if v is not None},
     }
     out = _ReplyPrinter()

@@ -1,7 +1,13 @@
 """What you can do to a thread (the domain), and the table of `custom_inputs.action`s.
 
 Modules: `access` (the ownership rule), `turns` (claim, run, commit; sync and
-async), `history` (checkpoint pages, the head), `lifecycle` (deletion).
+async), `history` (checkpoint pages, the head), `lifecycle` (deletion),
+`tree` (a thread's checkpoint tree from summaries, and where each message sits
+in it), `edits` (where an edit or regeneration starts; removals), `branches`
+(checkpoint state, branches, head switch, fork, compare). `tree` and `edits`
+stand apart from `branches` because turns use them too: an edit and a
+regeneration are turns (they stream, and follow the multitask strategy), so
+only their planning lives outside `turns`.
 
 `Threads` is the façade the ResponsesAgent adapter calls. `ACTIONS` maps each
 `custom_inputs.action` to one `Action`: which `custom_inputs` keys it takes,
@@ -22,12 +28,21 @@ from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.errors import InvalidRequest
+from agent.operations import branches
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
 from agent.operations.turns import TurnArgs, TurnEvent, TurnRunner
 from agent.storage import ThreadStorage
-from agent.types import CheckpointSummary, TurnResult
-from agent.validation import check_id, check_limit
+from agent.types import (
+    BranchSummary,
+    CheckpointDiff,
+    CheckpointState,
+    CheckpointSummary,
+    ForkResult,
+    HeadMove,
+    TurnResult,
+)
+from agent.validation import check_id, check_limit, required_id
 
 if TYPE_CHECKING:
     from agent.requests import Envelope
@@ -62,6 +77,8 @@ class Threads:
         strategy: MultitaskStrategy | None = None,
         idempotency_key: str | None = None,
         request_hash: str | None = None,
+        remove_message_ids: Sequence[str] = (),
+        edit_message_id: str | None = None,
     ) -> TurnResult:
         """See `TurnRunner.update_state`."""
         return self.turns.update_state(
@@ -72,11 +89,37 @@ class Threads:
             strategy=strategy,
             idempotency_key=idempotency_key,
             request_hash=request_hash,
+            remove_message_ids=remove_message_ids,
+            edit_message_id=edit_message_id,
         )
 
     def history(self, thread_id: str, *, user_id: str | None, limit: int, before: str | None) -> list[CheckpointSummary]:
         """See `history.history`."""
         return history_ops.history(self.storage, thread_id, user_id=user_id, limit=limit, before=before)
+
+    def get_checkpoint_state(self, thread_id: str, checkpoint_id: str | None, *, user_id: str | None) -> CheckpointState:
+        """See `branches.get_checkpoint_state`."""
+        return branches.get_checkpoint_state(self.storage, thread_id, checkpoint_id, user_id=user_id)
+
+    def list_branches(self, thread_id: str, *, user_id: str | None) -> list[BranchSummary]:
+        """See `branches.list_branches`."""
+        return branches.list_branches(self.storage, thread_id, user_id=user_id)
+
+    def set_head(self, thread_id: str, checkpoint_id: str, *, user_id: str | None) -> HeadMove:
+        """See `branches.set_head`."""
+        return branches.set_head(self.storage, thread_id, checkpoint_id, user_id=user_id)
+
+    def fork_thread(
+        self, thread_id: str, checkpoint_id: str | None, *, new_thread_id: str | None, user_id: str | None
+    ) -> ForkResult:
+        """See `branches.fork_thread`."""
+        return branches.fork_thread(self.storage, thread_id, checkpoint_id, new_thread_id=new_thread_id, user_id=user_id)
+
+    def compare_checkpoints(
+        self, thread_id: str, checkpoint_a: str, checkpoint_b: str, *, user_id: str | None
+    ) -> CheckpointDiff:
+        """See `branches.compare_checkpoints`."""
+        return branches.compare_checkpoints(self.storage, thread_id, checkpoint_a, checkpoint_b, user_id=user_id)
 
     def delete_thread(self, thread_id: str, *, user_id: str | None) -> None:
         """See `lifecycle.delete_thread`."""
@@ -133,7 +176,23 @@ def _run_history(threads: Threads, envelope: Envelope, args: HistoryArgs) -> dic
     return {"thread_id": envelope.thread_id, "history": [entry.as_dict() for entry in entries]}
 
 
-def _run_update(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class UpdateArgs:
+    remove_message_ids: tuple[str, ...] = ()
+    edit_message_id: str | None = None
+
+
+def _parse_update(envelope: Envelope, custom: Mapping[str, Any]) -> UpdateArgs:
+    ids = custom.get("remove_message_ids", [])
+    if not isinstance(ids, list):
+        raise InvalidRequest("remove_message_ids must be a list of message ids")
+    edit_message_id = check_id("edit_message_id", custom.get("edit_message_id"))
+    if edit_message_id is not None and len(envelope.messages) != 1:
+        raise InvalidRequest("With edit_message_id, update_checkpoint_state takes exactly one input message")
+    return UpdateArgs(tuple(required_id(f"remove_message_ids[{i}]", value) for i, value in enumerate(ids)), edit_message_id)
+
+
+def _run_update(threads: Threads, envelope: Envelope, args: UpdateArgs) -> dict[str, Any]:
     result = threads.update_state(
         envelope.thread_id,
         envelope.checkpoint_id,
@@ -142,6 +201,8 @@ def _run_update(threads: Threads, envelope: Envelope, args: None) -> dict[str, A
         strategy=envelope.multitask_strategy,
         idempotency_key=envelope.idempotency_key,
         request_hash=envelope.request_hash,
+        remove_message_ids=args.remove_message_ids,
+        edit_message_id=args.edit_message_id,
     )
     return result.as_dict()
 
@@ -160,9 +221,9 @@ class TurnOptions:
     """A turn's own `custom_inputs`, beyond the envelope."""
 
     edit_message_id: str | None = None
-    """Branch from the checkpoint before this message and send the input in its place."""
+    """Branch from the checkpoint before this message and send the input in its place (`operations.edits`)."""
     regenerate: bool = False
-    """Rerun the model on the last user message (input empty)."""
+    """Rerun the model on the last user message (input empty; `operations.edits`)."""
     metadata: Mapping[str, str] | None = None
     """Stored with the thread when this turn creates it."""
     max_context_tokens: int | None = None
@@ -173,6 +234,15 @@ def _parse_turn(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOptions:
     regenerate = custom.get("regenerate", False)
     if not isinstance(regenerate, bool):
         raise InvalidRequest(f"regenerate must be true or false, got {regenerate!r}")
+    edit_message_id = check_id("edit_message_id", custom.get("edit_message_id"))
+    if regenerate and edit_message_id is not None:
+        raise InvalidRequest("A turn either edits a message (edit_message_id) or regenerates an answer, not both")
+    if regenerate and envelope.messages:
+        raise InvalidRequest("regenerate takes an empty input: it answers the last user message again")
+    if not regenerate and not envelope.messages:
+        raise InvalidRequest("input is empty: the turn action needs at least one message (or regenerate: true)")
+    if (regenerate or edit_message_id is not None) and envelope.thread_id is None:
+        raise InvalidRequest("edit_message_id and regenerate need custom_inputs.thread_id (the thread to change)")
     metadata = custom.get("metadata")
     if metadata is not None and not (
         isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
@@ -182,7 +252,7 @@ def _parse_turn(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOptions:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise InvalidRequest(f"max_context_tokens must be a positive integer, got {budget!r}")
     return TurnOptions(
-        edit_message_id=check_id("edit_message_id", custom.get("edit_message_id")),
+        edit_message_id=edit_message_id,
         regenerate=regenerate,
         metadata=metadata,
         max_context_tokens=budget,
@@ -193,7 +263,7 @@ TURN = Action(
     name="turn",
     summary="Run the model on the input from the head (or from checkpoint_id: a branch); the default.",
     keys=frozenset({"edit_message_id", "regenerate", "metadata", "max_context_tokens"}),
-    input="required",
+    input="optional",  # required unless regenerate (checked by _parse_turn)
     needs_thread=False,
     parse=_parse_turn,
 )
@@ -211,9 +281,42 @@ ACTIONS: dict[str, Action] = {
         ),
         Action(
             name="update_checkpoint_state",
-            summary="A new checkpoint on checkpoint_id (default: the head) with the input messages applied.",
+            summary="A new checkpoint on checkpoint_id (default: the head) with the input messages applied "
+            "(an item whose id names a message replaces it) and remove_message_ids removed.",
+            keys=frozenset({"remove_message_ids", "edit_message_id"}),
             input="optional",
+            parse=_parse_update,
             run=_run_update,
+        ),
+        Action(
+            name="get_checkpoint_state",
+            summary="The head (or checkpoint_id): its history entry and its messages, each placed in the tree.",
+            run=branches.run_get_state,
+        ),
+        Action(
+            name="list_branches",
+            summary="One entry per leaf of the thread's checkpoint tree, newest first.",
+            run=branches.run_list_branches,
+        ),
+        Action(
+            name="set_head",
+            summary="Switch the thread to checkpoint_id without writing a checkpoint.",
+            parse=branches.parse_set_head,
+            run=branches.run_set_head,
+        ),
+        Action(
+            name="fork_thread",
+            summary="A new thread whose history is the ancestor chain of checkpoint_id (default: the head).",
+            keys=frozenset({"new_thread_id"}),
+            parse=branches.parse_fork,
+            run=branches.run_fork,
+        ),
+        Action(
+            name="compare_checkpoints",
+            summary="The common ancestor of checkpoint_a and checkpoint_b and the messages only each has.",
+            keys=frozenset({"checkpoint_a", "checkpoint_b"}),
+            parse=branches.parse_compare,
+            run=branches.run_compare,
         ),
         Action(name="delete_thread", summary="Delete the thread and all its checkpoints.", run=_run_delete_thread),
         Action(

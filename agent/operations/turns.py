@@ -13,6 +13,11 @@ A turn (see `agent.storage.base` for why it is built this way):
    (`interrupt` / `rollback`), the run stops at its next step.
 4. **Commit** (one short transaction) or **release** (nothing written).
 
+An edit (`edit_message_id`) or a regeneration starts elsewhere, with other
+messages: `agent.operations.edits` decides where and what, reading only the
+thread's tree of checkpoint summaries and the start checkpoint (done with
+the claim, on the storage thread pool on the async path).
+
 A turn with an idempotency key first looks it up, and its commit stores its
 result under the key (`idempotency`): a retry gets that result as a
 `StoredResponse` instead of a run.
@@ -43,7 +48,7 @@ from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base import CheckpointTuple, empty_checkpoint
 from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
@@ -51,7 +56,9 @@ from agent.context import TURN_CONTEXT_KEY, TurnContext
 from agent.errors import LeaseExpired, TurnCancelled
 from agent.messages import to_output_items
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.edits import plan_edit, plan_regenerate, position_of, removals
 from agent.operations.idempotency import Idempotency, claim_key
+from agent.operations.tree import fill_kept, read_tree
 from agent.storage import Claim, ThreadStorage, Turn, Tx
 from agent.storage.base import IdempotencyKeyTaken
 from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
@@ -82,6 +89,20 @@ class TurnArgs:
     """A system message for this turn only (not stored)."""
     max_context_tokens: int | None = None
     """This turn's token budget for the model's input (None: the agent's setting)."""
+    edit_message_id: str | None = None
+    """Put `messages` in place of this message of the start checkpoint (a sibling branch; see `edits`)."""
+    regenerate: bool = False
+    """Answer the start checkpoint's last user message again (`messages` empty; see `edits`)."""
+
+
+@dataclass(frozen=True)
+class _Start:
+    """Where a turn starts (None: a new thread, from its root) and the messages it sends."""
+
+    checkpoint_id: str | None
+    messages: list[BaseMessage]
+    loaded: CheckpointTuple | None = None
+    """The start checkpoint, as read with the claim (so the run reads nothing)."""
 
 
 @dataclass
@@ -165,7 +186,8 @@ class TurnRunner:
             CheckpointNotFound: `checkpoint_id` is not a checkpoint of this thread.
             ThreadBusy: another turn holds the thread (see `multitask_strategy`).
             TurnCancelled: a newer turn rolled this one back (`rollback`).
-            InvalidRequest: the idempotency key was used for a different request.
+            InvalidRequest: the idempotency key was used for a different request; `edit_message_id` is not in
+                the start checkpoint, or `regenerate` finds no user message.
             LeaseExpired, ModelError, StorageUnavailable: the claim, the model or the database failed.
         """
         if args.idempotency_key is not None:
@@ -174,15 +196,15 @@ class TurnRunner:
                 yield stored
                 return
         thread_id = args.thread_id or str(uuid.uuid4())
-        claim = self._claim(thread_id, args)
+        claim, begun = self._begin(thread_id, args)
         done = False
         try:
-            turn, start, config = self._prepare(claim, args)
+            turn, start, config = self._prepare(claim, args, begun)
             config["callbacks"] = [_StopOnSignal(claim)]
             progress = _Progress()
             with self.storage.saver.buffering(turn):
                 stream = self.graph.stream(
-                    {"messages": list(args.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
+                    {"messages": list(begun.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
                 )
                 try:
                     for mode, chunk in stream:
@@ -193,7 +215,7 @@ class TurnRunner:
                     pass  # `_finish` does what the stop asked for
                 finally:
                     stream.close()
-            result = self._finish(claim, turn, start, args, progress)
+            result = self._finish(claim, turn, start, args, begun.messages, progress)
             done = True
             yield result
         finally:
@@ -210,6 +232,8 @@ class TurnRunner:
         strategy: MultitaskStrategy | None = None,
         idempotency_key: str | None = None,
         request_hash: str | None = None,
+        remove_message_ids: Sequence[str] = (),
+        edit_message_id: str | None = None,
     ) -> TurnResult:
         """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
 
@@ -217,10 +241,16 @@ class TurnRunner:
         `add_messages` as if the agent node had returned them: appended, and a
         message whose `id` is already in the state replaces that message.
         With an `idempotency_key` (and the request's `request_hash`), a retry
-        returns the first result and writes nothing.
+        returns the first result and writes nothing. `remove_message_ids` are
+        removed first (`edits.removals`: a tool call's results go with it).
+        `edit_message_id`: the one message of `messages` takes that message's id,
+        so it replaces it in place (the way to edit in place when the request's
+        items lost their ids; see `requests.ItemIdsRequest`).
 
         Raises:
-            ThreadNotFound, CheckpointNotFound, ThreadBusy, InvalidRequest, StorageUnavailable: as for `run`.
+            ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
+            InvalidRequest: the idempotency key was used for a different request; a `remove_message_ids` or
+                `edit_message_id` id is not in the checkpoint, or removing leaves no message.
         """
         args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash)
         if idempotency_key is not None:
@@ -230,11 +260,22 @@ class TurnRunner:
         claim = self._claim(thread_id, args)
         try:
             authorize(claim.record, thread_id, user_id)
-            turn, start, config = self._prepare(claim, args)
+            begun = self._start(claim, args)
+            current = claim.start.checkpoint["channel_values"].get("messages") or ()
+            if edit_message_id is not None:
+                replaced = current[position_of(current, edit_message_id, thread_id=thread_id, checkpoint_id=begun.checkpoint_id)]
+                messages = [message.model_copy(update={"id": replaced.id}) for message in messages]
+                begun = _Start(begun.checkpoint_id, messages, begun.loaded)
+            if remove_message_ids:
+                removed = removals(
+                    current, remove_message_ids, thread_id=thread_id, checkpoint_id=begun.checkpoint_id, adding=len(messages)
+                )
+                begun = _Start(begun.checkpoint_id, [*removed, *messages], begun.loaded)
+            turn, start, config = self._prepare(claim, args, begun)
             with self.storage.saver.buffering(turn):
                 # As the agent node: the new checkpoint's next step then follows the
                 # usual edge (tools if the last message asks for one, else the end).
-                self.graph.update_state(config, {"messages": list(messages)}, as_node="agent")
+                self.graph.update_state(config, {"messages": begun.messages}, as_node="agent")
             result = TurnResult(thread_id, turn.new_head, start)
             outcome = self._commit(claim, turn, args, result, [])
         except BaseException:
@@ -254,17 +295,17 @@ class TurnRunner:
                 yield stored
                 return
         thread_id = args.thread_id or str(uuid.uuid4())
-        claim = await self.in_io(self._claim, thread_id, args)
+        claim, begun = await self.in_io(self._begin, thread_id, args)
         done = False
         try:
-            turn, start, config = self._prepare(claim, args)
+            turn, start, config = self._prepare(claim, args, begun)
             progress = _Progress()
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             claim.on_stop(lambda: loop.call_soon_threadsafe(stop.set))
             with self.storage.saver.buffering(turn):
                 stream = self.graph.astream(
-                    {"messages": list(args.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
+                    {"messages": list(begun.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
                 )
                 try:
                     async for mode, chunk in _until(stream, stop):
@@ -272,7 +313,7 @@ class TurnRunner:
                             yield event
                 finally:
                     await stream.aclose()
-            result = await self.in_io(self._finish, claim, turn, start, args, progress)
+            result = await self.in_io(self._finish, claim, turn, start, args, begun.messages, progress)
             done = True
             yield result
         finally:
@@ -294,14 +335,45 @@ class TurnRunner:
             idempotency_key=None if args.idempotency_key is None else claim_key(args.user_id, args.idempotency_key),
         )
 
-    def _prepare(self, claim: Claim, args: TurnArgs) -> tuple[Turn, str, dict]:
+    def _begin(self, thread_id: str, args: TurnArgs) -> tuple[Claim, _Start]:
+        """Claim the thread and decide where the turn starts; the claim is released if that fails."""
+        claim = self._claim(thread_id, args)
+        try:
+            return claim, self._start(claim, args)
+        except BaseException:
+            self.storage.release(claim)
+            raise
+
+    def _start(self, claim: Claim, args: TurnArgs) -> _Start:
+        """Where the turn starts and what it sends (authorizing the caller on the way)."""
+        editing = args.edit_message_id is not None or args.regenerate
+        start = self._start_of(claim, args.user_id, args.checkpoint_id, new_thread_allowed=not editing)
+        if not editing:
+            return _Start(start, list(args.messages), claim.start)
+        thread_id = claim.thread_id
+        messages = claim.start.checkpoint["channel_values"].get("messages") or ()
+        tree = read_tree(self.storage, thread_id)
+        chain = tree.chain(start)
+        fill_kept(self.storage, tree, chain)
+        if args.regenerate:
+            plan = plan_regenerate(tree, chain, messages)
+        else:
+            plan = plan_edit(tree, chain, messages, args.edit_message_id, args.messages)
+        if plan.checkpoint_id == start:
+            return _Start(start, plan.messages, claim.start)
+        loaded = self.storage.get_checkpoint(thread_id, plan.checkpoint_id)
+        if loaded is None:  # the thread was deleted meanwhile
+            raise checkpoint_not_found(thread_id, plan.checkpoint_id)
+        return _Start(plan.checkpoint_id, plan.messages, loaded)
+
+    def _prepare(self, claim: Claim, args: TurnArgs, begun: _Start) -> tuple[Turn, str, dict]:
         """The turn's buffer, its start checkpoint id, and the graph config that starts there."""
         turn = Turn(thread_id=claim.thread_id, record=claim.record)
-        start = self._start_of(claim, args.user_id, args.checkpoint_id)
+        start = begun.checkpoint_id
         if start is None:
             start = _add_root(self.storage.saver, turn)
         else:
-            turn.loaded[start] = claim.start
+            turn.loaded[start] = begun.loaded
         config = _config(claim.thread_id, start)
         config["configurable"][TURN_CONTEXT_KEY] = TurnContext(
             thread_id=claim.thread_id,
@@ -313,13 +385,15 @@ class TurnRunner:
         return turn, start, config
 
     @staticmethod
-    def _start_of(claim: Claim, user_id: str | None, checkpoint_id: str | None) -> str | None:
+    def _start_of(
+        claim: Claim, user_id: str | None, checkpoint_id: str | None, *, new_thread_allowed: bool = True
+    ) -> str | None:
         """The checkpoint a turn starts from; the one owner of the "head unless branching" rule.
 
         None for a new thread (it starts from a root checkpoint written with its first turn).
         """
         record, thread_id = claim.record, claim.thread_id
-        if record is None and checkpoint_id is None:
+        if record is None and checkpoint_id is None and new_thread_allowed:
             return None
         # Also for a thread without checkpoints: worded as for someone else's thread.
         authorize(record, thread_id, user_id)
@@ -330,7 +404,7 @@ class TurnRunner:
         return checkpoint_id
 
     def _finish(
-        self, claim: Claim, turn: Turn, start: str, args: TurnArgs, progress: _Progress
+        self, claim: Claim, turn: Turn, start: str, args: TurnArgs, sent: list[BaseMessage], progress: _Progress
     ) -> TurnResult | StoredResponse:
         """Commit the turn (or, when a newer turn asked it to stop, what that asks for).
 
@@ -351,7 +425,7 @@ class TurnRunner:
                     thread_id=claim.thread_id,
                 )
             if claim.cancel == "interrupt":
-                self._keep_interrupted(turn, start, args, progress)
+                self._keep_interrupted(turn, start, sent, progress)
                 status = "interrupted"
         result = TurnResult(claim.thread_id, turn.new_head, start, status)
         return self._commit(claim, turn, args, result, to_output_items(progress.produced))
@@ -377,13 +451,13 @@ class TurnRunner:
             return self.idempotency.after_race(args.user_id, args.idempotency_key, args.request_hash)
         return result
 
-    def _keep_interrupted(self, turn: Turn, start: str, args: TurnArgs, progress: _Progress) -> None:
+    def _keep_interrupted(self, turn: Turn, start: str, sent: list[BaseMessage], progress: _Progress) -> None:
         """Replace what the stopped run buffered with one checkpoint: the input and what it produced."""
         turn.puts = [put for put in turn.puts if put[2].get("source") == ROOT_SOURCE]
         turn.writes = []
         config = {**_config(turn.thread_id, start), "metadata": {"interrupted": True}}
         with self.storage.saver.buffering(turn):
-            self.graph.update_state(config, {"messages": [*args.messages, *progress.kept()]}, as_node="agent")
+            self.graph.update_state(config, {"messages": [*sent, *progress.kept()]}, as_node="agent")
 
 
 def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:

@@ -40,9 +40,11 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, StreamingResponse
 from mlflow.genai.agent_server import AgentServer, get_request_headers, get_stream_function, invoke, stream
+from mlflow.genai.agent_server.validator import ResponsesAgentValidator
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
 
 from agent.errors import AgentError, InvalidRequest
+from agent.requests import keeping_item_ids
 from agent.responses import LangGraphResponsesAgent
 from agent.serving.errors import error_body, http_status
 from agent.serving.limits import RequestBodyLimits, body_limit
@@ -79,8 +81,21 @@ async def respond_stream(request: ResponsesAgentRequest) -> AsyncIterator[Respon
         yield event
 
 
+class _KeepItemIds(ResponsesAgentValidator):
+    """MLflow's request validation, keeping the input items' ids (see `agent.requests.ItemIdsRequest`)."""
+
+    def validate_and_convert_request(self, data: dict[str, Any]) -> ResponsesAgentRequest:
+        self.validate_pydantic(ResponsesAgentRequest, data)
+        return keeping_item_ids(data)
+
+
 class _ResponsesAgentServer(AgentServer):
-    """MLflow's `AgentServer`, except that a stream's first event is produced before the response starts."""
+    """MLflow's `AgentServer`, except that a stream's first event is produced before the response starts,
+    and requests keep their input items' ids."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.validator = _KeepItemIds()
 
     async def _handle_stream_request(self, request: ResponsesAgentRequest, return_trace_id: bool) -> StreamingResponse:
         # Starlette sends the status line before pulling the body, so a turn

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 
 from agent.config import AgentSettings, is_postgres_url, mask_url
 from agent.errors import ConfigurationError
-from agent.storage.base import Claim, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
+from agent.storage.base import CheckpointLink, Claim, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
 
-__all__ = ["Claim", "ThreadRecord", "ThreadStorage", "Turn", "Tx", "open_storage", "owned_by"]
+__all__ = ["CheckpointLink", "Claim", "ThreadRecord", "ThreadStorage", "Turn", "Tx", "open_storage", "owned_by"]
 
 
 def open_storage(url: str, settings: AgentSettings) -> ThreadStorage:

@@ -76,6 +76,20 @@ class ThreadRecord:
     updated_at: str | None = None
 
 
+@dataclass(frozen=True)
+class CheckpointLink:
+    """One checkpoint's place in its thread's tree, read from its metadata summary (no messages).
+
+    `kept_messages` is how many of its first messages are its parent's, unchanged
+    (`summaries.summarize`); None for a checkpoint written before the summary had it.
+    """
+
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    message_count: int
+    kept_messages: int | None
+
+
 def owned_by(record: ThreadRecord | None, user_id: str | None) -> bool:
     """Whether `user_id` may use the thread: it exists and its owner is `user_id`.
 
@@ -206,6 +220,24 @@ class Tx(ABC):
         `{"output": [Responses items], "custom_outputs": {...}}`.
         The commit raises `IdempotencyKeyTaken` when an unexpired row exists.
         """
+
+    @abstractmethod
+    def set_head(self, thread_id: str, head_checkpoint_id: str, *, message_count: int) -> None:
+        """Move an existing thread's head (and its `message_count`) without writing a checkpoint; `updated_at` becomes now."""
+
+    @abstractmethod
+    def insert_thread(
+        self,
+        thread_id: str,
+        *,
+        user_id: str | None,
+        head_checkpoint_id: str,
+        message_count: int,
+        title: str | None,
+        metadata: Mapping[str, str],
+        forked_from: Mapping[str, str] | None,
+    ) -> None:
+        """Create a thread record with all its fields (a fork); `created_at` and `updated_at` become now."""
 
 
 class ThreadStorage(ABC):
@@ -417,11 +449,23 @@ class ThreadStorage(ABC):
         """The checkpoint with its messages resolved, or None when it is not in the thread."""
 
     @abstractmethod
-    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
-        """Up to `limit` checkpoints of the thread, newest first, older than `before` if given.
+    def get_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]) -> list[CheckpointTuple]:
+        """Those of `checkpoint_ids` that are checkpoints of the thread, messages resolved, oldest first (one query)."""
+
+    @abstractmethod
+    def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
+        """Up to `limit` (None: all) checkpoints of the thread, newest first, older than `before` if given.
 
         Each row: `checkpoint_id`, `parent_checkpoint_id`, `metadata` (dict, with
         the summary written by `summaries.summarize`). Reads no message.
+        """
+
+    @abstractmethod
+    def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
+        """Every checkpoint of the thread (root namespace) as a `CheckpointLink`, in no particular order.
+
+        One index range scan reading four values per checkpoint: cheaper than
+        `list_checkpoints`, and it reads no message.
         """
 
     @abstractmethod

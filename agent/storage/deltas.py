@@ -39,11 +39,17 @@ def encode(messages: Sequence[Any], base_id: str | None, base_messages: Sequence
     Compares by identity first: LangGraph's reducer keeps the loaded message
     objects, so an appending turn costs one `is` per message.
     """
-    keep = 0
-    limit = min(len(base_messages), len(messages))
-    while keep < limit and (messages[keep] is base_messages[keep] or messages[keep] == base_messages[keep]):
-        keep += 1
+    keep = common_prefix(messages, base_messages)
     return {DELTA_KEY: 1, "base": base_id if keep else None, "keep": keep, "add": list(messages[keep:])}
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading messages `a` and `b` share (the same object, or equal)."""
+    keep = 0
+    limit = min(len(a), len(b))
+    while keep < limit and (a[keep] is b[keep] or a[keep] == b[keep]):
+        keep += 1
+    return keep
 
 
 def is_delta(value: Any) -> bool:

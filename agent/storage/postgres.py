@@ -65,7 +65,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.config import AgentSettings, mask_url
 from agent.errors import AgentError, LeaseExpired, StorageUnavailable
-from agent.storage.base import Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
+from agent.storage.base import CheckpointLink, Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
 from agent.storage.saver import TurnSaverMixin
 
 logger = logging.getLogger(__name__)
@@ -165,12 +165,11 @@ MISSING_PRIVILEGES_SQL = "SELECT array_remove(ARRAY[{}], NULL) AS missing".forma
         for privilege in ("INSERT", "UPDATE")
     )
 )
-# The turn's start (the requested checkpoint, else the thread head), in the
-# shape of PostgresSaver.SELECT_SQL. The blobs are fetched by one primary-key
-# lookup per channel (OFFSET 0 keeps the planner from flattening it): on a
-# young table without statistics the planner otherwise hashes every blob of
-# the thread, a cost that grows with the thread.
-SELECT_CHECKPOINT_SQL = """
+# Checkpoints in the shape of PostgresSaver.SELECT_SQL. The blobs are fetched
+# by one primary-key lookup per channel (OFFSET 0 keeps the planner from
+# flattening it): on a young table without statistics the planner otherwise
+# hashes every blob of the thread, a cost that grows with the thread.
+SELECT_CHECKPOINTS_COLUMNS = """
 SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
     (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
      FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
@@ -186,12 +185,18 @@ SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_che
      WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns AND cw.checkpoint_id = c.checkpoint_id
     ) AS pending_writes
 FROM checkpoints c
+"""
+# The turn's start: the requested checkpoint, else the thread head.
+SELECT_CHECKPOINT_SQL = SELECT_CHECKPOINTS_COLUMNS + """
 WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = COALESCE(
     %s, (SELECT head_checkpoint_id FROM agent_threads WHERE thread_id = %s))
 """
 # The start, read in the claim's round trip only if the claim succeeded (a waiting turn polls cheaply).
 CLAIMED_START_SQL = SELECT_CHECKPOINT_SQL + """
   AND EXISTS (SELECT 1 FROM agent_claims k WHERE k.thread_id = %s AND k.token = %s)
+"""
+SELECT_SOME_CHECKPOINTS_SQL = SELECT_CHECKPOINTS_COLUMNS + """
+WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = ANY(%s)
 """
 END_CLAIM_SQL = "SELECT agent_end_claim(%s, %s)"
 RELEASE_CLAIM_SQL = """
@@ -225,6 +230,19 @@ LIST_CHECKPOINTS_SQL = """
 SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
 WHERE thread_id = %s AND checkpoint_ns = '' AND (%s::text IS NULL OR checkpoint_id < %s)
 ORDER BY checkpoint_id DESC LIMIT %s
+"""
+# The thread's tree from the metadata summaries, without reading messages or whole metadata documents.
+CHECKPOINT_LINKS_SQL = """
+SELECT checkpoint_id, parent_checkpoint_id, COALESCE((metadata ->> 'message_count')::int, 0) AS message_count,
+    (metadata ->> 'kept_messages')::int AS kept_messages
+FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''
+"""
+SET_HEAD_SQL = """
+UPDATE agent_threads SET head_checkpoint_id = %s, message_count = %s, updated_at = now() WHERE thread_id = %s
+"""
+INSERT_THREAD_SQL = """
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, forked_from)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
 """
 # Every checkpoint's stored `messages` value: the blob its channel version points at.
 SELECT_THREAD_MESSAGES_SQL = """
@@ -352,6 +370,16 @@ class PostgresTx(Tx):
     def store_response(self, user_key, key, *, request_hash, thread_id, response, ttl_seconds) -> None:
         self.conn.execute(DELETE_EXPIRED_KEY_SQL, (user_key, key))
         self.conn.execute(STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, Jsonb(response), ttl_seconds))
+
+    def set_head(self, thread_id: str, head_checkpoint_id: str, *, message_count: int) -> None:
+        self.conn.execute(SET_HEAD_SQL, (head_checkpoint_id, message_count, thread_id))
+
+    def insert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title, metadata, forked_from):
+        forked = Jsonb(dict(forked_from)) if forked_from is not None else None
+        self.conn.execute(
+            INSERT_THREAD_SQL,
+            (thread_id, user_id, head_checkpoint_id, message_count, title, Jsonb(dict(metadata)), forked),
+        )
 
 
 class CachedCredential:
@@ -727,8 +755,20 @@ class PostgresThreadStorage(ThreadStorage):
         with self._errors("read a checkpoint", thread_id):
             return self.saver.load_row(row) if row else None
 
-    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
-        return self._read(thread_id, LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit))
+    def get_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]):
+        def read(conn: psycopg.Connection):
+            return conn.cursor(binary=True).execute(SELECT_SOME_CHECKPOINTS_SQL, (thread_id, list(checkpoint_ids))).fetchall()
+
+        rows = self._run("read checkpoints", read, thread_id)
+        with self._errors("read checkpoints", thread_id):
+            # Oldest first: each resolved message list is cached before its children need it.
+            return [self.saver.load_row(row) for row in sorted(rows, key=lambda row: row["checkpoint_id"])]
+
+    def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
+        return self._read(thread_id, LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit))  # LIMIT NULL: all
+
+    def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
+        return [CheckpointLink(**row) for row in self._read(thread_id, CHECKPOINT_LINKS_SQL, (thread_id,))]
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, SELECT_USER_THREADS_SQL, (user_id,))]

@@ -157,11 +157,13 @@ class TurnSaverMixin:
         parent_id = configurable.get("checkpoint_id")
         values = dict(checkpoint["channel_values"])
         messages = values.get("messages")
+        kept = 0
         if messages is not None and not deltas.is_delta(messages):
             base = self._parent_messages(thread_id, checkpoint_ns, parent_id, turn) if parent_id else ()
             values["messages"] = deltas.encode(messages, parent_id, base)
+            kept = values["messages"]["keep"]
             self.message_cache.put(checkpoint["id"], messages)
-        summary = summarize(messages or [], checkpoint, self.node_triggers)
+        summary = summarize(messages or [], checkpoint, self.node_triggers, kept_messages=kept)
         # The turn bookkeeping keys are not the user's metadata.
         clean = {k: v for k, v in metadata.items() if not k.startswith("tt_")}
         config = {**config, "configurable": {k: v for k, v in configurable.items() if not k.startswith("tt_")}}

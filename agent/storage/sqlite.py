@@ -39,7 +39,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
-from agent.storage.base import Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
+from agent.storage.base import CheckpointLink, Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
 from agent.storage.saver import TurnSaverMixin
 
 # Each migration is a list of statements; migration i brings the file to user_version i + 1.
@@ -132,6 +132,18 @@ LIST_CHECKPOINTS_SQL = """
 SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
 WHERE thread_id = ? AND checkpoint_ns = '' AND (? IS NULL OR checkpoint_id < ?)
 ORDER BY checkpoint_id DESC LIMIT ?
+"""
+# SqliteSaver stores metadata as a JSON blob; the cast lets json_extract read it.
+CHECKPOINT_LINKS_SQL = """
+SELECT checkpoint_id, parent_checkpoint_id, json_extract(CAST(metadata AS TEXT), '$.message_count'),
+    json_extract(CAST(metadata AS TEXT), '$.kept_messages')
+FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
+"""
+SET_HEAD_SQL = "UPDATE agent_threads SET head_checkpoint_id = ?, message_count = ?, updated_at = ? WHERE thread_id = ?"
+INSERT_THREAD_SQL = """
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, forked_from,
+    created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = ? ORDER BY thread_id"
@@ -247,6 +259,17 @@ class SqliteTx(Tx):
         self.cur.execute(DELETE_EXPIRED_KEY_SQL, (user_key, key, now))
         self.cur.execute(
             STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, json.dumps(response), now, now + ttl_seconds)
+        )
+
+    def set_head(self, thread_id: str, head_checkpoint_id: str, *, message_count: int) -> None:
+        self.cur.execute(SET_HEAD_SQL, (head_checkpoint_id, message_count, time.time(), thread_id))
+
+    def insert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title, metadata, forked_from):
+        now = time.time()
+        forked = json.dumps(dict(forked_from)) if forked_from is not None else None
+        self.cur.execute(
+            INSERT_THREAD_SQL,
+            (thread_id, user_id, head_checkpoint_id, message_count, title, json.dumps(dict(metadata)), forked, now, now),
         )
 
 
@@ -457,12 +480,21 @@ class SqliteThreadStorage(ThreadStorage):
         config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
         return self._repairing(lambda: self.saver._backend_get_tuple(config))
 
-    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
-        rows = self._read(lambda cur: cur.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit)).fetchall())
+    def get_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]):
+        return [found for found in (self.get_checkpoint(thread_id, c) for c in sorted(set(checkpoint_ids))) if found]
+
+    def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
+        # A negative LIMIT is no limit in SQLite.
+        params = (thread_id, before, before, -1 if limit is None else limit)
+        rows = self._read(lambda cur: cur.execute(LIST_CHECKPOINTS_SQL, params).fetchall())
         return [
             {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": json.loads(meta)}
             for cid, parent, meta in rows
         ]
+
+    def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
+        rows = self._read(lambda cur: cur.execute(CHECKPOINT_LINKS_SQL, (thread_id,)).fetchall())
+        return [CheckpointLink(cid, parent, count or 0, kept) for cid, parent, count, kept in rows]
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row[0] for row in self._read(lambda cur: cur.execute(SELECT_USER_THREADS_SQL, (user_id,)).fetchall())]

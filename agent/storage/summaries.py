@@ -5,6 +5,13 @@
 at most `LAST_MESSAGE_CHARS`), `next_nodes` and `ts` are computed once, when
 the checkpoint is written; `get_checkpoint_history` then costs one index range
 scan whatever the length of the thread.
+
+`kept_messages` is how many of the checkpoint's first messages are its parent's,
+unchanged (the rest were written by this checkpoint: a turn's new messages, or
+everything from the first message an edit replaced or removed). With it and
+`message_count`, the tree of a thread's checkpoints tells where each message of
+a checkpoint first appeared and which checkpoints are its alternatives
+(`agent.operations.tree`) without reading a single message.
 """
 
 from __future__ import annotations
@@ -28,8 +35,16 @@ def message_text(message: BaseMessage | None) -> str:
     return text
 
 
-def summarize(messages: Sequence[BaseMessage], checkpoint: Mapping[str, Any], node_triggers: Mapping[str, Sequence[str]]) -> dict:
-    """The summary stored in a checkpoint's metadata, read by history listings.
+def summarize(
+    messages: Sequence[BaseMessage],
+    checkpoint: Mapping[str, Any],
+    node_triggers: Mapping[str, Sequence[str]],
+    *,
+    kept_messages: int = 0,
+) -> dict:
+    """The summary stored in a checkpoint's metadata, read by history listings and the branch tree.
+
+    `kept_messages`: how many leading messages the checkpoint shares with its parent.
 
     `next_nodes` applies LangGraph's trigger rule to the checkpoint alone: a
     node runs next when one of its trigger channels holds a value whose version
@@ -53,6 +68,7 @@ def summarize(messages: Sequence[BaseMessage], checkpoint: Mapping[str, Any], no
         "last_user_message": _clip(message_text(last_user)),
         "next_nodes": next_nodes,
         "ts": checkpoint.get("ts"),
+        "kept_messages": kept_messages,
     }
 
 

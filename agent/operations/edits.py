@@ -1,0 +1,185 @@
+"""Where an edit or a regeneration starts, and what it sends; which messages a removal takes out.
+
+These decide *what* to run; `agent.operations.turns` runs it like any turn
+(claim, run with writes buffered, commit), so editing and regenerating stream,
+run on the async path and follow the thread's multitask strategy for free.
+
+* **Edit** message m of checkpoint X (the head unless `checkpoint_id` says
+  otherwise): the turn starts from the checkpoint before m first appeared
+  (`agent.operations.tree`), so its new checkpoint is a sibling of the one that
+  wrote m, and the model sees X's messages before m, then the new input. That
+  starting checkpoint normally holds exactly X's messages before m, and only
+  the input is sent; when it does not (a message before m was replaced or
+  removed later on X's branch), the input first resets the state to X's
+  messages before m (`RemoveMessage(REMOVE_ALL_MESSAGES)`), so the edit never
+  brings back what X's branch had replaced.
+* **Regenerate** at X: rerun the model on X's messages up to its last user
+  message u. It starts from the newest checkpoint on X's branch that holds
+  exactly those messages (u not answered yet), with no input; if there is none
+  (the usual case: u and its answer were written by one turn), from the
+  checkpoint before u first appeared, sending u again (the same message, same
+  id). Either way the new answer is a sibling of the old one.
+* **Remove** (`remove_message_ids`): LangGraph's `RemoveMessage` for each id.
+  Removing an assistant message or one of its tool calls (a `function_call`
+  item's id is its call id) also removes the tool results that answer it, so
+  the history stays valid for chat APIs (OpenAI and Anthropic reject a tool
+  result without its call). A tool result removed alone leaves its call
+  unanswered, which `agent.context` repairs before each model call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from langchain_core.messages import BaseMessage, RemoveMessage
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+
+from agent.errors import InvalidRequest
+from agent.operations.tree import ThreadTree
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """Where a turn starts and what it sends from there."""
+
+    checkpoint_id: str
+    messages: list[BaseMessage]
+
+
+def position_of(messages: Sequence[BaseMessage], message_id: str, *, thread_id: str, checkpoint_id: str) -> int:
+    """The index of the message with id `message_id`, or of the assistant message that made the tool call
+    with that id (a `function_call` item's id).
+
+    Raises:
+        InvalidRequest: no message of the checkpoint has that id.
+    """
+    for index, message in enumerate(messages):
+        if message.id == message_id:
+            return index
+    for index, message in enumerate(messages):
+        if message.type == "ai" and any(call["id"] == message_id for call in message.tool_calls):
+            return index
+    raise _not_in_checkpoint(message_id, thread_id, checkpoint_id)
+
+
+def plan_edit(
+    tree: ThreadTree, chain: Sequence[str], messages: Sequence[BaseMessage], message_id: str, new: Sequence[BaseMessage]
+) -> TurnStart:
+    """The start of a turn that puts `new` in place of message `message_id` of the chain's last checkpoint.
+
+    `messages` are that checkpoint's messages; `tree` must know `kept_messages` for the chain.
+
+    Raises:
+        InvalidRequest: the message is not in the checkpoint, or (a thread written before threads had
+            a root) there is no checkpoint before it.
+    """
+    target = chain[-1]
+    position = position_of(messages, message_id, thread_id=tree.thread_id, checkpoint_id=target)
+    return _start_before(tree, chain, messages, position, list(new), what=f"edit message {message_id!r}")
+
+
+def plan_regenerate(tree: ThreadTree, chain: Sequence[str], messages: Sequence[BaseMessage]) -> TurnStart:
+    """The start of a turn that answers the last user message of the chain's last checkpoint again.
+
+    Raises:
+        InvalidRequest: the checkpoint has no user message.
+    """
+    target = chain[-1]
+    last_user = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].type == "human"), None)
+    if last_user is None:
+        raise InvalidRequest(
+            f"Checkpoint {target!r} of thread {tree.thread_id!r} has no user message to regenerate the answer to; "
+            "nothing was written.",
+            thread_id=tree.thread_id,
+            checkpoint_id=target,
+        )
+    wanted = last_user + 1
+    first = tree.first_seen(chain, len(messages))[last_user]
+    # The newest checkpoint on the branch that holds exactly the messages up to the user message.
+    for index in range(len(chain) - 1, first - 1, -1):
+        if tree.message_count(chain[index]) == wanted:
+            return TurnStart(chain[index], [])
+    return _start_before(tree, chain, messages, last_user, [messages[last_user]], what="regenerate")
+
+
+def _start_before(
+    tree: ThreadTree, chain: Sequence[str], messages: Sequence[BaseMessage], position: int, new: list[BaseMessage], *, what: str
+) -> TurnStart:
+    """Start from the checkpoint before message `position` first appeared; send `new` in its place."""
+    first = tree.first_seen(chain, len(messages))[position]
+    if first == 0:
+        raise InvalidRequest(
+            f"Cannot {what} of thread {tree.thread_id!r}: it was written before threads started with an empty "
+            "root checkpoint, so there is no checkpoint before it; fork the thread or start a new one. "
+            "Nothing was written.",
+            thread_id=tree.thread_id,
+        )
+    start = chain[first - 1]
+    if tree.kept[chain[first]] == position and tree.message_count(start) == position:
+        return TurnStart(start, new)  # the start holds exactly the messages before `position`
+    return TurnStart(start, [RemoveMessage(id=REMOVE_ALL_MESSAGES), *messages[:position], *new])
+
+
+def removals(
+    messages: Sequence[BaseMessage], ids: Sequence[str], *, thread_id: str, checkpoint_id: str, adding: int = 0
+) -> list[BaseMessage]:
+    """The messages that, applied with `add_messages`, remove `ids` from `messages` (see the module docstring).
+
+    An assistant message that loses some of its tool calls but keeps text or
+    other calls is replaced by a copy without them (same id). `adding`: how many
+    messages the same update adds.
+
+    Raises:
+        InvalidRequest: an id names no message or tool call of the checkpoint, or the update would leave no message
+            (the graph's edges need one).
+    """
+    by_id = {message.id: message for message in messages}
+    calls = {call["id"] for message in messages if message.type == "ai" for call in message.tool_calls}
+    gone: set[str] = set()
+    gone_calls: set[str] = set()
+    for message_id in ids:
+        if message_id in by_id:
+            gone.add(message_id)
+            if by_id[message_id].type == "ai":
+                gone_calls.update(call["id"] for call in by_id[message_id].tool_calls)
+        elif message_id in calls:
+            gone_calls.add(message_id)
+        else:
+            raise _not_in_checkpoint(message_id, thread_id, checkpoint_id)
+    out: list[BaseMessage] = []
+    left = 0
+    for message in messages:
+        if message.id in gone or (message.type == "tool" and message.tool_call_id in gone_calls):
+            out.append(RemoveMessage(id=message.id))
+            continue
+        left += 1
+        if message.type == "ai" and any(call["id"] in gone_calls for call in message.tool_calls):
+            kept = [call for call in message.tool_calls if call["id"] not in gone_calls]
+            if not kept and not message.text:
+                out.append(RemoveMessage(id=message.id))
+                left -= 1
+                continue
+            # langchain-openai also keeps the raw calls in additional_kwargs and would send those back.
+            extra = dict(message.additional_kwargs)
+            if "tool_calls" in extra:
+                extra["tool_calls"] = [call for call in extra["tool_calls"] if call.get("id") not in gone_calls]
+            out.append(message.model_copy(update={"tool_calls": kept, "additional_kwargs": extra}))
+    if left + adding == 0:
+        raise InvalidRequest(
+            f"Removing {list(ids)} would leave checkpoint {checkpoint_id!r} of thread {thread_id!r} without messages; "
+            "to start over, send a turn with the thread's root checkpoint as checkpoint_id. Nothing was written.",
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+        )
+    return out
+
+
+def _not_in_checkpoint(message_id: str, thread_id: str, checkpoint_id: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"No message or tool call with id {message_id!r} in checkpoint {checkpoint_id!r} of thread {thread_id!r}; "
+        "nothing was written.",
+        thread_id=thread_id,
+        checkpoint_id=checkpoint_id,
+        message_id=message_id,
+    )

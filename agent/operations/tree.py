@@ -1,0 +1,206 @@
+"""A thread's checkpoints as a tree, and where each message of a checkpoint sits in it, without reading messages.
+
+The tree is built from `CheckpointLink`s (id, parent, `message_count`,
+`kept_messages`: how many leading messages a checkpoint shares with its
+parent; `agent.storage.summaries`), one cheap index scan of metadata. From it:
+
+* **Where a message first appeared.** Walk the chain of a checkpoint X from X
+  towards the root. Position i of X's messages stayed unchanged through every
+  checkpoint whose `kept_messages` is greater than i; the newest checkpoint on
+  the chain with `kept_messages <= i` is where the message at i (with all
+  messages before it as they are in X) first appeared. An ordinary turn keeps
+  its parent's messages and adds two, so both of its messages first appear at
+  its own checkpoint. An edit in the middle (a message replaced or removed)
+  rewrites everything from that position, so the messages after it count as
+  appearing again there: the conversation before them changed.
+* **The checkpoint to branch from** to edit or regenerate a message is the one
+  just before that checkpoint on the chain (a thread's root for its first
+  messages), and the message's **siblings** are that checkpoint's children,
+  oldest first: every alternative written at that point (edits, regenerations,
+  branches, state updates). This is LangGraph `useStream`'s message metadata
+  (`firstSeenState`, `branch`, `branchOptions`), computed here on the server.
+  With each sibling comes its newest descendant (a leaf), which is what a UI
+  switches to when the user picks that alternative ("< 2/3 >"), like
+  `useStream`, which follows the newest child at every later fork.
+
+One pass over the chain assigns every position (O(depth + messages)), so
+reading a checkpoint costs the same whatever the number of other branches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from agent.errors import CheckpointNotFound
+from agent.operations.access import checkpoint_not_found
+from agent.storage import CheckpointLink, ThreadStorage
+from agent.storage.deltas import common_prefix
+from agent.types import MessagePlace
+
+
+class ThreadTree:
+    """The checkpoints of one thread (root namespace), linked by `parent_checkpoint_id`."""
+
+    def __init__(self, thread_id: str, links: Iterable[CheckpointLink]) -> None:
+        self.thread_id = thread_id
+        self.links: dict[str, CheckpointLink] = {link.checkpoint_id: link for link in links}
+        #: Checkpoint id -> its children, oldest first (ids are time-ordered). None: the roots (no parent
+        #: in the thread).
+        self.children: dict[str | None, list[str]] = {}
+        for checkpoint_id in sorted(self.links):
+            parent = self.links[checkpoint_id].parent_checkpoint_id
+            self.children.setdefault(parent if parent in self.links else None, []).append(checkpoint_id)
+        self._newest_leaf: dict[str, str] | None = None
+        #: `kept_messages` by checkpoint id, where known (see `fill_kept`).
+        self.kept: dict[str, int] = {
+            link.checkpoint_id: link.kept_messages for link in self.links.values() if link.kept_messages is not None
+        }
+
+    @classmethod
+    def from_rows(cls, thread_id: str, rows: Iterable[Mapping[str, Any]]) -> ThreadTree:
+        """A tree from `ThreadStorage.list_checkpoints` rows (which carry the whole metadata)."""
+        return cls(
+            thread_id,
+            (
+                CheckpointLink(
+                    row["checkpoint_id"],
+                    row["parent_checkpoint_id"],
+                    (row["metadata"] or {}).get("message_count", 0),
+                    (row["metadata"] or {}).get("kept_messages"),
+                )
+                for row in rows
+            ),
+        )
+
+    def __contains__(self, checkpoint_id: object) -> bool:
+        return checkpoint_id in self.links
+
+    def parent(self, checkpoint_id: str) -> str | None:
+        parent = self.links[checkpoint_id].parent_checkpoint_id
+        return parent if parent in self.links else None
+
+    def message_count(self, checkpoint_id: str) -> int:
+        return self.links[checkpoint_id].message_count
+
+    def chain(self, checkpoint_id: str) -> list[str]:
+        """The checkpoint and its ancestors, oldest (the root) first.
+
+        Raises:
+            CheckpointNotFound: the checkpoint is not in this thread.
+        """
+        if checkpoint_id not in self.links:
+            raise checkpoint_not_found(self.thread_id, checkpoint_id)
+        chain: list[str] = []
+        current: str | None = checkpoint_id
+        while current is not None and len(chain) <= len(self.links):  # the bound guards against a cycle
+            chain.append(current)
+            current = self.parent(current)
+        chain.reverse()
+        return chain
+
+    def siblings(self, checkpoint_id: str) -> list[str]:
+        """The children of the checkpoint's parent (it included), oldest first."""
+        return self.children.get(self.parent(checkpoint_id), [])
+
+    def leaves(self) -> list[str]:
+        """The checkpoints without children, newest first."""
+        return sorted((c for c in self.links if c not in self.children), reverse=True)
+
+    def newest_leaf(self, checkpoint_id: str) -> str:
+        """The newest checkpoint without children that descends from `checkpoint_id` (itself if it has none)."""
+        if self._newest_leaf is None:
+            # A child is always written after its parent, so newest-first visits children before parents.
+            newest: dict[str, str] = {}
+            for checkpoint_id_ in sorted(self.links, reverse=True):
+                kids = self.children.get(checkpoint_id_)
+                newest[checkpoint_id_] = max(newest[kid] for kid in kids) if kids else checkpoint_id_
+            self._newest_leaf = newest
+        return self._newest_leaf[checkpoint_id]
+
+    def fork_point(self, checkpoint_id: str) -> str | None:
+        """The newest ancestor of the checkpoint with more than one child (where its branch leaves another)."""
+        current = checkpoint_id
+        while (parent := self.parent(current)) is not None:
+            if len(self.children.get(parent, ())) > 1:
+                return parent
+            current = parent
+        return None
+
+    def common_ancestor(self, a: str, b: str) -> str | None:
+        """The newest checkpoint that is `a` or an ancestor of `a`, and `b` or an ancestor of `b`."""
+        ancestors_a = set(self.chain(a))
+        return next((c for c in reversed(self.chain(b)) if c in ancestors_a), None)
+
+    def first_seen(self, chain: Sequence[str], message_count: int) -> list[int]:
+        """For each message position of the chain's last checkpoint, the chain index where it first appeared.
+
+        Requires `kept` for the chain (see `fill_kept`).
+        """
+        first = [0] * message_count
+        unassigned = message_count  # positions [0, unassigned) are not assigned yet
+        for index in range(len(chain) - 1, 0, -1):
+            if unassigned == 0:
+                break
+            kept = self.kept[chain[index]]
+            if kept < unassigned:
+                first[kept:unassigned] = [index] * (unassigned - kept)
+                unassigned = kept
+        # What is left first appeared at the chain's oldest checkpoint (0, the default).
+        return first
+
+    def places(self, chain: Sequence[str], message_count: int) -> list[MessagePlace]:
+        """The `MessagePlace` of each message of the chain's last checkpoint, in order."""
+        made: dict[int, MessagePlace] = {}
+        out = []
+        for index in self.first_seen(chain, message_count):
+            if index not in made:
+                checkpoint_id = chain[index]
+                parent = chain[index - 1] if index > 0 else None
+                siblings = tuple(self.children.get(parent, [checkpoint_id]))
+                made[index] = MessagePlace(
+                    checkpoint_id, parent, siblings, tuple(self.newest_leaf(sibling) for sibling in siblings)
+                )
+            out.append(made[index])
+        return out
+
+    def missing_kept(self, chain: Sequence[str]) -> list[str]:
+        """The chain's checkpoints (but the first) whose `kept_messages` is unknown (written by an older release)."""
+        return [c for c in chain[1:] if c not in self.kept]
+
+
+def read_tree(storage: ThreadStorage, thread_id: str) -> ThreadTree:
+    """The thread's tree from `checkpoint_links` (one query; no messages)."""
+    return ThreadTree(thread_id, storage.checkpoint_links(thread_id))
+
+
+def fill_kept(storage: ThreadStorage, tree: ThreadTree, chain: Sequence[str]) -> None:
+    """Compute `kept_messages` for checkpoints of `chain` written before summaries had it (reads their messages).
+
+    Raises:
+        CheckpointNotFound: a checkpoint of the chain disappeared (the thread was deleted meanwhile).
+    """
+    for checkpoint_id in tree.missing_kept(chain):
+        parent = tree.parent(checkpoint_id)
+        mine = _messages(storage, tree.thread_id, checkpoint_id)
+        theirs = _messages(storage, tree.thread_id, parent) if parent else ()
+        tree.kept[checkpoint_id] = common_prefix(mine, theirs)
+
+
+def places_of(storage: ThreadStorage, tree: ThreadTree, chain: Sequence[str], messages: Sequence[BaseMessage]) -> list[MessagePlace]:
+    """`tree.places` for the chain's last checkpoint, whose messages are `messages`."""
+    fill_kept(storage, tree, chain)
+    return tree.places(chain, len(messages))
+
+
+def _messages(storage: ThreadStorage, thread_id: str, checkpoint_id: str) -> tuple:
+    found = storage.get_checkpoint(thread_id, checkpoint_id)
+    if found is None:
+        raise CheckpointNotFound(
+            f"Checkpoint {checkpoint_id!r} of thread {thread_id!r} disappeared while it was read.",
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+        )
+    return tuple(found.checkpoint["channel_values"].get("messages") or ())
