@@ -46,7 +46,7 @@ def create_agent(
     from langchain_core.language_models import BaseChatModel
 
     from agent.graph import build_graph
-    from agent.models import make_chat_model
+    from agent.models import make_chat_model, model_name_of
     from agent.operations import Threads
     from agent.responses import LangGraphResponsesAgent
     from agent.storage import open_storage
@@ -56,6 +56,8 @@ def create_agent(
     config = load_settings(database_url=database_url, model=None if chat_model else model, **settings)
     if chat_model is None:
         chat_model = make_chat_model(config.model)
+    else:
+        config.model = model_name_of(chat_model)  # what runs, for banners and /agent/info
     storage = open_storage(config.database_url, config)
     try:
         if connect:

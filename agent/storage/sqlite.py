@@ -24,13 +24,11 @@ Design notes:
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +36,17 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
+from agent.storage import sqlite_reads
 from agent.storage.base import Claim, ThreadRecord, ThreadStorage, Turn, Tx
 from agent.storage.saver import TurnSaverMixin
+from agent.storage.sqlite_reads import (  # noqa: F401 - the reads' statements, shared with SqliteReader
+    CHECKPOINT_IN_THREAD_SQL,
+    LIST_CHECKPOINTS_SQL,
+    SELECT_THREAD_SQL,
+    SELECT_USER_THREADS_SQL,
+    THREAD_COLUMNS,
+)
+from agent.storage.sqlite_reads import record as _record  # noqa: F401
 
 # Each migration is a list of statements; migration i brings the file to user_version i + 1.
 MIGRATIONS: list[list[str]] = [
@@ -110,25 +117,13 @@ DROP_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = ? AND token = ?"
 REQUEST_CANCEL_SQL = "UPDATE agent_claims SET cancel = ? WHERE thread_id = ? AND token <> '' AND expires_at >= ?"
 RENEW_CLAIM_SQL = "UPDATE agent_claims SET expires_at = ? WHERE thread_id = ? AND token = ? RETURNING thread_id, cancel"
 CANCEL_OF_SQL = "SELECT cancel FROM agent_claims WHERE thread_id = ? AND token = ? AND cancel IS NOT NULL"
-THREAD_COLUMNS = (
-    "thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds, "
-    "created_at, updated_at"
-)
-SELECT_THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM agent_threads WHERE thread_id = ?"
 UPSERT_THREAD_SQL = """
 INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, created_at, updated_at)
 VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = excluded.head_checkpoint_id,
     message_count = excluded.message_count, updated_at = excluded.updated_at
 """
-CHECKPOINT_IN_THREAD_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?"
-LIST_CHECKPOINTS_SQL = """
-SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
-WHERE thread_id = ? AND checkpoint_ns = '' AND (? IS NULL OR checkpoint_id < ?)
-ORDER BY checkpoint_id DESC LIMIT ?
-"""
 SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
-SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = ? ORDER BY thread_id"
 DELETE_THREAD_SQL = [
     "DELETE FROM writes WHERE thread_id = ?",
     "DELETE FROM checkpoints WHERE thread_id = ?",
@@ -304,7 +299,7 @@ class SqliteThreadStorage(ThreadStorage):
         with self._errors(), self.saver.transaction() as cur:
             cur.execute(CLAIM_SQL, params)
             fence_row = cur.execute(CLAIM_FENCE_SQL, (thread_id, token)).fetchone()
-            record = _record(cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone())
+            record = sqlite_reads.get_thread(cur, thread_id)
             start = None
             start_id = checkpoint_id or (record.head_checkpoint_id if record else None)
             if fence_row is not None and start_id is not None:
@@ -370,12 +365,12 @@ class SqliteThreadStorage(ThreadStorage):
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
         self.setup()
         with self._errors(), self.saver.cursor(transaction=False) as cur:
-            return _record(cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone())
+            return sqlite_reads.get_thread(cur, thread_id)
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
         self.setup()
         with self._errors(), self.saver.cursor(transaction=False) as cur:
-            return cur.execute(CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)).fetchone() is not None
+            return sqlite_reads.checkpoint_in_thread(cur, thread_id, checkpoint_id)
 
     def get_checkpoint(self, thread_id: str, checkpoint_id: str):
         self.setup()
@@ -386,16 +381,20 @@ class SqliteThreadStorage(ThreadStorage):
     def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
         self.setup()
         with self._errors(), self.saver.cursor(transaction=False) as cur:
-            rows = cur.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit)).fetchall()
-        return [
-            {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": json.loads(meta)}
-            for cid, parent, meta in rows
-        ]
+            return sqlite_reads.list_checkpoints(cur, thread_id, limit=limit, before=before)
 
     def threads_of_user(self, user_id: str) -> list[str]:
         self.setup()
         with self._errors(), self.saver.cursor(transaction=False) as cur:
-            return [row[0] for row in cur.execute(SELECT_USER_THREADS_SQL, (user_id,))]
+            return sqlite_reads.threads_of_user(cur, user_id)
+
+    def exists(self) -> bool:
+        if self._ready:
+            return True
+        if self.path != ":memory:" and not Path(self.path).is_file():
+            return False
+        with self._errors(), self.saver.lock:
+            return not self._missing_tables(self.saver.conn)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -405,25 +404,3 @@ class SqliteThreadStorage(ThreadStorage):
             if "no such table" in str(exc):
                 self._ready = False  # the next request runs setup, which re-creates what is missing
             raise StorageUnavailable(f"SQLite database {self.path!r} failed: {exc}; nothing was written.") from None
-
-
-def _record(row: Sequence[Any] | None) -> ThreadRecord | None:
-    if row is None:
-        return None
-    thread_id, user_id, head, title, metadata, count, forked_from, ttl, created, updated = row
-    return ThreadRecord(
-        thread_id=thread_id,
-        user_id=user_id,
-        head_checkpoint_id=head,
-        title=title,
-        metadata=json.loads(metadata) if metadata else {},
-        message_count=count,
-        forked_from=json.loads(forked_from) if forked_from else None,
-        ttl_seconds=ttl,
-        created_at=_iso(created),
-        updated_at=_iso(updated),
-    )
-
-
-def _iso(epoch: float | None) -> str | None:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat() if epoch is not None else None

@@ -10,9 +10,10 @@ scan whatever the length of the thread.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import AIMessage, BaseMessage
+if TYPE_CHECKING:  # imported on use: `agent.views` reads LAST_MESSAGE_CHARS without loading LangChain
+    from langchain_core.messages import BaseMessage
 
 #: Longest `last_message` / `last_user_message` kept in a checkpoint's summary, in characters.
 LAST_MESSAGE_CHARS = 100
@@ -20,6 +21,8 @@ LAST_MESSAGE_CHARS = 100
 
 def message_text(message: BaseMessage | None) -> str:
     """A one-line text for a message: its text, else the tools it calls."""
+    from langchain_core.messages import AIMessage
+
     if message is None:
         return ""
     text = message.text
