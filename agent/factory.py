@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.config import load_settings
 
@@ -17,7 +17,7 @@ def create_agent(
     model: str | BaseChatModel | None = None,
     *,
     connect: bool = True,
-    **settings,
+    **settings: Any,
 ) -> LangGraphResponsesAgent:
     """Build an agent: its storage, chat model and compiled graph, once.
 

@@ -41,7 +41,7 @@ def demo(database_url: DatabaseUrl = None, model: Model = None, tracing: Tracing
 def _run_demo(agent: LangGraphResponsesAgent, database_url: str | None) -> None:
     console.print(
         Panel.fit(
-            f"Store: [bold]{escape(agent.info().store)}[/]   "
+            f"Store: [bold]{escape(agent.info().store)}[/]\n"
             f"Model: [bold]{escape(agent.info().model)}[/]\n"
             "Each turn is saved as a checkpoint; any checkpoint can be the start of a new branch.",
             title="timetravel-agent demo",

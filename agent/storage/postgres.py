@@ -635,8 +635,12 @@ class PostgresThreadStorage(ThreadStorage):
     def exists(self) -> bool:
         if self._ready:
             return True
-        with self._errors("check the database"), self.connection() as conn:
-            return not self._missing_tables(conn)
+        with self._errors("check the database"):
+            if not self._reachable():
+                raise StorageUnavailable(f"Could not connect to {self.masked} within {self.settings.connect_timeout} s.")
+            self.pool.open(wait=False)  # does nothing if it is open
+            with self.connection() as conn:
+                return not self._missing_tables(conn)
 
     # -- errors --------------------------------------------------------------------------------
     @contextmanager
