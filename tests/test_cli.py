@@ -306,3 +306,24 @@ def test_chat_on_postgres_names_the_store_with_its_password_masked(pg_url, tmp_p
     assert_clean_success(result)
     assert "Store: postgresql://postgres:***@" in result.stdout
     assert "s3cret" not in result.stdout + result.stderr
+
+
+def test_read_only_open_agent_creates_no_sqlite_file_and_no_postgres_tables(pg_server_url, tmp_path):
+    # For the read-only commands that need the whole agent (listings, export), not only history's reads.
+    import psycopg
+
+    from agent.cli import open_agent
+    from agent.errors import ConfigurationError
+    from tests.helpers.databases import fresh_database
+
+    missing = tmp_path / "none" / "checkpoints.sqlite"
+    with pytest.raises(ConfigurationError, match=f"There is no store at {missing}"):
+        with open_agent(f"sqlite:///{missing}", "offline", False, read_only=True):
+            pass
+    assert not missing.parent.exists()
+    with fresh_database(pg_server_url, prefix="tt_readonly") as url:
+        with pytest.raises(ConfigurationError, match="its tables do not exist"):
+            with open_agent(url, "offline", False, read_only=True):
+                pass
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT to_regclass('agent_threads')").fetchone()[0] is None

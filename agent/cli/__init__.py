@@ -186,20 +186,14 @@ def open_agent(
     """
     from agent import create_agent
 
-    if read_only:
-        from agent.storage import require_existing_store
+    from agent.storage import require_existing_store, require_tables
 
+    if read_only:
         require_existing_store(resolve_url(database_url))
     agent = create_agent(database_url, model, tracing=tracing, connect=not read_only)
     try:
-        if read_only and not agent.storage.exists():
-            from agent.errors import ConfigurationError
-            from agent.storage import CHOOSE_ANOTHER
-
-            raise ConfigurationError(
-                f"There is no store in {store_label(database_url)}: its tables do not exist, "
-                f"and nothing was created. {CHOOSE_ANOTHER}"
-            )
+        if read_only:
+            require_tables(agent.storage, resolve_url(database_url))
         yield agent
     finally:
         agent.close()

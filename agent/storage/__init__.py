@@ -37,6 +37,7 @@ __all__ = [
     "open_storage",
     "owned_by",
     "require_existing_store",
+    "require_tables",
 ]
 
 #: How a message about a missing store says to choose another (the same setting in Python and on the command line).
@@ -127,12 +128,23 @@ def open_reader(url: str, settings: AgentSettings) -> ThreadReads:
             return reader
     storage = open_storage(url, settings)
     try:
-        if not storage.exists():
-            raise ConfigurationError(
-                f"There is no store in {store_label(url)}: its tables do not exist, and nothing was created. "
-                + CHOOSE_ANOTHER
-            )
+        require_tables(storage, url)
     except BaseException:
         storage.close()
         raise
     return storage
+
+
+def require_tables(storage: ThreadStorage, url: str) -> None:
+    """Check, without creating anything, that `storage` (opened on `url`) has been set up.
+
+    Raises:
+        ConfigurationError: its tables do not exist (a Postgres database the agent never used);
+            the message names the store and how to choose another.
+        StorageUnavailable: the database cannot be reached.
+    """
+    if not storage.exists():
+        raise ConfigurationError(
+            f"There is no store in {store_label(url)}: its tables do not exist, and nothing was created. "
+            + CHOOSE_ANOTHER
+        )
