@@ -52,7 +52,8 @@ class AgentSettings(BaseSettings):
     # -- what to run -------------------------------------------------------------------------
     database_url: str = ""
     """`postgresql://…` (or a libpq `key=value` string), `sqlite:///path`, or `memory://`.
-    Empty: `sqlite:///.agent/checkpoints.sqlite`."""
+    Empty: `sqlite:///.agent/checkpoints.sqlite` in the current directory. A SQLite path is made
+    absolute when the settings are built."""
     model: str = ""
     """`"offline"` or an OpenAI-compatible model name. Empty: offline unless an OpenAI key or base URL is set."""
 

@@ -24,7 +24,8 @@ def create_agent(
     Args:
         database_url: `postgresql://…` (or a libpq `key=value` string), `sqlite:///path`
             or `memory://`. Unset: `AGENT_DATABASE_URL`, else the embedded
-            `sqlite:///.agent/checkpoints.sqlite`.
+            `sqlite:///.agent/checkpoints.sqlite` in the current directory. A SQLite
+            path is made absolute now (`agent.info().store` names it).
         model: a LangChain chat model, an OpenAI-compatible model name, or
             `"offline"`. Unset: `AGENT_MODEL`, else `"offline"` unless
             `OPENAI_API_KEY` or `OPENAI_BASE_URL` is set.
