@@ -294,10 +294,12 @@ def test_history_on_a_postgres_database_without_the_agent_tables_creates_none(pg
             assert conn.execute("SELECT to_regclass('agent_threads')").fetchone()[0] is None
 
 
-def test_chat_banner_names_the_store_and_the_model(tmp_path):
-    result = run_cli("chat", cwd=tmp_path, stdin="/quit\n")
+def test_chat_banner_and_its_not_found_errors_name_the_store(tmp_path):
+    result = run_cli("chat", cwd=tmp_path, stdin="hello\n/branch zzzzzzzz\n/quit\n")
     assert_clean_success(result)
-    assert f"Store: {tmp_path / '.agent' / 'checkpoints.sqlite'}   Model: offline" in result.stdout
+    store = tmp_path / ".agent" / "checkpoints.sqlite"
+    assert f"Store: {store}   Model: offline" in result.stdout
+    assert f"has the id or short id 'zzzzzzzz' in the store {store}." in " ".join(result.stdout.split())
 
 
 def test_chat_on_postgres_names_the_store_with_its_password_masked(pg_url, tmp_path):

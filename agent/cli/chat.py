@@ -85,7 +85,7 @@ class _Chat:
             line = line.strip()
             if not line:
                 continue
-            with agent_errors(exit_on_error=False, to=console):
+            with agent_errors(exit_on_error=False, to=console, store=self.store):
                 if line.startswith("/"):
                     if not self.command(line):
                         return
