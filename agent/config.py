@@ -52,7 +52,8 @@ class AgentSettings(BaseSettings):
     # -- what to run -------------------------------------------------------------------------
     database_url: str = ""
     """`postgresql://…` (or a libpq `key=value` string), `sqlite:///path`, or `memory://`.
-    Empty: `sqlite:///.agent/checkpoints.sqlite`."""
+    Empty: `sqlite:///.agent/checkpoints.sqlite` in the current directory. A SQLite path is made
+    absolute when the settings are built."""
     model: str = ""
     """`"offline"` or an OpenAI-compatible model name. Empty: offline unless an OpenAI key or base URL is set."""
 
@@ -158,8 +159,16 @@ def load_settings(**overrides) -> AgentSettings:
 
 
 def resolve_database_url(url: str | None) -> str:
-    """The URL to use: `url`, else the embedded SQLite file under `./.agent/`."""
-    return url or f"sqlite:///{DEFAULT_SQLITE_PATH}"
+    """The URL to use: `url`, else the embedded SQLite file `.agent/checkpoints.sqlite`.
+
+    A SQLite path is made absolute against the current directory, now: the
+    store is named the same way everywhere (banners, errors) and does not move
+    if the directory changes later.
+    """
+    url = url or f"sqlite:///{DEFAULT_SQLITE_PATH}"
+    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+        return f"sqlite:///{os.path.abspath(url[len('sqlite:///') :])}"
+    return url
 
 
 def resolve_model_name(model: str | None) -> str:
@@ -190,6 +199,28 @@ def is_postgres_url(url: str) -> bool:
     """Whether `url` names a Postgres database: a `postgres(ql)://` URL or a libpq `key=value` string."""
     lowered = url.strip().lower()
     return lowered.startswith(("postgresql://", "postgres://", "postgresql+")) or ("=" in url and "://" not in url)
+
+
+def store_kind(url: str) -> str:
+    """`"postgres"`, `"sqlite"` or `"memory"` for a database URL (else its scheme); never the URL itself."""
+    if is_postgres_url(url):
+        return "postgres"
+    return url.split("://", 1)[0].lower() if "://" in url else "unknown"
+
+
+def store_label(url: str) -> str:
+    """How people are told which store is used: a SQLite file's absolute path, a Postgres URL with its
+    password masked, or `memory:// (this process only)`.
+
+    Example: `store_label("sqlite:///.agent/checkpoints.sqlite")` is
+    `"/home/me/project/.agent/checkpoints.sqlite"` when run in `/home/me/project`.
+    """
+    kind = store_kind(url)
+    if kind == "sqlite" and url.startswith("sqlite:///"):
+        return os.path.abspath(url[len("sqlite:///") :])
+    if kind == "memory":
+        return "memory:// (this process only)"
+    return mask_url(url)
 
 
 def mask_url(url: str) -> str:

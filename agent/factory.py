@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.config import load_settings
 
@@ -17,14 +17,15 @@ def create_agent(
     model: str | BaseChatModel | None = None,
     *,
     connect: bool = True,
-    **settings,
+    **settings: Any,
 ) -> LangGraphResponsesAgent:
     """Build an agent: its storage, chat model and compiled graph, once.
 
     Args:
         database_url: `postgresql://…` (or a libpq `key=value` string), `sqlite:///path`
             or `memory://`. Unset: `AGENT_DATABASE_URL`, else the embedded
-            `sqlite:///.agent/checkpoints.sqlite`.
+            `sqlite:///.agent/checkpoints.sqlite` in the current directory. A SQLite
+            path is made absolute now (`agent.info().store` names it).
         model: a LangChain chat model, an OpenAI-compatible model name, or
             `"offline"`. Unset: `AGENT_MODEL`, else `"offline"` unless
             `OPENAI_API_KEY` or `OPENAI_BASE_URL` is set.
@@ -46,7 +47,7 @@ def create_agent(
     from langchain_core.language_models import BaseChatModel
 
     from agent.graph import build_graph
-    from agent.models import make_chat_model
+    from agent.models import make_chat_model, model_name_of
     from agent.operations import Threads
     from agent.responses import LangGraphResponsesAgent
     from agent.storage import open_storage
@@ -56,6 +57,8 @@ def create_agent(
     config = load_settings(database_url=database_url, model=None if chat_model else model, **settings)
     if chat_model is None:
         chat_model = make_chat_model(config.model)
+    else:
+        config.model = model_name_of(chat_model)  # what runs, for banners and /agent/info
     storage = open_storage(config.database_url, config)
     try:
         if connect:

@@ -59,8 +59,9 @@ def make_chat_model(model: str | BaseChatModel | None = None) -> BaseChatModel:
         A LangChain chat model.
 
     Raises:
-        ConfigurationError: `model` is an empty string or neither a string nor a chat model,
-            or `ChatOpenAI` refuses the configuration (for example no API key).
+        ConfigurationError: `model` is an empty string or neither a string nor a chat model, a
+            near miss of a known name (`"offlin"`: did you mean `"offline"`?), or `ChatOpenAI`
+            refuses the configuration (for example no API key).
     """
     if isinstance(model, BaseChatModel):
         return model
@@ -72,7 +73,38 @@ def make_chat_model(model: str | BaseChatModel | None = None) -> BaseChatModel:
         )
     if model == OFFLINE_MODEL_NAME:
         return OfflineChatModel()
+    _refuse_near_miss(model)
     return _make_openai_model(model)
+
+
+def model_name_of(model: BaseChatModel) -> str:
+    """A chat model's name for people and `/agent/info`: its `model_name` or `model` (ChatOpenAI has
+    both), else its class name."""
+    if isinstance(model, OfflineChatModel):
+        return OFFLINE_MODEL_NAME
+    for attribute in ("model_name", "model"):
+        value = getattr(model, attribute, None)
+        if isinstance(value, str) and value:
+            return value
+    return type(model).__name__
+
+
+#: Model names this agent knows itself; any other name goes to an OpenAI-compatible server.
+KNOWN_MODEL_NAMES = (OFFLINE_MODEL_NAME,)
+
+
+def _refuse_near_miss(name: str) -> None:
+    # "offlin" would otherwise reach ChatOpenAI and fail with "Missing credentials", which hides the typo.
+    # 0.85 keeps real names such as "offline-v2" (similarity 0.82) apart from typos ("offlin": 0.92).
+    import difflib
+
+    close = difflib.get_close_matches(name.strip().lower(), KNOWN_MODEL_NAMES, n=1, cutoff=0.85)
+    if close:
+        raise ConfigurationError(
+            f"Unknown model {name!r}; did you mean {close[0]!r}? "
+            "(Other names are OpenAI-compatible models, which need OPENAI_API_KEY or OPENAI_BASE_URL.)",
+            model=name,
+        )
 
 
 def _make_openai_model(name: str) -> BaseChatModel:

@@ -41,7 +41,7 @@ from agent.operations import Threads, TurnArgs
 from agent.requests import ParsedRequest, keeping_item_ids, parse_request
 from agent.serving.errors import as_mlflow_exception
 from agent.tracing import scrub_trace_inputs, tag_trace
-from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
+from agent.types import AgentInfo, NewMessages, StoredResponse, TextDelta, TurnResult
 from agent.validation import check_id, check_limit, check_user_id, encoded_size, required_id
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,22 @@ class LangGraphResponsesAgent(ResponsesAgent):
     def storage(self):
         """The `agent.storage.ThreadStorage` this agent keeps its threads in."""
         return self.threads.storage
+
+    def info(self) -> AgentInfo:
+        """What is running: name, version, the store (`store`: an absolute SQLite path or a masked
+        Postgres URL; `store_kind`), the model's name, and whether tracing is on."""
+        from agent import __version__
+        from agent.config import store_kind, store_label
+
+        url = self.settings.database_url
+        return AgentInfo(
+            name="timetravel-agent",
+            version=__version__,
+            store=store_label(url),
+            store_kind=store_kind(url),
+            model=self.settings.model,
+            tracing=bool(self.settings.tracing),
+        )
 
     @property
     def graph(self):

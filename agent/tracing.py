@@ -24,7 +24,10 @@ What a trace carries (`tag_trace`), so the MLflow UI groups a thread's turns:
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +96,20 @@ def use_default_tracking_uri() -> str:
     return uri
 
 
+@contextmanager
+def mlflow_info_silenced() -> Iterator[None]:
+    """MLflow's INFO lines ("Creating initial MLflow database tables", "Predicting on input example")
+    are not printed inside this block, unless `MLFLOW_LOGGING_LEVEL` asks for them; warnings are."""
+    mlflow_logger = logging.getLogger("mlflow")
+    level = mlflow_logger.level
+    if not os.environ.get("MLFLOW_LOGGING_LEVEL"):
+        mlflow_logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        mlflow_logger.setLevel(level)
+
+
 def _create_tracking_store(uri: str, artifacts: Path) -> None:
     # MLflow creates a missing SQLite store lazily, with its "Default" experiment's
     # artifacts (trace payloads) in ./mlruns of whatever the current directory is.
@@ -100,7 +117,8 @@ def _create_tracking_store(uri: str, artifacts: Path) -> None:
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     try:
-        SqlAlchemyStore(uri, artifacts.as_uri())
+        with mlflow_info_silenced():
+            SqlAlchemyStore(uri, artifacts.as_uri())
     except Exception:  # MLflow will still create the store on first use, with its own artifact root.
         logger.warning("Could not create the MLflow tracking store %s", uri, exc_info=True)
 

@@ -8,15 +8,17 @@
   (`set_head`), `ForkResult` (`fork_thread`), `CheckpointDiff` (`compare_checkpoints`): the
   branch operations. Their messages stay LangChain messages until `as_dict()` turns them into
   Responses items (`agent.messages.to_state_items`, imported there so this module stays light).
+* `AgentInfo`: what is running (`LangGraphResponsesAgent.info()`, `GET /agent/info`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import BaseMessage
+if TYPE_CHECKING:  # `tt-agent history` uses CheckpointSummary without loading LangChain
+    from langchain_core.messages import BaseMessage
 
 TurnStatus = Literal["completed", "interrupted"]
 
@@ -266,3 +268,23 @@ class CheckpointDiff:
             "only_a": _placed_items(self.only_a, self.places_a),
             "only_b": _placed_items(self.only_b, self.places_b),
         }
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What is running: the agent, where it keeps its threads, and its model."""
+
+    name: str
+    version: str
+    store: str
+    """Where threads are kept, for people: a SQLite file's absolute path, a Postgres URL with its
+    password masked, or `memory:// (this process only)` (`agent.config.store_label`)."""
+    store_kind: str
+    """`postgres`, `sqlite` or `memory`."""
+    model: str
+    """The chat model's name (`offline`, an OpenAI-compatible name, or a LangChain model's name)."""
+    tracing: bool
+
+    def public_dict(self) -> dict[str, str]:
+        """What a server tells its clients (`GET /agent/info`): no path or URL of the store, only its kind."""
+        return {"name": self.name, "version": self.version, "store": self.store_kind, "model": self.model}

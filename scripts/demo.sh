@@ -3,15 +3,19 @@
 #
 # Creates or refreshes .venv at the repository root (Python 3.11+ from PATH:
 # python3, else python3.13/3.12/3.11; or $PYTHON), installs the project into it
-# (skipped while pyproject.toml is unchanged), then runs `tt-agent demo "$@"`.
-# With nothing configured, the demo uses the embedded SQLite store under
-# ./.agent/ and the offline model; set AGENT_DATABASE_URL / AGENT_MODEL /
-# OPENAI_API_KEY to change that.
+# (skipped while pyproject.toml is unchanged), then runs `tt-agent demo "$@"`
+# in the directory it was started from. With nothing configured, the demo uses
+# the embedded SQLite store .agent/checkpoints.sqlite under that directory and
+# the offline model; set AGENT_DATABASE_URL / AGENT_MODEL / OPENAI_API_KEY to
+# change that. Its last line is a command that shows the thread again, as it
+# can be typed in the same shell.
 set -euo pipefail
+caller_dir=$PWD
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 source scripts/_venv.sh
 
 ensure_venv ""
-export PATH="$PWD/$VENV/bin:$PATH"
-exec "$VENV/bin/tt-agent" demo "$@"
+tt_agent="$PWD/$VENV/bin/tt-agent"
+cd "$caller_dir"
+exec "$tt_agent" demo "$@"

@@ -25,10 +25,15 @@ The last line printed is the model URI: `models:/<NAME>/<version>` with
 from __future__ import annotations
 
 import argparse
+import os
 
-import mlflow
+# MLflow logs INFO lines (store creation, the input example check, the trace queue flushed at
+# exit) that would follow the URI in a terminal; it reads this variable when imported.
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
-from agent.serving import log_model
+import mlflow  # noqa: E402
+
+from agent.serving import log_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -115,7 +115,7 @@ def zero_config_demo(tmp_path_factory):
 
 def test_demo_without_configuration_stores_under_dot_agent_in_cwd(zero_config_demo):
     cwd, result, _ = zero_config_demo
-    assert "Store: sqlite:///.agent/checkpoints.sqlite" in result.stdout
+    assert f"Store: {cwd / '.agent' / 'checkpoints.sqlite'}" in result.stdout  # the absolute path
     assert (cwd / ".agent" / "checkpoints.sqlite").is_file()
     # Tracing is off by default on the command line, so nothing else appears (no mlflow.db, no mlruns/).
     assert sorted(p.name for p in cwd.iterdir()) == [".agent"]
@@ -253,3 +253,79 @@ def test_serve_with_unknown_url_scheme_exits_1_before_binding(tmp_path):
     assert result.returncode == 1
     assert "Unknown database URL scheme 'nosuchdb'" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+
+
+# -- one store, named ------------------------------------------------------------------------------
+def test_history_of_an_unknown_thread_names_the_store_it_searched(zero_config_demo):
+    cwd, _, _ = zero_config_demo
+    result = run_cli("history", "no-such-thread", cwd=cwd)
+    assert result.returncode == 1
+    assert str(cwd / ".agent" / "checkpoints.sqlite") in " ".join(result.stderr.split())
+
+
+def test_history_in_a_directory_without_a_store_creates_none_and_says_where_it_looked(tmp_path):
+    result = run_cli("history", "some-thread", cwd=tmp_path)
+    assert result.returncode == 1
+    message = " ".join(result.stderr.split())
+    assert f"There is no store at {tmp_path / '.agent' / 'checkpoints.sqlite'}" in message
+    assert "--database-url" in message and "AGENT_DATABASE_URL" in message
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_history_on_memory_is_refused_because_nothing_outlives_the_process(tmp_path):
+    result = run_cli("history", "some-thread", "--database-url", "memory://", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "memory://" in result.stderr and "--database-url" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_history_on_a_postgres_database_without_the_agent_tables_creates_none(pg_server_url, tmp_path):
+    import psycopg
+
+    from tests.helpers.databases import fresh_database
+
+    with fresh_database(pg_server_url, prefix="tt_readonly") as url:
+        result = run_cli("history", "some-thread", "--database-url", url, cwd=tmp_path)
+        assert result.returncode == 1
+        message = " ".join(result.stderr.split())
+        assert "There is no store in postgresql://" in message and "nothing was created" in message
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT to_regclass('agent_threads')").fetchone()[0] is None
+
+
+def test_chat_banner_and_its_not_found_errors_name_the_store(tmp_path):
+    result = run_cli("chat", cwd=tmp_path, stdin="hello\n/branch zzzzzzzz\n/quit\n")
+    assert_clean_success(result)
+    store = tmp_path / ".agent" / "checkpoints.sqlite"
+    assert f"Store: {store}   Model: offline" in result.stdout
+    assert f"has the id or short id 'zzzzzzzz' in the store {store}." in " ".join(result.stdout.split())
+
+
+def test_chat_on_postgres_names_the_store_with_its_password_masked(pg_url, tmp_path):
+    secret_url = pg_url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")  # trust auth ignores it
+    result = run_cli("chat", "--database-url", secret_url, cwd=tmp_path, stdin="/quit\n")
+    assert_clean_success(result)
+    assert "Store: postgresql://postgres:***@" in result.stdout
+    assert "s3cret" not in result.stdout + result.stderr
+
+
+def test_read_only_open_agent_creates_no_sqlite_file_and_no_postgres_tables(pg_server_url, tmp_path):
+    # For the read-only commands that need the whole agent (listings, export), not only history's reads.
+    import psycopg
+
+    from agent.cli import open_agent
+    from agent.errors import ConfigurationError
+    from tests.helpers.databases import fresh_database
+
+    missing = tmp_path / "none" / "checkpoints.sqlite"
+    with pytest.raises(ConfigurationError, match=f"There is no store at {missing}"):
+        with open_agent(f"sqlite:///{missing}", "offline", False, read_only=True):
+            pass
+    assert not missing.parent.exists()
+    with fresh_database(pg_server_url, prefix="tt_readonly") as url:
+        with pytest.raises(ConfigurationError, match="its tables do not exist"):
+            with open_agent(url, "offline", False, read_only=True):
+                pass
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT to_regclass('agent_threads')").fetchone()[0] is None

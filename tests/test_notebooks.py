@@ -49,17 +49,35 @@ def test_the_three_notebooks_exist_and_are_stored_without_outputs():
                 assert cell.outputs == [] and cell.execution_count is None, f"{path.name} holds outputs"
 
 
-def run(path: Path, kernel_name: str, cwd: Path) -> None:
+def run(path: Path, kernel_name: str, cwd: Path) -> list[str]:
+    """Execute the notebook in `cwd`; the text of every output (stdout, stderr, results), in order."""
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, kernel_name=kernel_name, timeout=300, resources={"metadata": {"path": str(cwd)}}).execute()
+    texts = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            texts.append(output.get("text") or str(output.get("data", {}).get("text/plain", "")))
+    return texts
+
+
+def assert_named(outputs: list[str], store: str) -> None:
+    """The store the notebook wrote to is the one it printed."""
+    assert any(f"store: {store}" in text for text in outputs), outputs
+
+
+def assert_quiet(outputs: list[str]) -> None:
+    """No MLflow INFO line in the outputs (with nothing configured, as a new user runs them)."""
+    assert not [text for text in outputs if "INFO mlflow" in text], outputs
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_on_the_embedded_default_store(path, kernel_name, tmp_path, monkeypatch):
     for name in ("AGENT_DATABASE_URL", "AGENT_MODEL", "MLFLOW_TRACKING_URI", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
-    run(path, kernel_name, tmp_path)
+    outputs = run(path, kernel_name, tmp_path)
     assert (tmp_path / ".agent" / "checkpoints.sqlite").is_file()
+    assert_named(outputs, str(tmp_path / ".agent" / "checkpoints.sqlite"))
+    assert_quiet(outputs)
     # Only logging a model writes an MLflow store, and then under .agent/; nothing lands in the current directory.
     assert (tmp_path / ".agent" / "mlflow.db").is_file() == (path.stem == "serving")
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
@@ -72,8 +90,11 @@ def test_notebook_runs_on_postgres_from_agent_database_url(path, kernel_name, tm
     monkeypatch.setenv("AGENT_DATABASE_URL", pg_url)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     threads_before = _thread_count(pg_url)
-    run(path, kernel_name, tmp_path)
+    outputs = run(path, kernel_name, tmp_path)
     assert _thread_count(pg_url) > threads_before
+    assert_named(outputs, pg_url)  # no password in the test URL, so masking leaves it as is
+    # Not assert_quiet: with MLFLOW_TRACKING_URI set, tracing is on and MLflow announces the
+    # tracking store it creates; its messages are then the user's to tune (MLFLOW_LOGGING_LEVEL).
     assert not (tmp_path / ".agent" / "checkpoints.sqlite").exists()
 
 

@@ -9,7 +9,18 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from agent.cli import MAX_LISTED, DatabaseUrl, Model, Tracing, UserId, agent_errors, app, console, open_agent
+from agent.cli import (
+    MAX_LISTED,
+    DatabaseUrl,
+    Model,
+    Tracing,
+    UserId,
+    agent_errors,
+    app,
+    console,
+    open_agent,
+    store_label,
+)
 from agent.cli.printing import send_turn
 from agent.views import (
     branch_tree,
@@ -47,20 +58,26 @@ Ids: a full checkpoint id or its last 8 characters. Anything else is sent to the
 def chat(
     database_url: DatabaseUrl = None,
     model: Model = None,
-    thread_id: Annotated[str | None, typer.Option("--thread-id", help="Continue this thread. Unset: a new one.")] = None,
+    thread_id: Annotated[
+        str | None, typer.Option("--thread-id", metavar="ID", help="Continue this thread. Unset: a new one.")
+    ] = None,
     user_id: UserId = None,
     tracing: Tracing = False,
 ) -> None:
     """Talk to the agent. Type /help for /show, /edit, /regen, /branches, /switch, /fork, /diff and more."""
-    with agent_errors(), open_agent(database_url, model, tracing) as agent:
-        _Chat(agent, thread_id=thread_id, user_id=user_id).run()
+    store = store_label(database_url)
+    with agent_errors(store=store), open_agent(database_url, model, tracing) as agent:
+        _Chat(agent, thread_id=thread_id, user_id=user_id, store=store).run()
 
 
 class _Chat:
     """The REPL's state: the current thread and the checkpoint the next message branches from."""
 
-    def __init__(self, agent: LangGraphResponsesAgent, *, thread_id: str | None, user_id: str | None) -> None:
+    def __init__(
+        self, agent: LangGraphResponsesAgent, *, thread_id: str | None, user_id: str | None, store: str
+    ) -> None:
         self.agent = agent
+        self.store = store
         self.thread_id = thread_id
         self.user_id = user_id
         self.branch_from: str | None = None
@@ -70,6 +87,8 @@ class _Chat:
     def run(self) -> None:
         where = f"thread {self.thread_id}" if self.thread_id else "a new thread"
         console.print(Text.assemble(("tt-agent chat", "bold"), f" on {where}. Type /help for commands, /quit to leave."))
+        info = self.agent.info()
+        console.print(Text(f"Store: {info.store}   Model: {info.model}", style="dim"))
         while True:
             try:
                 line = console.input("[bold cyan]you ›[/] ")
@@ -81,7 +100,7 @@ class _Chat:
             line = line.strip()
             if not line:
                 continue
-            with agent_errors(exit_on_error=False, to=console):
+            with agent_errors(exit_on_error=False, to=console, store=self.store):
                 if line.startswith("/"):
                     if not self.command(line):
                         return
@@ -145,8 +164,8 @@ class _Chat:
         else:
             # Another user's thread looks the same as a missing one (agent.threads.authorize).
             console.print(
-                f"Switched to thread {escape(args[0])}; it has no checkpoints you can see, "
-                "so your next message starts it."
+                f"Switched to thread {escape(args[0])}; it has no checkpoints you can see in the store "
+                f"{escape(self.store)}, so your next message starts it."
             )
 
     def show_history(self, args: list[str]) -> None:

@@ -8,7 +8,18 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from agent.cli import MAX_LISTED, DatabaseUrl, Model, Tracing, agent_errors, app, console, open_agent
+from agent.cli import (
+    MAX_LISTED,
+    DatabaseUrl,
+    Model,
+    Tracing,
+    agent_errors,
+    app,
+    console,
+    open_agent,
+    rerun_command,
+    store_label,
+)
 from agent.cli.printing import send_turn
 from agent.views import branch_tree, history_table, nodes_text, short_id
 
@@ -23,17 +34,15 @@ BRANCH_QUESTION = "Where am I going?"
 @app.command()
 def demo(database_url: DatabaseUrl = None, model: Model = None, tracing: Tracing = False) -> None:
     """Run the trip scenario on a fresh thread: memory, history, a branch, and the branch's answer."""
-    with agent_errors(), open_agent(database_url, model, tracing) as agent:
-        _run_demo(agent, database_url, model)
+    with agent_errors(store=store_label(database_url)), open_agent(database_url, model, tracing) as agent:
+        _run_demo(agent, database_url)
 
 
-def _run_demo(agent: LangGraphResponsesAgent, database_url: str | None, model: str | None) -> None:
-    from agent.config import mask_url, resolve_database_url, resolve_model_name
-
+def _run_demo(agent: LangGraphResponsesAgent, database_url: str | None) -> None:
     console.print(
         Panel.fit(
-            f"Store: [bold]{escape(mask_url(resolve_database_url(database_url)))}[/]   "
-            f"Model: [bold]{escape(resolve_model_name(model))}[/]\n"
+            f"Store: [bold]{escape(agent.info().store)}[/]\n"
+            f"Model: [bold]{escape(agent.info().model)}[/]\n"
             "Each turn is saved as a checkpoint; any checkpoint can be the start of a new branch.",
             title="timetravel-agent demo",
         )
@@ -85,9 +94,23 @@ def _run_demo(agent: LangGraphResponsesAgent, database_url: str | None, model: s
         )
     else:  # pragma: no cover - would be a storage bug
         console.print(f"  [red]✗ The SF branch (checkpoint {short_id(sf_head)}) is missing from the history.[/]")
-    console.print(
-        Text(f"\nSee this thread again with: tt-agent history {thread_id} --tree", style="dim"),
-    )
+    console.print(Text(f"\n{_see_again(thread_id, database_url)}", style="dim"))
+
+
+def _see_again(thread_id: str, database_url: str | None) -> str:
+    """The closing hint: a command that shows the thread again, runnable as printed in this shell."""
+    import os
+    import shlex
+
+    from agent.config import mask_url, store_kind
+
+    if store_kind(database_url or os.environ.get("AGENT_DATABASE_URL") or "") == "memory":
+        return "The thread lived in memory:// and ended with the demo; use a file or Postgres store to keep it."
+    args = ["history", thread_id, "--tree"]
+    if database_url and database_url != os.environ.get("AGENT_DATABASE_URL"):
+        # Given on the command line: repeat it (a password shows as ***, to be typed again).
+        args += ["--database-url", mask_url(database_url)]
+    return f"See this thread again with: {rerun_command()} " + " ".join(shlex.quote(arg) for arg in args)
 
 
 def _step(number: int, text: str) -> None:

@@ -15,6 +15,11 @@ whether it takes input items, how its arguments are parsed, and its handler,
 so that adding an operation means adding one entry (and its Python method on
 the agent), not editing a switch in several places. A turn is the action
 `turn` (the default when `action` is absent); it is the only one that streams.
+
+Importing this package loads neither LangGraph, LangChain nor MLflow (they
+are imported where a turn runs): `tt-agent history` reads a thread through
+`history` without them (tests/test_startup.py holds it). Modules imported
+here import those libraries inside functions or under `TYPE_CHECKING`.
 """
 
 from __future__ import annotations
@@ -23,15 +28,11 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import BaseMessage
-from langgraph.graph.state import CompiledStateGraph
-
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.errors import InvalidRequest
 from agent.operations import branches
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
-from agent.operations.turns import TurnArgs, TurnEvent, TurnRunner
 from agent.storage import ThreadStorage
 from agent.types import (
     BranchSummary,
@@ -45,9 +46,22 @@ from agent.types import (
 from agent.validation import check_id, check_limit, required_id
 
 if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+    from langgraph.graph.state import CompiledStateGraph
+
+    from agent.operations.turns import TurnArgs, TurnEvent
     from agent.requests import Envelope
 
 __all__ = ["ACTIONS", "Action", "Threads", "TurnArgs", "TurnOptions"]
+
+
+def __getattr__(name: str) -> Any:
+    # `TurnArgs` lives with the turn machinery, which loads LangGraph; imported on first use (PEP 562).
+    if name == "TurnArgs":
+        from agent.operations.turns import TurnArgs
+
+        return TurnArgs
+    raise AttributeError(f"module 'agent.operations' has no attribute {name!r}")
 
 
 class Threads:
@@ -57,6 +71,8 @@ class Threads:
         self.storage = storage
         self.graph = graph
         self.settings = settings
+        from agent.operations.turns import TurnRunner
+
         self.turns = TurnRunner(storage, graph, settings)
 
     def run_turn(self, args: TurnArgs, *, stream_tokens: bool) -> Iterator[TurnEvent]:

@@ -32,9 +32,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from langgraph.checkpoint.base import CheckpointTuple
-from langgraph.checkpoint.base.id import uuid6
-
 from agent.errors import InvalidRequest, ThreadBusy, ThreadNotFound
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.tree import ThreadTree, places_of, read_tree
@@ -44,6 +41,8 @@ from agent.types import BranchSummary, CheckpointDiff, CheckpointState, Checkpoi
 from agent.validation import check_id
 
 if TYPE_CHECKING:
+    from langgraph.checkpoint.base import CheckpointTuple
+
     from agent.operations import Threads
     from agent.requests import Envelope
 
@@ -223,6 +222,8 @@ def _copies(storage: ThreadStorage, thread_id: str, chain: Sequence[str]) -> lis
 
 
 def _write_copies(storage: ThreadStorage, turn: Turn, copies: Sequence[CheckpointTuple]) -> list[str]:
+    from langgraph.checkpoint.base.id import uuid6  # here: importing this module must not load LangGraph
+
     """Buffer a copy of each checkpoint in `turn`'s (new) thread, each the child of the previous; their new ids."""
     saver = storage.saver
     new_ids: list[str] = []

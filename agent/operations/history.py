@@ -10,19 +10,20 @@ from __future__ import annotations
 
 from agent.errors import CheckpointNotFound, InvalidRequest
 from agent.operations.access import authorize, checkpoint_not_found
-from agent.storage import ThreadStorage
+from agent.storage import ThreadReads, ThreadStorage
 from agent.types import CheckpointSummary
 
 
 def history(
-    storage: ThreadStorage, thread_id: str, *, user_id: str | None, limit: int, before: str | None
+    storage: ThreadReads, thread_id: str, *, user_id: str | None, limit: int, before: str | None
 ) -> list[CheckpointSummary]:
     """Up to `limit` checkpoints of the thread, newest first, all branches interleaved.
 
     The first entry of a thread's history (its oldest) is its root: an empty
     checkpoint (`source` "root", 0 messages) that the first turn starts from.
     `before` (a checkpoint_id) pages backwards. Reads summaries only, never
-    messages, so it costs the same on a thread of any length.
+    messages, so it costs the same on a thread of any length. `storage` is a
+    `ThreadStorage` or the light reader of read-only commands (`storage.open_reader`).
 
     Raises:
         ThreadNotFound: unknown thread, or not the caller's.

@@ -30,15 +30,16 @@ reading a checkpoint costs the same whatever the number of other branches.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import CheckpointNotFound
 from agent.operations.access import checkpoint_not_found
 from agent.storage import CheckpointLink, ThreadStorage
 from agent.storage.deltas import common_prefix
 from agent.types import MessagePlace
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 
 class ThreadTree:

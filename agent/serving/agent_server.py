@@ -3,9 +3,10 @@
 Endpoints (MLflow's): `POST /invocations` and `POST /responses` (the OpenAI
 Responses API shape, so `openai.OpenAI(base_url=...).responses.create(...)`
 works), both with `"stream": true` for server-sent events; `GET /health`
-(liveness); `GET /agent/info`. Added here: `GET /ready` (503 while the
-database is unreachable), and the `Idempotency-Key` request header on
-`/invocations` and `/responses` (as `custom_inputs.idempotency_key`).
+(liveness); `GET /agent/info`, answered here with the agent's name, version,
+store kind and model instead of MLflow's generic payload. Added here: `GET
+/ready` (503 while the database is unreachable), and the `Idempotency-Key`
+request header on `/invocations` and `/responses` (as `custom_inputs.idempotency_key`).
 
 What this module adds to MLflow's server:
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import mlflow
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -144,6 +146,8 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error_response)
     app.add_middleware(RequestBodyLimits, max_bytes=body_limit(agent.settings.max_request_bytes))
 
+    _replace_agent_info(app, agent)
+
     @app.get("/ready")
     async def ready() -> JSONResponse:
         """200 when the database answers, 503 otherwise (for load balancers' readiness probes)."""
@@ -151,6 +155,18 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
         return JSONResponse({"status": "ready" if up else "database unreachable"}, status_code=200 if up else 503)
 
     return app
+
+
+def _replace_agent_info(app: FastAPI, agent: LangGraphResponsesAgent) -> None:
+    # MLflow's GET /agent/info names a generic "mlflow_agent_server"; say what actually runs
+    # (`AgentInfo.public_dict`: the store's kind, never its URL), keeping MLflow's other keys.
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/agent/info"]
+    info = {**agent.info().public_dict(), "use_case": "agent", "agent_api": "responses", "mlflow_version": mlflow.__version__}
+
+    @app.get("/agent/info")
+    async def agent_info() -> dict[str, Any]:
+        """The agent's name, version, store kind (postgres, sqlite, memory) and model name."""
+        return info
 
 
 # -- errors ----------------------------------------------------------------------------------

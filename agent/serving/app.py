@@ -6,6 +6,7 @@ Request handling lives in `agent_server`; this module only starts and stops thin
 from __future__ import annotations
 
 import os
+import sys
 
 import uvicorn
 
@@ -31,4 +32,15 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
     # Tracing is on in the server unless AGENT_TRACING says otherwise.
     tracing = None if "AGENT_TRACING" in os.environ else True
     with create_agent(database_url, model, tracing=tracing) as agent:
+        print(startup_line(agent, host, port), file=sys.stderr, flush=True)
         uvicorn.run(build_app(agent), host=host, port=port)
+
+
+def startup_line(agent, host: str, port: int) -> str:
+    """What `tt-agent serve` says first: the version, the store (an absolute path or a masked URL),
+    the model, tracing, and where it listens."""
+    info = agent.info()
+    return (
+        f"{info.name} {info.version} serving on http://{host}:{port}: store {info.store}, "
+        f"model {info.model}, tracing {'on' if info.tracing else 'off'}"
+    )

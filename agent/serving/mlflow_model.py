@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mlflow
 
-from agent.tracing import use_default_tracking_uri
+from agent.tracing import mlflow_info_silenced, use_default_tracking_uri
 
 __all__ = ["INPUT_EXAMPLE", "LOGGING_ENVIRONMENT", "MODEL_CODE_PATH", "log_model", "runtime_requirements"]
 
@@ -47,6 +47,7 @@ def log_model(name: str = "agent", *, register_name: str | None = None, experime
 
     Where: the active tracking store; if none is configured,
     `sqlite:///.agent/mlflow.db` (`agent.tracing.use_default_tracking_uri`).
+    MLflow's INFO lines are not printed (`agent.tracing.mlflow_info_silenced`).
 
     Args:
         name: the logged model's name.
@@ -62,7 +63,7 @@ def log_model(name: str = "agent", *, register_name: str | None = None, experime
     use_default_tracking_uri()
     if experiment:
         mlflow.set_experiment(experiment)
-    with _environment(LOGGING_ENVIRONMENT):
+    with _environment(LOGGING_ENVIRONMENT), mlflow_info_silenced():
         info = mlflow.pyfunc.log_model(
             name=name,
             python_model=str(MODEL_CODE_PATH),

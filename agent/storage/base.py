@@ -49,12 +49,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
-
-from langgraph.checkpoint.base import CheckpointTuple
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.errors import ThreadBusy, ThreadNotFound
+
+if TYPE_CHECKING:  # LangGraph is imported by the backends; read-only commands never load it
+    from langgraph.checkpoint.base import CheckpointTuple
 
 
 @dataclass(frozen=True)
@@ -471,3 +472,25 @@ class ThreadStorage(ABC):
     @abstractmethod
     def threads_of_user(self, user_id: str) -> list[str]:
         """The ids of the threads `user_id` owns, sorted."""
+
+    @abstractmethod
+    def exists(self) -> bool:
+        """Whether the store has been set up (its tables exist), found without creating anything.
+
+        Read-only commands ask this before their first read, which would otherwise run `setup()`.
+        """
+
+
+class ThreadReads(Protocol):
+    """The reads a thread's history needs; `ThreadStorage` has them, and so does the light
+    `sqlite_reads.SqliteReader` of read-only commands (see `storage.open_reader`)."""
+
+    def get_thread(self, thread_id: str) -> ThreadRecord | None: ...
+
+    def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool: ...
+
+    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]: ...
+
+    def threads_of_user(self, user_id: str) -> list[str]: ...
+
+    def close(self) -> None: ...

@@ -773,6 +773,16 @@ class PostgresThreadStorage(ThreadStorage):
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, SELECT_USER_THREADS_SQL, (user_id,))]
 
+    def exists(self) -> bool:
+        if self._ready:
+            return True
+        with self._errors("check the database"):
+            if not self._reachable():
+                raise StorageUnavailable(f"Could not connect to {self.masked} within {self.settings.connect_timeout} s.")
+            self.pool.open(wait=False)  # does nothing if it is open
+            with self.connection() as conn:
+                return not self._missing_tables(conn)
+
     # -- errors --------------------------------------------------------------------------------
     @contextmanager
     def _errors(self, action: str, thread_id: str | None = None) -> Iterator[None]:

@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,17 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
+from agent.storage import sqlite_reads
 from agent.storage.base import CheckpointLink, Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
 from agent.storage.saver import TurnSaverMixin
+from agent.storage.sqlite_reads import (  # noqa: F401 - the reads' statements, shared with SqliteReader
+    CHECKPOINT_IN_THREAD_SQL,
+    LIST_CHECKPOINTS_SQL,
+    SELECT_THREAD_SQL,
+    SELECT_USER_THREADS_SQL,
+    THREAD_COLUMNS,
+)
+from agent.storage.sqlite_reads import record as _record  # noqa: F401
 
 # Each migration is a list of statements; migration i brings the file to user_version i + 1.
 MIGRATIONS: list[list[str]] = [
@@ -116,22 +124,11 @@ DROP_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = ? AND token = ?"
 REQUEST_CANCEL_SQL = "UPDATE agent_claims SET cancel = ? WHERE thread_id = ? AND token <> '' AND expires_at >= ?"
 RENEW_CLAIM_SQL = "UPDATE agent_claims SET expires_at = ? WHERE thread_id = ? AND token = ? RETURNING thread_id, cancel"
 CANCEL_OF_SQL = "SELECT cancel FROM agent_claims WHERE thread_id = ? AND token = ? AND cancel IS NOT NULL"
-THREAD_COLUMNS = (
-    "thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds, "
-    "created_at, updated_at"
-)
-SELECT_THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM agent_threads WHERE thread_id = ?"
 UPSERT_THREAD_SQL = """
 INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, created_at, updated_at)
 VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = excluded.head_checkpoint_id,
     message_count = excluded.message_count, updated_at = excluded.updated_at
-"""
-CHECKPOINT_IN_THREAD_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?"
-LIST_CHECKPOINTS_SQL = """
-SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
-WHERE thread_id = ? AND checkpoint_ns = '' AND (? IS NULL OR checkpoint_id < ?)
-ORDER BY checkpoint_id DESC LIMIT ?
 """
 # SqliteSaver stores metadata as a JSON blob; the cast lets json_extract read it.
 CHECKPOINT_LINKS_SQL = """
@@ -146,7 +143,6 @@ INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
-SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = ? ORDER BY thread_id"
 DELETE_THREAD_SQL = [
     "DELETE FROM writes WHERE thread_id = ?",
     "DELETE FROM checkpoints WHERE thread_id = ?",
@@ -359,7 +355,7 @@ class SqliteThreadStorage(ThreadStorage):
             with self.saver.transaction() as cur:
                 cur.execute(CLAIM_SQL, params)
                 fence_row = cur.execute(CLAIM_FENCE_SQL, (thread_id, token)).fetchone()
-                record = _record(cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone())
+                record = sqlite_reads.get_thread(cur, thread_id)
                 start = None
                 start_id = checkpoint_id or (record.head_checkpoint_id if record else None)
                 if fence_row is not None and start_id is not None:
@@ -471,10 +467,10 @@ class SqliteThreadStorage(ThreadStorage):
         raise AssertionError("unreachable")
 
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
-        return _record(self._read(lambda cur: cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone()))
+        return self._read(lambda cur: sqlite_reads.get_thread(cur, thread_id))
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
-        return self._read(lambda cur: cur.execute(CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)).fetchone()) is not None
+        return self._read(lambda cur: sqlite_reads.checkpoint_in_thread(cur, thread_id, checkpoint_id))
 
     def get_checkpoint(self, thread_id: str, checkpoint_id: str):
         config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
@@ -484,20 +480,22 @@ class SqliteThreadStorage(ThreadStorage):
         return [found for found in (self.get_checkpoint(thread_id, c) for c in sorted(set(checkpoint_ids))) if found]
 
     def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
-        # A negative LIMIT is no limit in SQLite.
-        params = (thread_id, before, before, -1 if limit is None else limit)
-        rows = self._read(lambda cur: cur.execute(LIST_CHECKPOINTS_SQL, params).fetchall())
-        return [
-            {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": json.loads(meta)}
-            for cid, parent, meta in rows
-        ]
+        return self._read(lambda cur: sqlite_reads.list_checkpoints(cur, thread_id, limit=limit, before=before))
 
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         rows = self._read(lambda cur: cur.execute(CHECKPOINT_LINKS_SQL, (thread_id,)).fetchall())
         return [CheckpointLink(cid, parent, count or 0, kept) for cid, parent, count, kept in rows]
 
     def threads_of_user(self, user_id: str) -> list[str]:
-        return [row[0] for row in self._read(lambda cur: cur.execute(SELECT_USER_THREADS_SQL, (user_id,)).fetchall())]
+        return self._read(lambda cur: sqlite_reads.threads_of_user(cur, user_id))
+
+    def exists(self) -> bool:
+        if self._ready:
+            return True
+        if self.path != ":memory:" and not Path(self.path).is_file():
+            return False
+        with self._errors(), self.saver.lock:
+            return not self._missing_tables(self.saver.conn)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -507,25 +505,3 @@ class SqliteThreadStorage(ThreadStorage):
             if "no such table" in str(exc):
                 self._ready = False  # the next request runs setup, which re-creates what is missing
             raise StorageUnavailable(f"SQLite database {self.path!r} failed: {exc}; nothing was written.") from None
-
-
-def _record(row: Sequence[Any] | None) -> ThreadRecord | None:
-    if row is None:
-        return None
-    thread_id, user_id, head, title, metadata, count, forked_from, ttl, created, updated = row
-    return ThreadRecord(
-        thread_id=thread_id,
-        user_id=user_id,
-        head_checkpoint_id=head,
-        title=title,
-        metadata=json.loads(metadata) if metadata else {},
-        message_count=count,
-        forked_from=json.loads(forked_from) if forked_from else None,
-        ttl_seconds=ttl,
-        created_at=_iso(created),
-        updated_at=_iso(updated),
-    )
-
-
-def _iso(epoch: float | None) -> str | None:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat() if epoch is not None else None

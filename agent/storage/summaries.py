@@ -17,9 +17,10 @@ a checkpoint first appeared and which checkpoints are its alternatives
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import AIMessage, BaseMessage
+if TYPE_CHECKING:  # imported on use: `agent.views` reads LAST_MESSAGE_CHARS without loading LangChain
+    from langchain_core.messages import BaseMessage
 
 #: Longest `last_message` / `last_user_message` kept in a checkpoint's summary, in characters.
 LAST_MESSAGE_CHARS = 100
@@ -27,6 +28,8 @@ LAST_MESSAGE_CHARS = 100
 
 def message_text(message: BaseMessage | None) -> str:
     """A one-line text for a message: its text, else the tools it calls."""
+    from langchain_core.messages import AIMessage
+
     if message is None:
         return ""
     text = message.text

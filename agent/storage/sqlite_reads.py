@@ -1,0 +1,171 @@
+"""The SQLite backend's reads (thread records, checkpoint summaries), and a read-only reader that needs no LangGraph.
+
+The statements and row mappings here are the backend's only copy: the full
+storage (`sqlite.SqliteThreadStorage`) runs them on its connection, inside its
+lock, and `SqliteReader` runs them on a read-only connection of its own.
+
+Why a second way in: `tt-agent history` reads only `agent_threads` and the
+checkpoints' metadata (the summaries written by `summaries.summarize`), yet
+opening the full storage loads LangGraph's `SqliteSaver`, LangChain and, with
+the agent, MLflow: seconds before the first row. `SqliteReader` imports only
+`sqlite3`. It opens the file with `mode=ro` (https://www.sqlite.org/uri.html),
+so a read-only command can neither create a missing store nor change one, and
+it checks that the columns its statements read exist; a store written by an
+older version fails that check, and the caller opens the full storage, which
+migrates it (`storage.open_reader`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from agent.errors import StorageUnavailable
+from agent.storage.base import ThreadRecord
+
+THREAD_COLUMNS = (
+    "thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds, "
+    "created_at, updated_at"
+)
+SELECT_THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM agent_threads WHERE thread_id = ?"
+CHECKPOINT_IN_THREAD_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?"
+LIST_CHECKPOINTS_SQL = """
+SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
+WHERE thread_id = ? AND checkpoint_ns = '' AND (? IS NULL OR checkpoint_id < ?)
+ORDER BY checkpoint_id DESC LIMIT ?
+"""
+SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = ? ORDER BY thread_id"
+# Fails (no such table / column) unless the file holds every column the statements above read.
+SCHEMA_CHECK_SQL = [
+    f"SELECT {THREAD_COLUMNS} FROM agent_threads LIMIT 0",
+    "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints LIMIT 0",
+]
+
+
+def get_thread(cur: sqlite3.Cursor, thread_id: str) -> ThreadRecord | None:
+    """The thread's record, or None."""
+    return record(cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone())
+
+
+def checkpoint_in_thread(cur: sqlite3.Cursor, thread_id: str, checkpoint_id: str) -> bool:
+    """Whether `checkpoint_id` is a checkpoint of `thread_id` (root namespace)."""
+    return cur.execute(CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)).fetchone() is not None
+
+
+def list_checkpoints(cur: sqlite3.Cursor, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
+    """Up to `limit` rows (None: all) (`checkpoint_id`, `parent_checkpoint_id`, `metadata` dict), newest first."""
+    # A negative LIMIT is no limit in SQLite.
+    rows = cur.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, -1 if limit is None else limit)).fetchall()
+    return [
+        {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": json.loads(meta)}
+        for cid, parent, meta in rows
+    ]
+
+
+def threads_of_user(cur: sqlite3.Cursor, user_id: str) -> list[str]:
+    """The ids of the threads `user_id` owns, sorted."""
+    return [row[0] for row in cur.execute(SELECT_USER_THREADS_SQL, (user_id,))]
+
+
+def record(row: Sequence[Any] | None) -> ThreadRecord | None:
+    """A `ThreadRecord` from a row of `THREAD_COLUMNS` (timestamps are REAL epoch seconds in SQLite)."""
+    if row is None:
+        return None
+    thread_id, user_id, head, title, metadata, count, forked_from, ttl, created, updated = row
+    return ThreadRecord(
+        thread_id=thread_id,
+        user_id=user_id,
+        head_checkpoint_id=head,
+        title=title,
+        metadata=json.loads(metadata) if metadata else {},
+        message_count=count,
+        forked_from=json.loads(forked_from) if forked_from else None,
+        ttl_seconds=ttl,
+        created_at=_iso(created),
+        updated_at=_iso(updated),
+    )
+
+
+def _iso(epoch: float | None) -> str | None:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat() if epoch is not None else None
+
+
+class SqliteReader:
+    """Reads of an existing SQLite store on a read-only connection (`storage.ThreadReads`).
+
+    Build it with `SqliteReader.open(path)`; close it with `close()` or `with`.
+    Every method raises `StorageUnavailable` when SQLite fails (a locked or
+    corrupt file).
+    """
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self.conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path) -> SqliteReader | None:
+        """A reader of the store at `path`, or None when its tables lack a column the reads need
+        (a store of an older version: the full storage migrates it).
+
+        Raises:
+            FileNotFoundError: there is no file at `path` (nothing is created).
+            StorageUnavailable: the file is not a SQLite database, or cannot be read.
+        """
+        path = Path(path).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(path)
+        try:
+            conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, check_same_thread=False, timeout=30)
+        except sqlite3.Error as exc:
+            raise StorageUnavailable(f"Cannot open SQLite database {str(path)!r}: {exc}") from None
+        try:
+            for statement in SCHEMA_CHECK_SQL:
+                conn.execute(statement)
+        except sqlite3.OperationalError:
+            conn.close()
+            return None
+        except sqlite3.DatabaseError as exc:  # not a database, or corrupt
+            conn.close()
+            raise StorageUnavailable(f"Cannot read SQLite database {str(path)!r}: {exc}") from None
+        return cls(conn, path)
+
+    def get_thread(self, thread_id: str) -> ThreadRecord | None:
+        with self._cursor() as cur:
+            return get_thread(cur, thread_id)
+
+    def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
+        with self._cursor() as cur:
+            return checkpoint_in_thread(cur, thread_id, checkpoint_id)
+
+    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
+        with self._cursor() as cur:
+            return list_checkpoints(cur, thread_id, limit=limit, before=before)
+
+    def threads_of_user(self, user_id: str) -> list[str]:
+        with self._cursor() as cur:
+            return threads_of_user(cur, user_id)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> SqliteReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _cursor(self) -> Iterator[sqlite3.Cursor]:
+        cur = self.conn.cursor()
+        try:
+            yield cur
+        except sqlite3.Error as exc:
+            raise StorageUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}") from None
+        finally:
+            cur.close()

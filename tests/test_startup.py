@@ -1,0 +1,109 @@
+"""Start-up: what `tt-agent --help`, `--version`, `tt-agent history` and `import agent` load.
+
+No timing is asserted here (the machine is shared and noisy): `bench/startup.py`
+measures the start-up against `python -c pass`. These tests hold what makes it
+fast: the help, the version and a history read on the SQLite default import
+neither MLflow, LangChain nor LangGraph (each costs about a second or more),
+and `from agent import create_agent` loads no serving stack.
+
+Imports are read from `python -X importtime`, which lists every module a
+process imported, on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent import create_agent
+
+HEAVY = ("mlflow", "langchain_core", "langchain_openai", "langgraph")
+SERVING = ("agent.serving.app", "agent.serving.agent_server", "fastapi", "uvicorn")
+
+
+def imported_modules(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run `python -X importtime *args` in `cwd` with no AGENT_*/MLFLOW_* settings; the result and the modules it imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "MLFLOW_", "OPENAI_"))}
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    modules = {
+        line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    return result, modules
+
+
+def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    """The modules among `modules` that are one of `names` or inside one of them."""
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+@pytest.mark.parametrize(
+    "args", [["--help"], ["-h"], ["--version"], ["history", "--help"], ["demo", "-h"]], ids=" ".join
+)
+def test_help_and_version_import_neither_mlflow_langchain_nor_langgraph(args, tmp_path):
+    result, modules = imported_modules(["-m", "agent", *args], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "agent.cli" in modules  # the measurement saw the command line itself
+    assert loaded(modules, HEAVY) == []
+
+
+@pytest.fixture(scope="module")
+def default_store(tmp_path_factory) -> tuple[Path, str]:
+    """A directory whose default store (.agent/checkpoints.sqlite) holds one thread of two turns."""
+    cwd = tmp_path_factory.mktemp("store")
+    url = f"sqlite:///{cwd / '.agent' / 'checkpoints.sqlite'}"
+    with create_agent(url, model="offline", tracing=False) as agent:
+        first = agent.predict({"input": [{"role": "user", "content": "I'm headed to SF!"}]})
+        thread_id = first.custom_outputs["thread_id"]
+        agent.predict({"input": [{"role": "user", "content": "Where?"}], "custom_inputs": {"thread_id": thread_id}})
+    return cwd, thread_id
+
+
+def test_history_on_the_sqlite_default_imports_neither_mlflow_langchain_nor_langgraph(default_store):
+    cwd, thread_id = default_store
+    result, modules = imported_modules(["-m", "agent", "history", thread_id, "--tree"], cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "I'm headed to SF!" in result.stdout and "branch" not in result.stdout  # it did read the thread
+    assert "agent.storage.sqlite_reads" in modules
+    assert loaded(modules, HEAVY) == []
+
+
+def test_history_of_a_store_of_an_older_layout_still_works_through_the_full_storage(default_store, tmp_path):
+    # A file whose agent_threads lacks a column the light reader selects: it is migrated, not refused.
+    cwd, thread_id = default_store
+    old = tmp_path / "old.sqlite"
+    old.write_bytes((cwd / ".agent" / "checkpoints.sqlite").read_bytes())
+    import sqlite3
+
+    with sqlite3.connect(old) as conn:
+        conn.execute("ALTER TABLE agent_threads DROP COLUMN ttl_seconds")
+        conn.execute("PRAGMA user_version = 1")
+    result, modules = imported_modules(["-m", "agent", "history", thread_id, "--database-url", f"sqlite:///{old}"], cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Where?" in result.stdout
+    assert "langgraph" in modules  # the full storage ran its migrations
+
+
+def test_importing_agent_for_create_agent_loads_no_serving_stack_nor_mlflow(tmp_path):
+    result, modules = imported_modules(["-c", "import agent; from agent import create_agent, ThreadNotFound"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert loaded(modules, SERVING + HEAVY) == []
+
+
+def test_an_agent_built_and_used_in_python_loads_no_server(tmp_path):
+    # MLflow itself imports FastAPI (mlflow.gateway), so only our server modules and uvicorn are checked.
+    code = (
+        "import sys\n"
+        "from agent import create_agent\n"
+        "with create_agent('memory://', model='offline') as agent:\n"
+        "    agent.predict({'input': [{'role': 'user', 'content': 'hi'}]})\n"
+        "print(sorted(m for m in ('agent.serving.app', 'agent.serving.agent_server', 'uvicorn') if m in sys.modules))\n"
+    )
+    result, _ = imported_modules(["-c", code], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
