@@ -183,6 +183,22 @@ def test_a_failing_model_writes_nothing_and_a_retry_adds_the_message_once(backen
     assert user_texts(head_messages(agent, thread_id)) == ["I'm headed to SF!", "I'm headed to Tokyo!"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["predict", "predict_stream"])
+def test_a_first_turn_that_fails_leaves_nothing_not_even_the_threads_root(backend_url, make_agent, stream):
+    agent = make_agent(backend_url, model=FailingChatModel(failures=[1]))
+    rows = all_rows(backend_url)
+    thread_id = f"first-{uuid.uuid4()}"
+    body = request("I'm headed to SF!", thread_id=thread_id)
+    with pytest.raises(ModelError):
+        list(agent.predict_stream(body)) if stream else agent.predict(body)
+    # The root is written with the first turn's commit, or not at all.
+    assert all_rows(backend_url) == rows
+    assert agent.storage.get_thread(thread_id) is None
+    ids = outputs(say(agent, "I'm headed to SF!", thread_id=thread_id))
+    assert [e["source"] for e in agent.get_checkpoint_history(thread_id)] == ["loop", "root"]
+    assert ids["parent_checkpoint_id"] == agent.get_checkpoint_history(thread_id)[-1]["checkpoint_id"]
+
+
 def test_a_model_failing_after_the_tool_ran_writes_nothing_of_the_turn(backend_url, make_agent):
     failures = [0]
     agent = make_agent(backend_url, model=FailingChatModel(failures=failures, fail_after_tool_call=True))

@@ -481,14 +481,18 @@ def _result_of(stored: StoredResponse) -> TurnResult:
 
 
 def _add_root(saver: Any, turn: Turn) -> str:
-    """Buffer a new thread's root: an empty checkpoint before its first message (source `root`, step -1)."""
+    """Buffer a new thread's root: an empty checkpoint before its first message (source `root`, step -1).
+
+    Buffered like every write of the turn, so a first turn that fails leaves nothing, not even its root.
+    """
     checkpoint = empty_checkpoint()
-    saver.put(
-        {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": ""}},
-        checkpoint,
-        {"source": ROOT_SOURCE, "step": -1, "parents": {}},
-        {},
-    )
+    with saver.buffering(turn):
+        saver.put(
+            {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": ""}},
+            checkpoint,
+            {"source": ROOT_SOURCE, "step": -1, "parents": {}},
+            {},
+        )
     return checkpoint["id"]
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.base import CheckpointTuple, copy_checkpoint
 
 from agent.storage import deltas
 from agent.storage.base import Turn
@@ -100,23 +100,25 @@ class TurnSaverMixin:
         turn = self.active_turn(configurable["thread_id"])
         if turn is None:
             return self._write_checkpoint(config, checkpoint, metadata, new_versions, None)
-        checkpoint = {**checkpoint, "channel_values": dict(checkpoint["channel_values"])}
-        turn.puts.append((config, checkpoint, dict(metadata), dict(new_versions)))
-        stored = {
+        # Copies: LangGraph mutates the checkpoint it runs from (its channel versions), and a
+        # buffered checkpoint is also what the rest of the turn reads back from `turn.loaded`.
+        stored, loaded = copy_checkpoint(checkpoint), copy_checkpoint(checkpoint)
+        turn.puts.append((config, stored, dict(metadata), dict(new_versions)))
+        address = {
             "thread_id": configurable["thread_id"],
             "checkpoint_ns": configurable.get("checkpoint_ns", ""),
             "checkpoint_id": checkpoint["id"],
         }
         turn.loaded[checkpoint["id"]] = CheckpointTuple(
-            config={"configurable": stored},
-            checkpoint=checkpoint,
+            config={"configurable": address},
+            checkpoint=loaded,
             metadata=dict(metadata),
-            parent_config={"configurable": {**stored, "checkpoint_id": configurable["checkpoint_id"]}}
+            parent_config={"configurable": {**address, "checkpoint_id": configurable["checkpoint_id"]}}
             if configurable.get("checkpoint_id")
             else None,
             pending_writes=[],
         )
-        return {"configurable": stored}
+        return {"configurable": address}
 
     async def aput(self, config, checkpoint, metadata, new_versions):
         if self.active_turn(config["configurable"]["thread_id"]) is not None:
