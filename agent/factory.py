@@ -46,6 +46,8 @@ def create_agent(
     from langchain_core.language_models import BaseChatModel
 
     from agent.graph import build_graph
+    from agent.memory.service import Memories
+    from agent.memory.tools import memory_tools
     from agent.models import make_chat_model
     from agent.operations import Threads
     from agent.responses import LangGraphResponsesAgent
@@ -57,12 +59,16 @@ def create_agent(
     if chat_model is None:
         chat_model = make_chat_model(config.model)
     storage = open_storage(config.database_url, config)
+    memories = None
     try:
+        memories = Memories(storage, config)
         if connect:
             storage.setup()
-        graph = build_graph(chat_model, storage.saver)
+        graph = build_graph(chat_model, storage.saver, memory_tools(memories))
     except BaseException:
+        if memories is not None:
+            memories.close()
         storage.close()
         raise
     configure_tracing(config)
-    return LangGraphResponsesAgent(Threads(storage, graph, config), config)
+    return LangGraphResponsesAgent(Threads(storage, graph, config, memories), config)

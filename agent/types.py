@@ -3,6 +3,7 @@
 * `TurnResult`: where a turn or state update left the thread (`custom_outputs`).
 * `CheckpointSummary`: one history entry (`get_checkpoint_history`).
 * `TextDelta`, `NewMessages`: what a running turn streams before its `TurnResult`.
+* `Memory`: one long-term memory of a user (`list_memories`, the memories given to the model).
 """
 
 from __future__ import annotations
@@ -114,4 +115,29 @@ class CheckpointSummary:
             "step": self.step,
             "is_head": self.is_head,
             **self.extra,
+        }
+
+
+@dataclass(frozen=True)
+class Memory:
+    """One long-term memory of a user, with the turn that wrote it (see `agent.memory`)."""
+
+    memory_id: str
+    content: str
+    thread_id: str
+    """The thread whose turn saved it."""
+    checkpoint_id: str
+    """The checkpoint that turn committed (the memory's place in the thread's branches)."""
+    created_at: str | None
+    """ISO 8601, UTC."""
+    score: float | None = None
+    """How well it matched a search: shared words (keyword search) or cosine similarity (semantic); None when listed."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "memory_id": self.memory_id,
+            "content": self.content,
+            "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id,
+            "created_at": self.created_at,
         }

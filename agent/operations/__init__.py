@@ -1,7 +1,8 @@
 """What you can do to a thread (the domain), and the table of `custom_inputs.action`s.
 
 Modules: `access` (the ownership rule), `turns` (claim, run, commit; sync and
-async), `history` (checkpoint pages, the head), `lifecycle` (deletion).
+async), `history` (checkpoint pages, the head), `lifecycle` (deletion),
+`memories` (a user's long-term memories).
 
 `Threads` is the façade the ResponsesAgent adapter calls. `ACTIONS` maps each
 `custom_inputs.action` to one `Action`: which `custom_inputs` keys it takes,
@@ -24,12 +25,14 @@ from agent.config import AgentSettings, MultitaskStrategy
 from agent.errors import InvalidRequest
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
+from agent.operations import memories as memory_ops
 from agent.operations.turns import TurnArgs, TurnEvent, TurnRunner
 from agent.storage import ThreadStorage
-from agent.types import CheckpointSummary, TurnResult
+from agent.types import CheckpointSummary, Memory, TurnResult
 from agent.validation import check_id, check_limit
 
 if TYPE_CHECKING:
+    from agent.memory.service import Memories
     from agent.requests import Envelope
 
 __all__ = ["ACTIONS", "Action", "Threads", "TurnArgs", "TurnOptions"]
@@ -38,11 +41,15 @@ __all__ = ["ACTIONS", "Action", "Threads", "TurnArgs", "TurnOptions"]
 class Threads:
     """The thread operations of one agent, over its storage and compiled graph."""
 
-    def __init__(self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings) -> None:
+    def __init__(
+        self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings, memories: Memories | None = None
+    ) -> None:
         self.storage = storage
         self.graph = graph
         self.settings = settings
-        self.turns = TurnRunner(storage, graph, settings)
+        #: The users' long-term memories (`agent.memory`); None: the agent keeps none.
+        self.memories = memories
+        self.turns = TurnRunner(storage, graph, settings, memories)
 
     def run_turn(self, args: TurnArgs, *, stream_tokens: bool) -> Iterator[TurnEvent]:
         """See `TurnRunner.run`."""
@@ -70,11 +77,19 @@ class Threads:
 
     def delete_thread(self, thread_id: str, *, user_id: str | None) -> None:
         """See `lifecycle.delete_thread`."""
-        lifecycle.delete_thread(self.storage, thread_id, user_id=user_id)
+        lifecycle.delete_thread(self.storage, thread_id, user_id=user_id, memories=self.memories)
 
     def delete_user_data(self, user_id: str) -> list[str]:
         """See `lifecycle.delete_user_data`."""
-        return lifecycle.delete_user_data(self.storage, user_id)
+        return lifecycle.delete_user_data(self.storage, user_id, memories=self.memories)
+
+    def list_memories(self, user_id: str, query: str | None, limit: int) -> list[Memory]:
+        """See `memories.list_memories`."""
+        return memory_ops.list_memories(self.memories, user_id, query=query, limit=limit)
+
+    def delete_memory(self, user_id: str, memory_id: str) -> None:
+        """See `memories.delete_memory`."""
+        memory_ops.delete_memory(self.memories, user_id, memory_id)
 
     async def in_io(self, function: Callable[..., Any], *args: Any) -> Any:
         """`function(*args)` on the storage thread pool, awaited (for blocking storage work on the async path)."""
@@ -82,6 +97,8 @@ class Threads:
 
     def close(self) -> None:
         self.turns.close()
+        if self.memories is not None:
+            self.memories.close()
         self.storage.close()
 
 
@@ -206,10 +223,28 @@ ACTIONS: dict[str, Action] = {
         Action(name="delete_thread", summary="Delete the thread and all its checkpoints.", run=_run_delete_thread),
         Action(
             name="delete_user_data",
-            summary="Delete every thread of the user.",
+            summary="Delete every thread of the user, and all the user's long-term memories.",
             needs_thread=False,
             needs_user=True,
             run=_run_delete_user_data,
+        ),
+        Action(
+            name="list_memories",
+            summary="The user's long-term memories: newest first, or best first for `query` (`memories`).",
+            keys=frozenset({"query", "limit"}),
+            needs_thread=False,
+            needs_user=True,
+            parse=memory_ops.parse_list,
+            run=memory_ops.run_list,
+        ),
+        Action(
+            name="delete_memory",
+            summary="Delete one of the user's long-term memories (`memory_id`).",
+            keys=frozenset({"memory_id"}),
+            needs_thread=False,
+            needs_user=True,
+            parse=memory_ops.parse_delete,
+            run=memory_ops.run_delete,
         ),
     )
 }

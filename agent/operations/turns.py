@@ -11,7 +11,11 @@ A turn (see `agent.storage.base` for why it is built this way):
    with every checkpoint and write buffered in memory. No connection is held.
    The claim is renewed meanwhile; if a newer turn asks this one to stop
    (`interrupt` / `rollback`), the run stops at its next step.
-4. **Commit** (one short transaction) or **release** (nothing written).
+4. **Commit** (one short transaction) or **release** (nothing written). The commit also
+   applies the long-term memory operations among the turn's new messages (`agent.memory`).
+
+Between 2 and 3 the user's long-term memories for the turn are read (`_recall`)
+and handed to the model-input pipeline in the turn's `TurnContext`.
 
 The async path (`arun`) is what the HTTP server uses: the model call is an
 awaited HTTP request, storage calls run on a small thread pool, and a client
@@ -22,12 +26,13 @@ the thread at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langgraph.checkpoint.base import empty_checkpoint
@@ -39,6 +44,9 @@ from agent.errors import LeaseExpired, TurnCancelled
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.storage import Claim, ThreadStorage, Turn, Tx
 from agent.types import NewMessages, TextDelta, TurnResult
+
+if TYPE_CHECKING:
+    from agent.memory.service import Memories
 
 TurnEvent = TextDelta | NewMessages | TurnResult
 
@@ -99,10 +107,13 @@ class _Progress:
 class TurnRunner:
     """Runs turns and state updates on one agent's storage and graph."""
 
-    def __init__(self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings) -> None:
+    def __init__(
+        self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings, memories: Memories | None = None
+    ) -> None:
         self.storage = storage
         self.graph = graph
         self.settings = settings
+        self.memories = memories
         # Storage calls of the async path: short, but blocking. Sized so that
         # waiting for a pooled connection never starves other work.
         self._io = ThreadPoolExecutor(max_workers=2 * settings.pool_max_size + 4, thread_name_prefix="tt-storage")
@@ -129,6 +140,7 @@ class TurnRunner:
         done = False
         try:
             turn, start, config = self._prepare(claim, args)
+            self._recall(turn, start, args, config)
             progress = _Progress()
             with self.storage.saver.buffering(turn):
                 stream = self.graph.stream(
@@ -192,6 +204,7 @@ class TurnRunner:
         done = False
         try:
             turn, start, config = self._prepare(claim, args)
+            await self.in_io(self._recall, turn, start, args, config)
             progress = _Progress()
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -246,6 +259,15 @@ class TurnRunner:
         )
         return turn, start, config
 
+    def _recall(self, turn: Turn, start: str, args: TurnArgs, config: dict) -> None:
+        """Put the user's long-term memories for this turn into its TurnContext (a read; no connection kept)."""
+        if self.memories is None or args.user_id is None:
+            return
+        memories = self.memories.recall(args.user_id, args.messages, _messages_of(turn, start))
+        if memories:
+            configurable = config["configurable"]
+            configurable[TURN_CONTEXT_KEY] = dataclasses.replace(configurable[TURN_CONTEXT_KEY], memories=memories)
+
     @staticmethod
     def _start_of(claim: Claim, user_id: str | None, checkpoint_id: str | None) -> str | None:
         """The checkpoint a turn starts from; the one owner of the "head unless branching" rule.
@@ -281,8 +303,16 @@ class TurnRunner:
             if claim.cancel == "interrupt":
                 self._keep_interrupted(turn, start, args, progress)
                 status = "interrupted"
-        self.storage.commit(claim, functools.partial(_write, turn, args.user_id))
+        self.storage.commit(claim, functools.partial(self._write_turn, turn, start, args.user_id))
         return TurnResult(claim.thread_id, turn.new_head, start, status)
+
+    def _write_turn(self, turn: Turn, start: str, user_id: str | None, tx: Tx) -> None:
+        """The commit of a turn: `_write`, and the memory tools' results among its new messages."""
+        _write(turn, user_id, tx)
+        if self.memories is not None and user_id is not None and turn.puts:
+            head = turn.puts[-1][1]
+            new = list(head["channel_values"].get("messages") or ())[len(_messages_of(turn, start)) :]
+            self.memories.write_turn(new, user_id=user_id, thread_id=turn.thread_id, checkpoint_id=head["id"])
 
     def _keep_interrupted(self, turn: Turn, start: str, args: TurnArgs, progress: _Progress) -> None:
         """Replace what the stopped run buffered with one checkpoint: the input and what it produced."""
@@ -305,6 +335,14 @@ def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:
         head_checkpoint_id=head["id"],
         message_count=len(head["channel_values"].get("messages") or ()),
     )
+
+
+def _messages_of(turn: Turn, checkpoint_id: str) -> list[BaseMessage]:
+    """The messages of a checkpoint the turn loaded (or buffered, as a new thread's root)."""
+    loaded = turn.loaded.get(checkpoint_id)
+    if loaded is None:
+        return []
+    return list(loaded.checkpoint["channel_values"].get("messages") or ())
 
 
 def _add_root(saver: Any, turn: Turn) -> str:

@@ -16,7 +16,8 @@ Design notes:
 * **No saver-wide lock.** `PostgresSaver` serializes every query of an
   instance behind one lock even when it is given a pool (langgraph#7259), so
   `_cursor` is overridden to take a pooled connection (or the commit's) without it.
-* **Schema.** `setup()` runs LangGraph's migration list and the agent's
+* **Schema.** `setup()` runs LangGraph's migration lists (the checkpointer's, and
+  the store's that long-term memory uses) and the agent's
   (`MIGRATIONS`, a migration's position is its version) in ONE transaction
   under `pg_advisory_xact_lock`: safe from many processes at once and through
   PgBouncer. LangGraph creates its indexes `CONCURRENTLY`, which cannot run in
@@ -51,6 +52,7 @@ from typing import Any
 import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATIONS
+from langgraph.store.postgres.base import MIGRATIONS as STORE_MIGRATIONS
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -120,6 +122,7 @@ MIGRATIONS = [
 TABLES = (
     "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
     "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency",
+    "store_migrations", "store",
 )  # fmt: skip
 
 #: The tables a turn's commit writes, and the privileges it needs on them.
@@ -235,6 +238,11 @@ CLAIM_LOST_SQLSTATE = "TT001"
 # Set for the duration of one write transaction, so the saver's queries run on
 # its connection (inside its transaction) instead of a pooled one.
 _TX_CONN: ContextVar[psycopg.Connection | None] = ContextVar("tt_tx_conn", default=None)
+
+
+def transaction_connection() -> psycopg.Connection | None:
+    """The connection of the write transaction running on this thread (a commit, `transaction`), if any."""
+    return _TX_CONN.get()
 
 
 class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
@@ -397,8 +405,13 @@ class PostgresThreadStorage(ThreadStorage):
         """Apply LangGraph's and the agent's missing migrations (all of them if `everything`) in one transaction."""
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SETUP_LOCK_KEY,))
-            for table, migrations in (("checkpoint_migrations", LANGGRAPH_MIGRATIONS), ("agent_migrations", MIGRATIONS)):
-                conn.execute(migrations[0])
+            for table, migrations in (
+                ("checkpoint_migrations", LANGGRAPH_MIGRATIONS),
+                ("agent_migrations", MIGRATIONS),
+                # LangGraph's store (long-term memory, agent.memory): the tables of PostgresStore.setup().
+                ("store_migrations", STORE_MIGRATIONS),
+            ):
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
                 row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
                 current = -1 if everything or row["v"] is None else row["v"]
                 for version in range(current + 1, len(migrations)):
