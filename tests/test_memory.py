@@ -368,15 +368,16 @@ def test_over_http_memory_crosses_threads_for_the_context_user_only(backend_url,
                 return answer.json()
 
             turn("Remember that I'm vegetarian", alice)
-            assert 'I remember: 1. "I\'m vegetarian"' in json.dumps(turn("Suggest a dinner place", alice))
-            assert "I remember" not in json.dumps(turn("Suggest a dinner place", bob))
+            assert remembered(turn("Suggest a dinner place", alice)) == "1. \"I'm vegetarian\""
+            assert remembered(turn("Suggest a dinner place", bob)) == ""
             listed = http.post(
                 "/invocations", json={"input": [], "context": {"user_id": bob}, "custom_inputs": {"action": "list_memories"}}
             )
             assert listed.status_code == 200 and listed.json()["custom_outputs"]["memories"] == []
-            [memory] = http.post(
-                "/invocations", json={"input": [], "context": {"user_id": "ALICE"}, "custom_inputs": {"action": "list_memories"}}
-            ).json()["custom_outputs"]["memories"]
+            listed_alice = http.post(
+                "/invocations", json={"input": [], "context": {"user_id": alice}, "custom_inputs": {"action": "list_memories"}}
+            ).json()
+            [memory] = listed_alice["custom_outputs"]["memories"]
             stolen = http.post(
                 "/invocations",
                 json={"input": [], "context": {"user_id": bob}, "custom_inputs": {"action": "delete_memory", "memory_id": memory["memory_id"]}},
