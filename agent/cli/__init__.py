@@ -1,8 +1,9 @@
 """`tt-agent`: the command line (also `python -m agent`).
 
 Modules: this one (the Typer app, shared options, opening an agent, printing
-errors), `commands` (history, serve), `demo` (the trip scenario), `chat` (the
-REPL and its slash commands), `printing` (a streamed reply as it arrives). Tables
+errors), `commands` (history, serve), `demo` (the trip scenario; `memory_demo`
+its long-term-memory variant), `chat` (the REPL and its slash commands),
+`memories` (a user's long-term memories), `printing` (a streamed reply as it arrives). Tables
 and trees are drawn by `agent.views`, which the notebooks use too.
 
 Options left unset come from the environment (`AGENT_DATABASE_URL`,
@@ -139,4 +140,4 @@ def agent_errors(*, exit_on_error: bool = True, to: Console | None = None) -> It
 
 
 # The commands register themselves on `app`.
-from agent.cli import demo, chat, commands  # noqa: E402,F401,I001 - the order of `tt-agent --help`
+from agent.cli import demo, chat, commands, memories  # noqa: E402,F401,I001 - the order of `tt-agent --help`

@@ -71,7 +71,7 @@ def memory_tools(memories: Memories) -> list[BaseTool]:
             return NO_USER
         found = memories.search(user_id, query if isinstance(query, str) else "", limit=SEARCH_LIMIT, visible=state["messages"])
         if not found:
-            return "No memories found."
+            return "No memories found"
         return "\n".join(f"[{memory.memory_id}] {memory.content}" for memory in found)
 
     @tool(FORGET_MEMORY_TOOL, response_format="content_and_artifact")
