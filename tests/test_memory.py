@@ -15,6 +15,7 @@ import httpx
 import psycopg
 import pytest
 
+from agent import create_agent
 from agent.context import TURN_CONTEXT_KEY, TurnContext
 from agent.errors import InvalidRequest, MemoryNotFound, ModelError
 from agent.memory.scopes import namespace, prefix
@@ -383,3 +384,24 @@ def test_over_http_memory_crosses_threads_for_the_context_user_only(backend_url,
                 json={"input": [], "context": {"user_id": bob}, "custom_inputs": {"action": "delete_memory", "memory_id": memory["memory_id"]}},
             )
             assert stolen.status_code == 404 and "traceback" not in stolen.text.lower()
+
+
+# -- the command line --------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_demo_memory_shows_a_fact_crossing_threads_and_tt_agent_memories_lists_it(tmp_path):
+    from tests.test_cli import run_cli
+
+    demo = run_cli("demo", "memory", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stdout.count("✓") == 3 and "Not as expected" not in demo.stdout
+    user = demo.stdout.split("tt-agent memories --user-id ")[1].split()[0]
+
+    with create_agent(f"sqlite:///{tmp_path / '.agent' / 'checkpoints.sqlite'}", model="offline", tracing=False) as agent:
+        say(agent, "Remember that I like tea", user_id=user)
+    listed = run_cli("memories", "--user-id", user, "--query", "tea", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert listed.returncode == 0, listed.stderr
+    assert "I like tea" in listed.stdout and "I'm vegetarian" not in listed.stdout
+    other = run_cli("memories", "--user-id", "nobody-at-all", cwd=tmp_path)
+    assert other.returncode == 0 and "no memories" in other.stdout
+    missing = run_cli("memories", "--user-id", user, cwd=tmp_path / ".agent")
+    assert missing.returncode == 1 and "There is no store" in missing.stderr
