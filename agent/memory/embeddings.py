@@ -19,7 +19,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-import numpy  # a dependency of MLflow
 from langchain_core.embeddings import Embeddings
 
 from agent.errors import ConfigurationError, ModelError
@@ -84,17 +83,3 @@ class PrecomputedEmbeddings(Embeddings):
 
     def embed_query(self, text: str) -> list[float]:
         return self.embed_documents([text])[0]
-
-
-def cosine_distance(a: bytes | None, b: bytes | None) -> float | None:
-    """sqlite-vec's `vec_distance_cosine` over two float32 blobs, in Python: 1 - cos(a, b); None if either is missing.
-
-    Registered on SQLite connections that cannot load extensions (Python builds
-    without `enable_load_extension`, such as pyenv's default), so the same
-    search SQL runs everywhere.
-    """
-    if a is None or b is None or len(a) != len(b):
-        return None
-    x, y = numpy.frombuffer(a, dtype=numpy.float32), numpy.frombuffer(b, dtype=numpy.float32)
-    norms = float(numpy.linalg.norm(x) * numpy.linalg.norm(y))
-    return 1.0 - float(numpy.dot(x, y)) / norms if norms else 1.0

@@ -15,20 +15,8 @@ from agent.storage.postgres import PostgresThreadStorage, transaction_connection
 from agent.types import Memory
 from agent.memory.store import to_memory
 
-SEARCH_SQL = """
-SELECT key, value, created_at, score FROM (
-    SELECT s.key, s.value, s.created_at,
-        (SELECT count(*) FROM unnest(%(words)s::text[]) AS w(word)
-         WHERE strpos(lower(s.value ->> 'content'), w.word) > 0)::float8 AS score
-    FROM store s
-    WHERE s.prefix = %(prefix)s
-      AND (%(keys)s::text[] IS NULL OR s.key = ANY(%(keys)s::text[]))
-      AND (s.expires_at IS NULL OR s.expires_at > now())
-) AS ranked
-WHERE score >= %(min_score)s
-ORDER BY score DESC, key DESC
-LIMIT %(limit)s
-"""
+LIVE_KEYS_SQL = "SELECT key FROM store WHERE prefix = %s AND (expires_at IS NULL OR expires_at > now())"
+READ_SQL = "SELECT key, value, created_at FROM store WHERE prefix = %s AND key = ANY(%s::text[])"
 REFRESH_SQL = """
 UPDATE store SET expires_at = now() + make_interval(secs => %s)
 WHERE prefix = %s AND key = ANY(%s::text[]) AND expires_at IS NOT NULL
@@ -69,25 +57,13 @@ class PostgresMemoryStore(PostgresStore):
         return self.storage._run(action, work)  # retried once on a dead connection; errors as StorageUnavailable
 
     # -- the agent's queries ------------------------------------------------------------------
-    def search(
-        self,
-        prefix: str,
-        *,
-        words: Sequence[str],
-        vector: Sequence[float] | None,
-        keys: Sequence[str] | None,
-        min_score: float,
-        limit: int,
-    ) -> list[Memory]:
-        params = {
-            "prefix": prefix,
-            "words": list(words),
-            "keys": None if keys is None else list(keys),
-            "min_score": min_score,
-            "limit": limit,
-        }
-        rows = self._execute("search memories", lambda conn: conn.execute(SEARCH_SQL, params).fetchall())
-        return [to_memory(row["key"], row["value"], row["created_at"], row["score"]) for row in rows]
+    def live_keys(self, prefix: str) -> list[str]:
+        rows = self._execute("list memories", lambda conn: conn.execute(LIVE_KEYS_SQL, (prefix,)).fetchall())
+        return [row["key"] for row in rows]
+
+    def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
+        rows = self._execute("read memories", lambda conn: conn.execute(READ_SQL, (prefix, list(keys))).fetchall())
+        return [(to_memory(row["key"], row["value"], row["created_at"], None), None) for row in rows]
 
     def refresh(self, prefix: str, keys: Sequence[str], ttl_seconds: float) -> None:
         self._execute("refresh memories", lambda conn: conn.execute(REFRESH_SQL, (ttl_seconds, prefix, list(keys))))

@@ -16,6 +16,7 @@ from langgraph.store.base import PutOp
 from agent.config import AgentSettings, is_postgres_url
 from agent.errors import MemoryNotFound
 from agent.memory.embeddings import PrecomputedEmbeddings, make_embeddings
+from agent.memory.index import MemoryIndex, rank
 from agent.memory.retrieval import MAX_QUERY_CHARS, recall_query
 from agent.memory.scopes import ARTIFACT_KIND, memory_artifact, namespace, prefix, saved_on_branch
 from agent.memory.store import keywords, open_store
@@ -44,12 +45,13 @@ class Memories:
                 self.embeddings = make_embeddings(settings.embedding_model)
         ttl = settings.memory_ttl_seconds
         self.store = open_store(storage, embeddings=self.embeddings, ttl_minutes=ttl / 60 if ttl else None)
+        self.index = MemoryIndex(self.store)
         if ttl:
             self.store.start_ttl_sweeper(SWEEP_INTERVAL_MINUTES)
 
     @property
     def search_kind(self) -> str:
-        """`keyword`, or `semantic (sqlite-vec)` / `semantic (python)` (the same cosine similarity, computed in Python)."""
+        """`keyword`, or `semantic` (cosine similarity of embeddings)."""
         return self.store.search_kind
 
     def close(self) -> None:
@@ -94,22 +96,15 @@ class Memories:
 
     def find(self, user_id: str, memory_id: str) -> Memory | None:
         """The user's memory `memory_id`, or None (also when it expired)."""
-        found = self.store.search(prefix(user_id), words=[], vector=None, keys=[memory_id], min_score=0, limit=1)
-        return found[0] if found else None
+        entry = self.index.current(prefix(user_id)).entries.get(memory_id)
+        return entry.memory if entry is not None else None
 
     def _search(self, user_id: str, query: str | None, *, limit: int, keys: Any, fill: bool) -> list[Memory]:
         query = (query or "")[-MAX_QUERY_CHARS:]
         words = keywords(query)
+        # Embedded before the store is read: no connection is held across the model call.
         vector = self.embeddings.embed_query(query) if self.embeddings is not None and query.strip() else None
-        min_score = 0 if fill or not words else 1
-        return self.store.search(
-            prefix(user_id),
-            words=words,
-            vector=vector,
-            keys=None if keys is None else sorted(keys),
-            min_score=min_score,
-            limit=limit,
-        )
+        return rank(self.index.current(prefix(user_id)), words=words, vector=vector, keys=keys, min_score=0 if fill or not words else 1, limit=limit)
 
     def _used(self, user_id: str, memories: Sequence[Memory]) -> None:
         # memory_ttl_seconds counts from the last time a memory was used (given to the model or found by the tool).
@@ -153,4 +148,6 @@ class Memories:
 
     def delete_user(self, user_id: str) -> int:
         """Delete every memory of the user, in every scope; how many."""
-        return self.store.delete_all(prefix(user_id))
+        deleted = self.store.delete_all(prefix(user_id))
+        self.index.forget(prefix(user_id))
+        return deleted

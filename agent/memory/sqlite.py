@@ -1,4 +1,4 @@
-"""LangGraph's `SqliteStore` on the storage's one connection: search (keywords, or vectors), deletion, TTL (see `store`)."""
+"""LangGraph's `SqliteStore` on the storage's one connection: reads by key, deletion, TTL (see `store`)."""
 
 from __future__ import annotations
 
@@ -9,39 +9,23 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import numpy  # a dependency of MLflow
 import orjson
-import sqlite_vec
 from langgraph.store.base import TTLConfig
 from langgraph.store.sqlite import SqliteStore
 
-from agent.memory.embeddings import PrecomputedEmbeddings, cosine_distance
+from agent.memory.embeddings import PrecomputedEmbeddings
 from agent.memory.store import to_memory
 from agent.storage.sqlite import SqliteThreadStorage
 from agent.types import Memory
 
-_NOT_EXPIRED = "(s.expires_at IS NULL OR julianday(s.expires_at) > julianday('now'))"
-_IN_SCOPE = "s.prefix = :prefix AND (:keys IS NULL OR s.key IN (SELECT value FROM json_each(:keys)))"
-SEARCH_KEYWORDS_SQL = f"""
-SELECT key, value, created_at, score FROM (
-    SELECT s.key, s.value, s.created_at,
-        (SELECT count(*) FROM json_each(:words) AS w
-         WHERE instr(lower(json_extract(s.value, '$.content')), w.value) > 0) AS score
-    FROM store s
-    WHERE {_IN_SCOPE} AND {_NOT_EXPIRED}
-)
-WHERE score >= :min_score
-ORDER BY score DESC, key DESC
-LIMIT :limit
+LIVE_KEYS_SQL = """
+SELECT key FROM store WHERE prefix = ? AND (expires_at IS NULL OR julianday(expires_at) > julianday('now'))
 """
-# The score LangGraph's SqliteStore computes for distance_type "cosine".
-SEARCH_VECTOR_SQL = f"""
-SELECT s.key, s.value, s.created_at,
-    CASE WHEN sv.embedding IS NULL THEN NULL ELSE 1.0 - vec_distance_cosine(sv.embedding, :vector) END AS score
-FROM store s
+READ_SQL = """
+SELECT s.key, s.value, s.created_at, sv.embedding FROM store s
 LEFT JOIN store_vectors sv ON sv.prefix = s.prefix AND sv.key = s.key AND sv.field_name = 'content'
-WHERE {_IN_SCOPE} AND {_NOT_EXPIRED}
-ORDER BY score IS NULL, score DESC, s.key DESC
-LIMIT :limit
+WHERE s.prefix = ? AND s.key IN (SELECT value FROM json_each(?))
 """
 REFRESH_SQL = """
 UPDATE store SET expires_at = :expires_at
@@ -78,9 +62,7 @@ class SqliteMemoryStore(SqliteStore):
         SqliteStore.__init__(self, storage.saver.conn, index=index, ttl=ttl)
         self.storage = storage
         self.is_setup = True  # the storage's setup creates the tables
-        self.search_kind = "keyword"
-        if embeddings is not None:
-            self.search_kind = "semantic (sqlite-vec)" if _load_sqlite_vec(self.conn) else "semantic (python)"
+        self.search_kind = "semantic" if embeddings is not None else "keyword"
 
     def setup(self) -> None:
         """The storage's setup creates the store's tables (LangGraph's migrations)."""
@@ -101,28 +83,17 @@ class SqliteMemoryStore(SqliteStore):
                     yield cur
 
     # -- the agent's queries ------------------------------------------------------------------
-    def search(
-        self,
-        prefix: str,
-        *,
-        words: Sequence[str],
-        vector: Sequence[float] | None,
-        keys: Sequence[str] | None,
-        min_score: float,
-        limit: int,
-    ) -> list[Memory]:
-        params: dict[str, Any] = {
-            "prefix": prefix,
-            "keys": None if keys is None else json.dumps(list(keys)),
-            "limit": limit,
-        }
-        if vector is not None:
-            query, params["vector"] = SEARCH_VECTOR_SQL, sqlite_vec.serialize_float32(list(vector))
-        else:
-            query, params["words"], params["min_score"] = SEARCH_KEYWORDS_SQL, json.dumps(list(words)), min_score
+    def live_keys(self, prefix: str) -> list[str]:
         with self._cursor(transaction=False) as cur:
-            rows = cur.execute(query, params).fetchall()
-        return [to_memory(key, orjson.loads(value), created, score) for key, value, created, score in rows]
+            return [row[0] for row in cur.execute(LIVE_KEYS_SQL, (prefix,))]
+
+    def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
+        with self._cursor(transaction=False) as cur:
+            rows = cur.execute(READ_SQL, (prefix, json.dumps(list(keys)))).fetchall()
+        return [
+            (to_memory(key, orjson.loads(value), created, None), _vector(embedding))
+            for key, value, created, embedding in rows
+        ]
 
     def refresh(self, prefix: str, keys: Sequence[str], ttl_seconds: float) -> None:
         # The format LangGraph's SqliteStore writes expires_at in (sqlite3's datetime adapter).
@@ -151,18 +122,6 @@ class SqliteMemoryStore(SqliteStore):
             return cur.execute(statements[-1], params).rowcount
 
 
-def _load_sqlite_vec(conn: sqlite3.Connection) -> bool:
-    """Load sqlite-vec into `conn` if this Python's sqlite3 can load extensions; else register the same
-    `vec_distance_cosine` in Python. Whether sqlite-vec was loaded."""
-    if hasattr(conn, "enable_load_extension"):
-        try:
-            conn.enable_load_extension(True)
-            try:
-                sqlite_vec.load(conn)
-            finally:
-                conn.enable_load_extension(False)
-            return True
-        except sqlite3.Error:
-            pass
-    conn.create_function("vec_distance_cosine", 2, cosine_distance, deterministic=True)
-    return False
+def _vector(blob: bytes | None) -> list[float] | None:
+    """A vector from its `store_vectors` blob (sqlite-vec's float32 format, `sqlite_vec.serialize_float32`)."""
+    return None if blob is None else numpy.frombuffer(blob, dtype=numpy.float32)

@@ -15,14 +15,18 @@ What the agent changes in LangGraph's stores, and why:
   turn. No instance lock (langgraph#7259), no prepared statements (the pool's
   `prepare_threshold`), no session state.
 * **Search.** LangGraph's `search` ignores `query` without a vector index,
-  cannot restrict a search to a set of keys (the branch rule), and embeds the
-  query while it holds a connection; so searches are the SQL below:
-  keyword search (`keywords`: the words of the query a memory contains) on
-  both backends, and on SQLite with an embeddings model the cosine similarity
-  of LangGraph's stored vectors (sqlite-vec's `vec_distance_cosine`, or the
-  same function in Python where `sqlite3` cannot load extensions). Postgres
-  searches by keywords: pgvector is not available from the package sources
-  this project installs from.
+  cannot restrict a search to a set of keys (the branch rule), embeds the
+  query while it holds a connection, and ranks in SQL by reading every memory
+  of the user on every turn. So the agent ranks in Python over an in-process
+  copy of the user's memories that the store's key listing keeps exact
+  (`index`): keyword search (`keywords`: the words of the query a memory
+  contains) on both backends, and on SQLite with an embeddings model the
+  cosine similarity of the vectors LangGraph stores in `store_vectors`
+  (sqlite-vec's float32 format; sqlite-vec itself is not needed to compare
+  them, and Python builds without `enable_load_extension`, such as pyenv's
+  default, could not load it). Postgres searches by keywords: its vectors
+  would need pgvector, which is not available from the package sources this
+  project installs from.
 * **Deletion** is SQL too: by memory, by thread, by user, and on SQLite from
   `store_vectors` as well (its foreign key is not enforced without
   `PRAGMA foreign_keys`, so LangGraph's deletes leave vectors behind).
@@ -68,23 +72,14 @@ def keywords(text: str | None) -> list[str]:
 class MemoryStore(Protocol):
     """What the agent asks of a backend's store. Every method raises StorageUnavailable when the database fails."""
 
-    #: "keyword" or "semantic (sqlite-vec)" / "semantic (python)": how `search` ranks.
+    #: "keyword" or "semantic": how searches rank (see `index.rank`).
     search_kind: str
 
-    def search(
-        self,
-        prefix: str,
-        *,
-        words: Sequence[str],
-        vector: Sequence[float] | None,
-        keys: Sequence[str] | None,
-        min_score: float,
-        limit: int,
-    ) -> list[Memory]:
-        """Up to `limit` memories under `prefix` (only `keys` if given), best first, newest first among equals.
+    def live_keys(self, prefix: str) -> list[str]:
+        """The keys of the memories under `prefix` that have not expired (reads no memory)."""
 
-        With `vector`: by cosine similarity (memories without a vector last). Else by the number of
-        `words` their content contains, only those with at least `min_score`."""
+    def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
+        """The memories `keys` under `prefix` that exist, each with its content's vector (None without one)."""
 
     def refresh(self, prefix: str, keys: Sequence[str], ttl_seconds: float) -> None:
         """Move the expiry of these memories (those that expire) to `ttl_seconds` from now."""
