@@ -353,6 +353,22 @@ def test_the_model_cannot_save_an_oversized_memory(backend_url, make_agent, alic
     assert agent.list_memories(alice) == []
 
 
+def test_the_model_cannot_save_control_characters_and_the_turn_still_completes(backend_url, make_agent, alice):
+    agent = make_agent(backend_url)
+    reply = say(agent, "Remember that a\x00b", user_id=alice)
+    assert "holds control characters; nothing was saved" in text_of(reply)
+    assert outputs(reply)["checkpoint_id"] and agent.list_memories(alice) == []
+
+
+def test_memories_work_through_a_transaction_mode_pgbouncer(pgbouncer_url, make_agent, alice):
+    agent = make_agent(pgbouncer_url)
+    say(agent, "Remember that I'm behind a pooler", user_id=alice)
+    assert remembered(say(agent, "Hello again", user_id=alice)) == '1. "I\'m behind a pooler"'
+    [memory] = agent.list_memories(alice)
+    agent.delete_memory(alice, memory["memory_id"])
+    assert agent.list_memories(alice) == []
+
+
 # -- over HTTP ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_over_http_memory_crosses_threads_for_the_context_user_only(backend_url, tmp_path, alice, bob):

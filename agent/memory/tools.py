@@ -49,6 +49,8 @@ def memory_tools(memories: Memories) -> list[BaseTool]:
             return "error: the memory is empty; nothing was saved", None
         if len(text) > MAX_MEMORY_CHARS:
             return f"error: the memory is longer than {MAX_MEMORY_CHARS} characters; nothing was saved", None
+        if not text.isprintable():  # NUL and other control characters (Postgres's jsonb refuses NUL)
+            return "error: the memory holds control characters; nothing was saved", None
         try:
             text.encode("utf-8")
             memories.prepare(text)
