@@ -15,7 +15,10 @@ from agent.storage.postgres import PostgresThreadStorage, transaction_connection
 from agent.types import Memory
 from agent.memory.store import to_memory
 
-LIVE_KEYS_SQL = "SELECT key FROM store WHERE prefix = %s AND (expires_at IS NULL OR expires_at > now())"
+LIVE_KEYS_SQL = """
+SELECT coalesce(string_agg(key, ',' ORDER BY key), '') AS keys FROM store
+WHERE prefix = %s AND (expires_at IS NULL OR expires_at > now())
+"""
 READ_SQL = "SELECT key, value, created_at FROM store WHERE prefix = %s AND key = ANY(%s::text[])"
 REFRESH_SQL = """
 UPDATE store SET expires_at = now() + make_interval(secs => %s)
@@ -57,9 +60,8 @@ class PostgresMemoryStore(PostgresStore):
         return self.storage._run(action, work)  # retried once on a dead connection; errors as StorageUnavailable
 
     # -- the agent's queries ------------------------------------------------------------------
-    def live_keys(self, prefix: str) -> list[str]:
-        rows = self._execute("list memories", lambda conn: conn.execute(LIVE_KEYS_SQL, (prefix,)).fetchall())
-        return [row["key"] for row in rows]
+    def live_keys(self, prefix: str) -> str:
+        return self._execute("list memories", lambda conn: conn.execute(LIVE_KEYS_SQL, (prefix,)).fetchone()["keys"])
 
     def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
         rows = self._execute("read memories", lambda conn: conn.execute(READ_SQL, (prefix, list(keys))).fetchall())

@@ -19,8 +19,13 @@ from agent.memory.store import to_memory
 from agent.storage.sqlite import SqliteThreadStorage
 from agent.types import Memory
 
+# group_concat keeps the subquery's order in practice; if it did not, a listing would only look changed.
 LIVE_KEYS_SQL = """
-SELECT key FROM store WHERE prefix = ? AND (expires_at IS NULL OR julianday(expires_at) > julianday('now'))
+SELECT coalesce(group_concat(key, ','), '') FROM (
+    SELECT key FROM store
+    WHERE prefix = ? AND (expires_at IS NULL OR julianday(expires_at) > julianday('now'))
+    ORDER BY key
+)
 """
 READ_SQL = """
 SELECT s.key, s.value, s.created_at, sv.embedding FROM store s
@@ -83,9 +88,9 @@ class SqliteMemoryStore(SqliteStore):
                     yield cur
 
     # -- the agent's queries ------------------------------------------------------------------
-    def live_keys(self, prefix: str) -> list[str]:
+    def live_keys(self, prefix: str) -> str:
         with self._cursor(transaction=False) as cur:
-            return [row[0] for row in cur.execute(LIVE_KEYS_SQL, (prefix,))]
+            return cur.execute(LIVE_KEYS_SQL, (prefix,)).fetchone()[0]
 
     def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
         with self._cursor(transaction=False) as cur:

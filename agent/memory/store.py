@@ -75,8 +75,9 @@ class MemoryStore(Protocol):
     #: "keyword" or "semantic": how searches rank (see `index.rank`).
     search_kind: str
 
-    def live_keys(self, prefix: str) -> list[str]:
-        """The keys of the memories under `prefix` that have not expired (reads no memory)."""
+    def live_keys(self, prefix: str) -> str:
+        """The keys of the memories under `prefix` that have not expired, sorted, joined by commas ("" for
+        none): one value, cheap to compare with the last listing (reads no memory)."""
 
     def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
         """The memories `keys` under `prefix` that exist, each with its content's vector (None without one)."""
