@@ -59,7 +59,7 @@ _WORD = re.compile(r"\w+")
 def keywords(text: str | None) -> list[str]:
     """The searchable words of `text`: lower-cased, two characters or more, not `STOPWORDS`, first
     `MAX_QUERY_WORDS`, each once. A memory matches a word when its content contains it (so "trip"
-    matches "trips"); SQLite lower-cases ASCII letters only."""
+    matches "trips")."""
     found: dict[str, None] = {}
     for word in _WORD.findall((text or "").lower()):
         if len(word) >= 2 and word not in STOPWORDS:

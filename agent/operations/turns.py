@@ -246,8 +246,7 @@ class TurnRunner:
         turn = Turn(thread_id=claim.thread_id, record=claim.record)
         start = self._start_of(claim, args.user_id, args.checkpoint_id)
         if start is None:
-            with self.storage.saver.buffering(turn):  # written by the turn's commit, not now
-                start = _add_root(self.storage.saver, turn)
+            start = _add_root(self.storage.saver, turn)
         else:
             turn.loaded[start] = claim.start
         config = _config(claim.thread_id, start)
