@@ -7,6 +7,7 @@ Layout (one responsibility per module; data flows one way, from the edges inward
 * `types`        typed results crossing layers (`TurnResult`, `CheckpointSummary`)
 * `validation`   checks of single request values
 * `storage/`     short-term memory: checkpoints, thread records, the claim/commit turn protocol
+* `memory/`      long-term memory: what the agent learns about a user, across threads
 * `models`       chat model factory and the offline model
 * `tools`        the tools the model can call
 * `graph`        the LangGraph graph
@@ -42,6 +43,7 @@ from agent.errors import (
     ConfigurationError,
     InvalidRequest,
     LeaseExpired,
+    MemoryNotFound,
     ModelError,
     StorageUnavailable,
     ThreadBusy,
@@ -70,6 +72,7 @@ __all__ = [
     "InvalidRequest",
     "LangGraphResponsesAgent",
     "LeaseExpired",
+    "MemoryNotFound",
     "ModelError",
     "StorageUnavailable",
     "ThreadBusy",

@@ -112,9 +112,10 @@ class AgentSettings(BaseSettings):
     max_memories_in_context: int = Field(default=5, ge=0)
     """Most long-term memories given to the model before a turn."""
     embedding_model: str | None = None
-    """An OpenAI-compatible embeddings model for semantic memory search. None: keyword search."""
+    """An OpenAI-compatible embeddings model for semantic memory search on SQLite. None (and on Postgres): keyword search."""
     memory_ttl_seconds: float | None = Field(default=None, gt=0)
-    """Long-term memories expire after this long without being read. None: never."""
+    """Long-term memories expire after this long without being used (given to the model or found by
+    `search_memories`). None: never."""
 
     # -- retention ----------------------------------------------------------------------------
     thread_ttl_seconds: float | None = Field(default=None, gt=0)

@@ -13,7 +13,8 @@ says whether anything was written where that is not obvious.
     ├── ConfigurationError      a setting is invalid
     ├── NotFound
     │   ├── ThreadNotFound      no such thread (or not the caller's)
-    │   └── CheckpointNotFound  no such checkpoint in this thread
+    │   ├── CheckpointNotFound  no such checkpoint in this thread
+    │   └── MemoryNotFound      no such long-term memory (or not the caller's)
     ├── Conflict
     │   ├── ThreadBusy          another turn holds the thread
     │   │   └── LeaseExpired    this turn's claim on the thread expired before it committed
@@ -61,6 +62,10 @@ class ThreadNotFound(NotFound):
 
 class CheckpointNotFound(NotFound):
     """The checkpoint does not exist in this thread (it may not exist at all, or belong to another thread)."""
+
+
+class MemoryNotFound(NotFound):
+    """The long-term memory does not exist, or belongs to another user (worded the same)."""
 
 
 class Conflict(AgentError):

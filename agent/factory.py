@@ -47,6 +47,8 @@ def create_agent(
     from langchain_core.language_models import BaseChatModel
 
     from agent.graph import build_graph
+    from agent.memory.service import Memories
+    from agent.memory.tools import memory_tools
     from agent.models import make_chat_model, model_name_of
     from agent.operations import Threads
     from agent.responses import LangGraphResponsesAgent
@@ -60,12 +62,16 @@ def create_agent(
     else:
         config.model = model_name_of(chat_model)  # what runs, for banners and /agent/info
     storage = open_storage(config.database_url, config)
+    memories = None
     try:
+        memories = Memories(storage, config)
         if connect:
             storage.setup()
-        graph = build_graph(chat_model, storage.saver)
+        graph = build_graph(chat_model, storage.saver, memory_tools(memories))
     except BaseException:
+        if memories is not None:
+            memories.close()
         storage.close()
         raise
     configure_tracing(config)
-    return LangGraphResponsesAgent(Threads(storage, graph, config), config)
+    return LangGraphResponsesAgent(Threads(storage, graph, config, memories), config)

@@ -15,7 +15,10 @@ request instead of holding an OS thread while the model thinks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from langchain_core.language_models import BaseChatModel
+from langchain_core.tools import BaseTool
 from langchain_core.runnables import RunnableLambda
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
@@ -28,14 +31,16 @@ from agent.errors import ModelError
 from agent.tools import TOOLS
 
 
-def build_graph(model: BaseChatModel, saver) -> CompiledStateGraph:
-    """Compile the agent graph over `model` with `saver` (a `TurnSaverMixin` saver) as its checkpointer.
+def build_graph(model: BaseChatModel, saver, extra_tools: Sequence[BaseTool] = ()) -> CompiledStateGraph:
+    """Compile the agent graph over `model` with `saver` (a `TurnSaverMixin` saver) as its checkpointer,
+    and `TOOLS` plus `extra_tools` (the memory tools, `agent.memory.tools`).
 
     A model that cannot bind tools (`bind_tools` raises NotImplementedError) is
     used without them.
     """
+    tools = [*TOOLS, *extra_tools]
     try:
-        bound = model.bind_tools(TOOLS)
+        bound = model.bind_tools(tools)
     except NotImplementedError:
         bound = model
 
@@ -55,7 +60,7 @@ def build_graph(model: BaseChatModel, saver) -> CompiledStateGraph:
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", RunnableLambda(agent, afunc=aagent, name="agent"))
-    builder.add_node("tools", ToolNode(TOOLS))
+    builder.add_node("tools", ToolNode(tools))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition, ["tools", END])
     builder.add_edge("tools", "agent")

@@ -4,7 +4,8 @@
 `"offline"` gives `OfflineChatModel`, any other name gives `ChatOpenAI`.
 
 `OfflineChatModel` is deterministic, so tests and demos can see memory at work:
-each reply quotes, in order, the user messages the model received in that call.
+each reply quotes, in order, the user messages the model received in that call,
+and the long-term memories it was given (`agent.memory`).
 It streams a few words per chunk, can call the `calculator` tool, and rejects a
 history with unanswered tool calls as the OpenAI API does.
 """
@@ -30,6 +31,8 @@ from pydantic import Field
 
 from agent.config import OFFLINE_MODEL_NAME, resolve_model_name
 from agent.errors import ConfigurationError
+from agent.memory import FORGET_MEMORY_TOOL, SAVE_MEMORY_TOOL, SEARCH_MEMORIES_TOOL
+from agent.memory.retrieval import memories_in
 
 #: First words of every offline reply, so nobody mistakes it for a real model.
 OFFLINE_MARKER = "[offline model] "
@@ -44,6 +47,11 @@ CALCULATE_PREFIX = "calculate "
 
 #: Words per streamed chunk.
 WORDS_PER_CHUNK = 3
+
+#: How a user message (lower-cased) starts to make the offline model call a memory tool.
+REMEMBER_PREFIX = "remember that "
+RECALL_PREFIX = "what do you remember"
+FORGET_PREFIX = "forget "
 
 
 def make_chat_model(model: str | BaseChatModel | None = None) -> BaseChatModel:
@@ -130,6 +138,13 @@ class OfflineChatModel(BaseChatModel):
     "The <tool> says: <result>.". When `calculator` is bound and the last message
     is a human message starting with "calculate ", it replies with one tool call
     instead, whose arguments are `{"expression": <rest of the message>}`.
+
+    Long-term memory (when the memory tools are bound): a last human message
+    starting with "remember that " calls `save_memory` with the rest of the
+    message; "what do you remember" calls `search_memories` with an empty query
+    (the newest memories); "forget " calls `forget_memory` on the first (most
+    relevant) memory it was given, if any. A reply given memories says
+    `I remember: 1. "…" 2. "…". ` (each cut to `MAX_QUOTED_CHARS`) before the quotes.
 
     Fields:
         latency_ms: milliseconds to sleep per call, to stand in for a real model (default 0).
@@ -223,7 +238,15 @@ class OfflineChatModel(BaseChatModel):
                 content="",
                 tool_calls=[{"name": CALCULATOR_TOOL, "args": {"expression": expression}, "id": call_id}],
             )
-        return AIMessage(content=OFFLINE_MARKER + _tool_results(messages) + quote_user_messages(_recent_user_texts(messages)))
+        memory_call = _memory_tool_call(messages, self.tool_names)
+        if memory_call is not None:
+            return AIMessage(content="", tool_calls=[memory_call])
+        return AIMessage(
+            content=OFFLINE_MARKER
+            + _tool_results(messages)
+            + _remembered(messages)
+            + quote_user_messages(_recent_user_texts(messages))
+        )
 
 
 def quote_user_messages(texts: Sequence[str]) -> str:
@@ -293,6 +316,33 @@ def _recent_user_texts(messages: Sequence[BaseMessage]) -> list[str]:
             if len(texts) == MAX_QUOTED_MESSAGES:
                 break
     return texts[::-1]
+
+
+def _memory_tool_call(messages: Sequence[BaseMessage], tool_names: Sequence[str]) -> dict | None:
+    """The memory tool call a last human message asks for (see `OfflineChatModel`), or None."""
+    last = messages[-1] if messages else None
+    if not isinstance(last, HumanMessage):
+        return None
+    text = last.text.strip()
+    lowered = text.lower()
+    if lowered.startswith(REMEMBER_PREFIX) and SAVE_MEMORY_TOOL in tool_names:
+        name, args = SAVE_MEMORY_TOOL, {"content": text[len(REMEMBER_PREFIX) :].strip()}
+    elif lowered.startswith(RECALL_PREFIX) and SEARCH_MEMORIES_TOOL in tool_names:
+        name, args = SEARCH_MEMORIES_TOOL, {"query": ""}
+    elif lowered.startswith(FORGET_PREFIX) and FORGET_MEMORY_TOOL in tool_names and memories_in(messages):
+        name, args = FORGET_MEMORY_TOOL, {"memory_id": memories_in(messages)[0][0]}
+    else:
+        return None
+    return {"name": name, "args": args, "id": tool_call_id(len(messages), f"{name}:{json.dumps(args)}")}
+
+
+def _remembered(messages: Sequence[BaseMessage]) -> str:
+    """`I remember: 1. "…" 2. "…". ` for the long-term memories the model was given; "" for none."""
+    memories = memories_in(messages)
+    if not memories:
+        return ""
+    quoted = " ".join(f'{n}. "{content[:MAX_QUOTED_CHARS]}"' for n, (_, content) in enumerate(memories, start=1))
+    return f"I remember: {quoted}. "
 
 
 def _tool_results(messages: Sequence[BaseMessage]) -> str:

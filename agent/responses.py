@@ -335,9 +335,37 @@ class LangGraphResponsesAgent(ResponsesAgent):
             self.threads.delete_thread(required_id("thread_id", thread_id), user_id=self._user(user_id))
 
     def delete_user_data(self, user_id: str) -> list[str]:
-        """Delete every thread `user_id` owns; returns the deleted thread ids, sorted."""
+        """Delete every thread `user_id` owns and all the user's long-term memories; returns the deleted
+        thread ids, sorted."""
         with _agent_errors():
             return self.threads.delete_user_data(required_id("user_id", user_id))
+
+    # -- long-term memory (Python API) ------------------------------------------------------
+    def list_memories(self, user_id: str, query: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The user's long-term memories, in every `memory_scope`: newest first, or most relevant first
+        for `query` (keyword search: only memories sharing a word with it; semantic: all, by similarity).
+
+        Each entry: `memory_id`, `content`, `thread_id` and `checkpoint_id` (the turn that saved it),
+        `created_at` (ISO 8601, UTC). `limit`: 1 to 1000.
+
+        Raises: `InvalidRequest` (bad user_id, query or limit).
+        """
+        from agent.operations.memories import MAX_MEMORY_LIMIT, check_query
+
+        with _agent_errors():
+            found = self.threads.list_memories(
+                required_id("user_id", user_id), check_query(query), check_limit(limit, maximum=MAX_MEMORY_LIMIT)
+            )
+            return [memory.as_dict() for memory in found]
+
+    def delete_memory(self, user_id: str, memory_id: str) -> None:
+        """Delete one of the user's long-term memories.
+
+        Raises: `InvalidRequest` (bad ids), `MemoryNotFound` (no such memory among the user's; another
+        user's memory answers the same, and is not deleted).
+        """
+        with _agent_errors():
+            self.threads.delete_memory(required_id("user_id", user_id), required_id("memory_id", memory_id))
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:

@@ -9,6 +9,7 @@
   branch operations. Their messages stay LangChain messages until `as_dict()` turns them into
   Responses items (`agent.messages.to_state_items`, imported there so this module stays light).
 * `AgentInfo`: what is running (`LangGraphResponsesAgent.info()`, `GET /agent/info`).
+* `Memory`: one long-term memory of a user (`list_memories`, the memories given to the model).
 """
 
 from __future__ import annotations
@@ -288,3 +289,28 @@ class AgentInfo:
     def public_dict(self) -> dict[str, str]:
         """What a server tells its clients (`GET /agent/info`): no path or URL of the store, only its kind."""
         return {"name": self.name, "version": self.version, "store": self.store_kind, "model": self.model}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """One long-term memory of a user, with the turn that wrote it (see `agent.memory`)."""
+
+    memory_id: str
+    content: str
+    thread_id: str
+    """The thread whose turn saved it."""
+    checkpoint_id: str
+    """The checkpoint that turn committed (the memory's place in the thread's branches)."""
+    created_at: str | None
+    """ISO 8601, UTC."""
+    score: float | None = None
+    """How well it matched a search: shared words (keyword search) or cosine similarity (semantic); None when listed."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "memory_id": self.memory_id,
+            "content": self.content,
+            "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id,
+            "created_at": self.created_at,
+        }

@@ -236,3 +236,22 @@ def time_text(timestamp: str | None) -> str:
         return datetime.fromisoformat(timestamp).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     except ValueError:
         return timestamp
+
+
+def memories_table(memories: list[dict[str, Any]], *, title: str) -> RenderableType:
+    """A table of long-term memories (the dicts of `list_memories`), in the order given, with their provenance:
+    the thread and the short id of the checkpoint whose turn saved each one."""
+    table = Table(title=title, show_lines=False)
+    for column in ("memory_id", "content", "thread", "checkpoint", "created (UTC)"):
+        table.add_column(column, overflow="fold")
+    for memory in memories:
+        table.add_row(
+            memory["memory_id"],
+            memory["content"],
+            memory["thread_id"],
+            short_id(memory["checkpoint_id"]),
+            (memory["created_at"] or "")[:19].replace("T", " "),
+        )
+    if not memories:
+        return Text(f"{title}: no memories.", style="dim")
+    return table

@@ -40,8 +40,8 @@ def kernel_name(tmp_path_factory) -> str:
         yield KERNEL_NAME
 
 
-def test_the_three_notebooks_exist_and_are_stored_without_outputs():
-    assert {path.stem for path in NOTEBOOKS} == {"short_term_memory", "time_travel", "serving"}
+def test_the_four_notebooks_exist_and_are_stored_without_outputs():
+    assert {path.stem for path in NOTEBOOKS} == {"short_term_memory", "time_travel", "serving", "long_term_memory"}
     for path in NOTEBOOKS:
         notebook = nbformat.read(path, as_version=4)
         for cell in notebook.cells:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import typer
 
 from rich.markup import escape
 from rich.panel import Panel
@@ -32,10 +34,24 @@ BRANCH_QUESTION = "Where am I going?"
 
 
 @app.command()
-def demo(database_url: DatabaseUrl = None, model: Model = None, tracing: Tracing = False) -> None:
-    """Run the trip scenario on a fresh thread: memory, history, a branch, and the branch's answer."""
+def demo(
+    scenario: Annotated[
+        Literal["trip", "memory"],
+        typer.Argument(help="trip: checkpoints and a branch; memory: a fact remembered across threads."),
+    ] = "trip",
+    database_url: DatabaseUrl = None,
+    model: Model = None,
+    tracing: Tracing = False,
+) -> None:
+    """Run the trip scenario on a fresh thread: memory, history, a branch, and the branch's answer
+    (`tt-agent demo memory`: long-term memory crossing threads)."""
     with agent_errors(store=store_label(database_url)), open_agent(database_url, model, tracing) as agent:
-        _run_demo(agent, database_url)
+        if scenario == "memory":
+            from agent.cli.memory_demo import run_memory_demo
+
+            run_memory_demo(agent, database_url)
+        else:
+            _run_demo(agent, database_url)
 
 
 def _run_demo(agent: LangGraphResponsesAgent, database_url: str | None) -> None:

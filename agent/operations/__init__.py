@@ -7,7 +7,7 @@ in it), `edits` (where an edit or regeneration starts; removals), `branches`
 (checkpoint state, branches, head switch, fork, compare). `tree` and `edits`
 stand apart from `branches` because turns use them too: an edit and a
 regeneration are turns (they stream, and follow the multitask strategy), so
-only their planning lives outside `turns`.
+only their planning lives outside `turns`. `memories`: a user's long-term memories.
 
 `Threads` is the façade the ResponsesAgent adapter calls. `ACTIONS` maps each
 `custom_inputs.action` to one `Action`: which `custom_inputs` keys it takes,
@@ -33,6 +33,7 @@ from agent.errors import InvalidRequest
 from agent.operations import branches
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
+from agent.operations import memories as memory_ops
 from agent.storage import ThreadStorage
 from agent.types import (
     BranchSummary,
@@ -41,6 +42,7 @@ from agent.types import (
     CheckpointSummary,
     ForkResult,
     HeadMove,
+    Memory,
     TurnResult,
 )
 from agent.validation import check_id, check_limit, required_id
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
     from langgraph.graph.state import CompiledStateGraph
 
+    from agent.memory.service import Memories
     from agent.operations.turns import TurnArgs, TurnEvent
     from agent.requests import Envelope
 
@@ -67,13 +70,17 @@ def __getattr__(name: str) -> Any:
 class Threads:
     """The thread operations of one agent, over its storage and compiled graph."""
 
-    def __init__(self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings) -> None:
+    def __init__(
+        self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings, memories: Memories | None = None
+    ) -> None:
         self.storage = storage
         self.graph = graph
         self.settings = settings
         from agent.operations.turns import TurnRunner
 
-        self.turns = TurnRunner(storage, graph, settings)
+        #: The users' long-term memories (`agent.memory`); None: the agent keeps none.
+        self.memories = memories
+        self.turns = TurnRunner(storage, graph, settings, memories)
 
     def run_turn(self, args: TurnArgs, *, stream_tokens: bool) -> Iterator[TurnEvent]:
         """See `TurnRunner.run`."""
@@ -139,11 +146,19 @@ class Threads:
 
     def delete_thread(self, thread_id: str, *, user_id: str | None) -> None:
         """See `lifecycle.delete_thread`."""
-        lifecycle.delete_thread(self.storage, thread_id, user_id=user_id)
+        lifecycle.delete_thread(self.storage, thread_id, user_id=user_id, memories=self.memories)
 
     def delete_user_data(self, user_id: str) -> list[str]:
         """See `lifecycle.delete_user_data`."""
-        return lifecycle.delete_user_data(self.storage, user_id)
+        return lifecycle.delete_user_data(self.storage, user_id, memories=self.memories)
+
+    def list_memories(self, user_id: str, query: str | None, limit: int) -> list[Memory]:
+        """See `memories.list_memories`."""
+        return memory_ops.list_memories(self.memories, user_id, query=query, limit=limit)
+
+    def delete_memory(self, user_id: str, memory_id: str) -> None:
+        """See `memories.delete_memory`."""
+        memory_ops.delete_memory(self.memories, user_id, memory_id)
 
     async def in_io(self, function: Callable[..., Any], *args: Any) -> Any:
         """`function(*args)` on the storage thread pool, awaited (for blocking storage work on the async path)."""
@@ -151,6 +166,8 @@ class Threads:
 
     def close(self) -> None:
         self.turns.close()
+        if self.memories is not None:
+            self.memories.close()
         self.storage.close()
 
 
@@ -337,10 +354,28 @@ ACTIONS: dict[str, Action] = {
         Action(name="delete_thread", summary="Delete the thread and all its checkpoints.", run=_run_delete_thread),
         Action(
             name="delete_user_data",
-            summary="Delete every thread of the user.",
+            summary="Delete every thread of the user, and all the user's long-term memories.",
             needs_thread=False,
             needs_user=True,
             run=_run_delete_user_data,
+        ),
+        Action(
+            name="list_memories",
+            summary="The user's long-term memories: newest first, or best first for `query` (`memories`).",
+            keys=frozenset({"query", "limit"}),
+            needs_thread=False,
+            needs_user=True,
+            parse=memory_ops.parse_list,
+            run=memory_ops.run_list,
+        ),
+        Action(
+            name="delete_memory",
+            summary="Delete one of the user's long-term memories (`memory_id`).",
+            keys=frozenset({"memory_id"}),
+            needs_thread=False,
+            needs_user=True,
+            parse=memory_ops.parse_delete,
+            run=memory_ops.run_delete,
         ),
     )
 }

@@ -11,7 +11,11 @@ A turn (see `agent.storage.base` for why it is built this way):
    with every checkpoint and write buffered in memory. No connection is held.
    The claim is renewed meanwhile; if a newer turn asks this one to stop
    (`interrupt` / `rollback`), the run stops at its next step.
-4. **Commit** (one short transaction) or **release** (nothing written).
+4. **Commit** (one short transaction) or **release** (nothing written). The commit also
+   applies the long-term memory operations among the turn's new messages (`agent.memory`).
+
+Between 2 and 3 the user's long-term memories for the turn are read (`_recall`)
+and handed to the model-input pipeline in the turn's `TurnContext`.
 
 An edit (`edit_message_id`) or a regeneration starts elsewhere, with other
 messages: `agent.operations.edits` decides where and what, reading only the
@@ -39,12 +43,13 @@ the thread at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -62,6 +67,9 @@ from agent.operations.tree import fill_kept, read_tree
 from agent.storage import Claim, ThreadStorage, Turn, Tx
 from agent.storage.base import IdempotencyKeyTaken
 from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
+
+if TYPE_CHECKING:
+    from agent.memory.service import Memories
 
 TurnEvent = TextDelta | NewMessages | TurnResult | StoredResponse
 
@@ -160,11 +168,14 @@ class _StopOnSignal(BaseCallbackHandler):
 class TurnRunner:
     """Runs turns and state updates on one agent's storage and graph."""
 
-    def __init__(self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings) -> None:
+    def __init__(
+        self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings, memories: Memories | None = None
+    ) -> None:
         self.storage = storage
         self.graph = graph
         self.settings = settings
         self.idempotency = Idempotency(storage, settings)
+        self.memories = memories
         # Storage calls of the async path: short, but blocking. Sized so that
         # waiting for a pooled connection never starves other work.
         self._io = ThreadPoolExecutor(max_workers=2 * settings.pool_max_size + 4, thread_name_prefix="tt-storage")
@@ -201,6 +212,7 @@ class TurnRunner:
         try:
             turn, start, config = self._prepare(claim, args, begun)
             config["callbacks"] = [_StopOnSignal(claim)]
+            self._recall(turn, start, args.user_id, begun.messages, config)
             progress = _Progress()
             with self.storage.saver.buffering(turn):
                 stream = self.graph.stream(
@@ -299,6 +311,7 @@ class TurnRunner:
         done = False
         try:
             turn, start, config = self._prepare(claim, args, begun)
+            await self.in_io(self._recall, turn, start, args.user_id, begun.messages, config)
             progress = _Progress()
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -384,6 +397,15 @@ class TurnRunner:
         )
         return turn, start, config
 
+    def _recall(self, turn: Turn, start: str, user_id: str | None, sent: list[BaseMessage], config: dict) -> None:
+        """Put the user's long-term memories for this turn into its TurnContext (a read; no connection kept)."""
+        if self.memories is None or user_id is None:
+            return
+        memories = self.memories.recall(user_id, sent, _messages_of(turn, start))
+        if memories:
+            configurable = config["configurable"]
+            configurable[TURN_CONTEXT_KEY] = dataclasses.replace(configurable[TURN_CONTEXT_KEY], memories=memories)
+
     @staticmethod
     def _start_of(
         claim: Claim, user_id: str | None, checkpoint_id: str | None, *, new_thread_allowed: bool = True
@@ -434,7 +456,7 @@ class TurnRunner:
         self, claim: Claim, turn: Turn, args: TurnArgs, result: TurnResult, output: list[dict]
     ) -> TurnResult | StoredResponse:
         """Commit `turn`, and with an idempotency key its response (`output` and `result`) in the same transaction."""
-        apply = functools.partial(_write, turn, args.user_id)
+        apply = functools.partial(self._write_turn, turn, result.parent_checkpoint_id, args.user_id)
         if args.idempotency_key is None:
             self.storage.commit(claim, apply)
             return result
@@ -450,6 +472,14 @@ class TurnRunner:
             self.storage.release(claim)  # the failed commit rolled back its release too
             return self.idempotency.after_race(args.user_id, args.idempotency_key, args.request_hash)
         return result
+
+    def _write_turn(self, turn: Turn, start: str, user_id: str | None, tx: Tx) -> None:
+        """The commit of a turn: `_write`, and the memory tools' results among its new messages."""
+        _write(turn, user_id, tx)
+        if self.memories is not None and user_id is not None and turn.puts:
+            head = turn.puts[-1][1]
+            new = list(head["channel_values"].get("messages") or ())[len(_messages_of(turn, start)) :]
+            self.memories.write_turn(new, user_id=user_id, thread_id=turn.thread_id, checkpoint_id=head["id"])
 
     def _keep_interrupted(self, turn: Turn, start: str, sent: list[BaseMessage], progress: _Progress) -> None:
         """Replace what the stopped run buffered with one checkpoint: the input and what it produced."""
@@ -478,6 +508,14 @@ def _result_of(stored: StoredResponse) -> TurnResult:
     """A state update's stored result as the TurnResult it was (its output is always empty)."""
     outputs = stored.custom_outputs
     return TurnResult(outputs["thread_id"], outputs["checkpoint_id"], outputs["parent_checkpoint_id"], outputs.get("status", "completed"))
+
+
+def _messages_of(turn: Turn, checkpoint_id: str) -> list[BaseMessage]:
+    """The messages of a checkpoint the turn loaded (or buffered, as a new thread's root)."""
+    loaded = turn.loaded.get(checkpoint_id)
+    if loaded is None:
+        return []
+    return list(loaded.checkpoint["channel_values"].get("messages") or ())
 
 
 def _add_root(saver: Any, turn: Turn) -> str:

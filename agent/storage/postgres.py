@@ -16,12 +16,13 @@ Design notes:
 * **No saver-wide lock.** `PostgresSaver` serializes every query of an
   instance behind one lock even when it is given a pool (langgraph#7259), so
   `_cursor` is overridden to take a pooled connection (or the commit's) without it.
-* **Schema.** `setup()` first only reads: when every table exists and both
-  migration tables are up to date, it writes nothing, so an application role
+* **Schema.** `setup()` first only reads: when every table exists and every
+  migration table is up to date, it writes nothing, so an application role
   without DDL rights and a read-only replica pass it (their turns then fail
-  at the claim, with the cause). Otherwise it runs LangGraph's migration list
-  and the agent's (`MIGRATIONS`, a migration's position is its version) in
-  ONE transaction under `pg_advisory_xact_lock`: safe from many processes at
+  at the claim, with the cause). Otherwise it runs LangGraph's migration lists
+  (the checkpointer's, and the store's that long-term memory uses) and the
+  agent's (`MIGRATIONS`, a migration's position is its version) in ONE
+  transaction under `pg_advisory_xact_lock`: safe from many processes at
   once and through PgBouncer. LangGraph creates its indexes `CONCURRENTLY`,
   which cannot run in a transaction; they are created here without it (on the
   new, empty tables this creates, that is instant). A missing table (dropped
@@ -59,6 +60,7 @@ from typing import Any
 import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATIONS
+from langgraph.store.postgres.base import MIGRATIONS as STORE_MIGRATIONS
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -132,6 +134,7 @@ MIGRATIONS = [
 TABLES = (
     "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
     "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency",
+    "store_migrations", "store",
 )  # fmt: skip
 
 #: The tables a turn's commit writes, and the privileges it needs on them.
@@ -289,6 +292,11 @@ CLAIM_LOST_SQLSTATE = "TT001"
 # Set for the duration of one write transaction, so the saver's queries run on
 # its connection (inside its transaction) instead of a pooled one.
 _TX_CONN: ContextVar[psycopg.Connection | None] = ContextVar("tt_tx_conn", default=None)
+
+
+def transaction_connection() -> psycopg.Connection | None:
+    """The connection of the write transaction running on this thread (a commit, `transaction`), if any."""
+    return _TX_CONN.get()
 
 
 class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
@@ -464,17 +472,18 @@ class PostgresThreadStorage(ThreadStorage):
 
     @staticmethod
     def _migrations_current(conn: psycopg.Connection) -> bool:
-        """Whether both migration tables (which exist) record every migration this code has."""
+        """Whether every migration table (they exist) records every migration this code has."""
         row = conn.execute(
-            "SELECT (SELECT max(v) FROM checkpoint_migrations) AS langgraph, (SELECT max(v) FROM agent_migrations) AS agent"
+            "SELECT (SELECT max(v) FROM checkpoint_migrations) AS langgraph, (SELECT max(v) FROM agent_migrations) AS agent,"
+            " (SELECT max(v) FROM store_migrations) AS store"
         ).fetchone()
         return all(
             row[name] is not None and row[name] >= len(migrations) - 1
-            for name, migrations in (("langgraph", LANGGRAPH_MIGRATIONS), ("agent", MIGRATIONS))
+            for name, migrations in (("langgraph", LANGGRAPH_MIGRATIONS), ("agent", MIGRATIONS), ("store", STORE_MIGRATIONS))
         )
 
     def _migrate(self, conn: psycopg.Connection) -> None:
-        """Apply LangGraph's and the agent's missing migrations in one transaction; all of them if a table is missing."""
+        """Apply LangGraph's (checkpointer, store) and the agent's missing migrations in one transaction; all if a table is missing."""
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SETUP_LOCK_KEY,))
             # Decided under the lock: another process may have just created everything, and
@@ -483,8 +492,13 @@ class PostgresThreadStorage(ThreadStorage):
             everything = bool(missing) and "agent_migrations" not in missing
             if everything:
                 logger.warning("Tables %s were missing from %s; re-creating them", missing, self.masked)
-            for table, migrations in (("checkpoint_migrations", LANGGRAPH_MIGRATIONS), ("agent_migrations", MIGRATIONS)):
-                conn.execute(migrations[0])
+            for table, migrations in (
+                ("checkpoint_migrations", LANGGRAPH_MIGRATIONS),
+                ("agent_migrations", MIGRATIONS),
+                # LangGraph's store (long-term memory, agent.memory): the tables of PostgresStore.setup().
+                ("store_migrations", STORE_MIGRATIONS),
+            ):
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
                 row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
                 current = -1 if everything or row["v"] is None else row["v"]
                 for version in range(current + 1, len(migrations)):

@@ -16,9 +16,11 @@ Design notes:
   `BEGIN IMMEDIATE` transaction; nothing is held while the model runs.
 * **Schema.** `MIGRATIONS` is an ordered list applied with `PRAGMA
   user_version` (a migration's position + 1 is its version), like Postgres's
-  migrations table. `setup()` also checks that every table exists and
-  re-applies the migrations if one was dropped; a running agent that finds a
-  table missing does the same and runs the claim or read again.
+  migrations table; LangGraph's store tables (long-term memory) are applied
+  from its own lists, recorded in its own version tables (`STORE_SCHEMA`).
+  `setup()` also checks that every table exists and re-applies the migrations
+  if one was dropped; a running agent that finds a table missing does the
+  same and runs the claim or read again.
 * The connection is in autocommit mode (`isolation_level=None`), so
   `SqliteSaver`'s own commits are no-ops and transactions are explicit.
 """
@@ -35,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.store.sqlite.base import MIGRATIONS as STORE_MIGRATIONS
+from langgraph.store.sqlite.base import VECTOR_MIGRATIONS as STORE_VECTOR_MIGRATIONS
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
@@ -102,7 +106,14 @@ MIGRATIONS: list[list[str]] = [
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
-TABLES = ("checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency")
+TABLES = (
+    "checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency",
+    "store_migrations", "store", "vector_migrations", "store_vectors",
+)  # fmt: skip
+
+#: LangGraph's store (long-term memory, agent.memory): its migration lists and their version tables,
+#: as SqliteStore.setup() applies them. The vectors table is a plain BLOB table, created always.
+STORE_SCHEMA = (("store_migrations", STORE_MIGRATIONS), ("vector_migrations", STORE_VECTOR_MIGRATIONS))
 
 # Claims the thread unless an unexpired claim holds it or the thread belongs to another user
 # (the rule of `base.owned_by`); `changes()` tells whether it did.
@@ -297,10 +308,12 @@ class SqliteThreadStorage(ThreadStorage):
             conn = self.saver.conn
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             self._migrate(conn, start=version)
+            self._migrate_store(conn, everything=False)
             if self._missing_tables(conn):
                 self.saver.is_setup = False  # LangGraph's own tables too, if one of them was dropped
                 self.saver.setup()
                 self._migrate(conn, start=0)
+                self._migrate_store(conn, everything=True)
         self._ready = True
 
     @staticmethod
@@ -320,6 +333,26 @@ class SqliteThreadStorage(ThreadStorage):
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+
+    @staticmethod
+    def _migrate_store(conn: sqlite3.Connection, *, everything: bool) -> None:
+        """Apply LangGraph's store migrations not yet recorded (all of them if `everything`), one transaction."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table, migrations in STORE_SCHEMA:
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
+                current = -1 if everything else conn.execute(f"SELECT coalesce(max(v), -1) FROM {table}").fetchone()[0]
+                for version in range(current + 1, len(migrations)):
+                    try:
+                        conn.execute(migrations[version])
+                    except sqlite3.OperationalError as exc:
+                        if "duplicate column name" not in str(exc):  # re-applied after a dropped table
+                            raise
+                    conn.execute(f"INSERT OR IGNORE INTO {table} (v) VALUES (?)", (version,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     @staticmethod
     def _missing_tables(conn: sqlite3.Connection) -> list[str]:

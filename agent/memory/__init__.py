@@ -1,0 +1,51 @@
+"""Long-term memory: what the agent learns about a user, kept across threads, searchable, owned by that user.
+
+Short-term memory is a thread's checkpoints (`agent.storage`); long-term memory
+is a LangGraph store beside them, in the same database, namespaced
+`("user_memories", <user_id>)` as in the Databricks long-term-memory template.
+
+Modules: `store` (LangGraph's `PostgresStore` / `SqliteStore` on the storage's
+own connections, and the queries the agent adds), `postgres`, `sqlite` (one
+per backend), `index` (the in-process copy searches rank over), `embeddings`
+(semantic search's model, called outside transactions), `scopes` (the
+namespace and the branch rule), `service` (`Memories`), `tools` (what the
+model calls), `retrieval` (what the model is given before a turn).
+
+Design, and where it departs from the suggestions it started from:
+
+* **Writes are part of the turn.** The tools never write: `save_memory` and
+  `forget_memory` return their operation as the tool result's `artifact`, and
+  the turn's commit applies the artifacts of the messages it commits, in the
+  same transaction as the checkpoints (`Memories.write_turn`). So the
+  project's rule holds: a turn that fails, is rolled back or loses its claim
+  writes no memory; an interrupted turn keeps exactly the memories whose
+  results it kept. A memory's provenance is the thread and the checkpoint that
+  commit wrote.
+* **The branch rule costs no query** (`scopes`): the memories saved on a
+  branch are the `save_memory` results among its head's messages.
+* **Retrieval runs once per turn, before the graph** (`TurnRunner`): between
+  the claim and the model call, on the storage's thread pool on the async
+  path, with no connection held afterwards; the memories ride in the turn's
+  `TurnContext`, and `agent.context` puts them before the conversation as one
+  system message. So the model-input pipeline stays free of I/O.
+* **`memory://` uses `SqliteStore`**, not `InMemoryStore`: `memory://` is
+  SQLite `:memory:` for checkpoints, and one connection lets memory writes
+  share the checkpoints' transaction.
+* **Search** is by keywords (the query's words a memory contains), or by
+  cosine similarity of embeddings when `embedding_model` is set on SQLite, and
+  it ranks in Python over an in-process copy of the user's memories that one
+  key listing per search keeps exact (`index`): ranking in SQL read and parsed
+  every memory on every turn (3 ms for 1,000 memories, as long as the turn).
+  Postgres searches by keywords: pgvector is not available from the package
+  sources this project installs from, so an `embedding_model` on Postgres is
+  logged as unused at start-up.
+* **No user_id, no long-term memory.** The tools answer so and nothing is
+  retrieved.
+"""
+
+from __future__ import annotations
+
+#: The names of the memory tools (the offline model calls them by name).
+SAVE_MEMORY_TOOL = "save_memory"
+SEARCH_MEMORIES_TOOL = "search_memories"
+FORGET_MEMORY_TOOL = "forget_memory"

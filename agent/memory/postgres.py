@@ -1,0 +1,82 @@
+"""LangGraph's `PostgresStore` on the storage's pool: keyword search, deletion and TTL refresh (see `store`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import psycopg
+from langgraph.store.base import TTLConfig
+from langgraph.store.postgres import PostgresStore
+from psycopg.rows import dict_row
+
+from agent.storage.postgres import PostgresThreadStorage, transaction_connection
+from agent.types import Memory
+from agent.memory.store import to_memory
+
+LIVE_KEYS_SQL = """
+SELECT coalesce(string_agg(key, ',' ORDER BY key), '') AS keys FROM store
+WHERE prefix = %s AND (expires_at IS NULL OR expires_at > now())
+"""
+READ_SQL = "SELECT key, value, created_at FROM store WHERE prefix = %s AND key = ANY(%s::text[])"
+REFRESH_SQL = """
+UPDATE store SET expires_at = now() + make_interval(secs => %s)
+WHERE prefix = %s AND key = ANY(%s::text[]) AND expires_at IS NOT NULL
+"""
+DELETE_MEMORY_SQL = "DELETE FROM store WHERE prefix = %s AND key = %s"
+DELETE_THREAD_MEMORIES_SQL = "DELETE FROM store WHERE prefix = %s AND value ->> 'thread_id' = %s"
+DELETE_ALL_SQL = "DELETE FROM store WHERE prefix = %s"
+
+
+class PostgresMemoryStore(PostgresStore):
+    """`PostgresStore` on `storage`'s pool (or its write transaction's connection), with the agent's queries."""
+
+    search_kind = "keyword"
+
+    def __init__(self, storage: PostgresThreadStorage, *, ttl: TTLConfig | None) -> None:
+        PostgresStore.__init__(self, storage.pool, ttl=ttl)
+        self.storage = storage
+
+    def setup(self) -> None:
+        """The storage's setup creates the store's tables (LangGraph's migrations, in its one transaction)."""
+        self.storage.setup()
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[psycopg.Cursor]:
+        # As TurnPostgresSaver._cursor: the write transaction's connection if one is open on this
+        # thread, else a pooled one; no instance lock (langgraph#7259).
+        tx_conn = transaction_connection()
+        self.storage.setup()
+        with nullcontext(tx_conn) if tx_conn is not None else self.storage.connection() as conn:
+            nested = pipeline and conn.info.pipeline_status == psycopg.pq.PipelineStatus.OFF
+            with conn.pipeline() if nested else nullcontext(), conn.cursor(binary=True, row_factory=dict_row) as cur:
+                yield cur
+
+    def _execute(self, action: str, work: Callable[[psycopg.Connection], Any]) -> Any:
+        conn = transaction_connection()
+        if conn is not None:
+            return work(conn)
+        return self.storage._run(action, work)  # retried once on a dead connection; errors as StorageUnavailable
+
+    # -- the agent's queries ------------------------------------------------------------------
+    def live_keys(self, prefix: str) -> str:
+        return self._execute("list memories", lambda conn: conn.execute(LIVE_KEYS_SQL, (prefix,)).fetchone()["keys"])
+
+    def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
+        rows = self._execute("read memories", lambda conn: conn.execute(READ_SQL, (prefix, list(keys))).fetchall())
+        return [(to_memory(row["key"], row["value"], row["created_at"], None), None) for row in rows]
+
+    def refresh(self, prefix: str, keys: Sequence[str], ttl_seconds: float) -> None:
+        self._execute("refresh memories", lambda conn: conn.execute(REFRESH_SQL, (ttl_seconds, prefix, list(keys))))
+
+    def delete_memory(self, prefix: str, key: str) -> bool:
+        return self._execute("delete a memory", lambda conn: conn.execute(DELETE_MEMORY_SQL, (prefix, key)).rowcount) > 0
+
+    def delete_thread_memories(self, prefix: str, thread_id: str) -> int:
+        return self._execute(
+            "delete a thread's memories", lambda conn: conn.execute(DELETE_THREAD_MEMORIES_SQL, (prefix, thread_id)).rowcount
+        )
+
+    def delete_all(self, prefix: str) -> int:
+        return self._execute("delete memories", lambda conn: conn.execute(DELETE_ALL_SQL, (prefix,)).rowcount)

@@ -1,0 +1,132 @@
+"""LangGraph's `SqliteStore` on the storage's one connection: reads by key, deletion, TTL (see `store`)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy  # a dependency of MLflow
+import orjson
+from langgraph.store.base import TTLConfig
+from langgraph.store.sqlite import SqliteStore
+
+from agent.memory.embeddings import PrecomputedEmbeddings
+from agent.memory.store import to_memory
+from agent.storage.sqlite import SqliteThreadStorage
+from agent.types import Memory
+
+# group_concat keeps the subquery's order in practice; if it did not, a listing would only look changed.
+LIVE_KEYS_SQL = """
+SELECT coalesce(group_concat(key, ','), '') FROM (
+    SELECT key FROM store
+    WHERE prefix = ? AND (expires_at IS NULL OR julianday(expires_at) > julianday('now'))
+    ORDER BY key
+)
+"""
+READ_SQL = """
+SELECT s.key, s.value, s.created_at, sv.embedding FROM store s
+LEFT JOIN store_vectors sv ON sv.prefix = s.prefix AND sv.key = s.key AND sv.field_name = 'content'
+WHERE s.prefix = ? AND s.key IN (SELECT value FROM json_each(?))
+"""
+REFRESH_SQL = """
+UPDATE store SET expires_at = :expires_at
+WHERE prefix = :prefix AND key IN (SELECT value FROM json_each(:keys)) AND expires_at IS NOT NULL
+"""
+DELETE_MEMORY_SQL = [
+    "DELETE FROM store_vectors WHERE prefix = :prefix AND key = :key",
+    "DELETE FROM store WHERE prefix = :prefix AND key = :key",
+]
+DELETE_THREAD_MEMORIES_SQL = [
+    """DELETE FROM store_vectors WHERE prefix = :prefix AND key IN (
+        SELECT key FROM store WHERE prefix = :prefix AND json_extract(value, '$.thread_id') = :thread_id)""",
+    "DELETE FROM store WHERE prefix = :prefix AND json_extract(value, '$.thread_id') = :thread_id",
+]
+DELETE_ALL_SQL = [
+    "DELETE FROM store_vectors WHERE prefix = :prefix",
+    "DELETE FROM store WHERE prefix = :prefix",
+]
+SWEEP_SQL = [
+    """DELETE FROM store_vectors WHERE (prefix, key) IN (
+        SELECT prefix, key FROM store WHERE expires_at IS NOT NULL AND julianday(expires_at) <= julianday('now'))""",
+    "DELETE FROM store WHERE expires_at IS NOT NULL AND julianday(expires_at) <= julianday('now')",
+]
+
+
+class SqliteMemoryStore(SqliteStore):
+    """`SqliteStore` on `storage`'s connection, under its saver's lock, inside its transactions when one is open."""
+
+    def __init__(
+        self, storage: SqliteThreadStorage, *, embeddings: PrecomputedEmbeddings | None, ttl: TTLConfig | None
+    ) -> None:
+        # "text_fields" is what SqliteStore reads ("fields" is PostgresStore's name for it).
+        index = {"dims": 0, "embed": embeddings, "text_fields": ["content"]} if embeddings is not None else None
+        SqliteStore.__init__(self, storage.saver.conn, index=index, ttl=ttl)
+        self.storage = storage
+        self.is_setup = True  # the storage's setup creates the tables
+        self.search_kind = "semantic" if embeddings is not None else "keyword"
+
+    def setup(self) -> None:
+        """The storage's setup creates the store's tables (LangGraph's migrations)."""
+        self.storage.setup()
+
+    @contextmanager
+    def _cursor(self, *, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
+        # One connection for checkpoints and memories: its saver's lock and transactions
+        # (a write inside a commit joins it: TurnSqliteSaver.cursor sees the open transaction).
+        self.storage.setup()
+        saver = self.storage.saver
+        with self.storage._errors():
+            if transaction and not getattr(saver._in_transaction, "active", False):
+                with saver.transaction() as cur:
+                    yield cur
+            else:
+                with saver.cursor(transaction=False) as cur:
+                    yield cur
+
+    # -- the agent's queries ------------------------------------------------------------------
+    def live_keys(self, prefix: str) -> str:
+        with self._cursor(transaction=False) as cur:
+            return cur.execute(LIVE_KEYS_SQL, (prefix,)).fetchone()[0]
+
+    def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
+        with self._cursor(transaction=False) as cur:
+            rows = cur.execute(READ_SQL, (prefix, json.dumps(list(keys)))).fetchall()
+        return [
+            (to_memory(key, orjson.loads(value), created, None), _vector(embedding))
+            for key, value, created, embedding in rows
+        ]
+
+    def refresh(self, prefix: str, keys: Sequence[str], ttl_seconds: float) -> None:
+        # The format LangGraph's SqliteStore writes expires_at in (sqlite3's datetime adapter).
+        expires = (datetime.now(timezone.utc) + timedelta(seconds=ttl_seconds)).isoformat(" ")
+        with self._cursor() as cur:
+            cur.execute(REFRESH_SQL, {"expires_at": expires, "prefix": prefix, "keys": json.dumps(list(keys))})
+
+    def delete_memory(self, prefix: str, key: str) -> bool:
+        return self._delete(DELETE_MEMORY_SQL, {"prefix": prefix, "key": key}) > 0
+
+    def delete_thread_memories(self, prefix: str, thread_id: str) -> int:
+        return self._delete(DELETE_THREAD_MEMORIES_SQL, {"prefix": prefix, "thread_id": thread_id})
+
+    def delete_all(self, prefix: str) -> int:
+        return self._delete(DELETE_ALL_SQL, {"prefix": prefix})
+
+    def sweep_ttl(self) -> int:
+        """Delete expired memories and their vectors (LangGraph's sweep leaves the vectors); how many."""
+        return self._delete(SWEEP_SQL, {})
+
+    def _delete(self, statements: Sequence[str], params: dict[str, Any]) -> int:
+        """Run `statements` in one transaction; the rows the last one deleted (the `store` rows)."""
+        with self._cursor() as cur:
+            for statement in statements[:-1]:
+                cur.execute(statement, params)
+            return cur.execute(statements[-1], params).rowcount
+
+
+def _vector(blob: bytes | None) -> list[float] | None:
+    """A vector from its `store_vectors` blob (sqlite-vec's float32 format, `sqlite_vec.serialize_float32`)."""
+    return None if blob is None else numpy.frombuffer(blob, dtype=numpy.float32)

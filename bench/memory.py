@@ -1,0 +1,255 @@
+"""Memory benchmark: what long-term memory retrieval adds to a turn when the user has 1,000 memories.
+
+Usage::
+
+    python -m bench.memory [--quick] [--json out.json] [--database-url URL]
+
+For each configuration (SQLite with keyword search, SQLite with semantic search
+through the OpenAI-compatible stub's `/v1/embeddings`, Postgres with keyword
+search), an in-process agent (`create_agent(url, model="offline",
+tracing=False)`, driven with `predict` as a Python user would) gets a user
+with `MEMORIES` memories, written straight through the store (the same rows
+the memory tools' commits write, with made-up provenance). Then turns with
+that user_id (memory retrieved and given to the model before each turn) and
+turns without a user_id (no long-term memory) alternate, each series on its
+own thread, so both are measured at the same moment of the machine's load.
+
+The offline model answers at once, so the turn is all agent and storage: the
+ratio is the worst case; a real model's seconds would hide it. The reply of a
+turn with memory quotes them, so its checkpoint is a little larger too.
+
+Figures: turn p50 (ms) with and without memory, and their ratio (target
+<= 1.3), per configuration; for reference, the same ratio of this process's
+CPU time per turn, which other work on a shared machine skews less (for
+Postgres it leaves out the server's CPU). On SQLite with embeddings each turn
+with memory also makes one HTTP call to the embeddings model (the stub, here). Output: the table `figure | measured | target | pass`,
+the machine, versions and `targets met: X/Y`; `--json` saves the report. Exit
+code 0 even when targets are missed; 1 when a configuration could not run
+(its figures say "not measured"); 2 when no Postgres server answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import report
+from bench.databases import DEFAULT_SERVER_URL, scratch_database, server_version
+from bench.openai_stub import openai_stub_server
+
+#: Memories the measured user has.
+MEMORIES = 1000
+#: Target: turn p50 with memory over without.
+MAX_RATIO = 1.3
+CONFIGURATIONS = ("sqlite_keyword", "sqlite_semantic", "postgres_keyword")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    turns: int = 60
+    """Turns measured in each series (with and without memory)."""
+    warmup: int = 5
+
+
+QUICK = Sizes(turns=6, warmup=1)
+
+WORDS = ("vegetarian", "Lisbon", "tea", "museum", "cycling", "jazz", "sister", "Porto", "trains", "sushi")
+
+
+def memory_text(n: int) -> str:
+    """Memory `n`: a short fact about the user, about 60 characters, sharing words with others."""
+    return f"Fact {n}: I like {WORDS[n % len(WORDS)]} and {WORDS[(n * 7 + 3) % len(WORDS)]} (noted {n})"
+
+
+def user_message(n: int) -> str:
+    return f"Day {n}: plan a day with {WORDS[n % len(WORDS)]}, lunch by the river and a show at night."
+
+
+def figures() -> dict[str, report.Figure]:
+    out: dict[str, report.Figure] = {}
+    for name in CONFIGURATIONS:
+        label = name.replace("_", ", ")
+        out[f"{name}_without_ms"] = report.Figure(f"turn p50 without memory ({label})", fmt=report.fixed(2, " ms"))
+        out[f"{name}_with_ms"] = report.Figure(
+            f"turn p50 with {MEMORIES} memories ({label})", fmt=report.fixed(2, " ms")
+        )
+        out[f"{name}_ratio"] = report.Figure(
+            f"turn p50 with memory / without ({label})",
+            target=f"<= {MAX_RATIO}",
+            check=lambda value: value <= MAX_RATIO,
+            fmt=report.fixed(2),
+        )
+        out[f"{name}_cpu_ratio"] = report.Figure(
+            f"this process's CPU per turn, p50, with memory / without ({label})", fmt=report.fixed(2)
+        )
+    return out
+
+
+def seed(agent: Any, user_id: str, count: int) -> None:
+    """Write `count` memories for `user_id` straight through the store, in one transaction."""
+    from langgraph.store.base import PutOp
+
+    from agent.memory.scopes import namespace
+
+    memories = agent.threads.memories
+    texts = [memory_text(n) for n in range(count)]
+    if memories.embeddings is not None:
+        memories.embeddings.prime(texts)
+    ops = [
+        PutOp(namespace(user_id), f"bench-{n:05d}", {"content": text, "thread_id": "bench", "checkpoint_id": "bench"}, None)
+        for n, text in enumerate(texts)
+    ]
+    agent.storage.transaction(lambda tx: memories.store.batch(ops))
+
+
+def measure(url: str, sizes: Sizes, **settings: Any) -> dict[str, Any]:
+    """Turn p50s with and without memory on `url` (see the module docstring)."""
+    from agent import create_agent
+
+    with create_agent(url, model="offline", tracing=False, **settings) as agent:
+        user = f"bench-user-{uuid.uuid4().hex[:6]}"
+        seed(agent, user, MEMORIES)
+        threads: dict[str, str | None] = {"with": None, "without": None}
+        times: dict[str, list[float]] = {"with": [], "without": []}
+        cpu: dict[str, list[float]] = {"with": [], "without": []}
+        recalled = 0
+
+        def turn(kind: str, n: int) -> tuple[float, float]:
+            custom = {"thread_id": threads[kind]} if threads[kind] else {}
+            if kind == "with":
+                custom["user_id"] = user
+            started, started_cpu = time.perf_counter(), time.process_time()
+            out = agent.predict({"input": [{"role": "user", "content": user_message(n)}], "custom_inputs": custom})
+            elapsed, elapsed_cpu = time.perf_counter() - started, time.process_time() - started_cpu
+            threads[kind] = out.custom_outputs["thread_id"]
+            nonlocal recalled
+            recalled += kind == "with" and "I remember: " in str(out.output)
+            return elapsed, elapsed_cpu
+
+        for n in range(sizes.warmup):
+            turn("with", n), turn("without", n)
+        for n in range(sizes.turns):
+            for kind in ("with", "without") if n % 2 == 0 else ("without", "with"):
+                wall, used = turn(kind, n)
+                times[kind].append(wall)
+                cpu[kind].append(used)
+        kind_of_search = agent.threads.memories.search_kind
+    with_ms, without_ms = (statistics.median(times[k]) * 1000 for k in ("with", "without"))
+    with_cpu, without_cpu = (statistics.median(cpu[k]) for k in ("with", "without"))
+    return {
+        "with_ms": with_ms,
+        "without_ms": without_ms,
+        "ratio": with_ms / without_ms,
+        "cpu_ratio": with_cpu / without_cpu if without_cpu else None,
+        "search": kind_of_search,
+        "turns_given_memories": recalled,
+    }
+
+
+@contextmanager
+def embeddings_environment() -> Iterator[None]:
+    """The stub server, with `OPENAI_BASE_URL` pointing at it for the block."""
+    saved = {name: os.environ.get(name) for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
+    with openai_stub_server() as base_url:
+        os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = base_url, "unused"
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def run(server_url: str, *, quick: bool) -> dict[str, Any]:
+    """Measure every configuration; returns the report (`report.build_report`)."""
+    sizes = QUICK if quick else Sizes()
+    values: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    measurements: dict[str, Any] = {}
+    broken: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {
+            "sqlite_keyword": lambda: measure(f"sqlite:///{Path(tmp) / 'keyword.sqlite'}", sizes),
+            "sqlite_semantic": lambda: _semantic(f"sqlite:///{Path(tmp) / 'semantic.sqlite'}", sizes),
+            "postgres_keyword": lambda: _postgres(server_url, sizes),
+        }
+        for name, phase in runs.items():
+            print(f"configuration: {name}", flush=True)
+            try:
+                measured = phase()
+            except Exception as exc:  # noqa: BLE001 - one broken configuration must not hide the others
+                traceback.print_exc()
+                measurements[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                broken.append(name)
+                continue
+            measurements[name] = measured
+            for key in ("with_ms", "without_ms", "ratio", "cpu_ratio"):
+                values[f"{name}_{key}"] = measured[key]
+            notes[f"{name}_ratio"] = f"{measured['search']} search"
+    return report.build_report(
+        figures(),
+        values,
+        notes=notes,
+        **report.environment(_postgres_version(server_url)),
+        sizes={"memories": MEMORIES, "turns": sizes.turns, "warmup": sizes.warmup},
+        measurements=measurements,
+        broken_configurations=broken,
+    )
+
+
+def _semantic(url: str, sizes: Sizes) -> dict[str, Any]:
+    with embeddings_environment():
+        return measure(url, sizes, embedding_model="fake-embed")
+
+
+def _postgres(server_url: str, sizes: Sizes) -> dict[str, Any]:
+    with scratch_database(server_url, "tt_memory") as url:
+        return measure(url, sizes)
+
+
+def _postgres_version(server_url: str) -> str | None:
+    try:
+        return server_version(server_url)
+    except psycopg.Error:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few turns per series (a smoke test)")
+    parser.add_argument("--json", type=Path, help="also write every figure and measurement to this JSON file")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("AGENT_TEST_DATABASE_URL", DEFAULT_SERVER_URL),
+        help="a Postgres server URL (default: AGENT_TEST_DATABASE_URL, else the local server)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        psycopg.connect(args.database_url, connect_timeout=5).close()
+    except psycopg.OperationalError as exc:
+        print(f"error: no Postgres server answers at the given URL: {exc}", file=sys.stderr)
+        return 2
+    result = run(args.database_url, quick=args.quick)
+    report.print_report(f"Long-term memory: turn cost with {MEMORIES} memories", result)
+    if args.json:
+        report.write_json(args.json, result)
+    return 1 if result["broken_configurations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
