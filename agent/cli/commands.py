@@ -40,13 +40,15 @@ def serve(
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
     database_url: DatabaseUrl = None,
     model: Model = None,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Worker processes on the one port (one core each).")
+    ] = 1,
 ) -> None:
-    """Start the MLflow Agent Server (POST /invocations, POST /responses, GET /health)."""
+    """Start the MLflow Agent Server (POST /invocations, POST /responses, GET /health, GET /ready)."""
     with agent_errors():
         from agent.serving.app import run_agent_server
 
-        run_agent_server(host=host, port=port, database_url=database_url, model=model)
-
+        run_agent_server(host=host, port=port, database_url=database_url, model=model, workers=workers)
 
 
 def _resolve(entries: list[dict], thread_id: str, ref: str) -> str:
