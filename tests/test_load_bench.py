@@ -51,7 +51,7 @@ def test_quick_load_benchmark_reports_every_figure(quick_run):
     targeted = [key for key, figure in expected.items() if figure.check is not None]
     assert report["targets_total"] == len(targeted) == 12
     assert report["targets_met"] == sum(report["figures"][key]["pass"] is True for key in targeted)
-    # Every figure was measured, except the workers ratio where `tt-agent serve` has no --workers yet.
+    # Every figure was measured (the workers figures only where `tt-agent serve` has --workers).
     unmeasured = {key for key, row in report["figures"].items() if row["measured"] is None}
     assert unmeasured <= {"workers_speedup", "workers_1_turns_per_s", "workers_2_turns_per_s"}
     assert report["settings"]["sizes"]["conversations"] == load.QUICK.conversations
