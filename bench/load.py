@@ -46,7 +46,9 @@ Phases (all figures from one run; `--quick` shrinks every size for a smoke test)
     `enqueue`; then each thread's history must be
     one linear chain with every acknowledged turn once (`traffic.check_chain`).
 11. `--workers 2` over `--workers 1`, unstreamed turns per second with a 0 s
-    model, rounds 1-2-2-1. Not measurable while `tt-agent serve` has no `--workers`.
+    model, rounds 1-2-2-1, tracing off (tracing's cost is phase 8's figure; here
+    the run's tracking server would compete for the same two cores). Not
+    measurable while `tt-agent serve` has no `--workers`.
 
 Output: a table `figure | measured | target | pass`, the machine, versions,
 and `targets met: X/Y`; `--json` also saves every figure and measurement.
@@ -214,6 +216,8 @@ class LoadBenchmark:
         self.workdir = workdir
         self.sizes = sizes
         self.load_tracing = load_tracing
+        self.databases: list[str] = []
+        """Names of the scratch databases the run created (each dropped at the end of its phase)."""
         self.values: dict[str, Any] = {}
         self.notes: dict[str, str] = {}
         self.failed: set[str] = set()
@@ -246,13 +250,17 @@ class LoadBenchmark:
     def servers(self, specs):
         return running_servers(specs, cwd=self.workdir, timeout=SERVER_STARTUP_TIMEOUT_S)
 
+    def scratch_database(self, prefix: str):
+        """`bench.databases.scratch_database` on the run's server, its name kept in `self.databases`."""
+        return _recorded(scratch_database(self.server_url, prefix), self.databases)
+
     def model(self, latency_s: float) -> None:
         configure_stub(self.stub_url, latency_s=latency_s, chunks=MODEL_CHUNKS)
 
     # -- phases 1-3, 5-7 ---------------------------------------------------------------------
     def serving_under_load(self) -> dict[str, Any]:
         self.model(MODEL_LATENCY_S)
-        with scratch_database(self.server_url, "tt_load_serve") as db:
+        with self.scratch_database("tt_load_serve") as db:
             spec, base_url = self.server_spec("serve", db, tracing=self.load_tracing)
             with self.servers([spec]):
                 out = asyncio.run(self._serve(base_url, dbname_of(db)))
@@ -339,7 +347,7 @@ class LoadBenchmark:
         from agent import create_agent
 
         calls = self.sizes.in_process_calls
-        with scratch_database(self.server_url, "tt_load_inproc") as db:
+        with self.scratch_database("tt_load_inproc") as db:
             with create_agent(db, model="fake", pool_max_size=POOL_MAX_SIZE, tracing=False) as agent:
 
                 def call(n: int) -> traffic.Outcome:
@@ -368,9 +376,9 @@ class LoadBenchmark:
     # -- phase 8 -----------------------------------------------------------------------------
     def tracing_cpu(self) -> dict[str, Any]:
         self.model(0.0)
-        with scratch_database(self.server_url, "tt_load_traced") as traced_db, \
-                scratch_database(self.server_url, "tt_load_untraced") as untraced_db, \
-                scratch_database(self.server_url, "tt_load_local") as local_db:  # fmt: skip
+        with self.scratch_database("tt_load_traced") as traced_db, \
+                self.scratch_database("tt_load_untraced") as untraced_db, \
+                self.scratch_database("tt_load_local") as local_db:  # fmt: skip
             traced_spec, traced_url = self.server_spec("traced", traced_db, tracing=True)
             untraced_spec, untraced_url = self.server_spec("untraced", untraced_db, tracing=False)
             local_spec, local_url = self.server_spec("traced-local", local_db, tracing=True, local_traces=True)
@@ -424,7 +432,7 @@ class LoadBenchmark:
         out = {}
         for tracing in ("on", "off"):
             print(f"  one thread of {self.sizes.growth_turns} in-process turns, tracing {tracing} ...", flush=True)
-            with scratch_database(self.server_url, f"tt_load_growth_{tracing}") as db:
+            with self.scratch_database(f"tt_load_growth_{tracing}") as db:
                 out[tracing] = self._growth_child(db, tracing)
         self.values.update(
             traced_turn_growth=out["on"]["growth"],
@@ -454,7 +462,7 @@ class LoadBenchmark:
     def chains(self) -> dict[str, Any]:
         configure_stub(self.stub_url, latency_s=CHAIN_MODEL_LATENCY_S, chunks=MODEL_CHUNKS)
         out: dict[str, Any] = {}
-        with scratch_database(self.server_url, "tt_load_chains") as db:
+        with self.scratch_database("tt_load_chains") as db:
             specs = [self.server_spec(f"chains-{i}", db, tracing=False) for i in range(CHAIN_SERVERS)]
             with self.servers([spec for spec, _ in specs]):
                 for strategy in ("reject", "enqueue"):
@@ -534,10 +542,12 @@ class LoadBenchmark:
             self.notes["workers_speedup"] = "not measurable: tt-agent serve has no --workers option"
             return {"measurable": False}
         self.model(0.0)
-        with scratch_database(self.server_url, "tt_load_workers1") as db1, \
-                scratch_database(self.server_url, "tt_load_workers2") as db2:  # fmt: skip
-            spec1, url1 = self.server_spec("workers-1", db1, tracing=self.load_tracing, workers=1)
-            spec2, url2 = self.server_spec("workers-2", db2, tracing=self.load_tracing, workers=2)
+        with self.scratch_database("tt_load_workers1") as db1, \
+                self.scratch_database("tt_load_workers2") as db2:  # fmt: skip
+            # Tracing off: on this machine the tracking server would share the two cores too, and the
+            # figure would measure it (traces cost it more CPU than the turn costs the agent).
+            spec1, url1 = self.server_spec("workers-1", db1, tracing=False, workers=1)
+            spec2, url2 = self.server_spec("workers-2", db2, tracing=False, workers=2)
             with self.servers([spec1, spec2]) as (server1, server2):
                 print(f"  {self.sizes.workers_turns} turns on --workers 1 and on --workers 2 ...", flush=True)
                 out = asyncio.run(self._workers_rounds({1: (server1, url1), 2: (server2, url2)}))
@@ -568,6 +578,13 @@ class LoadBenchmark:
             for client in clients.values():
                 await client.aclose()
         return {n: {"wall_s": wall[n], "turns": traffic.summarize(outcomes[n])} for n in servers}
+
+
+@contextmanager
+def _recorded(database: Any, names: list[str]) -> Iterator[str]:
+    with database as url:
+        names.append(dbname_of(url))
+        yield url
 
 
 @contextmanager
@@ -638,7 +655,7 @@ def run(server_url: str, *, quick: bool = False, load_tracing: bool = True) -> d
     """Every phase on the Postgres server of `server_url`; the report (`bench.report.build_report`).
 
     `quick` shrinks every size (`QUICK`); `load_tracing` is `AGENT_TRACING` of the servers of
-    phases 1-7 and 11 (on, as `tt-agent serve`). The report also holds `measurements` (per phase)
+    phases 1-7 (on, as `tt-agent serve`). The report also holds `measurements` (per phase)
     and `broken_phases` (phases that raised; their figures are "not measured").
     """
     sizes = QUICK if quick else Sizes()
@@ -679,6 +696,7 @@ def run(server_url: str, *, quick: bool = False, load_tracing: bool = True) -> d
         },
         measurements=measurements,
         broken_phases=broken,
+        scratch_databases=bench.databases,
         elapsed_seconds=time.perf_counter() - started,
         peak_rss_mb=report.peak_rss_mb(),
     )
@@ -706,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         "--load-tracing",
         choices=["on", "off"],
         default="on",
-        help="AGENT_TRACING of the servers of phases 1-7 and 11 (default on, as tt-agent serve)",
+        help="AGENT_TRACING of the servers of phases 1-7 (default on, as tt-agent serve)",
     )
     args = parser.parse_args(argv)
     try:

@@ -59,8 +59,12 @@ def test_quick_load_benchmark_reports_every_figure(quick_run):
 
 @pytest.mark.slow
 def test_quick_load_benchmark_drops_its_scratch_databases(quick_run, pg_server_url):
+    _, report = quick_run
+    created = report["scratch_databases"]
+    assert len(created) == 10 and all(name.startswith("tt_load_") for name in created)
+    # Only this run's: other runs on the same server may have theirs in flight.
     with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'tt_load_%'").fetchall()
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname = ANY(%s)", (created,)).fetchall()
     assert left == []
 
 
