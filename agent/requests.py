@@ -14,7 +14,7 @@ Envelope `custom_inputs` keys (all optional):
 | `checkpoint_id` | str | start the turn from this checkpoint (a branch) instead of the head |
 | `user_id` | str | the caller; else `context.user_id` (both given: they must be equal) |
 | `multitask_strategy` | `reject` / `enqueue` / `interrupt` / `rollback` | overrides the agent's policy |
-| `idempotency_key` | str | a retry with the same key returns the first result instead of running again |
+| `idempotency_key` | str | a retry with the same key returns the first result instead of running again (turns and `update_checkpoint_state`; other actions ignore it) |
 | `action` | str | one of `agent.operations.ACTIONS`; absent: a turn |
 
 Each action adds its own keys (for example `limit` and `before` for
@@ -34,6 +34,7 @@ from agent.config import AgentSettings
 from agent.errors import InvalidRequest
 from agent.messages import to_langchain
 from agent.operations import ACTIONS, Action
+from agent.operations.idempotency import request_fingerprint
 from agent.validation import check_id, check_strategy, check_user_id, encoded_size
 
 #: `custom_inputs` keys every action takes.
@@ -50,6 +51,8 @@ class Envelope:
     multitask_strategy: str | None = None
     idempotency_key: str | None = None
     messages: list[BaseMessage] = field(default_factory=list)
+    request_hash: str | None = None
+    """What the request asks for, hashed (`idempotency.request_fingerprint`); set when `idempotency_key` is."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,9 @@ class ParsedRequest:
     args: Any = None
 
 
-def parse_request(request: Any, settings: AgentSettings, *, user_id: str | None = None) -> ParsedRequest:
+def parse_request(
+    request: Any, settings: AgentSettings, *, user_id: str | None = None, idempotency_key: str | None = None
+) -> ParsedRequest:
     """Validate a Responses request and return what it asks for.
 
     Args:
@@ -69,14 +74,17 @@ def parse_request(request: Any, settings: AgentSettings, *, user_id: str | None 
         settings: the agent's limits (`max_request_bytes`, `max_input_items`, `require_user_id`).
         user_id: a user id the host already authenticated (a trusted header); it wins over
             the request's, which must then agree with it.
+        idempotency_key: the `Idempotency-Key` HTTP header; `custom_inputs.idempotency_key`,
+            if also given, must be equal.
 
     Raises:
         InvalidRequest: the request is larger than `max_request_bytes` (as UTF-8
             JSON) or has more than `max_input_items` items, holds text that is not
             valid Unicode, has ids that are not non-empty strings, unknown or
             mistyped `custom_inputs`, an unknown action, malformed input items,
-            input where the action takes none (or none where it needs some), or
-            no user_id while one is required.
+            input where the action takes none (or none where it needs some),
+            no user_id while one is required, or an idempotency key in the header and
+            another in `custom_inputs`.
     """
     raw = request.model_dump(exclude_none=True) if hasattr(request, "model_dump") else request
     if not isinstance(raw, dict):
@@ -114,19 +122,35 @@ def parse_request(request: Any, settings: AgentSettings, *, user_id: str | None 
     if action.input == "none" and messages:
         raise InvalidRequest(f"The {name} action takes no input items")
 
+    thread_id = check_id("thread_id", custom.get("thread_id", context.get("conversation_id")))
+    checkpoint_id = check_id("checkpoint_id", custom.get("checkpoint_id"))
+    key = _idempotency_key(custom, idempotency_key)
     envelope = Envelope(
-        thread_id=check_id("thread_id", custom.get("thread_id", context.get("conversation_id"))),
+        thread_id=thread_id,
         user_id=check_user_id(_user_id(custom, context, user_id), require=settings.require_user_id),
-        checkpoint_id=check_id("checkpoint_id", custom.get("checkpoint_id")),
+        checkpoint_id=checkpoint_id,
         multitask_strategy=check_strategy(custom.get("multitask_strategy")),
-        idempotency_key=check_id("idempotency_key", custom.get("idempotency_key")),
+        idempotency_key=key,
         messages=messages,
+        request_hash=None
+        if key is None
+        else request_fingerprint(name, thread_id, checkpoint_id, messages, {k: custom[k] for k in action.keys if k in custom}),
     )
     if action.needs_thread and envelope.thread_id is None:
         raise InvalidRequest(f"The {name} action needs custom_inputs.thread_id")
     if action.needs_user and envelope.user_id is None:
         raise InvalidRequest(f"The {name} action needs a user_id")
     return ParsedRequest(action=action, envelope=envelope, args=action.parse(envelope, custom))
+
+
+def _idempotency_key(custom: Mapping[str, Any], header: str | None) -> str | None:
+    given = check_id("idempotency_key", custom.get("idempotency_key"))
+    if header is None:
+        return given
+    header = check_id("the Idempotency-Key header", header)
+    if given is not None and given != header:
+        raise InvalidRequest("The Idempotency-Key header and custom_inputs.idempotency_key disagree; send one")
+    return header
 
 
 def _user_id(custom: Mapping[str, Any], context: Mapping[str, Any], trusted: str | None) -> Any:

@@ -13,6 +13,10 @@ MLflow's helpers. It holds no memory or branching logic.
   `output_item.done` is held back until the turn is committed, so that it can
   carry `custom_outputs` with the new `checkpoint_id` (the Databricks reference
   drops `custom_outputs` on streams).
+* A retry with an idempotency key whose first request committed gets that
+  request's response again (`StoredResponse`); streamed, it is replayed as
+  events: a text delta and an `output_item.done` per item, the last carrying
+  `custom_outputs`.
 * Errors: everything raised is an `AgentError`. From `predict`/`predict_stream`
   it is also an `MlflowException` (`agent.serving.errors.as_mlflow_exception`),
   so MLflow's scoring server answers with its status instead of a 500; an
@@ -37,7 +41,7 @@ from agent.operations import Threads, TurnArgs
 from agent.requests import ParsedRequest, parse_request
 from agent.serving.errors import as_mlflow_exception
 from agent.tracing import scrub_trace_inputs, tag_trace
-from agent.types import NewMessages, TextDelta, TurnResult
+from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
 from agent.validation import check_id, check_limit, check_user_id, encoded_size, required_id
 
 logger = logging.getLogger(__name__)
@@ -87,6 +91,8 @@ class LangGraphResponsesAgent(ResponsesAgent):
                     output.extend(to_output_items(event.messages))
                 elif isinstance(event, TurnResult):
                     result = self._tagged(event, parsed)
+                elif isinstance(event, StoredResponse):
+                    return self._replayed(event, parsed)
             return ResponsesAgentResponse(output=output, custom_outputs=_custom_outputs(result))
 
     def predict_stream(self, request: ResponsesAgentRequest) -> Generator[ResponsesAgentStreamEvent, None, None]:
@@ -102,12 +108,15 @@ class LangGraphResponsesAgent(ResponsesAgent):
                 return
             stream = _StreamEvents()
             for event in self.threads.run_turn(_turn_args(parsed), stream_tokens=True):
-                yield from stream.events(self._tagged(event, parsed) if isinstance(event, TurnResult) else event)
+                yield from stream.events(self._tagged(event, parsed))
 
-    async def apredict(self, request: ResponsesAgentRequest | dict, *, user_id: str | None = None) -> ResponsesAgentResponse:
-        """`predict` on the event loop (for servers). `user_id`: one the host authenticated (a trusted header)."""
+    async def apredict(
+        self, request: ResponsesAgentRequest | dict, *, user_id: str | None = None, idempotency_key: str | None = None
+    ) -> ResponsesAgentResponse:
+        """`predict` on the event loop (for servers). `user_id`: one the host authenticated (a trusted header);
+        `idempotency_key`: the request's `Idempotency-Key` header."""
         with _agent_errors():
-            parsed = self._parse(request, user_id=user_id)
+            parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key)
             if parsed.action.run is not None:
                 return ResponsesAgentResponse(output=[], custom_outputs=await self._arun_action(parsed))
             output: list[dict] = []
@@ -117,20 +126,23 @@ class LangGraphResponsesAgent(ResponsesAgent):
                     output.extend(to_output_items(event.messages))
                 elif isinstance(event, TurnResult):
                     result = self._tagged(event, parsed)
+                elif isinstance(event, StoredResponse):
+                    return self._replayed(event, parsed)
             return ResponsesAgentResponse(output=output, custom_outputs=_custom_outputs(result))
 
     async def apredict_stream(
-        self, request: ResponsesAgentRequest | dict, *, user_id: str | None = None
+        self, request: ResponsesAgentRequest | dict, *, user_id: str | None = None, idempotency_key: str | None = None
     ) -> AsyncIterator[ResponsesAgentStreamEvent]:
-        """`predict_stream` on the event loop (for servers). Cancelling the consumer ends the turn, writing nothing."""
+        """`predict_stream` on the event loop (for servers). Cancelling the consumer ends the turn, writing nothing.
+        `user_id` and `idempotency_key` as for `apredict`."""
         with _agent_errors():
-            parsed = self._parse(request, user_id=user_id)
+            parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key)
             if parsed.action.run is not None:
                 yield _completed_event(await self._arun_action(parsed))
                 return
             stream = _StreamEvents()
             async for event in self.threads.arun_turn(_turn_args(parsed), stream_tokens=True):
-                for out in stream.events(self._tagged(event, parsed) if isinstance(event, TurnResult) else event):
+                for out in stream.events(self._tagged(event, parsed)):
                     yield out
 
     # -- time travel (Python API) -------------------------------------------------------
@@ -213,9 +225,9 @@ class LangGraphResponsesAgent(ResponsesAgent):
     def _user(self, user_id: Any) -> str | None:
         return check_user_id(user_id, require=self.settings.require_user_id)
 
-    def _parse(self, request: Any, *, user_id: str | None = None) -> ParsedRequest:
+    def _parse(self, request: Any, *, user_id: str | None = None, idempotency_key: str | None = None) -> ParsedRequest:
         try:
-            return parse_request(request, self.settings, user_id=user_id)
+            return parse_request(request, self.settings, user_id=user_id, idempotency_key=idempotency_key)
         except InvalidRequest:
             scrub_trace_inputs()  # a refused request may hold text MLflow cannot export
             raise
@@ -235,9 +247,20 @@ class LangGraphResponsesAgent(ResponsesAgent):
         return await self.threads.in_io(self._run_action, parsed)
 
     @staticmethod
-    def _tagged(result: TurnResult, parsed: ParsedRequest) -> TurnResult:
-        tag_trace(result.thread_id, result.checkpoint_id, result.parent_checkpoint_id, user_id=parsed.envelope.user_id)
-        return result
+    def _tagged(event: Any, parsed: ParsedRequest) -> Any:
+        """`event`, after tagging the trace with the checkpoints of a TurnResult or StoredResponse."""
+        if isinstance(event, TurnResult):
+            tag_trace(event.thread_id, event.checkpoint_id, event.parent_checkpoint_id, user_id=parsed.envelope.user_id)
+        elif isinstance(event, StoredResponse):
+            outputs = event.custom_outputs
+            tag_trace(
+                outputs["thread_id"], outputs.get("checkpoint_id"), outputs.get("parent_checkpoint_id"), user_id=parsed.envelope.user_id
+            )
+        return event
+
+    def _replayed(self, stored: StoredResponse, parsed: ParsedRequest) -> ResponsesAgentResponse:
+        self._tagged(stored, parsed)
+        return ResponsesAgentResponse(output=stored.output, custom_outputs=stored.custom_outputs)
 
 
 class _StreamEvents:
@@ -247,8 +270,10 @@ class _StreamEvents:
     def __init__(self) -> None:
         self.held: dict | None = None
 
-    def events(self, event: TextDelta | NewMessages | TurnResult) -> list[ResponsesAgentStreamEvent]:
+    def events(self, event: TextDelta | NewMessages | TurnResult | StoredResponse) -> list[ResponsesAgentStreamEvent]:
         out: list[ResponsesAgentStreamEvent] = []
+        if isinstance(event, StoredResponse):
+            return _replay_events(event)
         if isinstance(event, TextDelta):
             out.append(ResponsesAgentStreamEvent(**ResponsesAgent.create_text_delta(delta=event.text, item_id=event.item_id)))
         elif isinstance(event, NewMessages):
@@ -270,6 +295,23 @@ class _StreamEvents:
         return out
 
 
+def _replay_events(stored: StoredResponse) -> list[ResponsesAgentStreamEvent]:
+    """A stored response as the events of a stream: per item a text delta (messages) and its
+    `output_item.done`; the last event carries `custom_outputs`."""
+    out: list[ResponsesAgentStreamEvent] = []
+    for index, item in enumerate(stored.output):
+        if item.get("type") == "message":
+            text = "".join(part.get("text", "") for part in item.get("content") or [])
+            if text:
+                out.append(ResponsesAgentStreamEvent(**ResponsesAgent.create_text_delta(delta=text, item_id=item["id"])))
+        last = index == len(stored.output) - 1
+        extra = {"custom_outputs": stored.custom_outputs} if last else {}
+        out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=item, **extra))
+    if not stored.output:
+        out.append(_completed_event(stored.custom_outputs))
+    return out
+
+
 def _turn_args(parsed: ParsedRequest) -> TurnArgs:
     envelope, options = parsed.envelope, parsed.args
     return TurnArgs(
@@ -279,6 +321,7 @@ def _turn_args(parsed: ParsedRequest) -> TurnArgs:
         checkpoint_id=envelope.checkpoint_id,
         strategy=envelope.multitask_strategy,
         idempotency_key=envelope.idempotency_key,
+        request_hash=envelope.request_hash,
         max_context_tokens=options.max_context_tokens if options else None,
     )
 

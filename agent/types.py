@@ -3,6 +3,7 @@
 * `TurnResult`: where a turn or state update left the thread (`custom_outputs`).
 * `CheckpointSummary`: one history entry (`get_checkpoint_history`).
 * `TextDelta`, `NewMessages`: what a running turn streams before its `TurnResult`.
+* `StoredResponse`: the stored result a retry with the same idempotency key gets instead of a run.
 """
 
 from __future__ import annotations
@@ -57,6 +58,19 @@ class NewMessages:
 
 
 @dataclass(frozen=True)
+class StoredResponse:
+    """The response of an earlier request with the same idempotency key, as it was returned then."""
+
+    output: list[dict[str, Any]]
+    """Responses output items (`message`, `function_call`, `function_call_output`), in order."""
+    custom_outputs: dict[str, Any]
+    """As the first request got them: `thread_id`, `checkpoint_id`, `parent_checkpoint_id` (and `status`)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"output": list(self.output), "custom_outputs": dict(self.custom_outputs)}
+
+
+@dataclass(frozen=True)
 class CheckpointSummary:
     """One checkpoint as history lists it; read from checkpoint metadata, never from messages."""
 
@@ -79,7 +93,7 @@ class CheckpointSummary:
     """Further metadata the turn recorded (e.g. what the model was sent), passed through as is."""
 
     #: Metadata keys passed through to `extra` when a checkpoint has them.
-    EXTRA_KEYS = ("model_input_messages", "model_input_tokens", "summary_used", "usage")
+    EXTRA_KEYS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "interrupted")
 
     @classmethod
     def from_row(cls, thread_id: str, row: Mapping[str, Any], *, head_checkpoint_id: str | None) -> CheckpointSummary:

@@ -1,13 +1,21 @@
-"""Database and model faults (issue 5, item 3).
+"""Database and model faults, told truthfully (issue 5, item 3; issue 8, item 6).
 
 Faults injected, for real: the agent's Postgres connections are killed with
-`pg_terminate_backend` between turns and in the middle of a turn; the Postgres
+`pg_terminate_backend` between turns and while the model runs; the Postgres
 server is restarted (`test_postgres_restart_*`, its own test, as it disturbs
 everyone on the server); the chat model raises, also half-way through a tool
-turn; two processes run `setup` on one empty database at the same time.
+turn; two processes run `setup` on one empty database at the same time. Through
+the fault-injection TCP proxy (`pg_proxy`; the shared server is never stopped):
+the database becomes unreachable (stopped, or blackholed so that connects hang),
+`GET /ready` of a real `tt-agent serve` follows it, connections are cut while
+the model runs and in the middle of a commit. And: a role without a privilege,
+a read-only database, dropped tables.
 
-In each case the request in flight either succeeds or fails with a clear
-`AgentError` and writes nothing, and the next request on the same agent works.
+In each case the request in flight either succeeds or fails with
+`StorageUnavailable` saying what happened and whether anything was written
+("the outcome is unknown" only when the database cannot be asked), errors the
+agent can know before calling the model come before it, and the next request
+on the same agent works.
 """
 
 from __future__ import annotations
@@ -15,11 +23,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
+import sys
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import psycopg
 import pytest
+from psycopg import sql
 
 from agent.errors import AgentError, ModelError, StorageUnavailable
 from agent.storage.postgres import MIGRATIONS
@@ -32,11 +46,14 @@ from tests.helpers.reliability import (
     fresh_database,
     gated_model,
     head_messages,
+    is_postgres,
     release_together,
+    sqlite_path,
     terminate_backends,
     user_texts,
 )
 from tests.helpers.scenario import outputs, request, say, text_of
+from tests.helpers.servers import free_port, server_process
 
 
 #: The environment variable that allows `test_postgres_restart_*` to restart the server.
@@ -83,54 +100,33 @@ def test_killed_connections_between_turns_the_next_request_succeeds(pg_server_ur
     assert agent.storage.get_thread(thread_id).user_id is None
 
 
-def test_killed_connections_during_a_turn_fail_it_and_write_nothing(pg_server_url, fault_db, make_agent):
+@pytest.mark.parametrize("stream", [False, True], ids=["predict", "predict_stream"])
+def test_connections_killed_while_the_model_runs_the_turn_commits_on_a_fresh_connection(
+    pg_server_url, fault_db, make_agent, stream
+):
     model = gated_model()
-    agent = make_agent(fault_db, model=model)
+    agent = make_agent(fault_db, model=model, pool_min_size=2)
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     before = history_ids(agent, thread_id)
-    rows = all_rows(fault_db)
+
+    def send():
+        body = request("block: I'm headed to Tokyo!", thread_id=thread_id)
+        return list(agent.predict_stream(body))[-1].custom_outputs if stream else outputs(agent.predict(body))
 
     with ThreadPoolExecutor(1) as pool:
-        in_flight = pool.submit(say, agent, "block: I'm headed to Tokyo!", thread_id=thread_id)
+        in_flight = pool.submit(send)
         assert model.entered.wait(HANG_TIMEOUT)
         try:
-            # The turn holds its connection (and the thread lock) while the model runs.
+            # No connection is held while the model runs, but the pool's idle ones all die.
             assert terminate_backends(pg_server_url, dbname_of(fault_db)) >= 1
         finally:
             model.gate.set()
-        with pytest.raises(StorageUnavailable) as lost:
-            in_flight.result(timeout=HANG_TIMEOUT)
-    assert lost.value.ids["thread_id"] == thread_id
-    assert "Traceback" not in lost.value.message
+        landed = in_flight.result(timeout=HANG_TIMEOUT)
 
-    # Nothing of the failed turn is stored: no checkpoint, no new head, no message.
-    assert all_rows(fault_db) == rows
-    assert history_ids(agent, thread_id) == before
-    assert "Tokyo" not in " ".join(user_texts(head_messages(agent, thread_id)))
-
-    # The same agent goes on, and a retry of the lost message lands once.
-    retried = say(agent, "block: I'm headed to Tokyo!", thread_id=thread_id)
-    assert outputs(retried)["parent_checkpoint_id"] == before[0]
+    # The commit found its connection dead before sending COMMIT, and committed on a fresh one, once.
+    assert landed["parent_checkpoint_id"] == before[0]
+    assert history_ids(agent, thread_id) == [landed["checkpoint_id"], *before]
     assert user_texts(head_messages(agent, thread_id)) == ["I'm headed to SF!", "block: I'm headed to Tokyo!"]
-
-
-def test_killed_connections_during_a_streamed_turn_fail_it_and_write_nothing(pg_server_url, fault_db, make_agent):
-    model = gated_model()
-    agent = make_agent(fault_db, model=model)
-    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
-    before = history_ids(agent, thread_id)
-
-    with ThreadPoolExecutor(1) as pool:
-        in_flight = pool.submit(lambda: list(agent.predict_stream(request("block: Tokyo?", thread_id=thread_id))))
-        assert model.entered.wait(HANG_TIMEOUT)
-        try:
-            terminate_backends(pg_server_url, dbname_of(fault_db))
-        finally:
-            model.gate.set()
-        with pytest.raises(StorageUnavailable):
-            in_flight.result(timeout=HANG_TIMEOUT)
-    assert history_ids(agent, thread_id) == before
-    assert outputs(say(agent, "still there?", thread_id=thread_id))["parent_checkpoint_id"] == before[0]
 
 
 @pytest.mark.slow
@@ -158,7 +154,7 @@ def test_postgres_restart_the_next_request_succeeds(pg_server_url, fault_db, mak
 
     answer = say(agent, "Where am I going?", thread_id=thread_id)
     assert "SF" in text_of(answer)
-    assert len(agent.get_checkpoint_history(thread_id)) == 2
+    assert len(agent.get_checkpoint_history(thread_id)) == 3  # the root and two turns
 
 
 # --- the chat model fails -----------------------------------------------------------------------
@@ -252,3 +248,305 @@ def test_an_unreachable_database_is_a_clear_storage_error(make_agent, pg_server_
         make_agent(bad, pool_timeout=2)
     assert isinstance(caught.value, AgentError)
     assert "127.0.0.1:1" in caught.value.message
+
+
+# --- the database unreachable (through the fault-injection proxy) ----------------------------------
+
+#: The connect timeout the fault tests configure (libpq's smallest), and the pool timeout they leave at 30 s.
+CONNECT_TIMEOUT = 2
+POOL_TIMEOUT = 30.0
+#: A password in the URL, which no message may show.
+SECRET = "s3cret-pw"
+
+
+def proxied(pg_proxy, url: str) -> str:
+    """`url` through the proxy, with a password (trust auth ignores it) that messages must mask."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    return pg_proxy.url_for(psycopg.conninfo.make_conninfo(url, password=SECRET, dbname=info["dbname"]))
+
+
+def assert_masked(message: str) -> None:
+    assert SECRET not in message and "***" in message
+
+
+def timed(call) -> tuple[BaseException | None, float]:
+    started = time.monotonic()
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - returned to the test
+        return exc, time.monotonic() - started
+    return None, time.monotonic() - started
+
+
+@pytest.mark.parametrize("fault", ["stopped", "blackholed"])
+def test_an_unreachable_database_fails_create_agent_within_the_connect_timeout(pg_proxy, fault_db, make_agent, fault):
+    url = proxied(pg_proxy, fault_db)
+    pg_proxy.stop() if fault == "stopped" else pg_proxy.blackhole()
+
+    error, elapsed = timed(lambda: make_agent(url, connect_timeout=CONNECT_TIMEOUT, pool_timeout=POOL_TIMEOUT))
+
+    assert isinstance(error, StorageUnavailable), error
+    # A behaviour bound, not a benchmark: the connect timeout, not the pool timeout, ends the wait.
+    assert elapsed < POOL_TIMEOUT / 2
+    assert f"within {CONNECT_TIMEOUT}" in error.message
+    assert_masked(error.message)
+
+
+def test_a_turn_fails_within_the_connect_timeout_while_the_database_is_down_and_works_after(
+    pg_proxy, fault_db, make_agent
+):
+    model = gated_model()
+    url = proxied(pg_proxy, fault_db)
+    agent = make_agent(url, model=model, connect_timeout=CONNECT_TIMEOUT, pool_timeout=POOL_TIMEOUT)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    calls = model.calls[0]
+
+    pg_proxy.stop()
+    error, elapsed = timed(lambda: say(agent, "Where am I going?", thread_id=thread_id))
+    assert isinstance(error, StorageUnavailable), error
+    assert elapsed < POOL_TIMEOUT / 2
+    assert "nothing was written" in error.message and "retried" in error.message
+    assert_masked(error.message)
+    assert model.calls[0] == calls  # refused at the claim, before the model
+
+    pg_proxy.start()
+    answer = say(agent, "Where am I going?", thread_id=thread_id)
+    assert "SF" in text_of(answer)
+
+
+@pytest.mark.slow
+def test_ready_answers_503_while_the_database_is_unreachable_and_health_stays_200(pg_proxy, fault_db, tmp_path):
+    port = free_port()
+    env = {
+        "AGENT_DATABASE_URL": proxied(pg_proxy, fault_db),
+        "AGENT_MODEL": "offline",
+        "AGENT_TRACING": "false",
+        "AGENT_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
+    }
+    command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with server_process(command, port=port, health_path="/health", env=env, cwd=tmp_path) as base_url:
+        with httpx.Client(base_url=base_url, timeout=HANG_TIMEOUT) as http:
+            assert http.get("/ready").status_code == 200
+            thread_id = http.post("/invocations", json=request("I'm headed to SF!")).json()["custom_outputs"]["thread_id"]
+
+            pg_proxy.stop()
+            not_ready = http.get("/ready")
+            assert not_ready.status_code == 503 and not_ready.json() == {"status": "database unreachable"}
+            assert http.get("/health").status_code == 200
+            refused = http.post("/invocations", json=request("Where am I going?", thread_id=thread_id))
+            assert refused.status_code == 503 and refused.json()["error_code"] == "TEMPORARILY_UNAVAILABLE"
+            assert_masked(refused.json()["message"])
+
+            pg_proxy.start()
+            deadline = time.monotonic() + HANG_TIMEOUT
+            while http.get("/ready").status_code != 200:
+                assert time.monotonic() < deadline, "/ready never recovered"
+                time.sleep(0.1)
+            answer = http.post("/invocations", json=request("Where am I going?", thread_id=thread_id))
+            assert answer.status_code == 200 and "SF" in text_of(answer.json())
+
+
+# --- connections cut while a turn runs --------------------------------------------------------------
+
+
+def test_connections_cut_while_the_model_runs_the_turn_commits_on_a_fresh_connection(pg_proxy, fault_db, make_agent):
+    model = gated_model()
+    agent = make_agent(proxied(pg_proxy, fault_db), model=model, connect_timeout=CONNECT_TIMEOUT)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    before = history_ids(agent, thread_id)
+
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(say, agent, "block: then Tokyo", thread_id=thread_id)
+        assert model.entered.wait(HANG_TIMEOUT)
+        try:
+            pg_proxy.cut()  # every open connection dies; new ones work
+        finally:
+            model.gate.set()
+        landed = outputs(in_flight.result(timeout=HANG_TIMEOUT))
+
+    assert landed["parent_checkpoint_id"] == before[0]
+    assert history_ids(agent, thread_id) == [landed["checkpoint_id"], *before]
+
+
+def test_the_database_down_at_commit_time_writes_nothing_says_so_and_frees_the_thread_when_back(
+    pg_proxy, fault_db, make_agent
+):
+    model = gated_model()
+    url = proxied(pg_proxy, fault_db)
+    # enqueue_timeout < lease_seconds: the retry below gets the thread only if the failed turn's
+    # claim is released once the database is back, not when its lease runs out.
+    agent = make_agent(url, model=model, connect_timeout=CONNECT_TIMEOUT, multitask_strategy="enqueue", enqueue_timeout=5)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    before = history_ids(agent, thread_id)
+
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(say, agent, "block: then Tokyo", thread_id=thread_id)
+        assert model.entered.wait(HANG_TIMEOUT)
+        try:
+            pg_proxy.stop()
+        finally:
+            model.gate.set()
+        with pytest.raises(StorageUnavailable) as lost:
+            in_flight.result(timeout=HANG_TIMEOUT)
+    assert "nothing was written" in lost.value.message and "retried" in lost.value.message
+    assert "could not be asked" not in lost.value.message
+    assert_masked(lost.value.message)
+
+    pg_proxy.start()
+    retried = outputs(say(agent, "block: then Tokyo", thread_id=thread_id))
+    assert retried["parent_checkpoint_id"] == before[0]
+    assert user_texts(head_messages(agent, thread_id)) == ["I'm headed to SF!", "block: then Tokyo"]
+
+
+class CutDuringCommit:
+    """Wraps the saver's `write_turn` (run inside the commit, after its fencing round trip) to inject
+    a proxy fault there, once."""
+
+    def __init__(self, saver, fault) -> None:
+        self.original, self.fault, self.done = saver.write_turn, fault, False
+        saver.write_turn = self
+
+    def __call__(self, turn) -> None:
+        if not self.done:
+            self.done = True
+            self.fault()
+        self.original(turn)
+
+
+def test_a_connection_cut_in_the_middle_of_the_commit_is_settled_by_asking_the_database(pg_proxy, fault_db, make_agent):
+    agent = make_agent(proxied(pg_proxy, fault_db), connect_timeout=CONNECT_TIMEOUT)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    before = history_ids(agent, thread_id)
+    injected = CutDuringCommit(agent.storage.saver, pg_proxy.cut)
+
+    landed = outputs(say(agent, "then Tokyo", thread_id=thread_id))
+
+    # The claim was still this turn's, so the commit had not happened: it ran again, once.
+    assert injected.done
+    assert history_ids(agent, thread_id) == [landed["checkpoint_id"], *before]
+    assert user_texts(head_messages(agent, thread_id)) == ["I'm headed to SF!", "then Tokyo"]
+
+
+def test_an_outcome_is_called_unknown_only_when_the_database_cannot_be_asked(pg_proxy, fault_db, make_agent):
+    agent = make_agent(proxied(pg_proxy, fault_db), connect_timeout=CONNECT_TIMEOUT)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    CutDuringCommit(agent.storage.saver, pg_proxy.stop)
+
+    with pytest.raises(StorageUnavailable) as unknown:
+        say(agent, "then Tokyo", thread_id=thread_id)
+
+    assert "could not be asked whether the turn was saved" in unknown.value.message
+    assert "list the thread's history before retrying" in unknown.value.message
+    assert_masked(unknown.value.message)
+    pg_proxy.start()
+    assert len(history_ids(agent, thread_id)) in (2, 3)  # whichever it was, the history answers now
+
+
+def test_commit_landed_tells_a_committed_turn_from_one_that_was_not(pg_url, make_agent):
+    agent = make_agent(pg_url)
+    storage = agent.storage
+    thread_id = outputs(say(agent, "hello"))["thread_id"]
+    claim = storage.claim(thread_id, user_id=None, checkpoint_id=None, strategy="reject", timeout=0)
+    try:
+        assert storage._commit_landed(claim) is False  # claimed, not committed
+    finally:
+        storage.commit(claim, lambda tx: None)
+    assert storage._commit_landed(claim) is True  # released by this claim's commit
+
+
+# --- refusals the claim finds before the model is called ------------------------------------------------
+
+
+@pytest.fixture
+def limited_role(pg_server_url, fault_db, make_agent):
+    """A login role on `fault_db` (set up first) that may do everything a turn does except INSERT into
+    `checkpoints`; yields its URL. The role is dropped afterwards (roles are server-wide)."""
+    make_agent(fault_db).close()
+    role = f"tt_limited_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(fault_db, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("REVOKE INSERT ON checkpoints FROM {}").format(sql.Identifier(role)))
+    info = psycopg.conninfo.conninfo_to_dict(fault_db)
+    try:
+        yield psycopg.conninfo.make_conninfo(fault_db, user=role, dbname=info["dbname"])
+    finally:
+        with psycopg.connect(fault_db, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s AND datname = %s",
+                (role, info["dbname"]),
+            )
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        with psycopg.connect(pg_server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def test_a_role_without_insert_on_checkpoints_is_refused_before_the_model_is_called(limited_role, fault_db, make_agent):
+    model = gated_model()
+    agent = make_agent(limited_role, model=model)  # setup only reads when the schema is current
+    rows = all_rows(fault_db)
+    with pytest.raises(StorageUnavailable) as refused:
+        say(agent, "hello")
+    assert "INSERT on checkpoints" in refused.value.message and "model was not called" in refused.value.message
+    assert model.calls[0] == 0
+    assert all_rows(fault_db) == rows
+
+
+def test_a_read_only_database_is_refused_before_the_model_is_called_and_still_reads(fault_db, make_agent):
+    writer = make_agent(fault_db)
+    thread_id = outputs(say(writer, "I'm headed to SF!"))["thread_id"]
+    rows = all_rows(fault_db)
+    with psycopg.connect(fault_db, autocommit=True) as conn:  # as after a failover to a replica
+        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(sql.Identifier(dbname_of(fault_db))))
+
+    model = gated_model()
+    agent = make_agent(fault_db, model=model)  # new connections: read-only
+    for attempt in (lambda: say(agent, "hello"), lambda: say(agent, "Where am I going?", thread_id=thread_id)):
+        with pytest.raises(StorageUnavailable) as refused:
+            attempt()
+        assert "read-only" in refused.value.message and "nothing was written" in refused.value.message
+    assert model.calls[0] == 0
+    assert all_rows(fault_db) == rows
+    assert len(agent.get_checkpoint_history(thread_id)) == 2
+
+
+# --- dropped tables ----------------------------------------------------------------------------------------
+
+
+def drop_tables(url: str, tables: list[str]) -> None:
+    if is_postgres(url):
+        with psycopg.connect(url, autocommit=True) as conn:
+            for table in tables:
+                conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+        return
+    with sqlite3.connect(sqlite_path(url)) as conn:
+        for table in tables:
+            conn.execute(f"DROP TABLE {table}")
+
+
+@pytest.fixture
+def own_backend_url(request, tmp_path, pg_server_url):
+    """Like `backend_url`, with a Postgres database of the test's own (it drops tables)."""
+    if request.param == "postgres":
+        with fresh_database(pg_server_url) as url:
+            yield url
+    else:
+        yield f"sqlite:///{tmp_path / 'checkpoints.sqlite'}"
+
+
+@pytest.mark.parametrize("own_backend_url", ["postgres", "sqlite"], indirect=True)
+@pytest.mark.parametrize("who", ["a new agent's setup", "the running agent's next request"])
+def test_dropped_thread_and_claim_tables_are_re_created(own_backend_url, make_agent, who):
+    agent = make_agent(own_backend_url)
+    say(agent, "before the accident")
+    drop_tables(own_backend_url, ["agent_threads", "agent_claims"])
+
+    if who == "a new agent's setup":
+        agent = make_agent(own_backend_url)
+    answer = outputs(say(agent, "after the accident", user_id="alice"))  # the very next request works
+
+    assert agent.storage.threads_of_user("alice") == [answer["thread_id"]]
+    assert user_texts(head_messages(agent, answer["thread_id"])) == ["after the accident"]
+    follow_up = outputs(say(agent, "and again", thread_id=answer["thread_id"], user_id="alice"))
+    assert follow_up["parent_checkpoint_id"] == answer["checkpoint_id"]

@@ -182,3 +182,20 @@ def test_invocations_refuses_a_lone_surrogate_with_400(server):
     response = server.client.post("/invocations", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     assert "not valid Unicode" in response.json()["message"] and "Traceback" not in response.text
+
+
+def test_mlflow_models_serve_never_shows_the_idempotency_key_header_but_takes_the_custom_inputs_key(server):
+    thread = ok(invoke(server, request("start")))["custom_outputs"]["thread_id"]
+    calls = model_calls(server)
+    body, headers = request("hello again", thread_id=thread), {"Idempotency-Key": f"header-{uuid.uuid4()}"}
+    first = ok(server.client.post("/invocations", json=body, headers=headers))
+    second = ok(server.client.post("/invocations", json=body, headers=headers))
+    # The scoring server hands the model only the body (mlflow.pyfunc.scoring_server): the header
+    # is not seen, so the "retry" ran as a new turn.
+    assert second["custom_outputs"]["parent_checkpoint_id"] == first["custom_outputs"]["checkpoint_id"]
+    assert model_calls(server) == calls + 2
+
+    keyed = request("once only", thread_id=thread, idempotency_key=f"body-{uuid.uuid4()}")
+    once = ok(invoke(server, keyed))
+    assert ok(invoke(server, keyed)) == once
+    assert model_calls(server) == calls + 3

@@ -60,9 +60,19 @@ class Threads:
         *,
         user_id: str | None,
         strategy: MultitaskStrategy | None = None,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
     ) -> TurnResult:
         """See `TurnRunner.update_state`."""
-        return self.turns.update_state(thread_id, checkpoint_id, messages, user_id=user_id, strategy=strategy)
+        return self.turns.update_state(
+            thread_id,
+            checkpoint_id,
+            messages,
+            user_id=user_id,
+            strategy=strategy,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+        )
 
     def history(self, thread_id: str, *, user_id: str | None, limit: int, before: str | None) -> list[CheckpointSummary]:
         """See `history.history`."""
@@ -130,6 +140,8 @@ def _run_update(threads: Threads, envelope: Envelope, args: None) -> dict[str, A
         envelope.messages,
         user_id=envelope.user_id,
         strategy=envelope.multitask_strategy,
+        idempotency_key=envelope.idempotency_key,
+        request_hash=envelope.request_hash,
     )
     return result.as_dict()
 

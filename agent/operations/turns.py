@@ -13,6 +13,18 @@ A turn (see `agent.storage.base` for why it is built this way):
    (`interrupt` / `rollback`), the run stops at its next step.
 4. **Commit** (one short transaction) or **release** (nothing written).
 
+A turn with an idempotency key first looks it up, and its commit stores its
+result under the key (`idempotency`): a retry gets that result as a
+`StoredResponse` instead of a run.
+
+Stopping early: a newer turn's `interrupt` or `rollback` (or a claim found
+lost) sets `claim.stop`. The async path cancels the pending step at once,
+model request included. The sync path cannot cancel a task LangGraph runs
+on a worker thread (closing `graph.stream` waits for it), so a callback
+stops a streaming model at its next token (`_StopOnSignal`); a model call
+that streams nothing (the offline model's `invoke`) ends first, and the turn
+stops at the next graph step.
+
 The async path (`arun`) is what the HTTP server uses: the model call is an
 awaited HTTP request, storage calls run on a small thread pool, and a client
 that leaves cancels the task, which cancels the model request and releases
@@ -29,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph.state import CompiledStateGraph
@@ -36,11 +49,14 @@ from langgraph.graph.state import CompiledStateGraph
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.context import TURN_CONTEXT_KEY, TurnContext
 from agent.errors import LeaseExpired, TurnCancelled
+from agent.messages import to_output_items
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.idempotency import Idempotency, claim_key
 from agent.storage import Claim, ThreadStorage, Turn, Tx
-from agent.types import NewMessages, TextDelta, TurnResult
+from agent.storage.base import IdempotencyKeyTaken
+from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
 
-TurnEvent = TextDelta | NewMessages | TurnResult
+TurnEvent = TextDelta | NewMessages | TurnResult | StoredResponse
 
 #: The metadata `source` of a thread's root checkpoint.
 ROOT_SOURCE = "root"
@@ -59,6 +75,9 @@ class TurnArgs:
     strategy: MultitaskStrategy | None = None
     """None: the agent's `multitask_strategy`."""
     idempotency_key: str | None = None
+    """A retry with the same key (and `request_hash`) gets the first result (`agent.operations.idempotency`)."""
+    request_hash: str | None = None
+    """The request's fingerprint (`idempotency.request_fingerprint`); set whenever `idempotency_key` is."""
     instructions: str | None = None
     """A system message for this turn only (not stored)."""
     max_context_tokens: int | None = None
@@ -96,6 +115,27 @@ class _Progress:
         return kept
 
 
+class _Stopped(BaseException):
+    """Raised inside a streaming model call of a sync turn that was asked to stop.
+
+    A BaseException, so that neither the agent node's model-error handling nor
+    LangChain's and LangGraph's `except Exception` handlers take it for a failure.
+    """
+
+
+class _StopOnSignal(BaseCallbackHandler):
+    """Ends a sync turn's streaming model call at its next token once the claim was signalled."""
+
+    raise_error = True
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        if self.claim.stop.is_set():
+            raise _Stopped()
+
+
 class TurnRunner:
     """Runs turns and state updates on one agent's storage and graph."""
 
@@ -103,6 +143,7 @@ class TurnRunner:
         self.storage = storage
         self.graph = graph
         self.settings = settings
+        self.idempotency = Idempotency(storage, settings)
         # Storage calls of the async path: short, but blocking. Sized so that
         # waiting for a pooled connection never starves other work.
         self._io = ThreadPoolExecutor(max_workers=2 * settings.pool_max_size + 4, thread_name_prefix="tt-storage")
@@ -115,6 +156,8 @@ class TurnRunner:
         """Run one turn; yields text deltas (if `stream_tokens`), new messages, and last a `TurnResult`.
 
         Nothing is written unless the turn finishes: the `TurnResult` comes after the commit.
+        A request whose idempotency key already has a stored result yields only that
+        `StoredResponse` (the model is not called).
 
         Raises:
             ThreadNotFound: the thread belongs to someone else, or has no checkpoints while
@@ -122,13 +165,20 @@ class TurnRunner:
             CheckpointNotFound: `checkpoint_id` is not a checkpoint of this thread.
             ThreadBusy: another turn holds the thread (see `multitask_strategy`).
             TurnCancelled: a newer turn rolled this one back (`rollback`).
+            InvalidRequest: the idempotency key was used for a different request.
             LeaseExpired, ModelError, StorageUnavailable: the claim, the model or the database failed.
         """
+        if args.idempotency_key is not None:
+            stored = self.idempotency.lookup(args.user_id, args.idempotency_key, args.request_hash)
+            if stored is not None:
+                yield stored
+                return
         thread_id = args.thread_id or str(uuid.uuid4())
         claim = self._claim(thread_id, args)
         done = False
         try:
             turn, start, config = self._prepare(claim, args)
+            config["callbacks"] = [_StopOnSignal(claim)]
             progress = _Progress()
             with self.storage.saver.buffering(turn):
                 stream = self.graph.stream(
@@ -139,6 +189,8 @@ class TurnRunner:
                         yield from progress.events(mode, chunk, stream_tokens)
                         if claim.stop.is_set():
                             break
+                except _Stopped:
+                    pass  # `_finish` does what the stop asked for
                 finally:
                     stream.close()
             result = self._finish(claim, turn, start, args, progress)
@@ -156,17 +208,25 @@ class TurnRunner:
         *,
         user_id: str | None,
         strategy: MultitaskStrategy | None = None,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
     ) -> TurnResult:
         """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
 
         It becomes the thread head. Messages are applied with LangGraph's
         `add_messages` as if the agent node had returned them: appended, and a
         message whose `id` is already in the state replaces that message.
+        With an `idempotency_key` (and the request's `request_hash`), a retry
+        returns the first result and writes nothing.
 
         Raises:
-            ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
+            ThreadNotFound, CheckpointNotFound, ThreadBusy, InvalidRequest, StorageUnavailable: as for `run`.
         """
-        args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy)
+        args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash)
+        if idempotency_key is not None:
+            stored = self.idempotency.lookup(user_id, idempotency_key, request_hash)
+            if stored is not None:
+                return _result_of(stored)
         claim = self._claim(thread_id, args)
         try:
             authorize(claim.record, thread_id, user_id)
@@ -175,11 +235,12 @@ class TurnRunner:
                 # As the agent node: the new checkpoint's next step then follows the
                 # usual edge (tools if the last message asks for one, else the end).
                 self.graph.update_state(config, {"messages": list(messages)}, as_node="agent")
-            self.storage.commit(claim, functools.partial(_write, turn, user_id))
+            result = TurnResult(thread_id, turn.new_head, start)
+            outcome = self._commit(claim, turn, args, result, [])
         except BaseException:
             self.storage.release(claim)
             raise
-        return TurnResult(thread_id, turn.new_head, start)
+        return outcome if isinstance(outcome, TurnResult) else _result_of(outcome)
 
     # -- async -----------------------------------------------------------------------------------
     async def arun(self, args: TurnArgs, *, stream_tokens: bool) -> AsyncIterator[TurnEvent]:
@@ -187,6 +248,11 @@ class TurnRunner:
 
         Cancelling the task (a client that left) stops the model request and releases the thread at once.
         """
+        if args.idempotency_key is not None:
+            stored = await self.idempotency.alookup(args.user_id, args.idempotency_key, args.request_hash, self.in_io)
+            if stored is not None:
+                yield stored
+                return
         thread_id = args.thread_id or str(uuid.uuid4())
         claim = await self.in_io(self._claim, thread_id, args)
         done = False
@@ -225,7 +291,7 @@ class TurnRunner:
             checkpoint_id=args.checkpoint_id,
             strategy=args.strategy or self.settings.multitask_strategy,
             timeout=self.settings.enqueue_timeout,
-            idempotency_key=args.idempotency_key,
+            idempotency_key=None if args.idempotency_key is None else claim_key(args.user_id, args.idempotency_key),
         )
 
     def _prepare(self, claim: Claim, args: TurnArgs) -> tuple[Turn, str, dict]:
@@ -263,8 +329,14 @@ class TurnRunner:
             raise checkpoint_not_found(thread_id, checkpoint_id)
         return checkpoint_id
 
-    def _finish(self, claim: Claim, turn: Turn, start: str, args: TurnArgs, progress: _Progress) -> TurnResult:
-        """Commit the turn (or, when a newer turn asked it to stop, what that asks for)."""
+    def _finish(
+        self, claim: Claim, turn: Turn, start: str, args: TurnArgs, progress: _Progress
+    ) -> TurnResult | StoredResponse:
+        """Commit the turn (or, when a newer turn asked it to stop, what that asks for).
+
+        Returns the stored result of another request instead when that one committed the same
+        idempotency key first (this turn then wrote nothing).
+        """
         status = "completed"
         if claim.stop.is_set():
             if claim.lost:
@@ -281,8 +353,29 @@ class TurnRunner:
             if claim.cancel == "interrupt":
                 self._keep_interrupted(turn, start, args, progress)
                 status = "interrupted"
-        self.storage.commit(claim, functools.partial(_write, turn, args.user_id))
-        return TurnResult(claim.thread_id, turn.new_head, start, status)
+        result = TurnResult(claim.thread_id, turn.new_head, start, status)
+        return self._commit(claim, turn, args, result, to_output_items(progress.produced))
+
+    def _commit(
+        self, claim: Claim, turn: Turn, args: TurnArgs, result: TurnResult, output: list[dict]
+    ) -> TurnResult | StoredResponse:
+        """Commit `turn`, and with an idempotency key its response (`output` and `result`) in the same transaction."""
+        apply = functools.partial(_write, turn, args.user_id)
+        if args.idempotency_key is None:
+            self.storage.commit(claim, apply)
+            return result
+        response = StoredResponse(output=output, custom_outputs=result.as_dict())
+        try:
+            self.storage.commit(
+                claim,
+                self.idempotency.storing(
+                    apply, user_id=args.user_id, key=args.idempotency_key, request_hash=args.request_hash, response=response
+                ),
+            )
+        except IdempotencyKeyTaken:
+            self.storage.release(claim)  # the failed commit rolled back its release too
+            return self.idempotency.after_race(args.user_id, args.idempotency_key, args.request_hash)
+        return result
 
     def _keep_interrupted(self, turn: Turn, start: str, args: TurnArgs, progress: _Progress) -> None:
         """Replace what the stopped run buffered with one checkpoint: the input and what it produced."""
@@ -305,6 +398,12 @@ def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:
         head_checkpoint_id=head["id"],
         message_count=len(head["channel_values"].get("messages") or ()),
     )
+
+
+def _result_of(stored: StoredResponse) -> TurnResult:
+    """A state update's stored result as the TurnResult it was (its output is always empty)."""
+    outputs = stored.custom_outputs
+    return TurnResult(outputs["thread_id"], outputs["checkpoint_id"], outputs["parent_checkpoint_id"], outputs.get("status", "completed"))
 
 
 def _add_root(saver: Any, turn: Turn) -> str:

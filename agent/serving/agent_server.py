@@ -4,7 +4,8 @@ Endpoints (MLflow's): `POST /invocations` and `POST /responses` (the OpenAI
 Responses API shape, so `openai.OpenAI(base_url=...).responses.create(...)`
 works), both with `"stream": true` for server-sent events; `GET /health`
 (liveness); `GET /agent/info`. Added here: `GET /ready` (503 while the
-database is unreachable).
+database is unreachable), and the `Idempotency-Key` request header on
+`/invocations` and `/responses` (as `custom_inputs.idempotency_key`).
 
 What this module adds to MLflow's server:
 
@@ -47,7 +48,14 @@ import mlflow
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from mlflow.genai.agent_server import AgentServer, get_invoke_function, get_stream_function, invoke, stream
+from mlflow.genai.agent_server import (
+    AgentServer,
+    get_invoke_function,
+    get_request_headers,
+    get_stream_function,
+    invoke,
+    stream,
+)
 from mlflow.pyfunc import ResponsesAgent
 from mlflow.tracing.constant import SpanAttributeKey
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
@@ -68,11 +76,16 @@ def _agent() -> LangGraphResponsesAgent:
     return _bound_agent
 
 
+def _idempotency_header() -> str | None:
+    # MLflow's server stores each request's headers (lower-cased by Starlette) in a context variable.
+    return get_request_headers().get("idempotency-key")
+
+
 @invoke()
 async def respond(request: ResponsesAgentRequest) -> ResponsesAgentResponse:
     """One whole turn (or `custom_inputs.action`) with the bound agent's `apredict`."""
     try:
-        return await _agent().apredict(request)
+        return await _agent().apredict(request, idempotency_key=_idempotency_header())
     except InvalidRequest:
         scrub_trace_inputs()  # MLflow's server span recorded the refused request too
         raise
@@ -82,7 +95,7 @@ async def respond(request: ResponsesAgentRequest) -> ResponsesAgentResponse:
 async def respond_stream(request: ResponsesAgentRequest) -> AsyncIterator[ResponsesAgentStreamEvent]:
     """The bound agent's `apredict_stream` events; the last one carries `custom_outputs`."""
     try:
-        async for event in _agent().apredict_stream(request):
+        async for event in _agent().apredict_stream(request, idempotency_key=_idempotency_header()):
             yield event
     except InvalidRequest:
         scrub_trace_inputs()

@@ -28,6 +28,13 @@ Why a turn is two short transactions and a lease, not one long transaction:
 * **Double texting.** A turn under `interrupt` or `rollback` that finds its
   thread claimed asks the running turn to stop (`agent_claims.cancel`), then
   waits for the claim like `enqueue` (LangGraph Agent Server's strategies).
+* **Exactly-once retries.** A claim carries the request's idempotency key
+  (scoped by user), so a retry can see that its original still runs; the
+  commit stores the result under the key (`Tx.store_response`, primary key
+  user + key), so of two racing requests with one key only one can commit.
+* **A release that cannot reach the database** (it is down) is retried by
+  the keeper until it can, so the thread is free as soon as the database is
+  back instead of after `lease_seconds`.
 
 Backends implement the `_`-prefixed hooks and a `Tx` (the statements a write
 transaction may run); the protocol above is written once, here.
@@ -119,6 +126,29 @@ class Claim:
             callback()
 
 
+@dataclass(frozen=True)
+class IdempotencyState:
+    """What the database knows about one idempotency key (of one user).
+
+    `response` is the stored result of the request that used the key (None when
+    there is none, or it expired), with that request's `request_hash` and
+    `thread_id`; `running_thread_id` is the thread of a turn that holds its claim
+    with this key right now (None when none does).
+    """
+
+    request_hash: str | None = None
+    thread_id: str | None = None
+    response: Mapping[str, Any] | None = None
+    running_thread_id: str | None = None
+
+
+class IdempotencyKeyTaken(Exception):
+    """Raised by `ThreadStorage.commit` when another request stored a result under the same key first.
+
+    Internal: the turn runner answers with that stored result; nothing of this turn was written.
+    """
+
+
 @dataclass
 class Turn:
     """The writes of one turn, buffered by the saver until `ThreadStorage.commit` writes them."""
@@ -158,6 +188,24 @@ class Tx(ABC):
     @abstractmethod
     def delete_thread(self, thread_id: str) -> None:
         """Delete every row of the thread in every table (checkpoints, writes, blobs, record, claim, idempotency)."""
+
+    @abstractmethod
+    def store_response(
+        self,
+        user_key: str,
+        key: str,
+        *,
+        request_hash: str,
+        thread_id: str,
+        response: Mapping[str, Any],
+        ttl_seconds: float,
+    ) -> None:
+        """Store a request's result under (`user_key`, `key`) until `ttl_seconds` from now (database clock).
+
+        An expired row for the same key is replaced. `response` is JSON:
+        `{"output": [Responses items], "custom_outputs": {...}}`.
+        The commit raises `IdempotencyKeyTaken` when an unexpired row exists.
+        """
 
 
 class ThreadStorage(ABC):
@@ -239,6 +287,8 @@ class ThreadStorage(ABC):
             if record is not None and not owned_by(record, user_id):
                 raise ThreadNotFound(f"Thread {thread_id!r} was not found.", thread_id=thread_id)
             if strategy in ("interrupt", "rollback") and not asked_to_stop:
+                # Asked once: the turn running now. Waiting turns are not cancelled; they then
+                # run one after another, as under `enqueue`.
                 self.request_cancel(thread_id, strategy)
                 asked_to_stop = True
             remaining = deadline - time.monotonic()
@@ -254,6 +304,8 @@ class ThreadStorage(ABC):
 
         Raises:
             LeaseExpired: the claim expired and another turn took the thread; nothing was written.
+            IdempotencyKeyTaken: `apply` stored a response under a key another request stored first;
+                nothing was written.
             StorageUnavailable: the database failed; the message says whether anything was written.
         """
         try:
@@ -262,12 +314,16 @@ class ThreadStorage(ABC):
             self.keeper.remove(claim)
 
     def release(self, claim: Claim) -> None:
-        """Give the thread up without writing (a failed, cancelled or `store: false` turn). Never raises."""
+        """Give the thread up without writing (a failed, cancelled or `store: false` turn). Never raises.
+
+        When the database cannot be reached, the keeper retries the release until it can
+        (and the claim expires after `lease_seconds` anyway, should this process die).
+        """
         self.keeper.remove(claim)
         try:
             self._release(claim)
-        except Exception:  # noqa: BLE001 - the claim then expires after lease_seconds
-            pass
+        except Exception:  # noqa: BLE001 - retried by the keeper
+            self.keeper.release_later(claim)
 
     def request_cancel(self, thread_id: str, mode: str) -> None:
         """Ask the turn that holds `thread_id` to stop (`mode`: "interrupt" or "rollback"), in any process."""
@@ -326,6 +382,21 @@ class ThreadStorage(ABC):
     @abstractmethod
     def poll_cancels(self, claims: Sequence[Claim]) -> dict[str, str]:
         """{thread_id: "interrupt" | "rollback"} for the claims a newer turn asked to stop."""
+
+    # -- idempotency -------------------------------------------------------------------------------
+    @abstractmethod
+    def find_idempotent(self, user_key: str, key: str, claim_key: str) -> IdempotencyState:
+        """In one round trip: the unexpired stored result under (`user_key`, `key`), and the thread of a
+        running turn whose claim carries `claim_key` (the scoped key it was claimed with).
+
+        Raises:
+            StorageUnavailable: the database failed.
+        """
+
+    @abstractmethod
+    def sweep_idempotency(self) -> int:
+        """Delete every expired stored result; returns how many. Never needed for correctness (lookups
+        ignore expired rows); it keeps the table small."""
 
     # -- writes without a claim ------------------------------------------------------------------------
     @abstractmethod

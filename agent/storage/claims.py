@@ -9,6 +9,10 @@ stop is signalled (`Claim.signal`), so the running turn can stop early.
 
 Both are one query for all of this process's running turns, whatever their
 number, so hundreds of concurrent turns cost a few queries per second.
+
+A release that failed (the database was unreachable) is retried here every
+cycle until it succeeds, so a thread whose turn failed during an outage is
+free again as soon as the database is back, not `lease_seconds` later.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class ClaimKeeper:
         self._storage = storage
         self._renew_every = lease_seconds / 3
         self._claims: dict[str, Claim] = {}
+        self._unreleased: list[Claim] = []
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -52,6 +57,15 @@ class ClaimKeeper:
             if self._claims.get(claim.thread_id) is claim:
                 del self._claims[claim.thread_id]
 
+    def release_later(self, claim: Claim) -> None:
+        """Retry releasing `claim` (whose release failed) every cycle until it succeeds."""
+        with self._lock:
+            self._unreleased.append(claim)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="tt-claim-keeper", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
     def holds(self, claim: Claim) -> bool:
         """Whether `claim` is still one of this process's running claims (not yet committed or released)."""
         with self._lock:
@@ -67,6 +81,7 @@ class ClaimKeeper:
         with self._lock:
             self._closed = True
             self._claims.clear()
+            self._unreleased.clear()
             self._wake.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -81,6 +96,9 @@ class ClaimKeeper:
                 if self._closed:
                     return
                 claims = list(self._claims.values())
+                unreleased, self._unreleased = self._unreleased, []
+            if unreleased:
+                self._release(unreleased)
             if not claims:
                 next_renewal = time.monotonic() + self._renew_every
                 continue
@@ -101,3 +119,15 @@ class ClaimKeeper:
                             claim.signal(cancel=mode)
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the keeper; the lease has slack
                 logger.warning("Could not renew the claims of %d running turn(s)", len(claims), exc_info=True)
+
+    def _release(self, claims: list[Claim]) -> None:
+        failed = []
+        for claim in claims:
+            try:
+                self._storage._release(claim)
+            except Exception:  # noqa: BLE001 - still unreachable: next cycle
+                failed.append(claim)
+        if failed:
+            with self._lock:
+                if not self._closed:
+                    self._unreleased.extend(failed)

@@ -16,18 +16,26 @@ Design notes:
 * **No saver-wide lock.** `PostgresSaver` serializes every query of an
   instance behind one lock even when it is given a pool (langgraph#7259), so
   `_cursor` is overridden to take a pooled connection (or the commit's) without it.
-* **Schema.** `setup()` runs LangGraph's migration list and the agent's
-  (`MIGRATIONS`, a migration's position is its version) in ONE transaction
-  under `pg_advisory_xact_lock`: safe from many processes at once and through
-  PgBouncer. LangGraph creates its indexes `CONCURRENTLY`, which cannot run in
-  a transaction; they are created here without it (on the new, empty tables
-  this creates, that is instant). Setup then checks that every table exists
-  and re-applies the (idempotent) migrations if one was dropped: trusting
-  the migrations table alone left a database broken for good.
+* **Schema.** `setup()` first only reads: when every table exists and both
+  migration tables are up to date, it writes nothing, so an application role
+  without DDL rights and a read-only replica pass it (their turns then fail
+  at the claim, with the cause). Otherwise it runs LangGraph's migration list
+  and the agent's (`MIGRATIONS`, a migration's position is its version) in
+  ONE transaction under `pg_advisory_xact_lock`: safe from many processes at
+  once and through PgBouncer. LangGraph creates its indexes `CONCURRENTLY`,
+  which cannot run in a transaction; they are created here without it (on the
+  new, empty tables this creates, that is instant). A missing table (dropped
+  by hand) makes it re-apply every (idempotent) migration: trusting the
+  migrations table alone left a database broken for good. A running agent
+  that finds a table missing re-creates it the same way and runs the request again.
 * **Faults.** A connection found dead (server restart, `pg_terminate_backend`)
   is replaced and the read or claim is run again (safe: nothing was written).
-  A commit whose connection failed is checked on a fresh connection: if the
-  claim is still ours nothing was written and the commit is retried once.
+  The commit takes two round trips: the fencing check first, then the writes
+  and `COMMIT`. A connection that fails in the first one never carried the
+  `COMMIT`, so nothing was written and the commit is retried on a fresh
+  connection; one that fails in the second is settled by asking the database
+  on a new connection whether the claim was released by this commit. Only
+  when the database cannot be asked does the error say the outcome is unknown.
   An unreachable server fails after `connect_timeout`, not `pool_timeout`.
   Missing privileges and a read-only server are found by the claim, before
   the model is called.
@@ -52,11 +60,12 @@ import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATIONS
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.config import AgentSettings, mask_url
 from agent.errors import AgentError, LeaseExpired, StorageUnavailable
-from agent.storage.base import Claim, ThreadRecord, ThreadStorage, Turn, Tx
+from agent.storage.base import Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
 from agent.storage.saver import TurnSaverMixin
 
 logger = logging.getLogger(__name__)
@@ -114,6 +123,9 @@ MIGRATIONS = [
         PRIMARY KEY (user_key, key)
     )""",
     "CREATE INDEX IF NOT EXISTS agent_idempotency_thread_idx ON agent_idempotency (thread_id)",
+    # A retry looks for a running turn that carries its key; the sweep deletes expired results.
+    "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -177,6 +189,10 @@ FROM checkpoints c
 WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = COALESCE(
     %s, (SELECT head_checkpoint_id FROM agent_threads WHERE thread_id = %s))
 """
+# The start, read in the claim's round trip only if the claim succeeded (a waiting turn polls cheaply).
+CLAIMED_START_SQL = SELECT_CHECKPOINT_SQL + """
+  AND EXISTS (SELECT 1 FROM agent_claims k WHERE k.thread_id = %s AND k.token = %s)
+"""
 END_CLAIM_SQL = "SELECT agent_end_claim(%s, %s)"
 RELEASE_CLAIM_SQL = """
 UPDATE agent_claims SET token = '', expires_at = '-infinity', cancel = NULL, idempotency_key = NULL
@@ -228,6 +244,26 @@ DELETE_THREAD_SQL = [
 # The claim row goes last and only if it is released: the deleting operation's own claim
 # is released by its commit, which runs agent_end_claim first.
 DELETE_RELEASED_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = %s AND token = ''"
+
+FIND_IDEMPOTENCY_SQL = """
+SELECT request_hash, thread_id, response FROM agent_idempotency
+WHERE user_key = %s AND key = %s AND expires_at > now()
+"""
+RUNNING_WITH_KEY_SQL = """
+SELECT thread_id FROM agent_claims
+WHERE idempotency_key = %s AND token <> '' AND expires_at >= clock_timestamp() LIMIT 1
+"""
+DELETE_EXPIRED_KEY_SQL = "DELETE FROM agent_idempotency WHERE user_key = %s AND key = %s AND expires_at <= now()"
+# A plain INSERT: an unexpired row with the same key fails the commit (UniqueViolation).
+STORE_RESPONSE_SQL = """
+INSERT INTO agent_idempotency (user_key, key, request_hash, thread_id, response, created_at, expires_at)
+VALUES (%s, %s, %s, %s, %s, now(), now() + make_interval(secs => %s))
+"""
+SWEEP_IDEMPOTENCY_SQL = "DELETE FROM agent_idempotency WHERE expires_at <= now()"
+IDEMPOTENCY_PKEY = "agent_idempotency_pkey"
+
+#: Errors after which the server rolled the transaction back and running it again is safe.
+ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 #: SQLSTATE raised by `agent_end_claim` when the claim is gone.
 CLAIM_LOST_SQLSTATE = "TT001"
@@ -313,6 +349,10 @@ class PostgresTx(Tx):
             self.conn.execute(statement, (thread_id,))
         self.conn.execute(DELETE_RELEASED_CLAIM_SQL, (thread_id,))
 
+    def store_response(self, user_key, key, *, request_hash, thread_id, response, ttl_seconds) -> None:
+        self.conn.execute(DELETE_EXPIRED_KEY_SQL, (user_key, key))
+        self.conn.execute(STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, Jsonb(response), ttl_seconds))
+
 
 class CachedCredential:
     """Calls `provider` for a password at most once per `lifetime` seconds. Thread-safe."""
@@ -384,19 +424,37 @@ class PostgresThreadStorage(ThreadStorage):
                     )
                 self.pool.open(wait=False)
                 with self.connection() as conn:
-                    self._migrate(conn, everything=False)
-                    missing = self._missing_tables(conn)
-                    if missing:
-                        logger.warning("Tables %s were missing from %s; re-creating them", missing, self.masked)
-                        self._migrate(conn, everything=True)
-                        if self._missing_tables(conn):
+                    if self._missing_tables(conn) or not self._migrations_current(conn):
+                        try:
+                            self._migrate(conn)
+                        except ROLLED_BACK:  # chosen as a deadlock's victim by turns running meanwhile
+                            self._migrate(conn)
+                        missing = self._missing_tables(conn)
+                        if missing:
                             raise StorageUnavailable(f"Could not create the tables {missing} in {self.masked}.")
             self._ready = True
 
-    def _migrate(self, conn: psycopg.Connection, *, everything: bool) -> None:
-        """Apply LangGraph's and the agent's missing migrations (all of them if `everything`) in one transaction."""
+    @staticmethod
+    def _migrations_current(conn: psycopg.Connection) -> bool:
+        """Whether both migration tables (which exist) record every migration this code has."""
+        row = conn.execute(
+            "SELECT (SELECT max(v) FROM checkpoint_migrations) AS langgraph, (SELECT max(v) FROM agent_migrations) AS agent"
+        ).fetchone()
+        return all(
+            row[name] is not None and row[name] >= len(migrations) - 1
+            for name, migrations in (("langgraph", LANGGRAPH_MIGRATIONS), ("agent", MIGRATIONS))
+        )
+
+    def _migrate(self, conn: psycopg.Connection) -> None:
+        """Apply LangGraph's and the agent's missing migrations in one transaction; all of them if a table is missing."""
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SETUP_LOCK_KEY,))
+            # Decided under the lock: another process may have just created everything, and
+            # needless DDL (ALTER TABLE takes an exclusive lock) would contend with its turns.
+            missing = self._missing_tables(conn)
+            everything = bool(missing) and "agent_migrations" not in missing
+            if everything:
+                logger.warning("Tables %s were missing from %s; re-creating them", missing, self.masked)
             for table, migrations in (("checkpoint_migrations", LANGGRAPH_MIGRATIONS), ("agent_migrations", MIGRATIONS)):
                 conn.execute(migrations[0])
                 row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
@@ -464,22 +522,36 @@ class PostgresThreadStorage(ThreadStorage):
         return True
 
     def _run(self, action: str, work: Callable[[psycopg.Connection], Any], thread_id: str | None = None) -> Any:
-        """`work(conn)` on a pooled connection; run once more on a fresh one if the first was found dead.
+        """`work(conn)` on a pooled connection; run once more if the first was found dead (on a fresh
+        one), or if a table was missing (after re-creating it).
 
         Only for work that is safe to repeat (reads, claims with their token).
         """
         self.setup()
         with self._errors(action, thread_id):
             for attempt in (1, 2):
+                repair = False
                 with self.connection() as conn:
                     try:
                         return work(conn)
+                    except ROLLED_BACK:
+                        # A deadlock or serialization failure (with a concurrent setup's DDL): rolled back, retry.
+                        if attempt == 2:
+                            raise
                     except psycopg.OperationalError:
                         if attempt == 2 or not conn.closed:
                             raise
                         # The server restarted or ended the session: drop every dead idle connection.
                         self._suspect_down = True
                         self.pool.check()
+                    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction) as exc:
+                        if attempt == 2:
+                            raise
+                        logger.warning("%s at %s; re-creating the agent's tables", _first_line(exc), self.masked)
+                        repair = True
+                if repair:
+                    self._ready = False
+                    self.setup()
         raise AssertionError("unreachable")
 
     # -- the turn protocol -----------------------------------------------------------------
@@ -496,12 +568,13 @@ class PostgresThreadStorage(ThreadStorage):
             with conn.pipeline():
                 claimed = conn.execute(CLAIM_SQL, params)
                 record = conn.execute(SELECT_THREAD_SQL, (thread_id,))
-                start = conn.cursor(binary=True).execute(SELECT_CHECKPOINT_SQL, (thread_id, checkpoint_id, thread_id))
+                start = conn.cursor(binary=True).execute(CLAIMED_START_SQL, (thread_id, checkpoint_id, thread_id, thread_id, token))
                 privileges = conn.execute(MISSING_PRIVILEGES_SQL)
             fence_row, record_row = claimed.fetchone(), record.fetchone()
             start_row, missing = start.fetchone(), privileges.fetchone()["missing"]
             if fence_row is not None and missing:
-                conn.execute(RELEASE_CLAIM_SQL, (thread_id, token))
+                # Given up as `_release` would: a new thread's claim leaves no row behind.
+                conn.execute(DROP_CLAIM_SQL if record_row is None else RELEASE_CLAIM_SQL, (thread_id, token))
                 raise StorageUnavailable(
                     f"The database role may not write the conversation ({', '.join(missing)}) at {self.masked}; "
                     "nothing was written and the model was not called."
@@ -531,10 +604,14 @@ class PostgresThreadStorage(ThreadStorage):
         for attempt in (1, 2):
             with self._errors("commit the turn", thread_id):
                 conn = self._checkout()
+            sent_commit = False
             try:
-                with conn.pipeline(), self.saver.on_connection(conn):
+                with conn.pipeline() as pipeline, self.saver.on_connection(conn):
                     conn.execute("BEGIN")
                     conn.execute(END_CLAIM_SQL, (thread_id, claim.token))
+                    # First round trip: a dead connection fails here, before COMMIT was ever sent.
+                    pipeline.sync()
+                    sent_commit = True
                     apply(PostgresTx(conn, self.saver))
                     conn.execute("COMMIT")
                 return
@@ -545,14 +622,16 @@ class PostgresThreadStorage(ThreadStorage):
                         "nothing was written.",
                         thread_id=thread_id,
                     ) from None
+                if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == IDEMPOTENCY_PKEY:
+                    raise IdempotencyKeyTaken(thread_id) from None
                 if not isinstance(exc, psycopg.OperationalError):
                     with self._errors("commit the turn", thread_id):
                         raise
-                landed = self._commit_landed(claim)
+                self._suspect_down = True
+                landed = self._commit_landed(claim) if sent_commit else False
                 if landed:
                     return
                 if landed is False and attempt == 1:
-                    self._suspect_down = True
                     self.pool.check()
                     continue  # nothing was written and the claim is still ours: commit again
                 outcome = (
@@ -570,11 +649,15 @@ class PostgresThreadStorage(ThreadStorage):
                 self.pool.putconn(conn)
 
     def _commit_landed(self, claim: Claim) -> bool | None:
-        """After a commit's connection failed: True if it committed, False if not, None if that cannot be known."""
+        """After a commit's connection failed: True if it committed, False if not, None if that cannot be known.
+
+        Asks on a new connection of its own: the pool's idle connections may be as dead as the one that failed.
+        """
+        kwargs = self._kwargs() if callable(self._kwargs) else self._kwargs
         try:
-            with self.connection() as conn:
+            with psycopg.connect(self.conninfo, **kwargs) as conn:
                 row = conn.execute(CLAIM_STATE_SQL, (claim.thread_id,)).fetchone()
-        except (psycopg.Error, AgentError):
+        except psycopg.Error:
             return None
         if row is None:
             return None
@@ -600,6 +683,24 @@ class PostgresThreadStorage(ThreadStorage):
         params = ([c.thread_id for c in claims], [c.token for c in claims])
         rows = self._run("poll cancel requests", lambda conn: conn.execute(POLL_CANCELS_SQL, params).fetchall())
         return {row["thread_id"]: row["cancel"] for row in rows}
+
+    def find_idempotent(self, user_key: str, key: str, claim_key: str) -> IdempotencyState:
+        def read(conn: psycopg.Connection):
+            with conn.pipeline():
+                stored = conn.execute(FIND_IDEMPOTENCY_SQL, (user_key, key))
+                running = conn.execute(RUNNING_WITH_KEY_SQL, (claim_key,))
+            return stored.fetchone(), running.fetchone()
+
+        stored, running = self._run("look up the idempotency key", read)
+        return IdempotencyState(
+            request_hash=stored["request_hash"] if stored else None,
+            thread_id=stored["thread_id"] if stored else None,
+            response=stored["response"] if stored else None,
+            running_thread_id=running["thread_id"] if running else None,
+        )
+
+    def sweep_idempotency(self) -> int:
+        return self._run("delete expired idempotency keys", lambda conn: conn.execute(SWEEP_IDEMPOTENCY_SQL).rowcount)
 
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()

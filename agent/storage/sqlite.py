@@ -17,7 +17,8 @@ Design notes:
 * **Schema.** `MIGRATIONS` is an ordered list applied with `PRAGMA
   user_version` (a migration's position + 1 is its version), like Postgres's
   migrations table. `setup()` also checks that every table exists and
-  re-applies the migrations if one was dropped.
+  re-applies the migrations if one was dropped; a running agent that finds a
+  table missing does the same and runs the claim or read again.
 * The connection is in autocommit mode (`isolation_level=None`), so
   `SqliteSaver`'s own commits are no-ops and transactions are explicit.
 """
@@ -38,7 +39,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
-from agent.storage.base import Claim, ThreadRecord, ThreadStorage, Turn, Tx
+from agent.storage.base import Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
 from agent.storage.saver import TurnSaverMixin
 
 # Each migration is a list of statements; migration i brings the file to user_version i + 1.
@@ -84,6 +85,11 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (user_key, key)
         )""",
         "CREATE INDEX IF NOT EXISTS agent_idempotency_thread_idx ON agent_idempotency (thread_id)",
+    ],
+    [
+        # A retry looks for a running turn that carries its key; the sweep deletes expired results.
+        "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
     ],
 ]
 
@@ -137,6 +143,21 @@ DELETE_THREAD_SQL = [
     # Only a released claim: the deleting operation's own claim is released by its commit first.
     "DELETE FROM agent_claims WHERE thread_id = ? AND token = ''",
 ]
+
+
+FIND_IDEMPOTENCY_SQL = """
+SELECT request_hash, thread_id, response FROM agent_idempotency WHERE user_key = ? AND key = ? AND expires_at > ?
+"""
+RUNNING_WITH_KEY_SQL = """
+SELECT thread_id FROM agent_claims WHERE idempotency_key = ? AND token <> '' AND expires_at >= ? LIMIT 1
+"""
+DELETE_EXPIRED_KEY_SQL = "DELETE FROM agent_idempotency WHERE user_key = ? AND key = ? AND expires_at <= ?"
+# A plain INSERT: an unexpired row with the same key fails the commit (IntegrityError).
+STORE_RESPONSE_SQL = """
+INSERT INTO agent_idempotency (user_key, key, request_hash, thread_id, response, created_at, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+"""
+SWEEP_IDEMPOTENCY_SQL = "DELETE FROM agent_idempotency WHERE expires_at <= ?"
 
 
 class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
@@ -221,6 +242,13 @@ class SqliteTx(Tx):
         for statement in DELETE_THREAD_SQL:
             self.cur.execute(statement, (thread_id,))
 
+    def store_response(self, user_key, key, *, request_hash, thread_id, response, ttl_seconds) -> None:
+        now = time.time()
+        self.cur.execute(DELETE_EXPIRED_KEY_SQL, (user_key, key, now))
+        self.cur.execute(
+            STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, json.dumps(response), now, now + ttl_seconds)
+        )
+
 
 class SqliteThreadStorage(ThreadStorage):
     """SQLite storage for one agent; `path` is a file, or `":memory:"` for `memory://`."""
@@ -251,6 +279,8 @@ class SqliteThreadStorage(ThreadStorage):
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             self._migrate(conn, start=version)
             if self._missing_tables(conn):
+                self.saver.is_setup = False  # LangGraph's own tables too, if one of them was dropped
+                self.saver.setup()
                 self._migrate(conn, start=0)
         self._ready = True
 
@@ -301,15 +331,20 @@ class SqliteThreadStorage(ThreadStorage):
             "key": idempotency_key,
             "now": now,
         }
-        with self._errors(), self.saver.transaction() as cur:
-            cur.execute(CLAIM_SQL, params)
-            fence_row = cur.execute(CLAIM_FENCE_SQL, (thread_id, token)).fetchone()
-            record = _record(cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone())
-            start = None
-            start_id = checkpoint_id or (record.head_checkpoint_id if record else None)
-            if fence_row is not None and start_id is not None:
-                config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": start_id}}
-                start = self.saver._backend_get_tuple(config)
+
+        def attempt():
+            with self.saver.transaction() as cur:
+                cur.execute(CLAIM_SQL, params)
+                fence_row = cur.execute(CLAIM_FENCE_SQL, (thread_id, token)).fetchone()
+                record = _record(cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone())
+                start = None
+                start_id = checkpoint_id or (record.head_checkpoint_id if record else None)
+                if fence_row is not None and start_id is not None:
+                    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": start_id}}
+                    start = self.saver._backend_get_tuple(config)
+            return fence_row, record, start
+
+        fence_row, record, start = self._repairing(attempt)
         if fence_row is None:
             return None, record
         claim = Claim(
@@ -324,14 +359,19 @@ class SqliteThreadStorage(ThreadStorage):
         return claim, record
 
     def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
-        with self._errors(), self.saver.transaction() as cur:
-            if cur.execute(RELEASE_CLAIM_SQL, (claim.thread_id, claim.token)).rowcount != 1:
-                raise LeaseExpired(
-                    f"The turn's claim on thread {claim.thread_id!r} expired and another turn took the thread; "
-                    "nothing was written.",
-                    thread_id=claim.thread_id,
-                )
-            apply(SqliteTx(cur, self.saver))
+        try:
+            with self._errors(), self.saver.transaction() as cur:
+                if cur.execute(RELEASE_CLAIM_SQL, (claim.thread_id, claim.token)).rowcount != 1:
+                    raise LeaseExpired(
+                        f"The turn's claim on thread {claim.thread_id!r} expired and another turn took the thread; "
+                        "nothing was written.",
+                        thread_id=claim.thread_id,
+                    )
+                apply(SqliteTx(cur, self.saver))
+        except sqlite3.IntegrityError as exc:
+            if "agent_idempotency" not in str(exc):
+                raise
+            raise IdempotencyKeyTaken(claim.thread_id) from None
 
     def _release(self, claim: Claim) -> None:
         statement = DROP_CLAIM_SQL if claim.record is None else RELEASE_CLAIM_SQL
@@ -361,41 +401,71 @@ class SqliteThreadStorage(ThreadStorage):
                     found[claim.thread_id] = row[0]
         return found
 
+    def find_idempotent(self, user_key: str, key: str, claim_key: str) -> IdempotencyState:
+        now = time.time()
+        stored, running = self._read(
+            lambda cur: (
+                cur.execute(FIND_IDEMPOTENCY_SQL, (user_key, key, now)).fetchone(),
+                cur.execute(RUNNING_WITH_KEY_SQL, (claim_key, now)).fetchone(),
+            )
+        )
+        return IdempotencyState(
+            request_hash=stored[0] if stored else None,
+            thread_id=stored[1] if stored else None,
+            response=json.loads(stored[2]) if stored else None,
+            running_thread_id=running[0] if running else None,
+        )
+
+    def sweep_idempotency(self) -> int:
+        self.setup()
+        with self._errors(), self.saver.cursor() as cur:
+            return cur.execute(SWEEP_IDEMPOTENCY_SQL, (time.time(),)).rowcount
+
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()
         with self._errors(), self.saver.transaction() as cur:
             return apply(SqliteTx(cur, self.saver))
 
     # -- reads -------------------------------------------------------------------------------
+    def _read(self, work: Callable[[sqlite3.Cursor], Any]) -> Any:
+        def attempt():
+            with self.saver.cursor(transaction=False) as cur:
+                return work(cur)
+
+        return self._repairing(attempt)
+
+    def _repairing(self, work: Callable[[], Any]) -> Any:
+        """`work()` (after setup); once more after re-creating the tables if one was missing."""
+        with self._errors():
+            for attempt in (1, 2):
+                self.setup()
+                try:
+                    return work()
+                except sqlite3.OperationalError as exc:
+                    if attempt == 2 or "no such table" not in str(exc):
+                        raise
+                    self._ready = False
+        raise AssertionError("unreachable")
+
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
-        self.setup()
-        with self._errors(), self.saver.cursor(transaction=False) as cur:
-            return _record(cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone())
+        return _record(self._read(lambda cur: cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone()))
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
-        self.setup()
-        with self._errors(), self.saver.cursor(transaction=False) as cur:
-            return cur.execute(CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)).fetchone() is not None
+        return self._read(lambda cur: cur.execute(CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)).fetchone()) is not None
 
     def get_checkpoint(self, thread_id: str, checkpoint_id: str):
-        self.setup()
         config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
-        with self._errors():
-            return self.saver._backend_get_tuple(config)
+        return self._repairing(lambda: self.saver._backend_get_tuple(config))
 
     def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
-        self.setup()
-        with self._errors(), self.saver.cursor(transaction=False) as cur:
-            rows = cur.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit)).fetchall()
+        rows = self._read(lambda cur: cur.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit)).fetchall())
         return [
             {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": json.loads(meta)}
             for cid, parent, meta in rows
         ]
 
     def threads_of_user(self, user_id: str) -> list[str]:
-        self.setup()
-        with self._errors(), self.saver.cursor(transaction=False) as cur:
-            return [row[0] for row in cur.execute(SELECT_USER_THREADS_SQL, (user_id,))]
+        return [row[0] for row in self._read(lambda cur: cur.execute(SELECT_USER_THREADS_SQL, (user_id,)).fetchall())]
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

@@ -45,40 +45,79 @@ class GatedChatModel(OfflineChatModel):
     `entered` and then waits until `gate` is set (at most `HANG_TIMEOUT` seconds).
 
     Other calls answer at once, so a turn can be held inside the model while others run.
+    With `mid_stream`, a streamed call sends its first chunk before it waits (a turn held
+    half-way through its reply); a whole (unstreamed) call waits before it answers either way.
+    Every call adds 1 to `calls[0]`, and every held call releases `arrivals` (a Semaphore),
+    so a test can count model calls and wait until N turns are inside the model.
     """
 
     gate: Any = None
     entered: Any = None
     block_on: str = "block"
+    mid_stream: bool = False
+    # Any, not list: pydantic would copy a list, and the copies bind_tools makes would count apart.
+    calls: Any = None
+    arrivals: Any = None
 
-    def _wait(self, messages: Sequence[BaseMessage]) -> None:
-        if self.block_on in _last_human_text(messages):
-            self.entered.set()
-            if not self.gate.wait(HANG_TIMEOUT):
-                raise TimeoutError("the test never opened the gate")
+    def _held(self, messages: Sequence[BaseMessage]) -> bool:
+        self.calls[0] += 1
+        return self.block_on in _last_human_text(messages)
+
+    def _arrive(self) -> None:
+        self.entered.set()
+        self.arrivals.release()
+
+    def _wait(self) -> None:
+        self._arrive()
+        if not self.gate.wait(HANG_TIMEOUT):
+            raise TimeoutError("the test never opened the gate")
+
+    async def _await(self) -> None:
+        # Polled, not awaited in a thread: a cancelled turn must leave nothing waiting behind.
+        self._arrive()
+        for _ in range(HANG_TIMEOUT * 100):
+            if self.gate.is_set():
+                return
+            await asyncio.sleep(0.01)
+        raise TimeoutError("the test never opened the gate")
 
     def _generate(self, messages, stop=None, run_manager=None, **kwargs):
-        self._wait(messages)
+        if self._held(messages):
+            self._wait()
         return super()._generate(messages, stop, run_manager, **kwargs)
 
     def _stream(self, messages, stop=None, run_manager=None, **kwargs):
-        self._wait(messages)
-        yield from super()._stream(messages, stop, run_manager, **kwargs)
+        held = self._held(messages)
+        chunks = super()._stream(messages, stop, run_manager, **kwargs)
+        if held and self.mid_stream:
+            yield next(chunks)
+        if held:
+            self._wait()
+        yield from chunks
 
-    # The async path (the HTTP server) waits off the event loop, as a real HTTP call would.
+    # The async path (the HTTP server) waits without blocking the event loop, as a real HTTP call would.
     async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
-        await asyncio.to_thread(self._wait, messages)
+        if self._held(messages):
+            await self._await()
         return await super()._agenerate(messages, stop, run_manager, **kwargs)
 
     async def _astream(self, messages, stop=None, run_manager=None, **kwargs):
-        await asyncio.to_thread(self._wait, messages)
+        held = self._held(messages)
+        first = True
+        if held and not self.mid_stream:
+            await self._await()
         async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
             yield chunk
+            if first and held and self.mid_stream:
+                await self._await()
+            first = False
 
 
 def gated_model(**fields: Any) -> GatedChatModel:
-    """A `GatedChatModel` with a fresh closed gate and a fresh `entered` event."""
-    return GatedChatModel(gate=threading.Event(), entered=threading.Event(), **fields)
+    """A `GatedChatModel` with a fresh closed gate, a fresh `entered` event and its counters at 0."""
+    return GatedChatModel(
+        gate=threading.Event(), entered=threading.Event(), calls=[0], arrivals=threading.Semaphore(0), **fields
+    )
 
 
 class FailingChatModel(OfflineChatModel):
@@ -274,6 +313,21 @@ class Child:
         results = []
         while (line := self._line()) != "done":
             results.append(line)
+        return results
+
+    def results_until_exit(self) -> list[Any]:
+        """Every JSON value the child printed until it exited; raise if it failed or hangs."""
+        results = []
+        while True:
+            try:
+                line = self._lines.get(timeout=HANG_TIMEOUT)
+            except queue.Empty:
+                self.kill()
+                raise RuntimeError(f"child said nothing for {HANG_TIMEOUT} s (hung)") from None
+            if not line:
+                break
+            results.append(json.loads(line))
+        self.finish()
         return results
 
     def finish(self) -> None:
