@@ -191,9 +191,17 @@ def tracking_server_configured() -> bool:
 
 
 # -- connection strings ------------------------------------------------------------------------
-_URL_PASSWORD = re.compile(r"^(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:]*):(?P<secret>[^@/]*)@")
-_QUERY_PASSWORD = re.compile(r"(?P<key>[?&]password=)[^&]*", re.IGNORECASE)
-_KV_PASSWORD = re.compile(r"(?P<key>\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
+# The userinfo's password runs to the last "@" before the path (an unencoded "@" in it is a user's mistake
+# that must not leak the rest).
+_URL_PASSWORD = re.compile(r"^(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:]*):(?P<secret>[^/]*)@")
+_QUERY_PASSWORD = re.compile(r"(?P<key>[?&]password=)[^&#]*", re.IGNORECASE)
+# A key=value password: quoted ('...' with \' escapes), quoted but never closed (the rest of the string),
+# or unquoted (backslash escapes allowed); then any stray words that are not `key=`: a malformed string
+# such as `password=se cret` holds the secret's second half there.
+_KV_PASSWORD = re.compile(
+    r"(?P<key>\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|'.*|(?:\\.|\S)*)(?:\s+(?![A-Za-z_]\w*\s*=)\S+)*",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 def is_postgres_url(url: str) -> bool:
@@ -228,11 +236,30 @@ def mask_url(url: str) -> str:
     """`url` with its password replaced by `***`, safe to put in messages and logs.
 
     Handles every form libpq accepts: `postgresql://user:secret@host/db`,
-    `…?password=secret`, and `host=h password=secret` (also quoted), and
-    leaves URLs without a password (`sqlite:///…`, `memory://`) unchanged.
+    `…?password=secret`, and `host=h password=secret` (also quoted, with
+    escapes), and malformed ones that libpq refuses (an unclosed quote, a
+    password with a space and no quotes); leaves URLs without a password
+    (`sqlite:///…`, `memory://`) unchanged.
     """
     masked = _URL_PASSWORD.sub(r"\g<head>:***@", url)
     masked = _QUERY_PASSWORD.sub(r"\g<key>***", masked)
     if "://" not in masked:
         masked = _KV_PASSWORD.sub(r"\g<key>***", masked)
     return masked
+
+
+def mask_secret_fragments(text: str, url: str) -> str:
+    """`text` (e.g. a parser's error about `url`) with every quoted fragment of `url`'s password masked.
+
+    libpq's messages quote the part of a connection string they choke on
+    (`missing "=" after "cret"`); a fragment that is in `url` but not in
+    `mask_url(url)` was part of the password.
+    """
+    masked_url = mask_url(url)
+
+    def mask(match: re.Match) -> str:
+        fragment = match.group(1)
+        return '"***"' if fragment and fragment in url and fragment not in masked_url else match.group(0)
+
+    return re.sub(r'"([^"]*)"', mask, mask_url(text))
+

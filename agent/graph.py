@@ -10,7 +10,8 @@ finished turn has no next nodes.
 The agent node has a synchronous and an async body (a `RunnableLambda` with
 both), so `graph.stream` (in-process `predict`) and `graph.astream` (the HTTP
 server) each call the model the natural way: the async path awaits the HTTP
-request instead of holding an OS thread while the model thinks.
+request instead of holding an OS thread while the model thinks. Each model call
+is traced as one span (`agent.tracing.model_call_span`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from langchain_core.runnables import RunnableConfig
 from agent.context import prepare_model_input, turn_context
 from agent.errors import ModelError
 from agent.tools import TOOLS
+from agent.tracing import model_call_span
 
 
 def build_graph(model: BaseChatModel, saver, extra_tools: Sequence[BaseTool] = ()) -> CompiledStateGraph:
@@ -44,16 +46,24 @@ def build_graph(model: BaseChatModel, saver, extra_tools: Sequence[BaseTool] = (
     except NotImplementedError:
         bound = model
 
+    span_name = type(model).__name__
+
     def agent(state: MessagesState, config: RunnableConfig) -> dict:
         try:
-            reply = bound.invoke(prepare_model_input(state["messages"], turn_context(config)))
+            messages = prepare_model_input(state["messages"], turn_context(config))
+            with model_call_span(messages, name=span_name) as span:
+                reply = bound.invoke(messages)
+                span.reply(reply)
         except Exception as exc:
             raise _model_error(exc) from exc
         return {"messages": [reply]}
 
     async def aagent(state: MessagesState, config: RunnableConfig) -> dict:
         try:
-            reply = await bound.ainvoke(prepare_model_input(state["messages"], turn_context(config)))
+            messages = prepare_model_input(state["messages"], turn_context(config))
+            with model_call_span(messages, name=span_name) as span:
+                reply = await bound.ainvoke(messages)
+                span.reply(reply)
         except Exception as exc:
             raise _model_error(exc) from exc
         return {"messages": [reply]}

@@ -1,15 +1,39 @@
-"""MLflow tracing: LangChain/LangGraph autolog, and each trace tagged with its thread.
+"""MLflow tracing: one span per turn, one per model call, each trace tagged with its thread.
 
 `create_agent(tracing=True)` calls `enable_tracing()`; `tracing=False` calls
 `disable_tracing()` (the default follows `AgentSettings.tracing`). Both act on the whole process,
 because MLflow's tracing switch is global: `ResponsesAgent` traces every
 `predict` call on its own, so turning tracing off must be global too.
 
+**What a turn's trace holds, and why so little.** The turn's span is MLflow's
+own: `ResponsesAgent` traces `predict` / `predict_stream` (in-process callers),
+and the Agent Server starts a span around its handler (`tt-agent serve`). Inside
+it, `model_call_span` (called by the agent node of `agent.graph`) adds ONE span
+of type `CHAT_MODEL` per model call. Its inputs are a bounded summary of what
+the model was sent (message count, the last user message cut to
+`PREVIEW_CHARS`, the input token count), its outputs the reply. LangChain
+autolog (`mlflow.langchain.autolog()`, used before) recorded a span per
+runnable with the whole message list as inputs and outputs: about 50 ms of
+CPU per turn more than no tracing, growing with the thread, so a turn with
+tracing on took three times longer after 200 turns. The summary costs the
+same on the first turn of a thread and on the thousandth.
+
+**Sampling.** `trace_sample_ratio` (0 to 1) is MLflow's own trace sampling
+(`MLFLOW_TRACE_SAMPLING_RATIO`, mlflow >= 3.x: a `ParentBased` ratio sampler
+decides once per trace at its root span, and the spans inside follow it).
+`enable_tracing(ratio)` sets that variable and rebuilds MLflow's tracer
+provider when the ratio changes, so, like the on/off switch, the ratio is one
+per process. A turn that is not sampled creates no span at all here (no
+active span), and its tags are skipped.
+
 Where traces go: MLflow's tracking URI. When neither `MLFLOW_TRACKING_URI` nor
 `mlflow.set_tracking_uri(...)` chose one, `enable_tracing()` points MLflow at
 `sqlite:///<cwd>/.agent/mlflow.db` (next to the embedded checkpoint store),
 instead of MLflow's own default, a `mlflow.db` and an `mlruns/` directory in
-whatever the current directory is.
+whatever the current directory is. Writing a trace into a SQLite store costs
+the writing process 20 to 40 ms of CPU (mlflow 3.17's SQLAlchemy store:
+`start_trace` and `log_spans`, whatever the trace holds); sent to a tracking
+server, a trace costs the serving process a few ms (docs/performance.md).
 
 What a trace carries (`tag_trace`), so the MLflow UI groups a thread's turns:
 
@@ -26,12 +50,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import mlflow
+from langchain_core.messages import BaseMessage
+from mlflow.entities import SpanType
 
 from agent.config import AgentSettings
 
@@ -41,32 +67,43 @@ logger = logging.getLogger(__name__)
 DEFAULT_TRACKING_DB = Path(".agent") / "mlflow.db"
 #: Where that store keeps artifacts (trace payloads, logged models).
 DEFAULT_ARTIFACTS_DIR = Path(".agent") / "mlartifacts"
+#: MLflow's trace sampling ratio variable (read when its tracer provider is built).
+SAMPLING_RATIO_ENV = "MLFLOW_TRACE_SAMPLING_RATIO"
 
 _lock = threading.Lock()
-_autologged = False
+_applied_ratio: float | None = None
 
 
 def configure_tracing(settings: AgentSettings) -> None:
-    """Turn tracing on or off for this process, as `settings.tracing` says."""
+    """Turn tracing on (sampling `settings.trace_sample_ratio` of the turns) or off, as `settings.tracing` says."""
     if settings.tracing:
-        enable_tracing()
+        enable_tracing(settings.trace_sample_ratio)
     else:
         disable_tracing()
 
 
-def enable_tracing() -> None:
-    """Turn on MLflow tracing and `mlflow.langchain.autolog()` (once per process).
+def enable_tracing(sample_ratio: float = 1.0) -> None:
+    """Turn on MLflow tracing for this process, keeping `sample_ratio` (0 to 1) of the traces.
 
     Also applies `use_default_tracking_uri()`, so traces never land in a stray
-    `mlflow.db` in the current directory.
+    `mlflow.db` in the current directory. The ratio goes to MLflow's
+    `MLFLOW_TRACE_SAMPLING_RATIO`; when it differs from the one MLflow's tracer
+    provider was built with, the provider is rebuilt (`mlflow.tracing.disable()`
+    then `enable()`), because MLflow reads the variable only then.
+
+    Raises:
+        ValueError: `sample_ratio` is not between 0 and 1.
     """
-    global _autologged
+    global _applied_ratio
+    if not 0.0 <= sample_ratio <= 1.0:
+        raise ValueError(f"sample_ratio must be between 0 and 1, got {sample_ratio}")
     with _lock:
         use_default_tracking_uri()
+        if sample_ratio != _applied_ratio:
+            os.environ[SAMPLING_RATIO_ENV] = repr(float(sample_ratio))
+            mlflow.tracing.disable()
+            _applied_ratio = sample_ratio
         mlflow.tracing.enable()
-        if not _autologged:
-            mlflow.langchain.autolog()
-            _autologged = True
 
 
 def disable_tracing() -> None:
@@ -189,3 +226,75 @@ def _preview(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [_preview(v, depth + 1) for v in value[:PREVIEW_ITEMS]]
     return value
+
+
+# -- the model call's span -----------------------------------------------------------------------
+#: Most characters of the last user message a model span records.
+MODEL_INPUT_PREVIEW_CHARS = 1000
+
+
+class ModelCallSpan:
+    """What `model_call_span` yields: `reply(message)` records the model's answer (a no-op when not traced)."""
+
+    def __init__(self, span: Any, messages: Sequence[BaseMessage]) -> None:
+        self._span = span
+        self._messages = messages
+
+    def reply(self, message: BaseMessage) -> None:
+        """Record `message` as the span's outputs, and the input/output token counts."""
+        if self._span is None:
+            return
+        try:
+            usage = getattr(message, "usage_metadata", None) or {}
+            input_tokens = usage.get("input_tokens")
+            if input_tokens is None:
+                from langchain_core.messages.utils import count_tokens_approximately
+
+                input_tokens = count_tokens_approximately(self._messages)
+            self._span.set_inputs({**self._span.inputs, "input_tokens": input_tokens})
+            outputs: dict[str, Any] = {"type": message.type, "content": message.content}
+            if getattr(message, "tool_calls", None):
+                outputs["tool_calls"] = message.tool_calls
+            self._span.set_outputs(outputs)
+            if usage:
+                # MLflow's token-usage attribute: the UI sums it per trace.
+                self._span.set_attribute(
+                    "mlflow.chat.tokenUsage",
+                    {k: usage[k] for k in ("input_tokens", "output_tokens", "total_tokens") if k in usage},
+                )
+        except Exception:
+            logger.warning("Could not record the model call's reply in its span", exc_info=True)
+
+
+@contextmanager
+def model_call_span(messages: Sequence[BaseMessage], *, name: str = "chat_model") -> Iterator[ModelCallSpan]:
+    """A `CHAT_MODEL` span around one model call, inside the turn's trace.
+
+    Its inputs are a summary that does not grow with the thread: `message_count`,
+    `last_user_message` (at most `MODEL_INPUT_PREVIEW_CHARS` characters, None if
+    there is none) and, once the reply is in, `input_tokens` (the model's count
+    when it reports usage, else `count_tokens_approximately`). Call
+    `.reply(message)` on what it yields to record the answer as its outputs. An
+    exception inside marks the span as failed and propagates.
+
+    Outside a traced turn (tracing off, the turn not sampled, or no turn span)
+    no span is made and `.reply` does nothing: the cost is one context lookup.
+    """
+    if mlflow.get_current_active_span() is None:
+        yield ModelCallSpan(None, messages)
+        return
+    with mlflow.start_span(name=name, span_type=SpanType.CHAT_MODEL) as span:
+        try:
+            span.set_inputs({"message_count": len(messages), "last_user_message": _last_user_text(messages)})
+        except Exception:
+            logger.warning("Could not record the model call's inputs in its span", exc_info=True)
+        yield ModelCallSpan(span, messages)
+
+
+def _last_user_text(messages: Sequence[BaseMessage]) -> str | None:
+    for message in reversed(messages):
+        if message.type == "human":
+            text = message.text
+            cut = text[:MODEL_INPUT_PREVIEW_CHARS] + ("…" if len(text) > MODEL_INPUT_PREVIEW_CHARS else "")
+            return cut.encode("utf-8", "backslashreplace").decode("utf-8")
+    return None

@@ -11,8 +11,12 @@ happens. The model is the OpenAI-compatible stub (`bench.openai_stub`, one
 process for the whole run, reconfigured between phases): 2.0 s per reply,
 streamed as 4 chunks 0.5 s apart, the shape of a real LLM. Servers are real
 processes (`python -m agent serve`) with `AGENT_POOL_MAX_SIZE=10`, each in its
-own process group, stopped at the end of their phase. Traces of servers with
-tracing on go to a temporary MLflow database.
+own process group, stopped at the end of their phase. Servers with tracing on
+send their traces to an MLflow tracking server (`mlflow server` on a temporary
+SQLite store, one process for the whole run), as deployments do; phase 8 also
+measures, for reference, a server writing its traces into an MLflow SQLite
+file itself (MLflow's SQLAlchemy store costs about 15 ms of CPU per trace in
+the writing process, whatever the trace holds).
 
 Phases (all figures from one run; `--quick` shrinks every size for a smoke test):
 
@@ -31,7 +35,8 @@ Phases (all figures from one run; `--quick` shrinks every size for a smoke test)
    `get_checkpoint_history` over HTTP every 100 ms: p50 and max.
 8. Server CPU per turn, tracing on over off: two servers, a 0 s model, turns
    in rounds on-off-off-on; CPU is utime+stime of each server's process group
-   (`/proc`), read once the server is idle again.
+   (`/proc`), read once the server is idle again. A third server, tracing into
+   its own SQLite file, runs its rounds in between, for reference.
 9. In-process turn p50, last 10 over first 10 turns of a T-turn (200) thread,
    tracing on (the Python default) and off, each in a child process
    (`bench.turn_growth`) so tracing settings do not leak.
@@ -41,7 +46,9 @@ Phases (all figures from one run; `--quick` shrinks every size for a smoke test)
     `enqueue`; then each thread's history must be
     one linear chain with every acknowledged turn once (`traffic.check_chain`).
 11. `--workers 2` over `--workers 1`, unstreamed turns per second with a 0 s
-    model, rounds 1-2-2-1. Not measurable while `tt-agent serve` has no `--workers`.
+    model, rounds 1-2-2-1, tracing off (tracing's cost is phase 8's figure; here
+    the run's tracking server would compete for the same two cores). Not
+    measurable while `tt-agent serve` has no `--workers`.
 
 Output: a table `figure | measured | target | pass`, the machine, versions,
 and `targets met: X/Y`; `--json` also saves every figure and measurement.
@@ -63,7 +70,8 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +102,8 @@ CHAIN_IN_FLIGHT = 3
 #: Each turn waits a random 0 to CHAIN_STAGGER model latencies before it is sent.
 CHAIN_STAGGER = 2.0
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: Worker processes of the run's MLflow tracking server.
+TRACKING_SERVER_WORKERS = 2
 #: Seconds a server may take to answer /health after it is started.
 SERVER_STARTUP_TIMEOUT_S = 180.0
 #: Seconds a server's CPU time must stay unchanged before it counts as idle (phase 8).
@@ -147,7 +157,8 @@ def figures(sizes: Sizes) -> dict[str, report.Figure]:
                                        lambda v: v <= 0.3, seconds),  # fmt: skip
         "history_max_s": report.Figure("another user's history during streamed load: max", "<= 2 s",
                                        lambda v: v <= 2.0, seconds),  # fmt: skip
-        "tracing_cpu_ratio": report.Figure("server CPU per turn, tracing on / off", "<= 2", lambda v: v <= 2, ratio),
+        "tracing_cpu_ratio": report.Figure("server CPU per turn, tracing on (to a tracking server) / off", "<= 2",
+                                           lambda v: v <= 2, ratio),  # fmt: skip
         "traced_turn_growth": report.Figure(
             f"in-process turn p50 with tracing, last 10 / first 10 of {sizes.growth_turns} turns",
             "<= 1.3",
@@ -172,6 +183,10 @@ def figures(sizes: Sizes) -> dict[str, report.Figure]:
         "in_process_wall_s": report.Figure(f"wall of {sizes.in_process_calls} in-process predict calls", fmt=seconds),
         "cpu_ms_per_turn_traced": report.Figure("server CPU per turn, tracing on", fmt=report.fixed(1, " ms")),
         "cpu_ms_per_turn_untraced": report.Figure("server CPU per turn, tracing off", fmt=report.fixed(1, " ms")),
+        "cpu_ms_per_turn_traced_local": report.Figure("server CPU per turn, tracing into its own SQLite file",
+                                                      fmt=report.fixed(1, " ms")),  # fmt: skip
+        "tracing_local_cpu_ratio": report.Figure("server CPU per turn, tracing into its own SQLite file / off",
+                                                 fmt=ratio),  # fmt: skip
         "traced_turn_ms_first": report.Figure("in-process turn p50 with tracing, first 10 turns",
                                               fmt=report.fixed(1, " ms")),  # fmt: skip
         "traced_turn_ms_last": report.Figure("in-process turn p50 with tracing, last 10 turns",
@@ -193,19 +208,27 @@ def _zero(value: int) -> bool:
 class LoadBenchmark:
     """The phases of one run. Each phase returns its measurements and adds its figures to `values`/`notes`."""
 
-    def __init__(self, server_url: str, stub_url: str, workdir: Path, sizes: Sizes, load_tracing: bool) -> None:
+    def __init__(self, server_url: str, stub_url: str, workdir: Path, sizes: Sizes, load_tracing: bool,
+                 tracking_uri: str) -> None:  # fmt: skip
         self.server_url = server_url
         self.stub_url = stub_url
+        self.tracking_uri = tracking_uri
         self.workdir = workdir
         self.sizes = sizes
         self.load_tracing = load_tracing
+        self.databases: list[str] = []
+        """Names of the scratch databases the run created (each dropped at the end of its phase)."""
         self.values: dict[str, Any] = {}
         self.notes: dict[str, str] = {}
         self.failed: set[str] = set()
 
     # -- servers -----------------------------------------------------------------------------
-    def server_spec(self, name: str, database_url: str, *, tracing: bool, workers: int | None = None):
-        """A `running_servers` spec for `python -m agent serve` on a free port, and its base URL."""
+    def server_spec(self, name: str, database_url: str, *, tracing: bool, workers: int | None = None,
+                    local_traces: bool = False):  # fmt: skip
+        """A `running_servers` spec for `python -m agent serve` on a free port, and its base URL.
+
+        Traces go to the run's tracking server, or with `local_traces` into a SQLite file the server writes.
+        """
         port = free_port()
         args = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
         if workers is not None:
@@ -219,7 +242,7 @@ class LoadBenchmark:
             AGENT_TRACING="true" if tracing else "false",
             OPENAI_BASE_URL=self.stub_url,
             OPENAI_API_KEY="unused",
-            MLFLOW_TRACKING_URI=f"sqlite:///{self.workdir / name}-mlflow.db",
+            MLFLOW_TRACKING_URI=f"sqlite:///{self.workdir / name}-mlflow.db" if local_traces else self.tracking_uri,
         )
         base_url = f"http://127.0.0.1:{port}"
         return (name, args, env, f"{base_url}/health"), base_url
@@ -227,13 +250,17 @@ class LoadBenchmark:
     def servers(self, specs):
         return running_servers(specs, cwd=self.workdir, timeout=SERVER_STARTUP_TIMEOUT_S)
 
+    def scratch_database(self, prefix: str):
+        """`bench.databases.scratch_database` on the run's server, its name kept in `self.databases`."""
+        return _recorded(scratch_database(self.server_url, prefix), self.databases)
+
     def model(self, latency_s: float) -> None:
         configure_stub(self.stub_url, latency_s=latency_s, chunks=MODEL_CHUNKS)
 
     # -- phases 1-3, 5-7 ---------------------------------------------------------------------
     def serving_under_load(self) -> dict[str, Any]:
         self.model(MODEL_LATENCY_S)
-        with scratch_database(self.server_url, "tt_load_serve") as db:
+        with self.scratch_database("tt_load_serve") as db:
             spec, base_url = self.server_spec("serve", db, tracing=self.load_tracing)
             with self.servers([spec]):
                 out = asyncio.run(self._serve(base_url, dbname_of(db)))
@@ -320,7 +347,7 @@ class LoadBenchmark:
         from agent import create_agent
 
         calls = self.sizes.in_process_calls
-        with scratch_database(self.server_url, "tt_load_inproc") as db:
+        with self.scratch_database("tt_load_inproc") as db:
             with create_agent(db, model="fake", pool_max_size=POOL_MAX_SIZE, tracing=False) as agent:
 
                 def call(n: int) -> traffic.Outcome:
@@ -349,23 +376,30 @@ class LoadBenchmark:
     # -- phase 8 -----------------------------------------------------------------------------
     def tracing_cpu(self) -> dict[str, Any]:
         self.model(0.0)
-        with scratch_database(self.server_url, "tt_load_traced") as traced_db, \
-                scratch_database(self.server_url, "tt_load_untraced") as untraced_db:  # fmt: skip
+        with self.scratch_database("tt_load_traced") as traced_db, \
+                self.scratch_database("tt_load_untraced") as untraced_db, \
+                self.scratch_database("tt_load_local") as local_db:  # fmt: skip
             traced_spec, traced_url = self.server_spec("traced", traced_db, tracing=True)
             untraced_spec, untraced_url = self.server_spec("untraced", untraced_db, tracing=False)
-            with self.servers([traced_spec, untraced_spec]) as (traced, untraced):
-                print(f"  {self.sizes.cpu_turns} turns on a server with tracing and on one without ...", flush=True)
-                servers = {"traced": (traced, traced_url), "untraced": (untraced, untraced_url)}
+            local_spec, local_url = self.server_spec("traced-local", local_db, tracing=True, local_traces=True)
+            with self.servers([traced_spec, untraced_spec, local_spec]) as (traced, untraced, local):
+                print(f"  {self.sizes.cpu_turns} turns on a server with tracing, one without, and one tracing "
+                      "into its own SQLite file ...", flush=True)  # fmt: skip
+                servers = {"traced": (traced, traced_url), "untraced": (untraced, untraced_url),
+                           "traced_local": (local, local_url)}  # fmt: skip
                 out = asyncio.run(self._cpu_rounds(servers))
         per_turn = {
             name: out[name]["cpu_s"] / out[name]["turns"]["requests"] if out[name]["turns"]["requests"] else None
-            for name in ("traced", "untraced")
+            for name in servers
         }
-        errors = out["traced"]["turns"]["errors"] + out["untraced"]["turns"]["errors"]
+        errors = sum(out[name]["turns"]["errors"] for name in servers)
         if per_turn["traced"] is not None and per_turn["untraced"]:
             self.values["tracing_cpu_ratio"] = per_turn["traced"] / per_turn["untraced"]
             self.values["cpu_ms_per_turn_traced"] = per_turn["traced"] * 1000
             self.values["cpu_ms_per_turn_untraced"] = per_turn["untraced"] * 1000
+        if per_turn["traced_local"] is not None and per_turn["untraced"]:
+            self.values["cpu_ms_per_turn_traced_local"] = per_turn["traced_local"] * 1000
+            self.values["tracing_local_cpu_ratio"] = per_turn["traced_local"] / per_turn["untraced"]
         if errors:
             self.failed.add("tracing_cpu_ratio")
             self.notes["tracing_cpu_ratio"] = f"{errors} turns failed"
@@ -379,9 +413,11 @@ class LoadBenchmark:
         try:
             for name, client in clients.items():
                 await traffic.conversations(client, WARMUP_TURNS, 1, label=f"{name}-warmup")
-            # Rounds on-off-off-on, so a drift of the machine's speed hits both alike.
-            for name in ("traced", "untraced", "untraced", "traced"):
+            # Symmetric rounds, so a drift of the machine's speed hits every server alike.
+            for name in ("traced", "untraced", "traced_local", "traced_local", "untraced", "traced"):
                 process = servers[name][0]
+                for other, _ in servers.values():  # all idle first: one still exporting traces would skew it
+                    await _idle_cpu_seconds(other)
                 before = await _idle_cpu_seconds(process)
                 _, turns = await traffic.conversations(clients[name], half, CPU_CONCURRENCY, label=name)
                 cpu[name] += await _idle_cpu_seconds(process) - before
@@ -396,7 +432,7 @@ class LoadBenchmark:
         out = {}
         for tracing in ("on", "off"):
             print(f"  one thread of {self.sizes.growth_turns} in-process turns, tracing {tracing} ...", flush=True)
-            with scratch_database(self.server_url, f"tt_load_growth_{tracing}") as db:
+            with self.scratch_database(f"tt_load_growth_{tracing}") as db:
                 out[tracing] = self._growth_child(db, tracing)
         self.values.update(
             traced_turn_growth=out["on"]["growth"],
@@ -426,7 +462,7 @@ class LoadBenchmark:
     def chains(self) -> dict[str, Any]:
         configure_stub(self.stub_url, latency_s=CHAIN_MODEL_LATENCY_S, chunks=MODEL_CHUNKS)
         out: dict[str, Any] = {}
-        with scratch_database(self.server_url, "tt_load_chains") as db:
+        with self.scratch_database("tt_load_chains") as db:
             specs = [self.server_spec(f"chains-{i}", db, tracing=False) for i in range(CHAIN_SERVERS)]
             with self.servers([spec for spec, _ in specs]):
                 for strategy in ("reject", "enqueue"):
@@ -506,10 +542,12 @@ class LoadBenchmark:
             self.notes["workers_speedup"] = "not measurable: tt-agent serve has no --workers option"
             return {"measurable": False}
         self.model(0.0)
-        with scratch_database(self.server_url, "tt_load_workers1") as db1, \
-                scratch_database(self.server_url, "tt_load_workers2") as db2:  # fmt: skip
-            spec1, url1 = self.server_spec("workers-1", db1, tracing=self.load_tracing, workers=1)
-            spec2, url2 = self.server_spec("workers-2", db2, tracing=self.load_tracing, workers=2)
+        with self.scratch_database("tt_load_workers1") as db1, \
+                self.scratch_database("tt_load_workers2") as db2:  # fmt: skip
+            # Tracing off: on this machine the tracking server would share the two cores too, and the
+            # figure would measure it (traces cost it more CPU than the turn costs the agent).
+            spec1, url1 = self.server_spec("workers-1", db1, tracing=False, workers=1)
+            spec2, url2 = self.server_spec("workers-2", db2, tracing=False, workers=2)
             with self.servers([spec1, spec2]) as (server1, server2):
                 print(f"  {self.sizes.workers_turns} turns on --workers 1 and on --workers 2 ...", flush=True)
                 out = asyncio.run(self._workers_rounds({1: (server1, url1), 2: (server2, url2)}))
@@ -540,6 +578,26 @@ class LoadBenchmark:
             for client in clients.values():
                 await client.aclose()
         return {n: {"wall_s": wall[n], "turns": traffic.summarize(outcomes[n])} for n in servers}
+
+
+@contextmanager
+def _recorded(database: Any, names: list[str]) -> Iterator[str]:
+    with database as url:
+        names.append(dbname_of(url))
+        yield url
+
+
+@contextmanager
+def tracking_server(workdir: Path) -> Iterator[str]:
+    """An MLflow tracking server (`mlflow server`, SQLite store under `workdir`) for the run; yields its URI."""
+    port = free_port()
+    args = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(TRACKING_SERVER_WORKERS), "--backend-store-uri", f"sqlite:///{workdir / 'tracking.db'}",
+            "--default-artifact-root", str(workdir / "tracking-artifacts")]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "MLFLOW_"))}
+    uri = f"http://127.0.0.1:{port}"
+    with running_servers([("mlflow-tracking", args, env, f"{uri}/health")], cwd=workdir, timeout=SERVER_STARTUP_TIMEOUT_S):
+        yield uri
 
 
 def serve_has_workers_option(cwd: Path) -> bool:
@@ -593,6 +651,66 @@ def run_phases(bench: LoadBenchmark, phases: Mapping[str, Callable[[], dict[str,
     return measurements, broken
 
 
+def run(server_url: str, *, quick: bool = False, load_tracing: bool = True) -> dict[str, Any]:
+    """Every phase on the Postgres server of `server_url`; the report (`bench.report.build_report`).
+
+    `quick` shrinks every size (`QUICK`); `load_tracing` is `AGENT_TRACING` of the servers of
+    phases 1-7 (on, as `tt-agent serve`). The report also holds `measurements` (per phase)
+    and `broken_phases` (phases that raised; their figures are "not measured").
+    """
+    sizes = QUICK if quick else Sizes()
+    header = report.environment(server_version(server_url))
+    print(f"load benchmark{' (quick)' if quick else ''}: {asdict(sizes)}", flush=True)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tt-load-") as tmp, \
+            openai_stub_server(latency_s=MODEL_LATENCY_S, chunks=MODEL_CHUNKS) as stub_url, \
+            tracking_server(Path(tmp)) as tracking_uri:  # fmt: skip
+        bench = LoadBenchmark(server_url, stub_url, Path(tmp), sizes, load_tracing, tracking_uri)
+        measurements, broken = run_phases(
+            bench,
+            {
+                "serving under load (phases 1-3, 5-7)": bench.serving_under_load,
+                "in-process predict calls (phase 4)": bench.in_process_predicts,
+                "tracing CPU (phase 8)": bench.tracing_cpu,
+                "workers (phase 11)": bench.workers,
+                "several processes, one database (phase 10)": bench.chains,
+                "turn time as a thread grows (phase 9)": bench.turn_growth,
+            },
+        )
+    if broken:
+        print(f"phases that could not run: {'; '.join(broken)}", file=sys.stderr)
+    return report.build_report(
+        figures(sizes),
+        bench.values,
+        notes=bench.notes,
+        failed=bench.failed,
+        **header,
+        settings={
+            "quick": quick,
+            "sizes": asdict(sizes),
+            "model_latency_s": MODEL_LATENCY_S,
+            "model_chunks": MODEL_CHUNKS,
+            "pool_max_size": POOL_MAX_SIZE,
+            "load_tracing": load_tracing,
+            "chain_model_latency_s": CHAIN_MODEL_LATENCY_S,
+        },
+        measurements=measurements,
+        broken_phases=broken,
+        scratch_databases=bench.databases,
+        elapsed_seconds=time.perf_counter() - started,
+        peak_rss_mb=report.peak_rss_mb(),
+    )
+
+
+TITLE = (f"tt-agent serve under load: {MODEL_LATENCY_S:g} s model in {MODEL_CHUNKS} chunks, "
+         f"pool_max_size={POOL_MAX_SIZE}")  # fmt: skip
+
+
+def print_result(result: dict[str, Any]) -> None:
+    """The table, header lines and summary line (`bench.report.print_report`)."""
+    report.print_report(TITLE, result)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="every phase at a reduced size (a smoke test)")
@@ -606,60 +724,19 @@ def main(argv: list[str] | None = None) -> int:
         "--load-tracing",
         choices=["on", "off"],
         default="on",
-        help="AGENT_TRACING of the servers of phases 1-7 and 11 (default on, as tt-agent serve)",
+        help="AGENT_TRACING of the servers of phases 1-7 (default on, as tt-agent serve)",
     )
     args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else Sizes()
     try:
-        postgres = server_version(args.database_url)
+        server_version(args.database_url)
     except (psycopg.Error, ValueError) as exc:
         print(f"error: Postgres is not reachable at --database-url: {type(exc).__name__}", file=sys.stderr)
         return 2
-    header = report.environment(postgres)
-    print(f"load benchmark{' (quick)' if args.quick else ''}: {asdict(sizes)}", flush=True)
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="tt-load-") as tmp, \
-            openai_stub_server(latency_s=MODEL_LATENCY_S, chunks=MODEL_CHUNKS) as stub_url:  # fmt: skip
-        bench = LoadBenchmark(args.database_url, stub_url, Path(tmp), sizes, args.load_tracing == "on")
-        measurements, broken = run_phases(
-            bench,
-            {
-                "serving under load (phases 1-3, 5-7)": bench.serving_under_load,
-                "in-process predict calls (phase 4)": bench.in_process_predicts,
-                "tracing CPU (phase 8)": bench.tracing_cpu,
-                "workers (phase 11)": bench.workers,
-                "several processes, one database (phase 10)": bench.chains,
-                "turn time as a thread grows (phase 9)": bench.turn_growth,
-            },
-        )
-    result = report.build_report(
-        figures(sizes),
-        bench.values,
-        notes=bench.notes,
-        failed=bench.failed,
-        **header,
-        settings={
-            "quick": args.quick,
-            "sizes": asdict(sizes),
-            "model_latency_s": MODEL_LATENCY_S,
-            "model_chunks": MODEL_CHUNKS,
-            "pool_max_size": POOL_MAX_SIZE,
-            "load_tracing": args.load_tracing == "on",
-            "chain_model_latency_s": CHAIN_MODEL_LATENCY_S,
-        },
-        measurements=measurements,
-        broken_phases=broken,
-        elapsed_seconds=time.perf_counter() - started,
-        peak_rss_mb=report.peak_rss_mb(),
-    )
-    title = (f"tt-agent serve under load: {MODEL_LATENCY_S:g} s model in {MODEL_CHUNKS} chunks, "
-             f"pool_max_size={POOL_MAX_SIZE}")  # fmt: skip
-    report.print_report(title, result)
-    if broken:
-        print(f"phases that could not run: {'; '.join(broken)}", file=sys.stderr)
+    result = run(args.database_url, quick=args.quick, load_tracing=args.load_tracing == "on")
+    print_result(result)
     if args.json is not None:
         report.write_json(args.json, result)
-    return 1 if broken else 0
+    return 1 if result["broken_phases"] else 0
 
 
 if __name__ == "__main__":

@@ -141,8 +141,10 @@ def summary_line(report: Mapping[str, Any]) -> str:
     return line + (f" (missed: {'; '.join(missed)})" if missed else "")
 
 
-def print_report(title: str, report: Mapping[str, Any], *, width: int = 140) -> None:
-    """Print the figures table, the header lines and the summary line to stdout."""
+def print_report(
+    title: str, report: Mapping[str, Any], *, width: int = 140, details: Callable[[], None] | None = None
+) -> None:
+    """Print the figures table, the header lines, `details()` (a benchmark's own lines) and the summary line."""
     from rich.console import Console
     from rich.table import Table
 
@@ -164,6 +166,8 @@ def print_report(title: str, report: Mapping[str, Any], *, width: int = 140) -> 
         )
     if report.get("versions"):
         console.print("versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()))
+    if details is not None:
+        details()
     # Plain print: one unwrapped line.
     print(summary_line(report), flush=True)
 

@@ -7,8 +7,8 @@ turns of a thread and of the last `WINDOW` turns of a thread of `--turns`
 turns, and their ratio. The agent is `create_agent(url, model="offline",
 tracing=...)` driven with `predict`, as a Python user would.
 
-It runs as its own process because MLflow's tracing switch and LangChain
-autolog are global to a process: a run with tracing on must not leave its
+It runs as its own process because MLflow's tracing switch and sampling ratio
+are global to a process: a run with tracing on must not leave its
 hooks in a process that then measures tracing off. Traces go where
 `MLFLOW_TRACKING_URI` says (the load benchmark points it at a temporary file).
 

@@ -232,6 +232,11 @@ def test_served_turns_are_traced_with_the_thread_as_session_and_their_checkpoint
     assert {whole.custom_outputs["checkpoint_id"], stream["checkpoint_id"]} <= checkpoints
     streamed_trace = next(t for t in traces if t.info.trace_metadata.get("checkpoint_id") == stream["checkpoint_id"])
     assert streamed_trace.info.trace_metadata["parent_checkpoint_id"] == whole.custom_outputs["checkpoint_id"]
+    # The turn's span (the Agent Server's, around its handler) and one span for the one model call.
+    client = mlflow.MlflowClient(tracking_uri=server.tracking_uri)
+    for trace in traces:
+        spans = client.get_trace(trace.info.trace_id).data.spans
+        assert sorted((span.parent_id is None, span.span_type) for span in spans) == [(False, "CHAT_MODEL"), (True, "UNKNOWN")]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -251,10 +256,8 @@ def test_a_refused_lone_surrogate_is_traced_and_so_is_the_next_turn(server, stre
         stored = client.search_traces(locations=["0"], include_spans=False, max_results=1000)
         return [t.info.state.value for t in stored if marker in (t.info.request_preview or "")]
 
-    if stream:
-        # A stream refused before its first event never opens the server's span: nothing to export.
-        assert refused_traces() == []
-        return
+    # The server's span of the refused request (a stream's too: its span covers the whole turn) is
+    # exported as a failed trace with a scrubbed preview.
     deadline = time.monotonic() + 30  # exported in the background, in no set order
     while not refused_traces() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -1,8 +1,8 @@
-"""scripts/bench.py keeps working: run it at a small N and check what it reports (correctness, never time)."""
+"""scripts/bench.py (the runner of every benchmark) and its storage part, bench.storage, keep working: run
+them at a small size and check what they report (correctness, never time)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -14,17 +14,15 @@ import psycopg
 import pytest
 
 from agent.models import OFFLINE_MARKER, quote_user_messages
+from bench import storage
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench.py"
-TURNS = 12
+TURNS = storage.QUICK_TURNS
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location("tt_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return storage
 
 
 def _expected_raw_bytes(bench, turns: int) -> int:
@@ -37,36 +35,38 @@ def _expected_raw_bytes(bench, turns: int) -> int:
 
 @pytest.fixture(scope="module")
 def bench_run(pg_server_url, tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    """`scripts/bench.py --quick --only storage`: the runner with the storage part at QUICK_TURNS turns."""
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    env = {**os.environ, "AGENT_TEST_DATABASE_URL": pg_server_url}
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--turns", str(TURNS), "--json", str(out)],
+        [sys.executable, str(BENCH), "--quick", "--only", "storage", "--json", str(out), "--database-url", pg_server_url],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, "COLUMNS": "200"},
         capture_output=True,
         text=True,
         timeout=300,
     )
-    report = json.loads(out.read_text()) if out.exists() else {}
-    return done, report
+    runner = json.loads(out.read_text()) if out.exists() else {}
+    return done, runner.get("parts", {}).get("storage", {}), runner
 
 
 def test_bench_exits_zero_and_prints_table_and_summary(bench_run):
-    done, report = bench_run
+    done, report, runner = bench_run
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"targets met: {report['targets_met']}/{report['targets_total']}" in done.stdout
     for row in report["figures"].values():
         assert row["figure"] in done.stdout
+    assert runner["broken_parts"] == [] and list(runner["parts"]) == ["storage"]
+    assert f"all parts: targets met: {runner['targets_met']}/{runner['targets_total']}" in done.stdout
+    assert runner["targets_total"] == report["targets_total"]
 
 
 def test_bench_reports_every_figure_for_both_designs_as_positive_finite_numbers(bench_run):
-    _, report = bench_run
-    bench = _bench_module()
-    assert set(report["figures"]) == set(bench.FIGURES)
+    _, report, _ = bench_run
+    assert list(report["figures"]) == list(storage.figures())
     for key, row in report["figures"].items():
-        for design in ("reference", "project"):
-            value = row[design]
-            assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (key, design, value)
+        for value in (row["measured"], report["reference_figures"][key]):
+            assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (key, value)
+        assert row["note"].startswith("reference ")
     targeted = [row for row in report["figures"].values() if row["target"]]
     assert report["targets_total"] == len(targeted) == 6
     assert report["targets_met"] == sum(row["pass"] is True for row in targeted)
@@ -78,12 +78,12 @@ def test_bench_reports_every_figure_for_both_designs_as_positive_finite_numbers(
 
 
 def test_bench_concurrent_conversations_have_no_errors(bench_run):
-    _, report = bench_run
+    _, report, _ = bench_run
     assert report["errors"] == {"reference": 0, "project": 0}
 
 
 def test_bench_counts_exactly_the_bytes_the_thread_holds(bench_run):
-    _, report = bench_run
+    _, report, _ = bench_run
     bench = _bench_module()
     # The N-turn thread, plus the thread whose first WINDOW turns were timed beside its last ones.
     expected = _expected_raw_bytes(bench, TURNS) + _expected_raw_bytes(bench, bench.WINDOW)
@@ -101,9 +101,15 @@ def test_bench_user_messages_are_deterministic_and_of_fixed_size():
 
 
 def test_bench_drops_its_scratch_databases(bench_run, pg_server_url):
-    _, report = bench_run
+    _, report, _ = bench_run
     names = [report["measurements"][design]["database"] for design in ("reference", "project")]
     assert names[0].startswith("tt_bench_ref_") and names[1].startswith("tt_bench_ours_")
     with psycopg.connect(pg_server_url, autocommit=True) as conn:
         left = conn.execute("SELECT datname FROM pg_database WHERE datname = ANY(%s)", (names,)).fetchall()
     assert left == []
+
+
+def test_bench_runner_lists_its_parts_and_refuses_an_unknown_one():
+    done = subprocess.run([sys.executable, str(BENCH), "--only", "nonsense"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "storage" in done.stderr and "load" in done.stderr

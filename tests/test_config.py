@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +15,7 @@ import psycopg
 import pytest
 
 from agent import ConfigurationError, StorageUnavailable, create_agent
+from agent.config import mask_url
 from agent.storage.postgres import PostgresThreadStorage
 from agent.storage.sqlite import SqliteThreadStorage
 from tests.helpers.fake_openai import free_port
@@ -58,6 +62,77 @@ def test_unreachable_postgres_is_storage_unavailable_naming_the_masked_url():
     assert SECRET not in message and SECRET not in str(err.value)
     assert f"127.0.0.1:{port}/agentdb" in message
     assert "agent:***@" in message
+
+
+@pytest.mark.parametrize(
+    ("url", "kept"),
+    [
+        (f"postgresql://agent:{SECRET}@db-host:5432/agentdb", "postgresql://agent:***@db-host:5432/agentdb"),
+        (f"postgres://:{SECRET}@db-host/agentdb", "postgres://:***@db-host/agentdb"),
+        (f"postgresql+psycopg://agent:{SECRET}@h1:5432,h2:5433/agentdb", "postgresql+psycopg://agent:***@h1:5432,h2:5433/agentdb"),
+        (f"postgresql://agent:pa@{SECRET}@db-host/agentdb", "postgresql://agent:***@db-host/agentdb"),  # an unencoded @
+        (f"postgresql:///agentdb?host=db-host&password={SECRET}&sslmode=require",
+         "postgresql:///agentdb?host=db-host&password=***&sslmode=require"),
+        (f"host=db-host password={SECRET} dbname=agentdb", "host=db-host password=*** dbname=agentdb"),
+        (f"host=db-host PASSWORD = {SECRET} dbname=agentdb", "host=db-host PASSWORD = *** dbname=agentdb"),
+        (f"host=db-host password='{SECRET} with spaces \\' and a quote' dbname=agentdb", "host=db-host password=*** dbname=agentdb"),
+        (f"host=db-host password={SECRET}\\ escaped dbname=agentdb", "host=db-host password=*** dbname=agentdb"),
+        # Malformed, refused by libpq: still masked whole.
+        (f"host=db-host password={SECRET} unquoted", "host=db-host password=***"),
+        (f"host=db-host password='{SECRET} never closed", "host=db-host password=***"),
+        ("sqlite:///.agent/checkpoints.sqlite", "sqlite:///.agent/checkpoints.sqlite"),
+        ("memory://", "memory://"),
+        ("host=db-host dbname=agentdb", "host=db-host dbname=agentdb"),
+    ],
+)
+def test_mask_url_masks_the_password_of_every_libpq_form(url, kept):
+    masked = mask_url(url)
+    assert masked == kept
+    assert SECRET not in masked and "unquoted" not in masked and "spaces" not in masked
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"host=127.0.0.1 password={SECRET} unquoted",  # libpq: missing "=" after "unquoted"
+        f"host=127.0.0.1 password=pa55 {SECRET}",  # the message quotes the password's second half
+        f"host=127.0.0.1 password='{SECRET} never closed",
+        f"host=127.0.0.1 port=5432 =value password={SECRET}",
+        f"postgresql://agent:{SECRET}@127.0.0.1:5432/agentdb?sslmode=bogus&connect_timeout=1",
+        f"postgresql://agent:{SECRET}@[::1/agentdb",
+    ],
+)
+def test_a_malformed_connection_string_is_a_configuration_error_with_the_password_masked(url):
+    try:
+        create_agent(url, model="offline", tracing=False, pool_timeout=1)
+    except ConfigurationError as err:
+        assert "Malformed Postgres connection string" in err.message
+        assert SECRET not in err.message and SECRET not in str(err)
+    except StorageUnavailable as err:  # well-formed enough for libpq's parser, refused when connecting
+        assert SECRET not in err.message and SECRET not in str(err)
+    else:
+        pytest.fail("the agent was created")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["url", "query", "key=value", "quoted"])
+def test_tt_agent_serve_masks_the_password_when_the_database_is_unreachable(tmp_path, form):
+    port = free_port()  # nothing listens there
+    url = {
+        "url": f"postgresql://agent:{SECRET}@127.0.0.1:{port}/agentdb",
+        "query": f"postgresql://agent@127.0.0.1:{port}/agentdb?password={SECRET}",
+        "key=value": f"host=127.0.0.1 port={port} user=agent password={SECRET} dbname=agentdb",
+        "quoted": f"host=127.0.0.1 port={port} user=agent password='{SECRET} x' dbname=agentdb",
+    }[form]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "MLFLOW_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", "serve", "--port", str(free_port()), "--database-url", url],
+        cwd=tmp_path, env={**env, "AGENT_POOL_TIMEOUT": "1", "AGENT_TRACING": "false"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert SECRET not in done.stdout + done.stderr
+    assert "***" in done.stderr and "agentdb" in done.stderr
 
 
 def test_unreachable_postgres_with_deferred_connect_fails_on_the_first_request():

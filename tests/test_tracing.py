@@ -1,5 +1,6 @@
-"""Tracing (issue 3, item 5): each turn's MLflow trace carries its thread as the session and its checkpoints,
-read back from a real local tracking store."""
+"""Tracing (issue 3, item 5; issue 8, item 8): each turn's MLflow trace carries its thread as the session and
+its checkpoints, holds the turn's span and one span per model call with a summary that does not grow with
+the thread, and `trace_sample_ratio` keeps that share of the traces; read back from a real local tracking store."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import mlflow
 import pytest
 
 from agent import InvalidRequest
-from agent.tracing import disable_tracing
+from agent.tracing import disable_tracing, enable_tracing
 from tests.helpers.scenario import TRIP, outputs, request, say
 from tests.helpers.servers import REPO_ROOT
 
@@ -58,8 +59,54 @@ def test_each_turn_trace_has_the_thread_as_session_and_its_checkpoints(traced_ag
     assert second_meta["checkpoint_id"] == outputs(second)["checkpoint_id"]
     assert second_meta["parent_checkpoint_id"] == outputs(first)["checkpoint_id"]
     assert second_meta["mlflow.trace.user"] == "alice"
-    # LangChain autolog: the chat model call is a span of the same trace.
+    # The chat model call is a span of the same trace.
     assert "CHAT_MODEL" in {span.span_type for span in traces[1].data.spans}
+
+
+def test_a_turn_trace_is_the_turn_span_and_one_span_per_model_call(traced_agent):
+    # "calculate" makes the offline model call the calculator tool, then answer: two model calls.
+    turn = say(traced_agent, "calculate 6*7", user_id="alice")
+    (trace,) = traces_of(outputs(turn)["thread_id"])
+    root, *children = trace.data.spans
+    assert root.parent_id is None and root.span_type == "AGENT"
+    assert [span.span_type for span in children] == ["CHAT_MODEL", "CHAT_MODEL"]
+    assert {span.parent_id for span in children} == {root.span_id}
+    first, second = children
+    assert first.inputs == {"message_count": 1, "last_user_message": "calculate 6*7", "input_tokens": first.inputs["input_tokens"]}
+    assert first.outputs["tool_calls"][0]["name"] == "calculator"
+    assert second.inputs["message_count"] == 3 and "42" in second.outputs["content"]
+    assert trace.info.trace_metadata["checkpoint_id"] == outputs(turn)["checkpoint_id"]
+    assert trace.info.trace_metadata["mlflow.trace.user"] == "alice"
+
+
+def test_recorded_inputs_stay_the_same_size_as_the_thread_grows(traced_agent):
+    thread = outputs(say(traced_agent, "Day 1 of my trip: a museum."))["thread_id"]
+    for day in range(2, 31):
+        say(traced_agent, f"Day {day} of my trip: a museum.", thread_id=thread)
+    traces = traces_of(thread)
+    assert len(traces) == 30
+
+    def inputs_size(trace) -> int:
+        return sum(len(json.dumps(span.inputs)) for span in trace.data.spans)
+
+    # The thread holds 60 messages at the end; only counts (a digit or two) may grow.
+    assert inputs_size(traces[-1]) <= inputs_size(traces[1]) + 10
+    last_model_span = next(s for s in traces[-1].data.spans if s.span_type == "CHAT_MODEL")
+    assert last_model_span.inputs["message_count"] == 59
+    assert last_model_span.inputs["last_user_message"] == "Day 30 of my trip: a museum."
+
+
+@pytest.mark.parametrize(("ratio", "stored"), [(0.0, 0), (1.0, 5)])
+def test_trace_sample_ratio_zero_stores_no_trace_and_one_stores_every_trace(tracking_uri, make_agent, ratio, stored):
+    agent = make_agent("memory://", tracing=True, trace_sample_ratio=ratio)
+    try:
+        thread = outputs(say(agent, TRIP[1]))["thread_id"]
+        for text in (TRIP[2], "one more", "and another", "the last one"):
+            say(agent, text, thread_id=thread)
+        assert len(traces_of(thread)) == stored
+    finally:
+        enable_tracing(1.0)  # the ratio is the process's: give the next test MLflow's default back
+        disable_tracing()
 
 
 def test_streamed_turn_trace_has_the_new_checkpoint(traced_agent):

@@ -51,9 +51,12 @@ def serve(
     port: Annotated[int, typer.Option("--port", metavar="PORT", help="TCP port.")] = 8000,
     database_url: DatabaseUrl = None,
     model: Model = None,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Worker processes on the one port (one core each).")
+    ] = 1,
 ) -> None:
-    """Start the MLflow Agent Server (POST /invocations, POST /responses, GET /health, GET /agent/info)."""
+    """Start the MLflow Agent Server (POST /invocations, POST /responses, GET /health, GET /ready, GET /agent/info)."""
     with agent_errors():
         from agent.serving.app import run_agent_server
 
-        run_agent_server(host=host, port=port, database_url=database_url, model=model)
+        run_agent_server(host=host, port=port, database_url=database_url, model=model, workers=workers)

@@ -43,6 +43,7 @@ the thread at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import uuid
@@ -549,6 +550,7 @@ async def _until(stream: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterat
     """The items of `stream` until it ends or `stop` is set (then the pending step is cancelled)."""
     iterator = stream.__aiter__()
     stopped = asyncio.ensure_future(stop.wait())
+    step: asyncio.Future | None = None
     try:
         while True:
             step = asyncio.ensure_future(iterator.__anext__())
@@ -566,3 +568,9 @@ async def _until(stream: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterat
                 return
     finally:
         stopped.cancel()
+        if step is not None and not step.done():
+            # The caller was cancelled (a client that left) while a step ran: stop the step too, or it
+            # would finish the graph on its own after the turn released its thread, writing unclaimed.
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                await step

@@ -18,6 +18,9 @@ What this module adds to MLflow's server:
   first release deadlocked at 100 streams.)
 * **A client that leaves cancels its turn**: the stream's task is cancelled,
   which cancels the model request and releases the thread at once.
+* **One trace per turn**: the server's span covers the whole turn, the first
+  model call of a stream included; the turn's model calls are spans inside it
+  (`agent.tracing`), and the trace is tagged with the thread and checkpoints.
 * **Errors keep their status.** MLflow answers any handler exception with 500
   (mlflow 3.17, `AgentServer._handle_invoke_request`) and reports a streaming
   error inside a 200 stream. Here an `AgentError` answers with its own status
@@ -27,6 +30,9 @@ What this module adds to MLflow's server:
   status is already sent) ends with one `{"type": "error", "code": ...,
   "message": ..., "error": {...}}` event and `[DONE]`; the `openai` client
   raises `openai.APIError` with the message. No traceback ever reaches a client.
+  Every other error answer (bad JSON, unknown routes, wrong methods, a body too
+  large, too deep or too slow) has the same body. A 4xx is logged as one line,
+  a 5xx with its traceback (`serving.errors.log_error_answer`).
 
 MLflow keeps the `@invoke()` / `@stream()` handlers in module globals, so a
 process serves one agent: `build_app(agent)` binds it (a second call rebinds).
@@ -34,21 +40,33 @@ process serves one agent: `build_app(agent)` binds it (a second call rebinds).
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import mlflow
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from mlflow.genai.agent_server import AgentServer, get_request_headers, get_stream_function, invoke, stream
+from mlflow.genai.agent_server import (
+    AgentServer,
+    get_invoke_function,
+    get_request_headers,
+    get_stream_function,
+    invoke,
+    stream,
+)
+from mlflow.pyfunc import ResponsesAgent
+from mlflow.tracing.constant import SpanAttributeKey
 from mlflow.genai.agent_server.validator import ResponsesAgentValidator
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent.errors import AgentError, InvalidRequest
 from agent.requests import keeping_item_ids
 from agent.responses import LangGraphResponsesAgent
-from agent.serving.errors import error_body, http_status
+from agent.serving.errors import error_body, http_status, log_error_answer, status_error_body
 from agent.serving.limits import RequestBodyLimits, body_limit
 from agent.tracing import scrub_trace_inputs, tag_trace
 
@@ -79,8 +97,12 @@ async def respond(request: ResponsesAgentRequest) -> ResponsesAgentResponse:
 @stream()
 async def respond_stream(request: ResponsesAgentRequest) -> AsyncIterator[ResponsesAgentStreamEvent]:
     """The bound agent's `apredict_stream` events; the last one carries `custom_outputs`."""
-    async for event in _agent().apredict_stream(request, idempotency_key=_idempotency_header()):
-        yield event
+    try:
+        async for event in _agent().apredict_stream(request, idempotency_key=_idempotency_header()):
+            yield event
+    except InvalidRequest:
+        scrub_trace_inputs()
+        raise
 
 
 class _KeepItemIds(ResponsesAgentValidator):
@@ -92,42 +114,104 @@ class _KeepItemIds(ResponsesAgentValidator):
 
 
 class _ResponsesAgentServer(AgentServer):
-    """MLflow's `AgentServer`, except that a stream's first event is produced before the response starts,
-    and requests keep their input items' ids."""
+    """MLflow's `AgentServer`, with the turn's span around the whole turn, error answers of our own,
+    and requests that keep their input items' ids (`_KeepItemIds`).
+
+    Overrides (mlflow 3.17, `mlflow.genai.agent_server.server`):
+
+    * `_handle_invoke_request`: MLflow logs every handler exception with
+      `logger.exception` (a 48-line traceback for a 404) and answers 500; here the
+      exception propagates to the app's handlers (`_agent_error_response`), which
+      answer with its status and log a 4xx as one line.
+    * `_handle_stream_request`: Starlette sends the status line before pulling
+      the body, so a turn refused at its start (unknown thread, busy thread, bad
+      ids) must fail before the response starts to get a 4xx; MLflow's version
+      would send 200 and an error event. The stream therefore runs in a task of
+      its own, started here, inside the turn's span (MLflow opens its span only
+      when the response starts pulling, after the first event: the first model
+      call would be outside the trace). A client that leaves cancels that task,
+      which ends the turn, writing nothing.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.validator = _KeepItemIds()
 
+    async def _handle_invoke_request(self, request: ResponsesAgentRequest, return_trace_id: bool) -> dict[str, Any]:
+        handler = get_invoke_function()
+        if handler is None:
+            raise HTTPException(status_code=500, detail="No invoke function registered")
+        with mlflow.start_span(name=handler.__name__) as span:
+            span.set_inputs(request)
+            result = self.validator.validate_and_convert_result(await handler(request))
+            _tag_trace_from(result.get("custom_outputs"))
+            span.set_attribute(SpanAttributeKey.MESSAGE_FORMAT, "openai")
+            if return_trace_id:
+                result["metadata"] = (result.get("metadata") or {}) | {"trace_id": span.trace_id}
+            span.set_outputs(result)
+        return result
+
     async def _handle_stream_request(self, request: ResponsesAgentRequest, return_trace_id: bool) -> StreamingResponse:
-        # Starlette sends the status line before pulling the body, so a turn
-        # refused at its start (unknown thread, busy thread, bad ids) must fail
-        # here to get a 4xx; MLflow's version would send 200 and an error event.
         handler = get_stream_function()
         if handler is None:
             raise HTTPException(status_code=500, detail="No stream function registered")
-        events = handler(request)
+        events: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BUFFER_EVENTS)
+        producer = asyncio.create_task(self._produce(handler, request, return_trace_id, events))
         try:
-            first = await anext(events)
-        except StopAsyncIteration:
-            first = None
+            first = await events.get()
+        except BaseException:
+            producer.cancel()
+            raise
+        if isinstance(first, BaseException):  # refused before its first event: a 4xx/5xx answer
+            await asyncio.gather(producer, return_exceptions=True)
+            raise first
 
-        async def replay(_request: Any) -> AsyncIterator[Any]:
+        async def sse() -> AsyncIterator[str]:
             try:
-                if first is None:
-                    return
-                yield first
-                _tag_server_trace(first)
-                async for event in events:
-                    yield event
-                    _tag_server_trace(event)
-            except AgentError as exc:
-                yield _error_event(exc)
+                item = first
+                while item is not _END:
+                    if isinstance(item, BaseException):  # failed after the status went out
+                        yield f"data: {json.dumps(_error_event(item))}\n\n"
+                        break
+                    yield f"data: {json.dumps(item)}\n\n"
+                    item = await events.get()
+                yield "data: [DONE]\n\n"
             finally:
-                await events.aclose()  # also when the client left: ends the turn, nothing written
+                producer.cancel()  # also when the client left: ends the turn, nothing written
+                await asyncio.gather(producer, return_exceptions=True)
 
-        replay.__name__ = handler.__name__  # MLflow names the server's span after it
-        return StreamingResponse(self._generate(replay, request, return_trace_id), media_type="text/event-stream")
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    async def _produce(self, handler: Any, request: ResponsesAgentRequest, return_trace_id: bool,
+                       events: asyncio.Queue) -> None:  # fmt: skip
+        """Run the stream handler inside the turn's span, putting each event (as a dict), then `_END`, on
+        `events`; an exception is put instead of raised (the consumer decides its answer)."""
+        chunks: list[dict[str, Any]] = []
+        try:
+            with mlflow.start_span(name=handler.__name__) as span:
+                span.set_inputs(request)
+                stream = handler(request)
+                try:
+                    async for event in stream:
+                        chunk = self.validator.validate_and_convert_result(event, stream=True)
+                        _tag_trace_from(chunk.get("custom_outputs"))
+                        chunks.append(chunk)
+                        await events.put(chunk)
+                finally:
+                    await stream.aclose()
+                span.set_attribute(SpanAttributeKey.MESSAGE_FORMAT, "openai")
+                span.set_outputs(ResponsesAgent.responses_agent_output_reducer(chunks))
+                if return_trace_id:
+                    await events.put({"trace_id": span.trace_id})
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which answers or ends the stream
+            await events.put(exc)
+            return
+        await events.put(_END)
+
+
+#: Events a stream's producer may run ahead of a slow client.
+STREAM_BUFFER_EVENTS = 64
+_END = object()
 
 
 def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
@@ -136,6 +220,12 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     Binds `agent` to this module's handlers (one agent per process; a second
     call rebinds). The caller keeps ownership of `agent` and closes it.
 
+    Every error answer has the body `{"error_code", "message"}` (`serving.errors`):
+    the agent's errors, MLflow's and FastAPI's `HTTPException`s (bad JSON,
+    invalid parameters, unknown routes, wrong methods), request validation
+    errors, and any other exception (500, "Internal error", the traceback only in
+    the log).
+
     Returns:
         A FastAPI app to serve with uvicorn (`agent.serving.app` does).
     """
@@ -143,8 +233,12 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     _bound_agent = agent
     app = _ResponsesAgentServer("ResponsesAgent").app
     app.add_exception_handler(AgentError, _agent_error_response)
-    app.add_exception_handler(HTTPException, _http_error_response)
-    app.add_middleware(RequestBodyLimits, max_bytes=body_limit(agent.settings.max_request_bytes))
+    app.add_exception_handler(StarletteHTTPException, _http_error_response)
+    app.add_exception_handler(RequestValidationError, _validation_error_response)
+    app.add_exception_handler(Exception, _unexpected_error_response)
+    app.add_middleware(
+        RequestBodyLimits, max_bytes=body_limit(agent.settings.max_request_bytes), timeout=agent.settings.body_timeout
+    )
 
     _replace_agent_info(app, agent)
 
@@ -170,28 +264,47 @@ def _replace_agent_info(app: FastAPI, agent: LangGraphResponsesAgent) -> None:
 
 
 # -- errors ----------------------------------------------------------------------------------
-async def _agent_error_response(_request: Request, exc: AgentError) -> JSONResponse:
-    return JSONResponse(error_body(exc), status_code=http_status(exc))
+async def _agent_error_response(request: Request, exc: AgentError) -> JSONResponse:
+    body, status = error_body(exc), http_status(exc)
+    log_error_answer(request.method, request.url.path, status, body, exc)
+    return JSONResponse(body, status_code=status)
 
 
-async def _http_error_response(request: Request, exc: HTTPException):
-    # MLflow turns a handler's exception into HTTPException(500, str(exc)) raised
-    # while handling it, so the AgentError is the HTTPException's __context__.
-    if isinstance(exc.__context__, AgentError):
+async def _http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc.__context__, AgentError):  # an AgentError some MLflow code wrapped
         return await _agent_error_response(request, exc.__context__)
-    return await http_exception_handler(request, exc)
+    message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail, default=str)
+    body = status_error_body(exc.status_code, message)
+    log_error_answer(request.method, request.url.path, exc.status_code, body, exc)
+    return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
-def _error_event(exc: AgentError) -> dict[str, Any]:
+async def _validation_error_response(request: Request, exc: RequestValidationError) -> JSONResponse:
+    problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors())
+    body = status_error_body(400, f"Invalid request: {problems}")
+    log_error_answer(request.method, request.url.path, 400, body)
+    return JSONResponse(body, status_code=400)
+
+
+async def _unexpected_error_response(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette re-raises the exception after this answer, and uvicorn logs it with its traceback.
+    body = status_error_body(500, f"Internal error ({type(exc).__name__}); see the server log.")
+    return JSONResponse(body, status_code=500)
+
+
+def _error_event(exc: BaseException) -> dict[str, Any]:
     # `type`/`code`/`message` is the Responses API's error event; the `error`
     # object makes the openai client raise APIError with the message.
-    body = error_body(exc)
-    return {"type": "error", "code": body["error_code"], "message": exc.message, "error": body}
+    if isinstance(exc, AgentError):
+        body, status = error_body(exc), http_status(exc)
+    else:
+        body, status = status_error_body(500, f"Internal error ({type(exc).__name__}); see the server log."), 500
+    log_error_answer("POST", "(stream, after its first event)", status, body, exc)
+    return {"type": "error", "code": body["error_code"], "message": body["message"], "error": body}
 
 
-def _tag_server_trace(event: Any) -> None:
-    # The agent's own trace of the stream is tagged by the agent; this tags the
-    # server's span around it, which MLflow starts only after the first event.
-    outputs = getattr(event, "custom_outputs", None)
-    if outputs and outputs.get("thread_id"):
-        tag_trace(outputs["thread_id"], outputs.get("checkpoint_id"), outputs.get("parent_checkpoint_id"))
+def _tag_trace_from(custom_outputs: dict[str, Any] | None) -> None:
+    # Turns tag their trace themselves; actions run on the storage thread pool,
+    # out of the span's context, so the server tags their trace from what they answered.
+    if custom_outputs and custom_outputs.get("thread_id"):
+        tag_trace(custom_outputs["thread_id"], custom_outputs.get("checkpoint_id"), custom_outputs.get("parent_checkpoint_id"))

@@ -1,17 +1,50 @@
 """Lifecycle of `tt-agent serve`: build the agent from settings, build the app, run uvicorn, close.
 
 Request handling lives in `agent_server`; this module only starts and stops things.
+
+**Workers.** One Python process uses one core, so `tt-agent serve --workers N`
+runs N worker processes on one port with uvicorn's process manager (the
+workers share the listening socket; the kernel spreads connections among
+them). Each worker is a separate replica of the agent: its own pool and
+claims, the same database, so a thread's turns can land on any worker
+(claims keep each thread's chain linear across processes). uvicorn starts
+workers from an import string, so each worker calls the app factory
+`create_app`, which builds its agent from the `AGENT_*` environment: the
+command-line options reach the workers through that environment. Before any
+worker starts, the parent process connects once and sets the tables up, so
+a wrong URL fails `tt-agent serve` at once instead of making every worker
+die at start-up. The parent also creates MLflow's tracking store, for the
+same reason.
+
+**Keep-alive.** Idle HTTP connections stay open `KEEP_ALIVE_S` seconds
+(uvicorn's default is 5 s). A client, or a load balancer, reusing a pooled
+connection at the moment the server closes it for idleness gets a
+connection reset on a request the server never saw (seen in the load
+benchmark: `httpx.ReadError` on 2 of 200 conversations). Keeping server
+connections open longer than clients and balancers keep theirs (60 s for
+most balancers) makes the server never the one to close an idle connection
+under them.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
-def run_agent_server(host: str, port: int, database_url: str | None, model: str | None) -> None:
+#: Seconds an idle keep-alive connection stays open (module docstring).
+KEEP_ALIVE_S = 75
+
+
+def run_agent_server(host: str, port: int, database_url: str | None, model: str | None, *, workers: int = 1) -> None:
     """Serve an agent on `host`:`port` until interrupted (Ctrl-C or SIGTERM), then close it.
 
     Args:
@@ -21,22 +54,45 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
             else the embedded SQLite file.
         model: as for `agent.create_agent`; None reads `AGENT_MODEL`, else offline
             unless an OpenAI key or base URL is set.
+        workers: worker processes (>= 1). With more than one, each builds its
+            own agent from the environment (`create_app`).
+
+    Tracing is on unless `AGENT_TRACING` says otherwise.
 
     Raises:
         ConfigurationError, StorageUnavailable: from `create_agent`, before the
             port is bound (the database is connected and set up first).
     """
     from agent.factory import create_agent
-    from agent.serving.agent_server import build_app
 
-    # Tracing is on in the server unless AGENT_TRACING says otherwise.
-    tracing = None if "AGENT_TRACING" in os.environ else True
-    with create_agent(database_url, model, tracing=tracing) as agent:
-        print(startup_line(agent, host, port), file=sys.stderr, flush=True)
-        uvicorn.run(build_app(agent), host=host, port=port)
+    # The workers read their settings from the environment, so the options go there.
+    if database_url is not None:
+        os.environ["AGENT_DATABASE_URL"] = database_url
+    if model is not None:
+        os.environ["AGENT_MODEL"] = model
+    os.environ.setdefault("AGENT_TRACING", "true")
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_config": log_config(),
+        "timeout_keep_alive": KEEP_ALIVE_S,
+    }
+    if workers == 1:
+        from agent.serving.agent_server import build_app
+
+        with create_agent() as agent:
+            print(startup_line(agent, host, port), file=sys.stderr, flush=True)
+            uvicorn.run(build_app(agent), **options)
+        return
+    # Connect and set up once, here, so that a bad setting fails now and the workers never race on
+    # setup: the agent's tables, and MLflow's tracking store (two workers migrating one new SQLite
+    # store at once crash with "duplicate column name").
+    with create_agent() as agent:
+        print(f"{startup_line(agent, host, port)}, {workers} workers", file=sys.stderr, flush=True)
+    uvicorn.run("agent.serving.app:create_app", factory=True, workers=workers, **options)
 
 
-def startup_line(agent, host: str, port: int) -> str:
+def startup_line(agent: Any, host: str, port: int) -> str:
     """What `tt-agent serve` says first: the version, the store (an absolute path or a masked URL),
     the model, tracing, and where it listens."""
     info = agent.info()
@@ -44,3 +100,36 @@ def startup_line(agent, host: str, port: int) -> str:
         f"{info.name} {info.version} serving on http://{host}:{port}: store {info.store}, "
         f"model {info.model}, tracing {'on' if info.tracing else 'off'}"
     )
+
+
+def create_app() -> FastAPI:
+    """The app of one worker process: an agent built from the `AGENT_*` environment, closed at shutdown.
+
+    uvicorn's process manager calls this in each worker (`factory=True`).
+
+    Raises:
+        ConfigurationError, StorageUnavailable: from `create_agent`.
+    """
+    from agent.factory import create_agent
+    from agent.serving.agent_server import build_app
+
+    agent = create_agent()
+    app = build_app(agent)
+
+    @asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            agent.close()
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's logging configuration, plus the `agent` loggers at INFO on the same console handler
+    (so that `agent.serving`'s one-line error answers show next to uvicorn's access lines)."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"]["agent"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config

@@ -12,6 +12,19 @@ Bodies: the Agent Server's own routes answer `{"error_code": ..., "message": ...
 (MLflow's shape, also what `mlflow models serve` answers); the OpenAI-dialect
 routes answer `{"error": {"message", "type", "code", "param"}}`.
 
+Answers that are not an `AgentError` (the body middleware's, MLflow's and
+FastAPI's own `HTTPException`s, unknown routes, wrong methods) get the same
+body, with the `error_code` of their status (`status_error_body`):
+
+| HTTP | `error_code` |
+|---|---|
+| 400, 422 | `INVALID_PARAMETER_VALUE` |
+| 404 | `ENDPOINT_NOT_FOUND` |
+| 405 and any other 4xx | `BAD_REQUEST` |
+| 408 | `DEADLINE_EXCEEDED` |
+| 503 | `TEMPORARILY_UNAVAILABLE` |
+| 500 and any other 5xx | `INTERNAL_ERROR` |
+
 `mlflow models serve` only knows `MlflowException`: anything else becomes a 500.
 `as_mlflow_exception` therefore gives an error a twin class that derives from
 both its own class and `MlflowException`, so the scoring server answers with
@@ -20,6 +33,7 @@ the status above while in-process callers can still `except CheckpointNotFound`.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from agent.errors import (
@@ -41,6 +55,8 @@ class ErrorAnswer:
     openai_type: str
     openai_code: str
 
+
+logger = logging.getLogger("agent.serving")
 
 # Checked in order: the first class the error is an instance of wins.
 ERROR_ANSWERS: tuple[tuple[type[AgentError], ErrorAnswer], ...] = (
@@ -69,6 +85,22 @@ def http_status(error: BaseException) -> int:
 def error_body(error: AgentError) -> dict[str, str]:
     """`{"error_code": <MLflow code>, "message": <message>}`, the body of the Agent Server's own routes."""
     return {"error_code": answer_for(error).mlflow_code, "message": error.message}
+
+
+#: The `error_code` of an answer that is not an AgentError, by HTTP status (table above).
+STATUS_ERROR_CODES = {
+    400: "INVALID_PARAMETER_VALUE",
+    404: "ENDPOINT_NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    422: "INVALID_PARAMETER_VALUE",
+    503: "TEMPORARILY_UNAVAILABLE",
+}
+
+
+def status_error_body(status: int, message: str) -> dict[str, str]:
+    """`{"error_code", "message"}` for an answer with HTTP `status` that no `AgentError` caused."""
+    default = "INTERNAL_ERROR" if status >= 500 else "BAD_REQUEST"
+    return {"error_code": STATUS_ERROR_CODES.get(status, default), "message": message}
 
 
 def openai_error_body(error: AgentError, *, param: str | None = None) -> dict[str, dict[str, str | None]]:
@@ -110,3 +142,15 @@ def _reduce_twin(self):
 
 def _rebuild_twin(cls: type[AgentError], message: str, ids: dict) -> AgentError:
     return as_mlflow_exception(cls(message, **ids))
+
+
+def log_error_answer(method: str, path: str, status: int, body: dict[str, str], error: BaseException | None = None) -> None:
+    """Log an error answer: a 4xx as one INFO line (the client's mistake: no traceback), a 5xx as an
+    ERROR with the traceback of `error` (the server's problem, to be fixed; the client never sees it)."""
+    line = "%s %s -> %d %s: %s"
+    # One line even when the message has several (pydantic's do): a log line per answer.
+    args = (method, path, status, body.get("error_code"), " ".join(str(body.get("message")).split()))
+    if status < 500:
+        logger.info(line, *args)
+    else:
+        logger.error(line, *args, exc_info=error if error is not None and error.__traceback__ else None)

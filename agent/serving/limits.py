@@ -1,17 +1,32 @@
 """`RequestBodyLimits`: ASGI middleware that refuses a POST body before MLflow's server reads it.
 
 MLflow's Agent Server parses (and traces) any body in full, and answers a body
-that is not a JSON object with a 500; so a body over the limit, or not a JSON
-object, gets a 400 here first (with the agent's error body, `serving.errors`).
+that is not a JSON object with a 500; so the body is checked here first, and
+refused with the agent's error body (`serving.errors`):
+
+* **Slower than `body_timeout` seconds** (from the first byte asked for to the
+  last): 408, and the connection is closed. Without it a client that sends a
+  byte a minute holds a connection and its buffer forever.
+* **Over the size limit** (`body_limit`), declared or counted: 400.
+* **Not JSON, or not a JSON object**: 400.
+* **Nested deeper than `MAX_JSON_DEPTH`**: 400. Python's `json` raises
+  RecursionError at about 1,000 levels (less when the stack is already deep, as
+  in a server), pydantic stops serializing at 255 levels, and MLflow
+  serializes the request into the trace with `json.dumps`; a request of the
+  Responses API is about 6 levels deep. Refusing here, far below every one of
+  those limits, means no depth reaches a library that would answer with a 500.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
-from agent.errors import InvalidRequest
-from agent.serving.errors import error_body
+from agent.serving.errors import log_error_answer, status_error_body
+
+#: Deepest accepted nesting of JSON objects and arrays in a body (a Responses request is about 6 deep).
+MAX_JSON_DEPTH = 100
 
 
 def body_limit(max_request_bytes: int) -> int:
@@ -23,11 +38,13 @@ def body_limit(max_request_bytes: int) -> int:
 
 
 class RequestBodyLimits:
-    """ASGI middleware: a POST body must be at most `max_bytes` and a JSON object, or it gets a 400."""
+    """ASGI middleware: a POST body must arrive within `timeout` seconds (else 408), be at most
+    `max_bytes` bytes, and be a JSON object nested at most `MAX_JSON_DEPTH` deep (else 400)."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: Any, max_bytes: int, timeout: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -35,28 +52,19 @@ class RequestBodyLimits:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, f"The request body is {int(declared)} bytes; the limit is {self.max_bytes} bytes")
+            await _refuse(scope, send, 400, f"The request body is {int(declared)} bytes; the limit is {self.max_bytes} bytes")
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
-                await self._refuse(send, f"The request body is over the limit of {self.max_bytes} bytes")
-                return
         try:
-            parsed = json.loads(body)
-        except ValueError as exc:
-            await self._refuse(send, f"The request body is not valid JSON: {exc}")
+            async with asyncio.timeout(self.timeout):
+                body = await self._read(scope, receive, send)
+        except TimeoutError:
+            await _refuse(scope, send, 408, f"The request body did not arrive within {self.timeout:g} s", close=True)
             return
-        except RecursionError:
-            await self._refuse(send, "The request body is nested too deeply to read")
-            return
-        if not isinstance(parsed, dict):
-            await self._refuse(send, f"The request body must be a JSON object, got {type(parsed).__name__}")
+        if body is None:
+            return  # refused, or the client left
+        problem = _json_object_problem(body)
+        if problem is not None:
+            await _refuse(scope, send, 400, problem)
             return
         delivered = False
 
@@ -69,8 +77,57 @@ class RequestBodyLimits:
 
         await self.app(scope, replay, send)
 
-    @staticmethod
-    async def _refuse(send: Any, message: str) -> None:
-        payload = json.dumps(error_body(InvalidRequest(message))).encode()
-        await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": payload})
+    async def _read(self, scope: dict, receive: Any, send: Any) -> bytes | None:
+        """The whole body; None when the client left or the body went over the limit (then refused)."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None  # the client left
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                await _refuse(scope, send, 400, f"The request body is over the limit of {self.max_bytes} bytes")
+                return None
+        return b"".join(chunks)
+
+
+def _json_object_problem(body: bytes) -> str | None:
+    """Why `body` is not an acceptable JSON object, or None when it is."""
+    try:
+        parsed = json.loads(body)
+    except RecursionError:
+        return f"The request body is nested more than {MAX_JSON_DEPTH} levels deep"
+    except ValueError as exc:
+        return f"The request body is not valid JSON: {exc}"
+    if not isinstance(parsed, dict):
+        return f"The request body must be a JSON object, got {type(parsed).__name__}"
+    # Counting brackets is fast (C); only a body with many of them is walked.
+    if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH and _deeper_than(parsed, MAX_JSON_DEPTH):
+        return f"The request body is nested more than {MAX_JSON_DEPTH} levels deep"
+    return None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON `value` nests objects/arrays more than `limit` levels deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+async def _refuse(scope: dict, send: Any, status: int, message: str, *, close: bool = False) -> None:
+    body = status_error_body(status, message)
+    log_error_answer(scope["method"], scope.get("path", ""), status, body)
+    payload = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    if close:  # the rest of the body may still come: the connection cannot carry another request
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})

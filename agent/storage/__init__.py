@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.config import AgentSettings, is_postgres_url, mask_url, store_label
+from agent.config import AgentSettings, is_postgres_url, mask_secret_fragments, mask_url, store_label
 from agent.errors import ConfigurationError
 from agent.storage.base import CheckpointLink, Claim, ThreadReads, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
 
@@ -62,7 +62,7 @@ def open_storage(url: str, settings: AgentSettings) -> ThreadStorage:
         except Exception as exc:  # psycopg.ProgrammingError, or ValueError for a bad port and the like
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigurationError(
-                f"Malformed Postgres connection string {mask_url(url)}: {mask_url(reason)}"
+                f"Malformed Postgres connection string {mask_url(url)}: {mask_secret_fragments(reason, url)}"
             ) from None
         from agent.storage.postgres import PostgresThreadStorage
 
