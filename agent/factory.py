@@ -45,6 +45,7 @@ def create_agent(
     """
     from langchain_core.language_models import BaseChatModel
 
+    from agent.context.window import ContextWindow
     from agent.graph import build_graph
     from agent.models import make_chat_model
     from agent.operations import Threads
@@ -60,7 +61,13 @@ def create_agent(
     try:
         if connect:
             storage.setup()
-        graph = build_graph(chat_model, storage.saver)
+        window = ContextWindow.for_model(
+            chat_model, max_context_tokens=config.max_context_tokens, strategy=config.context_strategy
+        )
+        # The settings hold the budget in use (the default depends on the chat model, known only here),
+        # so a turn's custom_inputs.max_context_tokens can be checked against it.
+        config.max_context_tokens = window.max_context_tokens
+        graph = build_graph(chat_model, storage.saver, window)
     except BaseException:
         storage.close()
         raise

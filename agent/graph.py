@@ -10,50 +10,59 @@ finished turn has no next nodes.
 The agent node has a synchronous and an async body (a `RunnableLambda` with
 both), so `graph.stream` (in-process `predict`) and `graph.astream` (the HTTP
 server) each call the model the natural way: the async path awaits the HTTP
-request instead of holding an OS thread while the model thinks.
+request instead of holding an OS thread while the model thinks. Each body
+asks the `ContextWindow` for the model input (`agent.context`), calls the
+model, and returns the reply with the window's record of what it was sent
+(the state is `agent.state.AgentState`).
 """
 
 from __future__ import annotations
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.runnables import RunnableLambda
-from langgraph.graph import END, START, MessagesState, StateGraph
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from langchain_core.runnables import RunnableConfig
-
-from agent.context import prepare_model_input, turn_context
+from agent.context import turn_context
+from agent.context.window import ContextWindow
 from agent.errors import ModelError
+from agent.state import AgentState
 from agent.tools import TOOLS
 
 
-def build_graph(model: BaseChatModel, saver) -> CompiledStateGraph:
+def build_graph(model: BaseChatModel, saver, window: ContextWindow | None = None) -> CompiledStateGraph:
     """Compile the agent graph over `model` with `saver` (a `TurnSaverMixin` saver) as its checkpointer.
 
-    A model that cannot bind tools (`bind_tools` raises NotImplementedError) is
-    used without them.
+    `window` is the context budget, strategy and token counter (default:
+    `ContextWindow.for_model(model)`). A model that cannot bind tools
+    (`bind_tools` raises NotImplementedError) is used without them.
     """
     try:
-        bound = model.bind_tools(TOOLS)
+        bound, tools = model.bind_tools(TOOLS), TOOLS
     except NotImplementedError:
-        bound = model
+        bound, tools = model, []
+    window = (window or ContextWindow.for_model(model)).bind(model, tools)
 
-    def agent(state: MessagesState, config: RunnableConfig) -> dict:
+    def agent(state: AgentState, config: RunnableConfig) -> dict:
+        context = turn_context(config)
         try:
-            reply = bound.invoke(prepare_model_input(state["messages"], turn_context(config)))
+            prepared = window.prepare(state, context)
+            reply = bound.invoke(prepared.input.messages)
         except Exception as exc:
             raise _model_error(exc) from exc
-        return {"messages": [reply]}
+        return {"messages": [reply], **window.state_update(state, prepared, reply, context)}
 
-    async def aagent(state: MessagesState, config: RunnableConfig) -> dict:
+    async def aagent(state: AgentState, config: RunnableConfig) -> dict:
+        context = turn_context(config)
         try:
-            reply = await bound.ainvoke(prepare_model_input(state["messages"], turn_context(config)))
+            prepared = await window.aprepare(state, context)
+            reply = await bound.ainvoke(prepared.input.messages)
         except Exception as exc:
             raise _model_error(exc) from exc
-        return {"messages": [reply]}
+        return {"messages": [reply], **window.state_update(state, prepared, reply, context)}
 
-    builder = StateGraph(MessagesState)
+    builder = StateGraph(AgentState)
     builder.add_node("agent", RunnableLambda(agent, afunc=aagent, name="agent"))
     builder.add_node("tools", ToolNode(TOOLS))
     builder.add_edge(START, "agent")

@@ -79,7 +79,7 @@ class CheckpointSummary:
     """Further metadata the turn recorded (e.g. what the model was sent), passed through as is."""
 
     #: Metadata keys passed through to `extra` when a checkpoint has them.
-    EXTRA_KEYS = ("model_input_messages", "model_input_tokens", "summary_used", "usage")
+    EXTRA_KEYS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage")
 
     @classmethod
     def from_row(cls, thread_id: str, row: Mapping[str, Any], *, head_checkpoint_id: str | None) -> CheckpointSummary:

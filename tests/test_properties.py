@@ -27,7 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
 
-from agent.models import CALCULATE_PREFIX, OFFLINE_MARKER, quote_user_messages
+from agent.models import CALCULATE_PREFIX
+from tests.helpers.offline import as_messages, offline_reply
 from tests.helpers.scenario import outputs, say, text_of
 
 MAX_EXAMPLES = 25
@@ -97,8 +98,8 @@ def _as_pairs(messages) -> list[tuple[str, str]]:
 
 
 def _expected_reply(context: list[tuple[str, str]]) -> str:
-    # The offline model quotes every user message it was given, in order.
-    return OFFLINE_MARKER + quote_user_messages([text for role, text in context if role == "user"])
+    # The offline model quotes every user message it was given, in order, and says what it received.
+    return offline_reply(as_messages(context))
 
 
 def _run_turn(agent, model: TreeModel, thread_id: str, text: str, start: str | None, *, branch: bool) -> None:

@@ -35,8 +35,10 @@ from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.context import TURN_CONTEXT_KEY, TurnContext
-from agent.errors import LeaseExpired, TurnCancelled
+from agent.context.summaries import edit_keeps_summary
+from agent.errors import InvalidRequest, LeaseExpired, TurnCancelled
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.state import CONTEXT_SUMMARY_CHANNEL
 from agent.storage import Claim, ThreadStorage, Turn, Tx
 from agent.types import NewMessages, TextDelta, TurnResult
 
@@ -123,7 +125,9 @@ class TurnRunner:
             ThreadBusy: another turn holds the thread (see `multitask_strategy`).
             TurnCancelled: a newer turn rolled this one back (`rollback`).
             LeaseExpired, ModelError, StorageUnavailable: the claim, the model or the database failed.
+            InvalidRequest: `max_context_tokens` is above the agent's (nothing is claimed or written).
         """
+        self._check_budget(args)
         thread_id = args.thread_id or str(uuid.uuid4())
         claim = self._claim(thread_id, args)
         done = False
@@ -162,6 +166,8 @@ class TurnRunner:
         It becomes the thread head. Messages are applied with LangGraph's
         `add_messages` as if the agent node had returned them: appended, and a
         message whose `id` is already in the state replaces that message.
+        Replacing or removing a message the branch's context summary stands for
+        retires the summary (`agent.context.summaries.edit_keeps_summary`).
 
         Raises:
             ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
@@ -171,10 +177,13 @@ class TurnRunner:
         try:
             authorize(claim.record, thread_id, user_id)
             turn, start, config = self._prepare(claim, args)
+            values: dict[str, Any] = {"messages": list(messages)}
+            if claim.start is not None and not edit_keeps_summary(claim.start.checkpoint["channel_values"], messages):
+                values[CONTEXT_SUMMARY_CHANNEL] = None
             with self.storage.saver.buffering(turn):
                 # As the agent node: the new checkpoint's next step then follows the
                 # usual edge (tools if the last message asks for one, else the end).
-                self.graph.update_state(config, {"messages": list(messages)}, as_node="agent")
+                self.graph.update_state(config, values, as_node="agent")
             self.storage.commit(claim, functools.partial(_write, turn, user_id))
         except BaseException:
             self.storage.release(claim)
@@ -187,6 +196,7 @@ class TurnRunner:
 
         Cancelling the task (a client that left) stops the model request and releases the thread at once.
         """
+        self._check_budget(args)
         thread_id = args.thread_id or str(uuid.uuid4())
         claim = await self.in_io(self._claim, thread_id, args)
         done = False
@@ -218,6 +228,15 @@ class TurnRunner:
         return await asyncio.get_running_loop().run_in_executor(self._io, functools.partial(function, *args))
 
     # -- steps ------------------------------------------------------------------------------------
+    def _check_budget(self, args: TurnArgs) -> None:
+        """A turn may ask for a smaller token budget than the agent's `max_context_tokens`, never a larger one."""
+        limit = self.settings.max_context_tokens
+        if args.max_context_tokens is not None and limit is not None and args.max_context_tokens > limit:
+            raise InvalidRequest(
+                f"max_context_tokens {args.max_context_tokens} is above this agent's max_context_tokens ({limit}); "
+                f"ask for at most {limit}."
+            )
+
     def _claim(self, thread_id: str, args: TurnArgs) -> Claim:
         return self.storage.claim(
             thread_id,

@@ -30,7 +30,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 
 from agent.storage import deltas
 from agent.storage.base import Turn
-from agent.storage.summaries import summarize
+from agent.storage.summaries import model_input_summary, summarize
 
 
 class TurnSaverMixin:
@@ -161,7 +161,10 @@ class TurnSaverMixin:
             base = self._parent_messages(thread_id, checkpoint_ns, parent_id, turn) if parent_id else ()
             values["messages"] = deltas.encode(messages, parent_id, base)
             self.message_cache.put(checkpoint["id"], messages)
-        summary = summarize(messages or [], checkpoint, self.node_triggers)
+        summary = {
+            **summarize(messages or [], checkpoint, self.node_triggers),
+            **model_input_summary(checkpoint["channel_values"], parent_id),
+        }
         # The turn bookkeeping keys are not the user's metadata.
         clean = {k: v for k, v in metadata.items() if not k.startswith("tt_")}
         config = {**config, "configurable": {k: v for k, v in configurable.items() if not k.startswith("tt_")}}
@@ -189,16 +192,16 @@ class TurnSaverMixin:
             return tup
         configurable = tup.config["configurable"]
         checkpoint_id = configurable["checkpoint_id"]
-        cached = self.message_cache.get(checkpoint_id)
-        if cached is None:
-            resolved = deltas.resolve(
-                stored,
-                self.message_cache,
-                lambda: self._fetch_thread_messages(configurable["thread_id"], configurable["checkpoint_ns"]),
+        resolved = self.message_cache.get_list(checkpoint_id)
+        if resolved is None:
+            resolved = deltas.MessageList(
+                deltas.resolve(
+                    stored,
+                    self.message_cache,
+                    lambda: self._fetch_thread_messages(configurable["thread_id"], configurable["checkpoint_ns"]),
+                )
             )
             self.message_cache.put(checkpoint_id, resolved)
-        else:
-            resolved = list(cached)
         checkpoint = {**tup.checkpoint, "channel_values": {**values, "messages": resolved}}
         return tup._replace(checkpoint=checkpoint)
 

@@ -5,6 +5,15 @@
 at most `LAST_MESSAGE_CHARS`), `next_nodes` and `ts` are computed once, when
 the checkpoint is written; `get_checkpoint_history` then costs one index range
 scan whatever the length of the thread.
+
+What the model was sent comes from the `MODEL_INPUT_CHANNEL` state channel,
+where the agent node records each turn's model input (`agent.context.window`
+writes it; `model_input_summary` reads it): `model_input_messages`,
+`model_input_tokens`, `summary_used` and `usage` for the checkpoint of the turn
+that called the model, and `branch_usage` (every model call from the root to
+this checkpoint) for every checkpoint after the branch's first turn. A state
+channel carries these because it is inherited exactly like the messages: a
+branch's checkpoints hold their own values and no other branch's.
 """
 
 from __future__ import annotations
@@ -16,6 +25,9 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 #: Longest `last_message` / `last_user_message` kept in a checkpoint's summary, in characters.
 LAST_MESSAGE_CHARS = 100
+
+#: The state channel holding the record of the branch's last model input (see `model_input_summary`).
+MODEL_INPUT_CHANNEL = "model_input"
 
 
 def message_text(message: BaseMessage | None) -> str:
@@ -54,6 +66,30 @@ def summarize(messages: Sequence[BaseMessage], checkpoint: Mapping[str, Any], no
         "next_nodes": next_nodes,
         "ts": checkpoint.get("ts"),
     }
+
+
+def model_input_summary(values: Mapping[str, Any], parent_id: str | None) -> dict:
+    """The metadata about model input and token usage for a checkpoint with channel `values` and parent `parent_id`.
+
+    The record in `values[MODEL_INPUT_CHANNEL]` (a dict) is `{"start", "messages", "tokens",
+    "summary_used", "usage", "branch_usage"}`, where `start` is the checkpoint the recording turn
+    started from. Only the checkpoint that turn wrote (whose parent is `start`) gets
+    `model_input_messages`, `model_input_tokens`, `summary_used` and `usage` (the last omitted when
+    the model reported none); later checkpoints of the branch that ran no model (state updates)
+    inherit the record but not these keys. Every checkpoint with a record gets `branch_usage`.
+    Token counts are ints; `usage` and `branch_usage` are `{"input_tokens", "output_tokens"}`.
+    """
+    record = values.get(MODEL_INPUT_CHANNEL)
+    if not isinstance(record, Mapping):
+        return {}
+    out: dict[str, Any] = {"branch_usage": dict(record["branch_usage"])}
+    if parent_id is not None and record.get("start") == parent_id:
+        out["model_input_messages"] = record["messages"]
+        out["model_input_tokens"] = record["tokens"]
+        out["summary_used"] = bool(record["summary_used"])
+        if record.get("usage") is not None:
+            out["usage"] = dict(record["usage"])
+    return out
 
 
 def _clip(text: str) -> str:
