@@ -3,6 +3,7 @@
 * `TurnResult`: where a turn or state update left the thread (`custom_outputs`).
 * `CheckpointSummary`: one history entry (`get_checkpoint_history`).
 * `TextDelta`, `NewMessages`: what a running turn streams before its `TurnResult`.
+* `TokenUsage`: a thread's and a branch's token totals (`get_usage`).
 """
 
 from __future__ import annotations
@@ -115,3 +116,25 @@ class CheckpointSummary:
             "is_head": self.is_head,
             **self.extra,
         }
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """Tokens the model used on a thread, as it reported them: `{"input_tokens", "output_tokens"}` each."""
+
+    thread_id: str
+    checkpoint_id: str
+    """The checkpoint whose branch `branch_usage` counts (the head unless one was asked for)."""
+    thread_usage: Mapping[str, int]
+    """Every recorded model call of every branch of the thread, once."""
+    branch_usage: Mapping[str, int]
+    """The model calls on the path from the thread's root to `checkpoint_id`."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id,
+            "thread_usage": dict(self.thread_usage),
+            "branch_usage": dict(self.branch_usage),
+        }
+

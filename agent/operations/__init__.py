@@ -1,7 +1,8 @@
 """What you can do to a thread (the domain), and the table of `custom_inputs.action`s.
 
 Modules: `access` (the ownership rule), `turns` (claim, run, commit; sync and
-async), `history` (checkpoint pages, the head), `lifecycle` (deletion).
+async), `history` (checkpoint pages, the head), `lifecycle` (deletion),
+`usage` (token totals).
 
 `Threads` is the façade the ResponsesAgent adapter calls. `ACTIONS` maps each
 `custom_inputs.action` to one `Action`: which `custom_inputs` keys it takes,
@@ -24,9 +25,10 @@ from agent.config import AgentSettings, MultitaskStrategy
 from agent.errors import InvalidRequest
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
+from agent.operations import usage as usage_ops
 from agent.operations.turns import TurnArgs, TurnEvent, TurnRunner
 from agent.storage import ThreadStorage
-from agent.types import CheckpointSummary, TurnResult
+from agent.types import CheckpointSummary, TokenUsage, TurnResult
 from agent.validation import check_id, check_limit
 
 if TYPE_CHECKING:
@@ -67,6 +69,10 @@ class Threads:
     def history(self, thread_id: str, *, user_id: str | None, limit: int, before: str | None) -> list[CheckpointSummary]:
         """See `history.history`."""
         return history_ops.history(self.storage, thread_id, user_id=user_id, limit=limit, before=before)
+
+    def token_usage(self, thread_id: str, *, user_id: str | None, checkpoint_id: str | None = None) -> TokenUsage:
+        """See `usage.token_usage`."""
+        return usage_ops.token_usage(self.storage, thread_id, user_id=user_id, checkpoint_id=checkpoint_id)
 
     def delete_thread(self, thread_id: str, *, user_id: str | None) -> None:
         """See `lifecycle.delete_thread`."""
@@ -132,6 +138,11 @@ def _run_update(threads: Threads, envelope: Envelope, args: None) -> dict[str, A
         strategy=envelope.multitask_strategy,
     )
     return result.as_dict()
+
+
+def _run_get_usage(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
+    usage = threads.token_usage(envelope.thread_id, user_id=envelope.user_id, checkpoint_id=envelope.checkpoint_id)
+    return usage.as_dict()
 
 
 def _run_delete_thread(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
@@ -202,6 +213,11 @@ ACTIONS: dict[str, Action] = {
             summary="A new checkpoint on checkpoint_id (default: the head) with the input messages applied.",
             input="optional",
             run=_run_update,
+        ),
+        Action(
+            name="get_usage",
+            summary="Tokens the model used: the thread's total and the branch's up to checkpoint_id (default: the head).",
+            run=_run_get_usage,
         ),
         Action(name="delete_thread", summary="Delete the thread and all its checkpoints.", run=_run_delete_thread),
         Action(

@@ -356,3 +356,14 @@ class ThreadStorage(ABC):
     @abstractmethod
     def threads_of_user(self, user_id: str) -> list[str]:
         """The ids of the threads `user_id` owns, sorted."""
+
+    @abstractmethod
+    def token_usage(self, thread_id: str, checkpoint_id: str) -> tuple[dict[str, int], dict[str, int] | None] | None:
+        """Token usage from checkpoint metadata, in one statement that reads no message.
+
+        Returns:
+            (the thread's usage: `{"input_tokens", "output_tokens"}` summed over the `usage` of every
+            checkpoint, so every recorded model call of every branch counts once; the `branch_usage`
+            of `checkpoint_id`, None when it has none), or None when `checkpoint_id` is not a
+            checkpoint of the thread.
+        """

@@ -129,6 +129,15 @@ ORDER BY checkpoint_id DESC LIMIT ?
 """
 SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = ? ORDER BY thread_id"
+# A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
+# SqliteSaver stores metadata as JSON bytes: a BLOB, which json_extract would read as binary JSONB.
+TOKEN_USAGE_SQL = """
+SELECT coalesce(sum(json_extract(CAST(metadata AS TEXT), '$.usage.input_tokens')), 0),
+    coalesce(sum(json_extract(CAST(metadata AS TEXT), '$.usage.output_tokens')), 0),
+    coalesce(max(checkpoint_id = ?), 0),
+    max(CASE WHEN checkpoint_id = ? THEN json_extract(CAST(metadata AS TEXT), '$.branch_usage') END)
+FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
+"""
 DELETE_THREAD_SQL = [
     "DELETE FROM writes WHERE thread_id = ?",
     "DELETE FROM checkpoints WHERE thread_id = ?",
@@ -396,6 +405,14 @@ class SqliteThreadStorage(ThreadStorage):
         self.setup()
         with self._errors(), self.saver.cursor(transaction=False) as cur:
             return [row[0] for row in cur.execute(SELECT_USER_THREADS_SQL, (user_id,))]
+
+    def token_usage(self, thread_id: str, checkpoint_id: str) -> tuple[dict[str, int], dict[str, int] | None] | None:
+        self.setup()
+        with self._errors(), self.saver.cursor(transaction=False) as cur:
+            inputs, outputs, found, branch = cur.execute(TOKEN_USAGE_SQL, (checkpoint_id, checkpoint_id, thread_id)).fetchone()
+        if not found:
+            return None
+        return {"input_tokens": int(inputs), "output_tokens": int(outputs)}, json.loads(branch) if branch else None
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

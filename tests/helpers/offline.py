@@ -1,5 +1,5 @@
 """What the offline model answers, computed independently of it: the one helper for tests that compare
-exact replies (`agent.models.OfflineChatModel`).
+exact replies (`agent.models.OfflineChatModel`); and the offline model recording what it was sent.
 
 The count in the reply's note is `count_tokens_approximately` over the messages
 it received and the bound tools' schemas; the quote and the note use the
@@ -14,8 +14,10 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import Field
 
-from agent.models import OFFLINE_MARKER, model_input_note, quote_user_messages
+from agent.context.summaries import is_summary_request
+from agent.models import OFFLINE_MARKER, OfflineChatModel, model_input_note, quote_user_messages
 from agent.tools import TOOLS
 
 #: The tools an agent binds to its model, as the offline model sees them (OpenAI function format).
@@ -43,3 +45,34 @@ def offline_reply(
 def as_messages(pairs: Sequence[tuple[str, str]]) -> list[BaseMessage]:
     """LangChain messages for (role, text) pairs of roles `user` and `assistant`."""
     return [HumanMessage(text) if role == "user" else AIMessage(text) for role, text in pairs]
+
+
+class RecordingOfflineModel(OfflineChatModel):
+    """The offline model, keeping every message list it is called with in `calls` (oldest first).
+
+    Copies made by `bind_tools` share the list, so the calls of an agent's bound model and of its
+    summarizer all land in the instance given to `create_agent`.
+    """
+
+    calls: list = Field(default_factory=list)
+
+    def _generate(self, messages, *args, **kwargs):
+        self.calls.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+    async def _agenerate(self, messages, *args, **kwargs):
+        self.calls.append(list(messages))
+        return await super()._agenerate(messages, *args, **kwargs)
+
+    def _stream(self, messages, *args, **kwargs):
+        self.calls.append(list(messages))
+        yield from super()._stream(messages, *args, **kwargs)
+
+    async def _astream(self, messages, *args, **kwargs):
+        self.calls.append(list(messages))
+        async for chunk in super()._astream(messages, *args, **kwargs):
+            yield chunk
+
+    def turn_calls(self) -> list[list[BaseMessage]]:
+        """The calls that answered a turn (not summary requests)."""
+        return [call for call in self.calls if not is_summary_request(call)]
