@@ -80,6 +80,17 @@ def test_each_turn_records_what_the_model_was_sent_and_the_offline_reply_says_th
     assert not {"model_input_tokens", "usage", "branch_usage"} & set(root)
 
 
+def test_a_streamed_turn_records_the_same_model_input_and_usage(recording):
+    agent, model = recording()
+    events = list(agent.predict_stream(request("I'm planning a trip!")))
+    ids = events[-1].custom_outputs
+    reply = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    entry = history(agent, ids["thread_id"])[ids["checkpoint_id"]]
+    tokens = received_tokens(model.calls[-1])
+    assert entry["model_input_tokens"] == tokens
+    assert entry["usage"] == {"input_tokens": tokens, "output_tokens": math.ceil(len(reply) / 4)}
+
+
 def test_a_state_update_keeps_the_branch_total_but_records_no_model_input(recording):
     agent, _ = recording()
     thread_id, [turn] = run_turns(agent, 1)

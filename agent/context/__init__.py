@@ -35,7 +35,15 @@ from agent.context.budget import Budget, ModelInput, fit
 from agent.context.summaries import ContextSummary
 from agent.context.tokens import approximate_counter
 
-__all__ = ["TURN_CONTEXT_KEY", "Budget", "ModelInput", "TurnContext", "prepare_model_input", "turn_context"]
+__all__ = [
+    "TURN_CONTEXT_KEY",
+    "Budget",
+    "ModelInput",
+    "TurnContext",
+    "prepare_model_input",
+    "turn_context",
+    "turn_system_messages",
+]
 
 #: The key of the `TurnContext` in a graph config's `configurable` (`tt_` keys are never stored as metadata).
 TURN_CONTEXT_KEY = "tt_turn_context"
