@@ -12,8 +12,8 @@ both), so `graph.stream` (in-process `predict`) and `graph.astream` (the HTTP
 server) each call the model the natural way: the async path awaits the HTTP
 request instead of holding an OS thread while the model thinks. Each body
 asks the `ContextWindow` for the model input (`agent.context`), calls the
-model, and returns the reply with the window's record of what it was sent
-(the state is `agent.state.AgentState`).
+model, and has the window record what it was sent (the state is
+`agent.state.AgentState`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def build_graph(model: BaseChatModel, saver, window: ContextWindow | None = None
             reply = bound.invoke(prepared.input.messages)
         except Exception as exc:
             raise _model_error(exc) from exc
-        return {"messages": [reply], **window.state_update(state, prepared, reply, context)}
+        return {"messages": [reply], **window.record(prepared, reply, context)}
 
     async def aagent(state: AgentState, config: RunnableConfig) -> dict:
         context = turn_context(config)
@@ -60,7 +60,7 @@ def build_graph(model: BaseChatModel, saver, window: ContextWindow | None = None
             reply = await bound.ainvoke(prepared.input.messages)
         except Exception as exc:
             raise _model_error(exc) from exc
-        return {"messages": [reply], **window.state_update(state, prepared, reply, context)}
+        return {"messages": [reply], **window.record(prepared, reply, context)}
 
     builder = StateGraph(AgentState)
     builder.add_node("agent", RunnableLambda(agent, afunc=aagent, name="agent"))

@@ -1,4 +1,4 @@
-"""The graph's state: the branch's messages, its context summary, and what the model was last sent.
+"""The graph's state: the branch's messages and its context summary.
 
 * `messages`: every message of the branch, merged with LangGraph's `add_messages`
   semantics (append; a message whose id is already there replaces it;
@@ -6,13 +6,11 @@
 * `context_summary`: the branch's summary of its oldest turns
   (`agent.context.summaries`), written only by the agent node of this branch,
   so a branch from an older checkpoint never sees it.
-* `model_input`: what the last model call of the branch was sent and the
-  tokens it used (`agent.context.window`), which the saver copies into the
-  checkpoint's metadata (`agent.storage.summaries.model_input_summary`).
 
-Both extra channels are small dicts: LangGraph's Postgres saver writes a
-non-primitive channel value to a blob only when its version changes, so an
-unchanged summary costs no storage per checkpoint.
+The summary is a small dict: LangGraph's Postgres saver writes a non-primitive
+channel value to a blob only when its version changes, so an unchanged summary
+costs no storage per checkpoint. (What each turn sent the model is checkpoint
+metadata, not state: `agent.storage.summaries`.)
 
 Why `append_messages` instead of `add_messages` itself: a turn merges into the
 message list three times (the input, the reply, and LangGraph's re-read for
@@ -77,7 +75,5 @@ class AgentState(TypedDict):
     """The agent graph's state (see the module docstring)."""
 
     messages: Annotated[list[AnyMessage], append_messages]
-    # The names are CONTEXT_SUMMARY_CHANNEL and agent.storage.summaries.MODEL_INPUT_CHANNEL.
-    context_summary: NotRequired[dict[str, Any] | None]
-    model_input: NotRequired[dict[str, Any] | None]
+    context_summary: NotRequired[dict[str, Any] | None]  # CONTEXT_SUMMARY_CHANNEL
 

@@ -13,20 +13,20 @@ sequence of small pure functions (`prepare_model_input`):
 
 When the branch's summary must grow first, `fit` says which turns to fold in;
 the model call that writes the summary, the token counter chosen for the model
-and the record of what each call was sent are `window.ContextWindow`, which the
+and the report of what each call was sent are `window.ContextWindow`, which the
 agent node in `agent.graph` calls, so that the node stays wiring. A turn's own
 settings reach the node as a `TurnContext` in the graph config (`turn_context(config)`).
 
 Modules: `repair` (tool-call pairing), `tokens` (counters, default budgets),
 `budget` (fitting), `summaries` (the branch's summary), `window` (per-agent
-settings, summarization calls, usage records).
+settings, summarization calls, the turn report).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import BaseMessage, SystemMessage
@@ -61,6 +61,9 @@ class TurnContext:
     """A system message for this turn only (not stored)."""
     max_context_tokens: int | None = None
     """This turn's token budget for the model's input (None: the agent's setting)."""
+    report: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Filled by the agent node with what the model was sent and the tokens it used; the saver copies it
+    into the metadata of the checkpoint the turn writes (`agent.storage.summaries.TURN_REPORT_KEY`)."""
 
 
 def turn_context(config: Mapping[str, Any] | None) -> TurnContext | None:

@@ -1,27 +1,22 @@
 """`ContextWindow`: one agent's token budget, strategy and counter, the summarization calls, and the
-record of what each model call was sent.
+report of what each model call was sent.
 
 The agent node (`agent.graph`) asks `prepare` (or `aprepare`) for the model
-input of the current state, calls the model, and merges `state_update` into
-its return value. `prepare` runs the pure pipeline (`prepare_model_input`);
-when the branch's summary must grow it asks the chat model for it (sync or
-async, like the node) and runs the pipeline again with the new summary.
+input of the current state, calls the model, and returns `record(...)` with its
+reply. `prepare` runs the pure pipeline (`prepare_model_input`); when the
+branch's summary must grow it asks the chat model for it (sync or async, like
+the node) and runs the pipeline again with the new summary.
 
-`state_update` writes two small state channels (`agent.state`):
+`record` does two things:
 
-* `model_input`: `{"start", "messages", "tokens", "summary_used", "usage",
-  "branch_usage"}`. `start` is the checkpoint the turn started from, so the
-  saver gives the model-input metadata only to the checkpoint that turn
-  writes (`agent.storage.summaries.model_input_summary`). `usage` adds up
-  every model call of the turn, summaries included, as the model reported
-  them (`usage_metadata`; None when it reports nothing); `branch_usage` adds
-  them up along the branch from its root, because the channel is inherited
-  from parent to child exactly like the messages.
-* `context_summary`: only when a new summary was made.
-
-Why per-call values go through the state and not through a side channel to
-the saver: a checkpoint then carries exactly what its own branch did, whether
-it is written by this process, replayed, or read back later.
+* It fills the turn's report (`TurnContext.report`): `{"start", "messages",
+  "tokens", "summary_used", "usage"}`, the last call's input and the usage of
+  every call of the turn, summaries included, as the model reported them
+  (`usage_metadata`; None when it reports nothing). The saver copies it into
+  the metadata of the checkpoint the turn writes and adds it to the branch's
+  running total (`agent.storage.summaries.model_input_summary`).
+* It returns the `context_summary` state update when a new summary was made:
+  the summary is state, inherited by the branch's later checkpoints only.
 """
 
 from __future__ import annotations
@@ -42,7 +37,6 @@ from agent.context.budget import Budget, ModelInput
 from agent.context.summaries import ContextSummary, summary_message, summary_request
 from agent.context.tokens import TokenCounter, default_max_context_tokens, token_counter, tool_tokens
 from agent.state import CONTEXT_SUMMARY_CHANNEL
-from agent.storage.summaries import MODEL_INPUT_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -163,27 +157,18 @@ class ContextWindow:
         return replace(summary, text=text)
 
     # -- recording it ------------------------------------------------------------------------------
-    def state_update(
-        self, state: Mapping[str, Any], prepared: Prepared, reply: BaseMessage, context: TurnContext | None
-    ) -> dict[str, Any]:
-        """The state channels the agent node writes besides its reply (see the module docstring)."""
-        previous = state.get(MODEL_INPUT_CHANNEL)
-        previous = previous if isinstance(previous, Mapping) else None
-        start = context.start_checkpoint_id if context is not None else None
-        call = add_usage(usage_of(reply), prepared.usage)
-        same_turn = previous is not None and start is not None and previous.get("start") == start
-        record = {
-            "start": start,
-            "messages": len(prepared.input.messages),
-            "tokens": prepared.input.tokens,
-            "summary_used": prepared.input.summary_used,
-            "usage": add_usage(previous.get("usage"), call) if same_turn else call,
-            "branch_usage": add_usage(previous["branch_usage"] if previous else None, call) or zero_usage(),
-        }
-        update: dict[str, Any] = {MODEL_INPUT_CHANNEL: record}
-        if prepared.summary is not None:
-            update[CONTEXT_SUMMARY_CHANNEL] = prepared.summary.as_state()
-        return update
+    def record(self, prepared: Prepared, reply: BaseMessage, context: TurnContext | None) -> dict[str, Any]:
+        """Add this call to the turn's report; the state update to return beside the reply (a new summary)."""
+        if context is not None:
+            report = context.report
+            report["start"] = context.start_checkpoint_id
+            report["messages"] = len(prepared.input.messages)
+            report["tokens"] = prepared.input.tokens
+            report["summary_used"] = prepared.input.summary_used
+            report["usage"] = add_usage(report.get("usage"), add_usage(usage_of(reply), prepared.usage))
+        if prepared.summary is None:
+            return {}
+        return {CONTEXT_SUMMARY_CHANNEL: prepared.summary.as_state()}
 
 
 def zero_usage() -> Usage:

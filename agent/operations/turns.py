@@ -40,6 +40,7 @@ from agent.errors import InvalidRequest, LeaseExpired, TurnCancelled
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.state import CONTEXT_SUMMARY_CHANNEL
 from agent.storage import Claim, ThreadStorage, Turn, Tx
+from agent.storage.summaries import TURN_REPORT_KEY
 from agent.types import NewMessages, TextDelta, TurnResult
 
 TurnEvent = TextDelta | NewMessages | TurnResult
@@ -256,13 +257,16 @@ class TurnRunner:
         else:
             turn.loaded[start] = claim.start
         config = _config(claim.thread_id, start)
-        config["configurable"][TURN_CONTEXT_KEY] = TurnContext(
+        context = TurnContext(
             thread_id=claim.thread_id,
             user_id=args.user_id,
             start_checkpoint_id=start,
             instructions=args.instructions,
             max_context_tokens=args.max_context_tokens,
         )
+        config["configurable"][TURN_CONTEXT_KEY] = context
+        # The same dict, for the saver: it copies what the model was sent into the turn's checkpoint metadata.
+        config["configurable"][TURN_REPORT_KEY] = context.report
         return turn, start, config
 
     @staticmethod
