@@ -107,9 +107,12 @@ def _probe_tiktoken(model: Any) -> str | None:
     def probe() -> None:
         try:
             model.get_num_tokens_from_messages([HumanMessage("probe")])
-            result.append(model._get_encoding_model()[1].name)
         except Exception:  # noqa: BLE001 - no network, unknown model (NotImplementedError): count approximately
-            pass
+            return
+        try:  # only for the name; counting works either way
+            result.append(model._get_encoding_model()[1].name)
+        except Exception:  # noqa: BLE001
+            result.append("encoding")
 
     worker = threading.Thread(target=probe, name="tt-tiktoken-probe", daemon=True)
     worker.start()
