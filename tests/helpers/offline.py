@@ -8,6 +8,7 @@ model's public formatting functions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,15 @@ def offline_reply(
     quote = quote_user_messages([m.text for m in messages if m.type == "human"])
     note = model_input_note(len(messages), received_tokens(messages, tools), summary=summary)
     return f"{OFFLINE_MARKER}{prefix}{quote} {note}"
+
+
+#: The note that ends an offline reply (`agent.models.model_input_note`).
+INPUT_NOTE = re.compile(r" \[received \d+ messages?, \d+ tokens, (?:no|with a) summary\]$")
+
+
+def without_input_note(reply: str) -> str:
+    """An offline reply without the note of what the model received, which ends it."""
+    return INPUT_NOTE.sub("", reply)
 
 
 def as_messages(pairs: Sequence[tuple[str, str]]) -> list[BaseMessage]:
