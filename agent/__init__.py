@@ -10,8 +10,10 @@ Layout (one responsibility per module; data flows one way, from the edges inward
 * `memory/`      long-term memory: what the agent learns about a user, across threads
 * `models`       chat model factory and the offline model
 * `tools`        the tools the model can call
+* `state`        the graph's state (messages, the branch's context summary)
+* `context/`     what the model is sent: token budgets, summaries, tool-call repair
 * `graph`        the LangGraph graph
-* `messages`     Responses items <-> LangChain messages, tool-call repair
+* `messages`     Responses items <-> LangChain messages
 * `operations/`  what you can do to a thread, and the `custom_inputs.action` table
 * `requests`     request parsing and validation, at the edge
 * `responses`    the MLflow `ResponsesAgent` adapter

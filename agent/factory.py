@@ -46,6 +46,7 @@ def create_agent(
     """
     from langchain_core.language_models import BaseChatModel
 
+    from agent.context.window import ContextWindow
     from agent.graph import build_graph
     from agent.memory.service import Memories
     from agent.memory.tools import memory_tools
@@ -67,7 +68,13 @@ def create_agent(
         memories = Memories(storage, config)
         if connect:
             storage.setup()
-        graph = build_graph(chat_model, storage.saver, memory_tools(memories))
+        window = ContextWindow.for_model(
+            chat_model, max_context_tokens=config.max_context_tokens, strategy=config.context_strategy
+        )
+        # The settings hold the budget in use (the default depends on the chat model, known only here),
+        # so a turn's custom_inputs.max_context_tokens can be checked against it.
+        config.max_context_tokens = window.max_context_tokens
+        graph = build_graph(chat_model, storage.saver, window, memory_tools(memories))
     except BaseException:
         if memories is not None:
             memories.close()

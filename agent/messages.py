@@ -5,7 +5,8 @@ completion dicts through MLflow's `to_chat_completions_input`, then LangChain
 messages through `convert_to_messages`; output messages become Responses items
 through MLflow's `output_to_responses_items_stream`. This module only adds
 validation (so bad items get `InvalidRequest` instead of a KeyError deep in a
-library) and `close_unanswered_tool_calls`.
+library). The tool-call repair lives with the pairing rule in `agent.context.repair`
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_messages
+from langchain_core.messages import BaseMessage, convert_to_messages
 from mlflow.types.responses import (
     create_function_call_item,
     create_function_call_output_item,
@@ -23,14 +24,14 @@ from mlflow.types.responses import (
     to_chat_completions_input,
 )
 
+from agent.context.repair import UNANSWERED_TOOL_CALL, close_unanswered_tool_calls
 from agent.errors import InvalidRequest
 from agent.validation import check_id
 
+__all__ = ["UNANSWERED_TOOL_CALL", "close_unanswered_tool_calls", "to_langchain", "to_output_items"]
+
 ROLES = {"user", "assistant", "system", "developer"}
 TEXT_PART_TYPES = {"input_text", "output_text", "text"}
-
-#: What the model reads in place of a tool result that never arrived.
-UNANSWERED_TOOL_CALL = "Not run: the conversation branched or was edited before this tool call finished."
 
 
 def to_langchain(items: Sequence[Any]) -> list[BaseMessage]:
@@ -145,52 +146,3 @@ def _check_item(index: int, item: Any) -> None:
 def to_output_items(messages: Iterable[BaseMessage]) -> list[dict]:
     """Responses output items (`message`, `function_call`, `function_call_output`) for the turn's new messages."""
     return [event.item for event in output_to_responses_items_stream(iter(list(messages)))]
-
-
-def close_unanswered_tool_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """`messages` as a chat API accepts them: a tool message is inserted after every tool call that
-    is not answered right after it, and a tool message that answers no such call is left out.
-
-    Branching or editing state at a checkpoint where the assistant had asked
-    for a tool leaves a tool call without its result, and `update_checkpoint_state`
-    can store a tool result for a call nobody made; OpenAI and Anthropic reject
-    either history with HTTP 400 (LangGraph's INVALID_CHAT_HISTORY), so every
-    later turn of the thread would fail. The inserted message tells the model
-    the call was not run. The stored state is not changed.
-    """
-    # Fast path, taken on nearly every call: nothing to repair (one cheap pass).
-    if _tool_calls_well_formed(messages):
-        return list(messages)
-    repaired: list[BaseMessage] = []
-    pending: list[str] = []  # calls of the last assistant message not answered yet, in order
-    for message in messages:
-        if isinstance(message, ToolMessage):
-            if message.tool_call_id in pending:
-                pending.remove(message.tool_call_id)
-                repaired.append(message)
-            continue  # otherwise it answers no call open here: left out
-        repaired.extend(ToolMessage(UNANSWERED_TOOL_CALL, tool_call_id=call_id) for call_id in pending)
-        repaired.append(message)
-        pending = [call["id"] for call in message.tool_calls] if isinstance(message, AIMessage) else []
-    repaired.extend(ToolMessage(UNANSWERED_TOOL_CALL, tool_call_id=call_id) for call_id in pending)
-    return repaired
-
-
-def _tool_calls_well_formed(messages: Sequence[BaseMessage]) -> bool:
-    """Each tool call is answered, and each tool message answers a call, among the tool messages
-    right after the assistant message that made it (the rule of the OpenAI API)."""
-    # Runs before every model call over the whole thread, so it compares the
-    # `type` field: isinstance on pydantic message classes goes through ABCMeta
-    # and costs several times more.
-    pending: set[str] = set()
-    for message in messages:
-        kind = message.type
-        if kind == "tool":
-            if message.tool_call_id not in pending:
-                return False
-            pending.discard(message.tool_call_id)
-        elif pending:
-            return False
-        elif kind == "ai" and message.tool_calls:
-            pending = {call["id"] for call in message.tool_calls}
-    return not pending

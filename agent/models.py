@@ -5,9 +5,13 @@
 
 `OfflineChatModel` is deterministic, so tests and demos can see memory at work:
 each reply quotes, in order, the user messages the model received in that call,
-and the long-term memories it was given (`agent.memory`).
-It streams a few words per chunk, can call the `calculator` tool, and rejects a
-history with unanswered tool calls as the OpenAI API does.
+and the long-term memories it was given (`agent.memory`), and ends by saying
+what it received (`model_input_note`: how many messages and tokens, and
+whether a context summary was among them), so the token budget is visible. It
+reports token usage like a real model (`usage_metadata`), streams a few words
+per chunk, can call the `calculator` tool and the memory tools, writes a
+deterministic summary when asked for one (`agent.context.summaries`), and
+rejects a history with unanswered tool calls as the OpenAI API does.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -24,18 +29,24 @@ from typing import Any
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.errors import ErrorCode, create_error_message
 from pydantic import Field
 
 from agent.config import OFFLINE_MODEL_NAME, resolve_model_name
+from agent.context.repair import tool_call_pairing
+from agent.context.summaries import is_summary_message, is_summary_request
 from agent.errors import ConfigurationError
 from agent.memory import FORGET_MEMORY_TOOL, SAVE_MEMORY_TOOL, SEARCH_MEMORIES_TOOL
 from agent.memory.retrieval import memories_in
 
 #: First words of every offline reply, so nobody mistakes it for a real model.
 OFFLINE_MARKER = "[offline model] "
+#: First words of a summary the offline model writes.
+OFFLINE_SUMMARY_MARKER = "[offline summary] "
 
 #: How many user messages a reply quotes (the most recent ones), and how many characters of each.
 MAX_QUOTED_MESSAGES = 10
@@ -124,7 +135,9 @@ def _make_openai_model(name: str) -> BaseChatModel:
         # Local OpenAI-compatible servers (vLLM, Ollama) ignore the key, but the openai client requires one.
         extra["api_key"] = "unused"
     try:
-        return ChatOpenAI(model=name, streaming=True, **extra)
+        # stream_usage: token usage is recorded per turn; langchain-openai asks for it on streams only
+        # from api.openai.com unless told to (stream_options.include_usage).
+        return ChatOpenAI(model=name, streaming=True, stream_usage=True, **extra)
     except Exception as exc:  # openai.OpenAIError when no key is set; pydantic errors for bad values.
         raise ConfigurationError(f"Cannot configure OpenAI model {name!r}: {exc}", model=name) from None
 
@@ -134,10 +147,18 @@ class OfflineChatModel(BaseChatModel):
 
     A reply is `OFFLINE_MARKER`, then "You said, in order: " and the user messages
     of this call numbered and quoted (the last `MAX_QUOTED_MESSAGES`, each cut to
-    `MAX_QUOTED_CHARS` characters). After tool results it first says
-    "The <tool> says: <result>.". When `calculator` is bound and the last message
-    is a human message starting with "calculate ", it replies with one tool call
-    instead, whose arguments are `{"expression": <rest of the message>}`.
+    `MAX_QUOTED_CHARS` characters), then `model_input_note` of what it received.
+    After tool results it first says "The <tool> says: <result>.". When
+    `calculator` is bound and the last message is a human message starting with
+    "calculate ", it replies with one tool call instead, whose arguments are
+    `{"expression": <rest of the message>}`. Asked for a summary (a request
+    from `agent.context.summaries.summary_request`), it answers
+    `OFFLINE_SUMMARY_MARKER` and the quotes of the user messages to summarize.
+
+    Usage (`usage_metadata`): input tokens by `count_tokens_approximately` over
+    the messages and the bound tools' schemas (the rule of the OpenAI stub),
+    output tokens ceil(characters / 4) of the text, or of a tool call's name
+    and JSON arguments.
 
     Long-term memory (when the memory tools are bound): a last human message
     starting with "remember that " calls `save_memory` with the rest of the
@@ -149,6 +170,7 @@ class OfflineChatModel(BaseChatModel):
     Fields:
         latency_ms: milliseconds to sleep per call, to stand in for a real model (default 0).
         tool_names: names of the bound tools; set by `bind_tools` (default none).
+        tool_schemas: the bound tools in OpenAI function format; set by `bind_tools` (default none).
 
     Raises (on every call):
         ValueError: the history is invalid for a chat API (message contains `INVALID_CHAT_HISTORY`):
@@ -158,6 +180,7 @@ class OfflineChatModel(BaseChatModel):
 
     latency_ms: float = Field(default=0.0, ge=0)
     tool_names: tuple[str, ...] = ()
+    tool_schemas: tuple[dict[str, Any], ...] = ()
 
     @property
     def _llm_type(self) -> str:
@@ -172,8 +195,9 @@ class OfflineChatModel(BaseChatModel):
 
         Other keyword arguments (such as `tool_choice`) are accepted and ignored.
         """
-        names = tuple(convert_to_openai_tool(tool)["function"]["name"] for tool in tools)
-        return self.model_copy(update={"tool_names": names})
+        schemas = tuple(convert_to_openai_tool(tool) for tool in tools)
+        names = tuple(schema["function"]["name"] for schema in schemas)
+        return self.model_copy(update={"tool_names": names, "tool_schemas": schemas})
 
     def _generate(
         self,
@@ -224,8 +248,12 @@ class OfflineChatModel(BaseChatModel):
             yield chunk
 
     def _reply(self, messages: list[BaseMessage]) -> AIMessage:
-        """The whole reply to `messages`, without an id (LangChain assigns it)."""
+        """The whole reply to `messages`, with its usage, without an id (LangChain assigns it)."""
         check_tool_calls_answered(messages)
+        received = count_tokens_approximately(messages, tools=list(self.tool_schemas) or None)
+        if is_summary_request(messages):
+            text = offline_summary(messages)
+            return AIMessage(content=text, usage_metadata=_usage(received, len(text)))
         last = messages[-1] if messages else None
         if (
             isinstance(last, HumanMessage)
@@ -234,19 +262,30 @@ class OfflineChatModel(BaseChatModel):
         ):
             expression = last.text[len(CALCULATE_PREFIX) :].strip()
             call_id = tool_call_id(len(messages), expression)
+            arguments = {"expression": expression}
             return AIMessage(
                 content="",
-                tool_calls=[{"name": CALCULATOR_TOOL, "args": {"expression": expression}, "id": call_id}],
+                tool_calls=[{"name": CALCULATOR_TOOL, "args": arguments, "id": call_id}],
+                usage_metadata=_usage(received, len(CALCULATOR_TOOL) + len(json.dumps(arguments))),
             )
         memory_call = _memory_tool_call(messages, self.tool_names)
         if memory_call is not None:
-            return AIMessage(content="", tool_calls=[memory_call])
-        return AIMessage(
-            content=OFFLINE_MARKER
-            + _tool_results(messages)
-            + _remembered(messages)
-            + quote_user_messages(_recent_user_texts(messages))
-        )
+            return AIMessage(
+                content="",
+                tool_calls=[memory_call],
+                usage_metadata=_usage(received, len(memory_call["name"]) + len(json.dumps(memory_call["args"]))),
+            )
+        note = model_input_note(len(messages), received, summary=any(map(is_summary_message, messages)))
+        quoted = quote_user_messages(_recent_user_texts(messages))
+        text = f"{OFFLINE_MARKER}{_tool_results(messages)}{_remembered(messages)}{quoted} {note}"
+        return AIMessage(content=text, usage_metadata=_usage(received, len(text)))
+
+
+def model_input_note(messages: int, tokens: int, *, summary: bool) -> str:
+    """What the offline model says it received: `[received 5 messages, 230 tokens, no summary]`
+    (`1 message`; `with a summary` when a context summary was among them)."""
+    plural = "" if messages == 1 else "s"
+    return f"[received {messages} message{plural}, {tokens} tokens, {'with a' if summary else 'no'} summary]"
 
 
 def quote_user_messages(texts: Sequence[str]) -> str:
@@ -261,6 +300,27 @@ def quote_user_messages(texts: Sequence[str]) -> str:
     return f"You said, in order: {quoted}"
 
 
+def offline_summary(request: Sequence[BaseMessage]) -> str:
+    """The offline model's summary for a summary request: `OFFLINE_SUMMARY_MARKER`, then `The user said, in
+    order:` and one line `- "…"` per user message, the previous summary's lines first, keeping the last
+    `MAX_QUOTED_MESSAGES`, each cut to `MAX_QUOTED_CHARS` characters with line breaks made spaces."""
+    quoted = [
+        line[3:-1]
+        for message in request
+        if is_summary_message(message)
+        for line in message.text.splitlines()
+        if line.startswith('- "') and line.endswith('"')
+    ]
+    quoted += [" ".join(m.text.splitlines())[:MAX_QUOTED_CHARS] for m in request[1:-1] if isinstance(m, HumanMessage)]
+    lines = "".join(f'\n- "{text}"' for text in quoted[-MAX_QUOTED_MESSAGES:])
+    return f"{OFFLINE_SUMMARY_MARKER}The user said, in order:{lines}"
+
+
+def _usage(input_tokens: int, output_chars: int) -> UsageMetadata:
+    output_tokens = math.ceil(output_chars / 4)
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+
+
 def tool_call_id(position: int, expression: str) -> str:
     """A deterministic tool call id: `call_` and a short hash of the call's position in the history and its input."""
     digest = hashlib.sha256(f"{position}:{expression}".encode()).hexdigest()
@@ -268,39 +328,18 @@ def tool_call_id(position: int, expression: str) -> str:
 
 
 def check_tool_calls_answered(messages: Sequence[BaseMessage]) -> None:
-    """Reject a history that a chat API would reject.
-
-    Every tool call of an AIMessage must be answered by a ToolMessage among the
-    ToolMessages that directly follow it, and every ToolMessage must answer one.
+    """Reject a history that a chat API would reject (the rule: `agent.context.repair.pairing_walk`).
 
     Raises:
         ValueError: with `INVALID_CHAT_HISTORY` and the offending tool call ids in its message.
     """
-    unanswered: list[str] = []
-    stray: list[str] = []
-    pending: set[str] = set()
-    # One cheap pass over the whole thread on every reply: compare the `type`
-    # field, as isinstance on pydantic message classes goes through ABCMeta.
-    for message in messages:
-        kind = message.type
-        if kind == "tool":
-            if message.tool_call_id in pending:
-                pending.discard(message.tool_call_id)
-            else:
-                stray.append(message.tool_call_id)
-            continue
-        if pending:
-            unanswered.extend(sorted(pending))
-            pending = set()
-        if kind == "ai" and message.tool_calls:
-            pending = {call["id"] for call in message.tool_calls}
-    unanswered.extend(sorted(pending))
-    if unanswered or stray:
+    pairing = tool_call_pairing(messages)
+    if not pairing.well_formed:
         raise ValueError(
             create_error_message(
                 message=(
                     "Invalid chat history: tool calls without a ToolMessage right after them: "
-                    f"{unanswered}; ToolMessages that answer no preceding tool call: {stray}."
+                    f"{list(pairing.unanswered)}; ToolMessages that answer no preceding tool call: {list(pairing.stray)}."
                 ),
                 error_code=ErrorCode.INVALID_CHAT_HISTORY,
             )
@@ -363,15 +402,18 @@ def _tool_results(messages: Sequence[BaseMessage]) -> str:
 
 
 def _to_chunks(message: AIMessage) -> Iterator[ChatGenerationChunk]:
-    """`message` as stream chunks of `WORDS_PER_CHUNK` words; a tool call is one chunk."""
+    """`message` as stream chunks of `WORDS_PER_CHUNK` words, the last one with the usage; a tool call is one chunk."""
+    usage = message.usage_metadata
     if message.tool_calls:
         call_chunks = [
             {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i, "type": "tool_call_chunk"}
             for i, c in enumerate(message.tool_calls)
         ]
-        yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=call_chunks))
+        yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=call_chunks, usage_metadata=usage))
         return
     words = re.findall(r"\S+\s*", message.text)
-    for start in range(0, len(words), WORDS_PER_CHUNK):
+    starts = range(0, len(words), WORDS_PER_CHUNK)
+    for start in starts:
         piece = "".join(words[start : start + WORDS_PER_CHUNK])
-        yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+        last = start == starts[-1]
+        yield ChatGenerationChunk(message=AIMessageChunk(content=piece, usage_metadata=usage if last else None))

@@ -326,6 +326,23 @@ class LangGraphResponsesAgent(ResponsesAgent):
             )
             return diff.as_dict()
 
+    def get_usage(
+        self, thread_id: str, checkpoint_id: str | None = None, *, user_id: str | None = None
+    ) -> dict[str, Any]:
+        """Tokens the model used, as it reported them: `thread_usage` (every branch of the thread) and
+        `branch_usage` (from the root to `checkpoint_id`, default the head), each `{"input_tokens",
+        "output_tokens"}`, with `thread_id` and `checkpoint_id`.
+
+        Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`.
+        """
+        with _agent_errors():
+            usage = self.threads.token_usage(
+                required_id("thread_id", thread_id),
+                user_id=self._user(user_id),
+                checkpoint_id=check_id("checkpoint_id", checkpoint_id),
+            )
+            return usage.as_dict()
+
     def delete_thread(self, thread_id: str, *, user_id: str | None = None) -> None:
         """Delete every checkpoint, write and the ownership record of a thread.
 

@@ -10,6 +10,7 @@
   Responses items (`agent.messages.to_state_items`, imported there so this module stays light).
 * `AgentInfo`: what is running (`LangGraphResponsesAgent.info()`, `GET /agent/info`).
 * `Memory`: one long-term memory of a user (`list_memories`, the memories given to the model).
+* `TokenUsage`: a thread's and a branch's token totals (`get_usage`).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class CheckpointSummary:
     """Further metadata the turn recorded (e.g. what the model was sent), passed through as is."""
 
     #: Metadata keys passed through to `extra` when a checkpoint has them.
-    EXTRA_KEYS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "interrupted")
+    EXTRA_KEYS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage", "interrupted")
 
     @classmethod
     def from_row(cls, thread_id: str, row: Mapping[str, Any], *, head_checkpoint_id: str | None) -> CheckpointSummary:
@@ -246,6 +247,27 @@ class ForkResult:
 
 
 @dataclass(frozen=True)
+class TokenUsage:
+    """Tokens the model used on a thread, as it reported them: `{"input_tokens", "output_tokens"}` each."""
+
+    thread_id: str
+    checkpoint_id: str
+    """The checkpoint whose branch `branch_usage` counts (the head unless one was asked for)."""
+    thread_usage: Mapping[str, int]
+    """Every recorded model call of every branch of the thread, once."""
+    branch_usage: Mapping[str, int]
+    """The model calls on the path from the thread's root to `checkpoint_id`."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id,
+            "thread_usage": dict(self.thread_usage),
+            "branch_usage": dict(self.branch_usage),
+        }
+
+
+@dataclass(frozen=True)
 class CheckpointDiff:
     """Two checkpoints of one thread side by side (`compare_checkpoints`)."""
 
@@ -314,3 +336,5 @@ class Memory:
             "checkpoint_id": self.checkpoint_id,
             "created_at": self.created_at,
         }
+
+

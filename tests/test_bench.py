@@ -13,8 +13,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from agent.models import OFFLINE_MARKER, quote_user_messages
 from bench import storage
+from langchain_core.messages import AIMessage, HumanMessage
+
+from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "scripts" / "bench.py"
@@ -25,12 +27,15 @@ def _bench_module():
     return storage
 
 
-def _expected_raw_bytes(bench, turns: int) -> int:
-    # Each turn holds the user message and the offline model's reply, which
-    # quotes the user messages so far (see OfflineChatModel).
-    users = [bench.user_message(turn) for turn in range(1, turns + 1)]
-    replies = [OFFLINE_MARKER + quote_user_messages(users[:turn]) for turn in range(1, turns + 1)]
-    return sum(len(text.encode("utf-8")) for text in users + replies)
+def _expected_raw_bytes(bench, turns: int, tools) -> int:
+    # Each turn holds the user message and the offline model's reply, which quotes the user
+    # messages so far and says what it received (see OfflineChatModel): the whole thread, with the
+    # schemas of the tools bound to it (the agent binds its tools, the reference design none).
+    history = []
+    for turn in range(1, turns + 1):
+        history.append(HumanMessage(bench.user_message(turn)))
+        history.append(AIMessage(offline_reply(history, tools=tools)))
+    return sum(len(m.text.encode("utf-8")) for m in history)
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +91,8 @@ def test_bench_counts_exactly_the_bytes_the_thread_holds(bench_run):
     _, report, _ = bench_run
     bench = _bench_module()
     # The N-turn thread, plus the thread whose first WINDOW turns were timed beside its last ones.
-    expected = _expected_raw_bytes(bench, TURNS) + _expected_raw_bytes(bench, bench.WINDOW)
-    for design in ("reference", "project"):
+    for design, tools in (("reference", ()), ("project", AGENT_TOOL_SCHEMAS)):
+        expected = _expected_raw_bytes(bench, TURNS, tools) + _expected_raw_bytes(bench, bench.WINDOW, tools)
         measured = report["measurements"][design]
         assert measured["message_count"] == 2 * TURNS
         assert measured["raw_message_bytes"] == expected

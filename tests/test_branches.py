@@ -141,7 +141,8 @@ def test_editing_a_middle_message_keeps_the_messages_before_it_and_drops_the_one
     sf = user_item(agent.get_checkpoint_state(thread_id), "I'm headed to SF!")
     edited = edit(agent, thread_id, sf["id"], "I'm headed to Lisbon!")
     assert outputs(edited)["parent_checkpoint_id"] == trip["after_turn1"] == sf["branch_checkpoint_id"]
-    context = [("user", "I'm planning for an upcoming trip!"), ("assistant", ""), ("user", "I'm headed to Lisbon!")]
+    first_reply = texts(agent.get_checkpoint_state(thread_id, trip["after_turn1"]))[1]
+    context = [("user", "I'm planning for an upcoming trip!"), first_reply, ("user", "I'm headed to Lisbon!")]
     assert text_of(edited) == _expected_reply(context)
     state = agent.get_checkpoint_state(thread_id)
     assert [t for _, t in texts(state)][::2] == ["I'm planning for an upcoming trip!", "I'm headed to Lisbon!"]

@@ -21,6 +21,9 @@ ENTRY_FIELDS = {
     "step",
     "is_head",
 }
+#: What a turn's entry adds (what the model was sent and the tokens used); a state update keeps only
+#: the branch's running total (docs/context-window.md).
+TURN_FIELDS = {"model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage"}
 
 
 def state_of(agent, thread_id: str, checkpoint_id: str):
@@ -66,7 +69,7 @@ def test_every_entry_has_exactly_the_documented_fields_with_their_types(agent):
     assert (root["source"], root["message_count"], root["next_nodes"], root["is_head"]) == ("root", 0, [], False)
     assert [entry["is_head"] for entry in history] == [True] + [False] * 6
     for entry in history:
-        assert set(entry) == ENTRY_FIELDS
+        assert set(entry) == ENTRY_FIELDS | (TURN_FIELDS if entry["source"] == "loop" else {"branch_usage"})
         assert isinstance(entry["checkpoint_id"], str) and entry["checkpoint_id"]
         assert entry["parent_checkpoint_id"] is None or isinstance(entry["parent_checkpoint_id"], str)
         assert entry["thread_id"] == ids["thread_id"]

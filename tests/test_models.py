@@ -20,6 +20,7 @@ from agent.errors import ConfigurationError
 from agent.models import OfflineChatModel, make_chat_model
 from agent.tools import TOOLS, calculator
 from tests.helpers.fake_openai import fake_openai_server
+from tests.helpers.offline import offline_reply
 
 TRIP = [
     HumanMessage("I'm planning for an upcoming trip!"),
@@ -52,8 +53,10 @@ def join_stream(model, messages):
 
 
 def test_offline_reply_says_it_is_offline_and_quotes_user_messages_in_order():
-    reply = OfflineChatModel().invoke([SystemMessage("Be brief."), *TRIP])
-    assert reply.content == "[offline model] " + TRIP_QUOTE
+    messages = [SystemMessage("Be brief."), *TRIP]
+    reply = OfflineChatModel().invoke(messages)
+    assert reply.content == offline_reply(messages, tools=())
+    assert reply.content.startswith("[offline model] " + TRIP_QUOTE + " [received 6 messages, ")
 
 
 def test_offline_reply_cuts_each_user_message_to_80_characters():
@@ -73,7 +76,7 @@ def test_offline_reply_keeps_only_the_last_10_user_messages():
 
 def test_offline_reply_reads_text_content_blocks():
     blocks = [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]
-    assert OfflineChatModel().invoke([HumanMessage(content=blocks)]).content.endswith('1. "Hello there"')
+    assert '1. "Hello there" [received 1 message' in OfflineChatModel().invoke([HumanMessage(content=blocks)]).content
 
 
 def test_offline_stream_yields_several_chunks_that_join_to_the_invoke_text():
@@ -153,8 +156,10 @@ def test_offline_reply_after_a_tool_result_quotes_the_result():
     call_message = model.invoke([question])
     result = calculator.invoke(call_message.tool_calls[0])
     assert isinstance(result, ToolMessage)
-    reply = model.invoke([question, call_message, result])
-    assert reply.content == '[offline model] The calculator says: 14. You said, in order: 1. "calculate 2 + 3 * 4"'
+    history = [question, call_message, result]
+    reply = model.invoke(history)
+    assert reply.content == offline_reply(history, tools=model.tool_schemas, prefix="The calculator says: 14. ")
+    assert reply.content.startswith('[offline model] The calculator says: 14. You said, in order: 1. "calculate 2 + 3 * 4"')
 
 
 def test_offline_rejects_a_dangling_tool_call_as_invalid_chat_history():

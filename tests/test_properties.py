@@ -44,7 +44,8 @@ from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
 
 from agent import InvalidRequest
-from agent.models import CALCULATE_PREFIX, OFFLINE_MARKER, quote_user_messages
+from agent.models import CALCULATE_PREFIX
+from tests.helpers.offline import as_messages, offline_reply
 from tests.helpers.scenario import outputs, request, say, text_of
 
 MAX_EXAMPLES = 25
@@ -162,8 +163,8 @@ def _text(item: dict) -> str:
 
 
 def _expected_reply(context: list[tuple[str, str]]) -> str:
-    # The offline model quotes every user message it was given, in order.
-    return OFFLINE_MARKER + quote_user_messages([text for role, text in context if role == "user"])
+    # The offline model quotes every user message it was given, in order, and says what it received.
+    return offline_reply(as_messages(context))
 
 
 def _pairs(messages: list[Message]) -> list[tuple[str, str]]:

@@ -1,29 +1,53 @@
-"""What the model is sent: the one pipeline between a thread's stored messages and the model call.
+"""What the model is sent: the one pipeline between a branch's stored messages and the model call.
 
-The stored state is never changed here; only the model's input is built:
+The stored state is never changed here; only the model's input is built, by a
+sequence of small pure functions (`prepare_model_input`):
 
-1. `close_unanswered_tool_calls` (`agent.messages`): a history a chat API accepts.
-2. The turn's `instructions`, if any, as a system message first (OpenAI's rule: for this turn
-   only, never stored).
-3. The user's long-term memories retrieved for this turn, if any, as one system message before
-   the conversation (`with_memories`; retrieved before the graph runs, see `agent.memory`).
+1. `turn_system_messages`: this turn's own system messages, first and never
+   stored: the turn's `instructions` (OpenAI's rule: for this turn only), then
+   the user's long-term memories recalled for this turn (`agent.memory`;
+   retrieved before the graph runs), so both are always kept and counted in
+   the budget.
+2. `budget.fit`: the branch's newest whole turns within the token budget, with
+   every system message, the branch's summary if one applies (strategy
+   `summarize`), and each kept turn repaired so that every tool call has its
+   result (`repair`, the one owner of the pairing rule).
 
-Later steps (a token budget, long-term memories) belong here too, so that the agent node
-in `agent.graph` stays wiring. A turn's own settings reach the node as a `TurnContext` in the
-graph config (`turn_context(config)`).
+When the branch's summary must grow first, `fit` says which turns to fold in;
+the model call that writes the summary, the token counter chosen for the model
+and the report of what each call was sent are `window.ContextWindow`, which the
+agent node in `agent.graph` calls, so that the node stays wiring. A turn's own
+settings reach the node as a `TurnContext` in the graph config (`turn_context(config)`).
+
+Modules: `repair` (tool-call pairing), `tokens` (counters, default budgets),
+`budget` (fitting), `summaries` (the branch's summary), `window` (per-agent
+settings, summarization calls, the turn report).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import BaseMessage, SystemMessage
 
+from agent.context.budget import Budget, ModelInput, fit
+from agent.context.summaries import ContextSummary
+from agent.context.tokens import approximate_counter
 from agent.memory.retrieval import memory_message
-from agent.messages import close_unanswered_tool_calls
 from agent.types import Memory
+
+__all__ = [
+    "TURN_CONTEXT_KEY",
+    "Budget",
+    "ModelInput",
+    "TurnContext",
+    "prepare_model_input",
+    "turn_context",
+    "turn_system_messages",
+]
 
 #: The key of the `TurnContext` in a graph config's `configurable` (`tt_` keys are never stored as metadata).
 TURN_CONTEXT_KEY = "tt_turn_context"
@@ -43,6 +67,9 @@ class TurnContext:
     """This turn's token budget for the model's input (None: the agent's setting)."""
     memories: tuple[Memory, ...] = ()
     """The user's long-term memories retrieved for this turn, most relevant first."""
+    report: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Filled by the agent node with what the model was sent and the tokens it used; the saver copies it
+    into the metadata of the checkpoint the turn writes (`agent.storage.summaries.TURN_REPORT_KEY`)."""
 
 
 def turn_context(config: Mapping[str, Any] | None) -> TurnContext | None:
@@ -50,19 +77,38 @@ def turn_context(config: Mapping[str, Any] | None) -> TurnContext | None:
     return ((config or {}).get("configurable") or {}).get(TURN_CONTEXT_KEY)
 
 
-def prepare_model_input(messages: Sequence[BaseMessage], context: TurnContext | None) -> list[BaseMessage]:
-    """The messages to send to the model for a state holding `messages` (see the module docstring)."""
-    prepared = close_unanswered_tool_calls(messages)
-    if context is not None and context.instructions:
-        prepared = [SystemMessage(context.instructions), *prepared]
-    prepared = with_memories(prepared, context)
-    return prepared
+def turn_system_messages(context: TurnContext | None) -> list[BaseMessage]:
+    """This turn's own system messages, sent before the branch's messages and never stored."""
+    if context is None:
+        return []
+    own: list[BaseMessage] = [SystemMessage(context.instructions)] if context.instructions else []
+    remembered = memory_message(context.memories)
+    if remembered is not None:
+        own.append(remembered)
+    return own
 
 
-def with_memories(messages: list[BaseMessage], context: TurnContext | None) -> list[BaseMessage]:
-    """`messages` with the turn's memories as a system message after the leading system messages."""
-    message = memory_message(context.memories) if context is not None else None
-    if message is None:
-        return messages
-    position = next((i for i, m in enumerate(messages) if m.type != "system"), len(messages))
-    return [*messages[:position], message, *messages[position:]]
+def prepare_model_input(
+    messages: Sequence[BaseMessage],
+    context: TurnContext | None,
+    *,
+    budget: Budget | None = None,
+    summary: ContextSummary | None = None,
+    allow_fold: bool = True,
+) -> ModelInput:
+    """The model input for a branch holding `messages` (see the module docstring).
+
+    Args:
+        messages: the branch's stored messages, oldest first.
+        context: the turn's settings (None outside a turn).
+        budget: the token budget; None sends every message (counted approximately).
+        summary: the branch's summary from its state (used by the `summarize` strategy while it applies).
+        allow_fold: False builds an input even when the summary should first grow.
+
+    Returns:
+        A `ModelInput`: the messages, their token count and whether a summary is among them;
+        or, under `summarize`, a `fold` of the turns to summarize first.
+    """
+    if budget is None:
+        budget = Budget(max_tokens=sys.maxsize, strategy="trim", counter=approximate_counter())
+    return fit(turn_system_messages(context), messages, budget, summary, allow_fold=allow_fold)

@@ -7,7 +7,7 @@ in it), `edits` (where an edit or regeneration starts; removals), `branches`
 (checkpoint state, branches, head switch, fork, compare). `tree` and `edits`
 stand apart from `branches` because turns use them too: an edit and a
 regeneration are turns (they stream, and follow the multitask strategy), so
-only their planning lives outside `turns`. `memories`: a user's long-term memories.
+only their planning lives outside `turns`. `memories`: a user's long-term memories. `usage`: token totals.
 
 `Threads` is the façade the ResponsesAgent adapter calls. `ACTIONS` maps each
 `custom_inputs.action` to one `Action`: which `custom_inputs` keys it takes,
@@ -34,6 +34,7 @@ from agent.operations import branches
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
 from agent.operations import memories as memory_ops
+from agent.operations import usage as usage_ops
 from agent.storage import ThreadStorage
 from agent.types import (
     BranchSummary,
@@ -43,6 +44,7 @@ from agent.types import (
     ForkResult,
     HeadMove,
     Memory,
+    TokenUsage,
     TurnResult,
 )
 from agent.validation import check_id, check_limit, required_id
@@ -144,6 +146,10 @@ class Threads:
         """See `branches.compare_checkpoints`."""
         return branches.compare_checkpoints(self.storage, thread_id, checkpoint_a, checkpoint_b, user_id=user_id)
 
+    def token_usage(self, thread_id: str, *, user_id: str | None, checkpoint_id: str | None = None) -> TokenUsage:
+        """See `usage.token_usage`."""
+        return usage_ops.token_usage(self.storage, thread_id, user_id=user_id, checkpoint_id=checkpoint_id)
+
     def delete_thread(self, thread_id: str, *, user_id: str | None) -> None:
         """See `lifecycle.delete_thread`."""
         lifecycle.delete_thread(self.storage, thread_id, user_id=user_id, memories=self.memories)
@@ -238,6 +244,11 @@ def _run_update(threads: Threads, envelope: Envelope, args: UpdateArgs) -> dict[
         edit_message_id=args.edit_message_id,
     )
     return result.as_dict()
+
+
+def _run_get_usage(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
+    usage = threads.token_usage(envelope.thread_id, user_id=envelope.user_id, checkpoint_id=envelope.checkpoint_id)
+    return usage.as_dict()
 
 
 def _run_delete_thread(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
@@ -350,6 +361,11 @@ ACTIONS: dict[str, Action] = {
             keys=frozenset({"checkpoint_a", "checkpoint_b"}),
             parse=branches.parse_compare,
             run=branches.run_compare,
+        ),
+        Action(
+            name="get_usage",
+            summary="Tokens the model used: the thread's total and the branch's up to checkpoint_id (default: the head).",
+            run=_run_get_usage,
         ),
         Action(name="delete_thread", summary="Delete the thread and all its checkpoints.", run=_run_delete_thread),
         Action(

@@ -59,14 +59,17 @@ from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.context import TURN_CONTEXT_KEY, TurnContext
-from agent.errors import LeaseExpired, TurnCancelled
+from agent.context.summaries import edit_keeps_summary
+from agent.errors import InvalidRequest, LeaseExpired, TurnCancelled
 from agent.messages import to_output_items
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.edits import plan_edit, plan_regenerate, position_of, removals
 from agent.operations.idempotency import Idempotency, claim_key
 from agent.operations.tree import fill_kept, read_tree
+from agent.state import CONTEXT_SUMMARY_CHANNEL
 from agent.storage import Claim, ThreadStorage, Turn, Tx
 from agent.storage.base import IdempotencyKeyTaken
+from agent.storage.summaries import TURN_REPORT_KEY
 from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
 
 if TYPE_CHECKING:
@@ -199,9 +202,11 @@ class TurnRunner:
             ThreadBusy: another turn holds the thread (see `multitask_strategy`).
             TurnCancelled: a newer turn rolled this one back (`rollback`).
             InvalidRequest: the idempotency key was used for a different request; `edit_message_id` is not in
-                the start checkpoint, or `regenerate` finds no user message.
+                the start checkpoint, or `regenerate` finds no user message; `max_context_tokens` is above the
+                agent's (nothing is claimed or written).
             LeaseExpired, ModelError, StorageUnavailable: the claim, the model or the database failed.
         """
+        self._check_budget(args)
         if args.idempotency_key is not None:
             stored = self.idempotency.lookup(args.user_id, args.idempotency_key, args.request_hash)
             if stored is not None:
@@ -259,6 +264,8 @@ class TurnRunner:
         `edit_message_id`: the one message of `messages` takes that message's id,
         so it replaces it in place (the way to edit in place when the request's
         items lost their ids; see `requests.ItemIdsRequest`).
+        Replacing or removing a message the branch's context summary stands for
+        retires the summary (`agent.context.summaries.edit_keeps_summary`).
 
         Raises:
             ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
@@ -285,10 +292,13 @@ class TurnRunner:
                 )
                 begun = _Start(begun.checkpoint_id, [*removed, *messages], begun.loaded)
             turn, start, config = self._prepare(claim, args, begun)
+            values: dict[str, Any] = {"messages": list(begun.messages)}
+            if begun.loaded is not None and not edit_keeps_summary(begun.loaded.checkpoint["channel_values"], begun.messages):
+                values[CONTEXT_SUMMARY_CHANNEL] = None
             with self.storage.saver.buffering(turn):
                 # As the agent node: the new checkpoint's next step then follows the
                 # usual edge (tools if the last message asks for one, else the end).
-                self.graph.update_state(config, {"messages": begun.messages}, as_node="agent")
+                self.graph.update_state(config, values, as_node="agent")
             result = TurnResult(thread_id, turn.new_head, start)
             outcome = self._commit(claim, turn, args, result, [])
         except BaseException:
@@ -302,6 +312,7 @@ class TurnRunner:
 
         Cancelling the task (a client that left) stops the model request and releases the thread at once.
         """
+        self._check_budget(args)
         if args.idempotency_key is not None:
             stored = await self.idempotency.alookup(args.user_id, args.idempotency_key, args.request_hash, self.in_io)
             if stored is not None:
@@ -339,6 +350,15 @@ class TurnRunner:
         return await asyncio.get_running_loop().run_in_executor(self._io, functools.partial(function, *args))
 
     # -- steps ------------------------------------------------------------------------------------
+    def _check_budget(self, args: TurnArgs) -> None:
+        """A turn may ask for a smaller token budget than the agent's `max_context_tokens`, never a larger one."""
+        limit = self.settings.max_context_tokens
+        if args.max_context_tokens is not None and limit is not None and args.max_context_tokens > limit:
+            raise InvalidRequest(
+                f"max_context_tokens {args.max_context_tokens} is above this agent's max_context_tokens ({limit}); "
+                f"ask for at most {limit}."
+            )
+
     def _claim(self, thread_id: str, args: TurnArgs) -> Claim:
         return self.storage.claim(
             thread_id,
@@ -389,13 +409,16 @@ class TurnRunner:
         else:
             turn.loaded[start] = begun.loaded
         config = _config(claim.thread_id, start)
-        config["configurable"][TURN_CONTEXT_KEY] = TurnContext(
+        context = TurnContext(
             thread_id=claim.thread_id,
             user_id=args.user_id,
             start_checkpoint_id=start,
             instructions=args.instructions,
             max_context_tokens=args.max_context_tokens,
         )
+        config["configurable"][TURN_CONTEXT_KEY] = context
+        # The same dict, for the saver: it copies what the model was sent into the turn's checkpoint metadata.
+        config["configurable"][TURN_REPORT_KEY] = context.report
         return turn, start, config
 
     def _recall(self, turn: Turn, start: str, user_id: str | None, sent: list[BaseMessage], config: dict) -> None:

@@ -480,6 +480,17 @@ class ThreadStorage(ABC):
         Read-only commands ask this before their first read, which would otherwise run `setup()`.
         """
 
+    @abstractmethod
+    def token_usage(self, thread_id: str, checkpoint_id: str) -> tuple[dict[str, int], dict[str, int] | None] | None:
+        """Token usage from checkpoint metadata, in one statement that reads no message.
+
+        Returns:
+            (the thread's usage: `{"input_tokens", "output_tokens"}` summed over the `usage` of every
+            checkpoint, so every recorded model call of every branch counts once; the `branch_usage`
+            of `checkpoint_id`, None when it has none), or None when `checkpoint_id` is not a
+            checkpoint of the thread.
+        """
+
 
 class ThreadReads(Protocol):
     """The reads a thread's history needs; `ThreadStorage` has them, and so does the light

@@ -23,9 +23,10 @@ the reducer and changes only how the value is stored.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 DELTA_KEY = "__tt_messages_delta__"
@@ -37,16 +38,21 @@ def encode(messages: Sequence[Any], base_id: str | None, base_messages: Sequence
     """The delta that turns `base_messages` (the messages of checkpoint `base_id`) into `messages`.
 
     Compares by identity first: LangGraph's reducer keeps the loaded message
-    objects, so an appending turn costs one `is` per message.
+    objects, so an appending turn costs one C-level `is` pass over the list.
     """
     keep = common_prefix(messages, base_messages)
     return {DELTA_KEY: 1, "base": base_id if keep else None, "keep": keep, "add": list(messages[keep:])}
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """How many leading messages `a` and `b` share (the same object, or equal)."""
-    keep = 0
+    """How many leading messages `a` and `b` share (the same object, or equal).
+
+    Identity is checked for the whole prefix at C speed first: LangGraph's reducer keeps the
+    loaded message objects, so on a long thread nearly every message is the same object.
+    """
     limit = min(len(a), len(b))
+    same = list(map(operator.is_, a[:limit], b[:limit]))
+    keep = same.index(False) if False in same else limit
     while keep < limit and (a[keep] is b[keep] or a[keep] == b[keep]):
         keep += 1
     return keep
@@ -57,26 +63,117 @@ def is_delta(value: Any) -> bool:
     return isinstance(value, dict) and DELTA_KEY in value
 
 
+class MessageIds:
+    """The ids of a message list: a frozen `base` that the lists of one branch share, and the few `added` since.
+
+    Sharing the base keeps one set per branch in the cache instead of one per checkpoint.
+    """
+
+    __slots__ = ("added", "base")
+
+    #: How many added ids are merged into a new base.
+    MERGE_AT = 256
+
+    def __init__(self, base: frozenset[str], added: frozenset[str] = frozenset()) -> None:
+        self.base = base
+        self.added = added
+
+    def isdisjoint(self, ids: frozenset[str]) -> bool:
+        return self.base.isdisjoint(ids) and self.added.isdisjoint(ids)
+
+    def plus(self, ids: frozenset[str]) -> MessageIds:
+        added = self.added | ids
+        return MessageIds(self.base | added) if len(added) > self.MERGE_AT else MessageIds(self.base, added)
+
+
+class MessageList(list):
+    """A resolved message list that may know its message ids (`ids`; None once changed in place).
+
+    The state's messages reducer (`agent.state.append_messages`) uses the ids to
+    append without reading the whole list, and the cache keeps them with the list,
+    so a turn that continues a cached checkpoint reads none of its old messages.
+    """
+
+    __slots__ = ("ids",)
+
+    def __init__(self, messages: Iterable[Any] = (), ids: MessageIds | None = None) -> None:
+        super().__init__(messages)
+        self.ids = ids
+
+    def _changed(self, result: Any = None) -> Any:
+        self.ids = None
+        return result
+
+    # Any change in place makes the known ids stale.
+    def __setitem__(self, *args):
+        return self._changed(super().__setitem__(*args))
+
+    def __delitem__(self, *args):
+        return self._changed(super().__delitem__(*args))
+
+    def __iadd__(self, other):
+        super().__iadd__(other)
+        return self._changed(self)
+
+    def __imul__(self, other):
+        super().__imul__(other)
+        return self._changed(self)
+
+    def append(self, item):
+        return self._changed(super().append(item))
+
+    def extend(self, items):
+        return self._changed(super().extend(items))
+
+    def insert(self, index, item):
+        return self._changed(super().insert(index, item))
+
+    def pop(self, *args):
+        return self._changed(super().pop(*args))
+
+    def remove(self, item):
+        return self._changed(super().remove(item))
+
+    def clear(self):
+        return self._changed(super().clear())
+
+    def sort(self, *args, **kwargs):
+        return self._changed(super().sort(*args, **kwargs))
+
+    def reverse(self):
+        return self._changed(super().reverse())
+
+
 class MessageCache:
-    """A bounded LRU of resolved message lists, keyed by checkpoint id. Thread-safe."""
+    """A bounded LRU of resolved message lists (and their ids when known), keyed by checkpoint id. Thread-safe."""
 
     def __init__(self, maxsize: int) -> None:
         self._maxsize = maxsize
-        self._items: OrderedDict[str, Messages] = OrderedDict()
+        self._items: OrderedDict[str, tuple[Messages, MessageIds | None]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, checkpoint_id: str) -> Messages | None:
+    def _entry(self, checkpoint_id: str) -> tuple[Messages, MessageIds | None] | None:
         with self._lock:
             found = self._items.get(checkpoint_id)
             if found is not None:
                 self._items.move_to_end(checkpoint_id)
             return found
 
+    def get(self, checkpoint_id: str) -> Messages | None:
+        found = self._entry(checkpoint_id)
+        return found[0] if found is not None else None
+
+    def get_list(self, checkpoint_id: str) -> MessageList | None:
+        """A new `MessageList` of the cached messages, with their ids if they are known."""
+        found = self._entry(checkpoint_id)
+        return MessageList(*found) if found is not None else None
+
     def put(self, checkpoint_id: str, messages: Sequence[Any]) -> None:
         if self._maxsize == 0:
             return
+        ids = messages.ids if isinstance(messages, MessageList) else None
         with self._lock:
-            self._items[checkpoint_id] = tuple(messages)
+            self._items[checkpoint_id] = (tuple(messages), ids)
             self._items.move_to_end(checkpoint_id)
             while len(self._items) > self._maxsize:
                 self._items.popitem(last=False)

@@ -255,6 +255,14 @@ JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.che
 WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
+# A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
+TOKEN_USAGE_SQL = """
+SELECT coalesce(sum((metadata -> 'usage' ->> 'input_tokens')::bigint), 0) AS input_tokens,
+    coalesce(sum((metadata -> 'usage' ->> 'output_tokens')::bigint), 0) AS output_tokens,
+    coalesce(bool_or(checkpoint_id = %s), false) AS found,
+    (array_agg(metadata -> 'branch_usage') FILTER (WHERE checkpoint_id = %s))[1] AS branch_usage
+FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''
+"""
 DELETE_THREAD_SQL = [
     "DELETE FROM checkpoint_writes WHERE thread_id = %s",
     "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
@@ -796,6 +804,13 @@ class PostgresThreadStorage(ThreadStorage):
             self.pool.open(wait=False)  # does nothing if it is open
             with self.connection() as conn:
                 return not self._missing_tables(conn)
+
+    def token_usage(self, thread_id: str, checkpoint_id: str) -> tuple[dict[str, int], dict[str, int] | None] | None:
+        [row] = self._read(thread_id, TOKEN_USAGE_SQL, (checkpoint_id, checkpoint_id, thread_id))
+        if not row["found"]:
+            return None
+        thread = {"input_tokens": int(row["input_tokens"]), "output_tokens": int(row["output_tokens"])}
+        return thread, row["branch_usage"]
 
     # -- errors --------------------------------------------------------------------------------
     @contextmanager

@@ -11,7 +11,8 @@ Mixed into `PostgresSaver` and `SqliteSaver` by the backends, which provide the
   `durability="exit"`. The async methods (`aget_tuple`, `aput`, …) do the same
   without I/O, so `graph.astream` runs on the event loop.
 * **Messages stored once** (`deltas.py`) and a **summary** in each checkpoint's
-  metadata (`summaries.py`).
+  metadata (`summaries.py`), with what the turn sent the model and the tokens it
+  used (the run's turn report, `summaries.TURN_REPORT_KEY`).
 * **Unsafe inherited operations refused.** `prune` and `delete_thread` of the
   LangGraph savers know neither `agent_threads` nor the delta encoding
   (keep_latest would delete the checkpoints a head's delta points to); the
@@ -30,7 +31,7 @@ from langgraph.checkpoint.base import CheckpointTuple, copy_checkpoint
 
 from agent.storage import deltas
 from agent.storage.base import Turn
-from agent.storage.summaries import summarize
+from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary, summarize
 
 
 class TurnSaverMixin:
@@ -165,11 +166,23 @@ class TurnSaverMixin:
             values["messages"] = deltas.encode(messages, parent_id, base)
             kept = values["messages"]["keep"]
             self.message_cache.put(checkpoint["id"], messages)
-        summary = summarize(messages or [], checkpoint, self.node_triggers, kept_messages=kept)
+        parent_metadata = self._parent_metadata(config, parent_id, turn) if parent_id else None
+        summary = {
+            **summarize(messages or [], checkpoint, self.node_triggers, kept_messages=kept),
+            **model_input_summary(configurable.get(TURN_REPORT_KEY), parent_id, parent_metadata),
+        }
         # The turn bookkeeping keys are not the user's metadata.
         clean = {k: v for k, v in metadata.items() if not k.startswith("tt_")}
         config = {**config, "configurable": {k: v for k, v in configurable.items() if not k.startswith("tt_")}}
         return self._backend_put(config, {**checkpoint, "channel_values": values}, {**clean, **summary}, new_versions)
+
+    def _parent_metadata(self, config, parent_id: str, turn: Turn | None) -> Mapping[str, Any] | None:
+        # A turn's parent is its start, which the claim read (or a root written in the same commit).
+        if turn is not None and turn.loaded.get(parent_id) is not None:
+            return turn.loaded[parent_id].metadata
+        configurable = {**config["configurable"], "checkpoint_id": parent_id}
+        parent = self._backend_get_tuple({**config, "configurable": configurable})
+        return parent.metadata if parent is not None else None
 
     def _parent_messages(self, thread_id: str, checkpoint_ns: str, parent_id: str, turn: Turn | None):
         # A parent written earlier in the same commit (a thread's root) is not stored yet.
@@ -193,16 +206,16 @@ class TurnSaverMixin:
             return tup
         configurable = tup.config["configurable"]
         checkpoint_id = configurable["checkpoint_id"]
-        cached = self.message_cache.get(checkpoint_id)
-        if cached is None:
-            resolved = deltas.resolve(
-                stored,
-                self.message_cache,
-                lambda: self._fetch_thread_messages(configurable["thread_id"], configurable["checkpoint_ns"]),
+        resolved = self.message_cache.get_list(checkpoint_id)
+        if resolved is None:
+            resolved = deltas.MessageList(
+                deltas.resolve(
+                    stored,
+                    self.message_cache,
+                    lambda: self._fetch_thread_messages(configurable["thread_id"], configurable["checkpoint_ns"]),
+                )
             )
             self.message_cache.put(checkpoint_id, resolved)
-        else:
-            resolved = list(cached)
         checkpoint = {**tup.checkpoint, "channel_values": {**values, "messages": resolved}}
         return tup._replace(checkpoint=checkpoint)
 

@@ -154,6 +154,15 @@ INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
+# A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
+# SqliteSaver stores metadata as JSON bytes: a BLOB, which json_extract would read as binary JSONB.
+TOKEN_USAGE_SQL = """
+SELECT coalesce(sum(json_extract(CAST(metadata AS TEXT), '$.usage.input_tokens')), 0),
+    coalesce(sum(json_extract(CAST(metadata AS TEXT), '$.usage.output_tokens')), 0),
+    coalesce(max(checkpoint_id = ?), 0),
+    max(CASE WHEN checkpoint_id = ? THEN json_extract(CAST(metadata AS TEXT), '$.branch_usage') END)
+FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
+"""
 DELETE_THREAD_SQL = [
     "DELETE FROM writes WHERE thread_id = ?",
     "DELETE FROM checkpoints WHERE thread_id = ?",
@@ -529,6 +538,13 @@ class SqliteThreadStorage(ThreadStorage):
             return False
         with self._errors(), self.saver.lock:
             return not self._missing_tables(self.saver.conn)
+
+    def token_usage(self, thread_id: str, checkpoint_id: str) -> tuple[dict[str, int], dict[str, int] | None] | None:
+        params = (checkpoint_id, checkpoint_id, thread_id)
+        inputs, outputs, found, branch = self._read(lambda cur: cur.execute(TOKEN_USAGE_SQL, params).fetchone())
+        if not found:
+            return None
+        return {"input_tokens": int(inputs), "output_tokens": int(outputs)}, json.loads(branch) if branch else None
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

@@ -23,6 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from psycopg import sql
 
 from agent.models import OfflineChatModel
+from tests.helpers.offline import without_input_note
 from tests.helpers.databases import dbname_of, fresh_database, with_dbname  # noqa: F401 - used by the tests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +184,8 @@ def assert_each_user_message_followed_by_its_reply(messages: Sequence[BaseMessag
             assert index + 1 < len(messages), f"user message {message.text!r} has no reply"
             reply = messages[index + 1]
             assert isinstance(reply, AIMessage), f"user message {message.text!r} is followed by {reply!r}"
-            assert reply.text.endswith(f'"{message.text}"'), f"reply to {message.text!r} is {reply.text!r}"
+            quote = without_input_note(reply.text)
+            assert quote.endswith(f'"{message.text}"'), f"reply to {message.text!r} is {reply.text!r}"
 
 
 def assert_linear_chain(start: str, steps: Sequence[tuple[str, str]]) -> None:
