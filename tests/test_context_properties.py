@@ -22,21 +22,23 @@ import re
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage
 
 from agent.context.summaries import ContextSummary, is_summary_message, summary_message
-from agent.models import CALCULATE_PREFIX, MAX_QUOTED_CHARS
+from agent.models import CALCULATE_PREFIX, FORGET_PREFIX, MAX_QUOTED_CHARS, RECALL_PREFIX, REMEMBER_PREFIX
 from tests.helpers.offline import RecordingOfflineModel, received_tokens
 from tests.helpers.scenario import outputs, say, text_of
 
 MAX_EXAMPLES = 15
 BUDGET = 900  # the tool schemas (built-in and memory tools) take about 450 of it
 
+#: Messages that make the offline model call a tool (the tree below knows plain turns only).
+TOOL_PREFIXES = (CALCULATE_PREFIX, REMEMBER_PREFIX, RECALL_PREFIX, FORGET_PREFIX)
 texts = st.text(
     alphabet=st.characters(exclude_categories=("Cs", "Cc", "Zl", "Zp")), min_size=10, max_size=80
-).filter(lambda s: not s.lower().startswith(CALCULATE_PREFIX) and s.strip())
+).filter(lambda s: not s.lower().startswith(TOOL_PREFIXES) and s.strip())
 picks = st.integers(min_value=0, max_value=10_000)
 operation = st.one_of(
     st.tuples(st.just("turn"), texts),
@@ -48,6 +50,8 @@ operation = st.one_of(
     st.tuples(st.just("clear_cache")),
 )
 operations = st.lists(operation, min_size=6, max_size=20)
+#: A straight run of long turns: it outgrows the budget, so every run exercises summaries whatever else is drawn.
+LONG_RUN = [("turn", f"message {i} of a conversation that outgrows its budget, padded to eighty") for i in range(10)]
 
 SUMMARY_COUNT = re.compile(r"^Summary of the (\d+) earlier messages")
 QUOTE = re.compile(r'^- "(.*)"$', re.MULTILINE)
@@ -132,6 +136,7 @@ def test_every_model_input_is_its_own_branchs_summary_and_newest_whole_turns(bac
 
     @settings(max_examples=MAX_EXAMPLES, deadline=None)
     @given(ops=operations)
+    @example(ops=LONG_RUN)
     def property_holds(ops):
         tree = Tree()
         for op in ops:
