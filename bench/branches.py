@@ -230,6 +230,15 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
     )
 
 
+def print_result(result: dict[str, Any]) -> None:
+    """The table of figures (`bench.report.print_report`)."""
+    sizes = result["settings"]["sizes"]
+    report.print_report(
+        f"Branch operations on a {sizes['turns']}-turn thread with {sizes['branches']} branches (Postgres, in-process)",
+        result,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small thread and few samples (a smoke test)")
@@ -246,11 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: Postgres is not reachable at --database-url: {type(exc).__name__}", file=sys.stderr)
         return 2
     result = run(args.database_url, quick=args.quick)
-    sizes = result["settings"]["sizes"]
-    report.print_report(
-        f"Branch operations on a {sizes['turns']}-turn thread with {sizes['branches']} branches (Postgres, in-process)",
-        result,
-    )
+    print_result(result)
     if result["error"]:
         print(result["error"], file=sys.stderr)
     if args.json is not None:

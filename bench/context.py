@@ -234,6 +234,11 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
     )
 
 
+def print_result(result: dict[str, Any]) -> None:
+    """The table of figures (`bench.report.print_report`)."""
+    report.print_report(f"context window: offline model, max_context_tokens={BUDGET}", result)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="every phase at a reduced size (a smoke test)")
@@ -249,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     except (psycopg.Error, ValueError) as exc:
         print(f"error: Postgres is not reachable at --database-url: {type(exc).__name__}", file=sys.stderr)
         return 2
-    report.print_report(f"context window: offline model, max_context_tokens={BUDGET}", result)
+    print_result(result)
     if args.json is not None:
         report.write_json(args.json, result)
     return 1 if result["broken_phases"] else 0

@@ -229,6 +229,11 @@ def _postgres_version(server_url: str) -> str | None:
         return None
 
 
+def print_result(result: dict[str, Any]) -> None:
+    """The table of figures (`bench.report.print_report`)."""
+    report.print_report(f"Long-term memory: turn cost with {MEMORIES} memories", result)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few turns per series (a smoke test)")
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no Postgres server answers at the given URL: {exc}", file=sys.stderr)
         return 2
     result = run(args.database_url, quick=args.quick)
-    report.print_report(f"Long-term memory: turn cost with {MEMORIES} memories", result)
+    print_result(result)
     if args.json:
         report.write_json(args.json, result)
     return 1 if result["broken_configurations"] else 0
