@@ -42,9 +42,6 @@ from bench.databases import DEFAULT_SERVER_URL, server_version  # noqa: E402
 #: The benchmarks, `bench.<name>`, in the order they run.
 PARTS = ["storage", "branches", "context", "memory", "startup", "load"]
 
-#: Report keys in which a part names what of it could not run (its figures are then "not measured").
-INNER_FAILURES = ("error", "broken_phases", "broken_configurations")
-
 
 def run_parts(names: list[str], server_url: str, *, quick: bool) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Run and print each part; (reports by name, names of the parts that could not run)."""
@@ -62,7 +59,7 @@ def run_parts(names: list[str], server_url: str, *, quick: bool) -> tuple[dict[s
             broken.append(name)
             continue
         reports[name] = result
-        if any(result.get(key) for key in INNER_FAILURES):
+        if any(result.get(key) for key in report.INNER_FAILURES):
             broken.append(name)
         print(f"bench.{name}: {time.perf_counter() - started:.0f} s", flush=True)
     return reports, broken
