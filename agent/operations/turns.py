@@ -77,6 +77,8 @@ if TYPE_CHECKING:
 
 TurnEvent = TextDelta | NewMessages | TurnResult | StoredResponse
 
+#: The Responses API role of each LangChain message type, for errors.
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 #: The metadata `source` of a thread's root checkpoint.
 ROOT_SOURCE = "root"
 
@@ -269,9 +271,15 @@ class TurnRunner:
 
         Raises:
             ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
-            InvalidRequest: the idempotency key was used for a different request; a `remove_message_ids` or
-                `edit_message_id` id is not in the checkpoint, or removing leaves no message.
+            InvalidRequest: nothing to apply (no messages, no removals); the idempotency key was used for a
+                different request; a `remove_message_ids` or `edit_message_id` id is not in the checkpoint, an
+                edit changes the message's role, or removing leaves no message.
         """
+        if not messages and not remove_message_ids:
+            raise InvalidRequest(
+                "update_checkpoint_state needs input messages or remove_message_ids: there is nothing to apply, "
+                "and nothing was written (set_head moves the head without writing)."
+            )
         args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash)
         if idempotency_key is not None:
             stored = self.idempotency.lookup(user_id, idempotency_key, request_hash)
@@ -284,6 +292,13 @@ class TurnRunner:
             current = claim.start.checkpoint["channel_values"].get("messages") or ()
             if edit_message_id is not None:
                 replaced = current[position_of(current, edit_message_id, thread_id=thread_id, checkpoint_id=begun.checkpoint_id)]
+                if messages[0].type != replaced.type:
+                    raise InvalidRequest(
+                        f"An edit keeps the message's role: message {edit_message_id!r} is a {_ROLES[replaced.type]} "
+                        f"message, the new one a {_ROLES[messages[0].type]} message. Nothing was written.",
+                        thread_id=thread_id,
+                        message_id=edit_message_id,
+                    )
                 messages = [message.model_copy(update={"id": replaced.id}) for message in messages]
                 begun = _Start(begun.checkpoint_id, messages, begun.loaded)
             if remove_message_ids:
