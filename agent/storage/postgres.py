@@ -453,6 +453,7 @@ class PostgresThreadStorage(ThreadStorage):
         self._ready = False
         # Set when a connection failed: the next checkout first checks the server answers at all.
         self._suspect_down = False
+        self._connect_error: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
@@ -463,9 +464,7 @@ class PostgresThreadStorage(ThreadStorage):
                 return
             with self._errors("set up the database"):
                 if not self._reachable():
-                    raise StorageUnavailable(
-                        f"Could not connect to {self.masked} within {self.settings.connect_timeout} s; nothing was written."
-                    )
+                    raise StorageUnavailable(f"{self._unreachable()}; nothing was written.")
                 self.pool.open(wait=False)
                 with self.connection() as conn:
                     if self._missing_tables(conn) or not self._migrations_current(conn):
@@ -537,19 +536,13 @@ class PostgresThreadStorage(ThreadStorage):
         # An unreachable server must fail within connect_timeout, not after
         # pool_timeout of the pool retrying in the background.
         if self._suspect_down and not self._reachable():
-            raise StorageUnavailable(
-                f"The database {self.masked} is unreachable (no connection within {self.settings.connect_timeout} s); "
-                "nothing was written; the request can be retried."
-            )
+            raise StorageUnavailable(f"{self._unreachable()}; nothing was written; the request can be retried.")
         wait = min(self.settings.connect_timeout, self.settings.pool_timeout)
         try:
             return self.pool.getconn(timeout=wait)
         except PoolTimeout:
             if not self._reachable():
-                raise StorageUnavailable(
-                    f"The database {self.masked} is unreachable (no connection within {self.settings.connect_timeout} s); "
-                    "nothing was written; the request can be retried."
-                ) from None
+                raise StorageUnavailable(f"{self._unreachable()}; nothing was written; the request can be retried.") from None
         return self.pool.getconn(timeout=max(0.1, self.settings.pool_timeout - wait))
 
     def _reachable(self) -> bool:
@@ -557,11 +550,19 @@ class PostgresThreadStorage(ThreadStorage):
         kwargs = self._kwargs() if callable(self._kwargs) else self._kwargs
         try:
             psycopg.connect(self.conninfo, **kwargs).close()
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
             self._suspect_down = True
+            self._connect_error = _server_reason(exc)
             return False
         self._suspect_down = False
         return True
+
+    def _unreachable(self) -> str:
+        """What the last failed connection attempt said, for errors: a missing database or role is not a timeout."""
+        reason = self._connect_error or "no connection"
+        if "timeout" in reason or reason == "no connection":
+            reason += f" (connect_timeout {self.settings.connect_timeout:g} s)"
+        return f"Could not connect to {self.masked}: {reason}"
 
     def ready(self) -> bool:
         """Whether the database answers a query now (for readiness probes). Never raises."""
@@ -800,7 +801,7 @@ class PostgresThreadStorage(ThreadStorage):
             return True
         with self._errors("check the database"):
             if not self._reachable():
-                raise StorageUnavailable(f"Could not connect to {self.masked} within {self.settings.connect_timeout} s.")
+                raise StorageUnavailable(f"{self._unreachable()}.")
             self.pool.open(wait=False)  # does nothing if it is open
             with self.connection() as conn:
                 return not self._missing_tables(conn)
@@ -856,6 +857,16 @@ def _rollback_quietly(conn: psycopg.Connection) -> None:
             conn.execute("ROLLBACK")
         except psycopg.Error:
             pass
+
+
+def _server_reason(exc: BaseException) -> str:
+    """The reason in a libpq connection error: the server's FATAL message (`database "x" does not exist`,
+    `password authentication failed …`) when there is one, else the end of its first line (`Connection refused`)."""
+    text = str(exc).strip()
+    if "FATAL:" in text:
+        return text.rsplit("FATAL:", 1)[1].strip().splitlines()[0]
+    first = text.splitlines()[0] if text else ""
+    return first.rsplit(": ", 1)[-1].strip() or type(exc).__name__
 
 
 def _first_line(exc: BaseException) -> str:
