@@ -83,6 +83,8 @@ VERSION = 1
 MESSAGES = "messages"
 #: Message types a stored thread holds; `messages_from_dict` builds nothing else from a document.
 MESSAGE_TYPES = frozenset({"human", "ai", "system", "tool"})
+#: A pending write may also remove messages (`update_checkpoint_state` with `remove_message_ids`).
+WRITE_MESSAGE_TYPES = MESSAGE_TYPES | {"remove"}
 #: Metadata the saver derives again from the checkpoint when it writes it (`storage.summaries`).
 DERIVED_METADATA = frozenset(
     {"message_count", "last_message", "last_user_message", "next_nodes", "ts", "kept_messages", "branch_usage"}
@@ -300,7 +302,7 @@ def parse_document(document: Any) -> Restored:
             else:
                 _decode_value(value, where)
         for write in checkpoint.pending_writes:
-            _decode_value(write.value, f"a pending write of checkpoint {checkpoint.checkpoint_id!r}")
+            _decode_value(write.value, f"a pending write of checkpoint {checkpoint.checkpoint_id!r}", WRITE_MESSAGE_TYPES)
     return Restored(parsed, tuple(order), messages)
 
 
@@ -327,14 +329,14 @@ def _parents_first(by_id: Mapping[str, CheckpointDoc]) -> list[CheckpointDoc]:
     return order
 
 
-def _load_messages(value: Any, where: str) -> list[BaseMessage]:
+def _load_messages(value: Any, where: str, types: frozenset[str] = MESSAGE_TYPES) -> list[BaseMessage]:
     from langchain_core.messages import messages_from_dict
 
     if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
         raise _invalid(f"{where} must be a list of message objects")
     for index, message in enumerate(value):
-        if message.get("type") not in MESSAGE_TYPES or not isinstance(message.get("data"), dict):
-            raise _invalid(f"{where}[{index}] must be {{'type': one of {sorted(MESSAGE_TYPES)}, 'data': {{...}}}}")
+        if message.get("type") not in types or not isinstance(message.get("data"), dict):
+            raise _invalid(f"{where}[{index}] must be {{'type': one of {sorted(types)}, 'data': {{...}}}}")
     try:
         loaded = messages_from_dict(value)
     except (TypeError, ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
@@ -345,9 +347,9 @@ def _load_messages(value: Any, where: str) -> list[BaseMessage]:
     return loaded
 
 
-def _decode_value(value: ChannelValue, where: str) -> Any:
+def _decode_value(value: ChannelValue, where: str, types: frozenset[str] = MESSAGE_TYPES) -> Any:
     if value.type == "messages":
-        return _load_messages(value.value, where)
+        return _load_messages(value.value, where, types)
     try:
         json.dumps(value.value, allow_nan=False)
     except (TypeError, ValueError):
@@ -471,7 +473,7 @@ def _write(storage: ThreadStorage, claim: Any, restored: Restored, *, user_id: s
             address = {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint.checkpoint_id}}
             by_task: dict[str, list[tuple[str, Any]]] = {}
             for write in checkpoint.pending_writes:
-                by_task.setdefault(write.task_id, []).append((write.channel, _decode_value(write.value, "")))
+                by_task.setdefault(write.task_id, []).append((write.channel, _decode_value(write.value, "", WRITE_MESSAGE_TYPES)))
             for task_id, writes in by_task.items():
                 saver.put_writes(address, writes, task_id)
     head_count = len(restored.messages.get(thread.checkpoint_id, ()))
@@ -547,16 +549,18 @@ def _comparable(restored: Restored) -> tuple:
         dumped["channel_values"] = {
             channel: _normalized(value) for channel, value in checkpoint.channel_values.items()
         }
-        dumped["pending_writes"] = [(w.task_id, w.channel, _normalized(w.value)) for w in checkpoint.pending_writes]
+        dumped["pending_writes"] = [
+            (w.task_id, w.channel, _normalized(w.value, WRITE_MESSAGE_TYPES)) for w in checkpoint.pending_writes
+        ]
         checkpoints.append(json.dumps(dumped, sort_keys=True, default=str))
     return record, checkpoints
 
 
-def _normalized(value: ChannelValue) -> Any:
+def _normalized(value: ChannelValue, types: frozenset[str] = MESSAGE_TYPES) -> Any:
     if value.type == "messages":
         from langchain_core.messages import messages_to_dict
 
-        return messages_to_dict(_load_messages(value.value, ""))
+        return messages_to_dict(_load_messages(value.value, "", types))
     return value.value
 
 
