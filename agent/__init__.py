@@ -49,6 +49,7 @@ from agent.errors import (
     ModelError,
     StorageUnavailable,
     ThreadBusy,
+    ThreadExists,
     ThreadNotFound,
     TurnCancelled,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "ModelError",
     "StorageUnavailable",
     "ThreadBusy",
+    "ThreadExists",
     "ThreadNotFound",
     "TurnCancelled",
     "__version__",

@@ -18,7 +18,8 @@ says whether anything was written where that is not obvious.
     ├── Conflict
     │   ├── ThreadBusy          another turn holds the thread
     │   │   └── LeaseExpired    this turn's claim on the thread expired before it committed
-    │   └── TurnCancelled       a newer turn rolled this one back (multitask_strategy "rollback")
+    │   ├── TurnCancelled       a newer turn rolled this one back (multitask_strategy "rollback")
+    │   └── ThreadExists        an import names a thread (or checkpoints) already in use with other content
     ├── Unavailable
     │   ├── StorageUnavailable  the database failed
     │   └── ModelError          the chat model failed
@@ -82,6 +83,11 @@ class LeaseExpired(ThreadBusy):
 
 class TurnCancelled(Conflict):
     """A newer turn on the thread rolled this turn back (`multitask_strategy="rollback"`); nothing was written."""
+
+
+class ThreadExists(Conflict):
+    """An imported thread's id (or one of its checkpoint ids) is already in use, with other content or by
+    another user; nothing was written."""
 
 
 class Unavailable(AgentError):

@@ -357,6 +357,41 @@ class LangGraphResponsesAgent(ResponsesAgent):
         with _agent_errors():
             return self.threads.delete_user_data(required_id("user_id", user_id))
 
+    # -- export and import (Python API) -----------------------------------------------------
+    def export_thread(self, thread_id: str, *, user_id: str | None = None) -> dict[str, Any]:
+        """The whole thread as a versioned, JSON-serializable document (`agent.operations.transfer`).
+
+        Out: `{"format": "timetravel-agent.thread", "version": 1, "exported_at", "thread": {thread_id,
+        title, metadata, checkpoint_id (the head), forked_from, ttl_seconds, message_count, created_at,
+        updated_at}, "checkpoints": [...]}`: every checkpoint, the root included, oldest first, with
+        `checkpoint_id`, `parent_checkpoint_id`, `ts`, `metadata` and its channel values (`messages` as
+        LangChain message dicts). The owner is not in it.
+
+        Raises: `InvalidRequest` (bad ids), `ThreadNotFound` (unknown, or not the caller's).
+        """
+        with _agent_errors():
+            return self.threads.export_thread(required_id("thread_id", thread_id), user_id=self._user(user_id))
+
+    def import_thread(
+        self, document: dict[str, Any], *, user_id: str | None = None, thread_id: str | None = None
+    ) -> dict[str, Any]:
+        """Restore a document from `export_thread` (from any backend) as a thread owned by `user_id`.
+
+        Under the document's thread id: the same checkpoint ids, parents, timestamps and messages, the
+        same head, title, metadata and `forked_from`. Under `thread_id`: a copy with new checkpoint ids
+        (in the same order). Returns the thread: `thread_id`, `user_id`, `title`, `created_at`,
+        `updated_at`, `checkpoint_id` (the head), `message_count`, `metadata`, `forked_from`,
+        `ttl_seconds`. Importing the same document again returns the thread and writes nothing.
+
+        Raises: `InvalidRequest` (a malformed document: nothing written), `ThreadExists` (the thread id
+        is in use with other content or by another user, or another thread holds its checkpoint ids),
+        `ThreadBusy`.
+        """
+        with _agent_errors():
+            return self.threads.import_thread(
+                document, user_id=self._user(user_id), thread_id=check_id("thread_id", thread_id)
+            )
+
     # -- long-term memory (Python API) ------------------------------------------------------
     def list_memories(self, user_id: str, query: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The user's long-term memories, in every `memory_scope`: newest first, or most relevant first

@@ -8,6 +8,7 @@ in it), `edits` (where an edit or regeneration starts; removals), `branches`
 stand apart from `branches` because turns use them too: an edit and a
 regeneration are turns (they stream, and follow the multitask strategy), so
 only their planning lives outside `turns`. `memories`: a user's long-term memories. `usage`: token totals.
+`transfer`: export and import of whole threads as versioned JSON documents.
 
 `Threads` is the façade the ResponsesAgent adapter calls. `ACTIONS` maps each
 `custom_inputs.action` to one `Action`: which `custom_inputs` keys it takes,
@@ -34,6 +35,7 @@ from agent.operations import branches
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
 from agent.operations import memories as memory_ops
+from agent.operations import transfer
 from agent.operations import usage as usage_ops
 from agent.storage import ThreadStorage
 from agent.types import (
@@ -157,6 +159,15 @@ class Threads:
     def delete_user_data(self, user_id: str) -> list[str]:
         """See `lifecycle.delete_user_data`."""
         return lifecycle.delete_user_data(self.storage, user_id, memories=self.memories)
+
+    def export_thread(self, thread_id: str, *, user_id: str | None) -> dict[str, Any]:
+        """See `transfer.export_thread`."""
+        return transfer.export_thread(self.storage, thread_id, user_id=user_id)
+
+    def import_thread(self, document: Any, *, user_id: str | None, thread_id: str | None) -> dict[str, Any]:
+        """See `transfer.import_thread`; the imported thread as a dict (`transfer.thread_dict`)."""
+        record = transfer.import_thread(self.storage, document, user_id=user_id, thread_id=thread_id)
+        return transfer.thread_dict(record)
 
     def list_memories(self, user_id: str, query: str | None, limit: int) -> list[Memory]:
         """See `memories.list_memories`."""
@@ -392,6 +403,22 @@ ACTIONS: dict[str, Action] = {
             needs_user=True,
             parse=memory_ops.parse_delete,
             run=memory_ops.run_delete,
+        ),
+        # -- export / import (`transfer`) --
+        Action(
+            name="export_thread",
+            summary="The whole thread (every checkpoint, its messages and the record) as a versioned JSON "
+            "document, in custom_outputs.document.",
+            run=transfer.run_export,
+        ),
+        Action(
+            name="import_thread",
+            summary="Restore custom_inputs.document as a thread of the caller (under custom_inputs.thread_id if "
+            "given: a copy with new checkpoint ids); the same document again is a no-op.",
+            keys=frozenset({"document"}),
+            needs_thread=False,
+            parse=transfer.parse_import,
+            run=transfer.run_import,
         ),
     )
 }

@@ -474,6 +474,15 @@ class ThreadStorage(ABC):
         """The ids of the threads `user_id` owns, sorted."""
 
     @abstractmethod
+    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
+        """The ids of the threads (any owner) that hold any of `checkpoint_ids`, sorted.
+
+        For imports, which keep checkpoint ids: checkpoint ids are unique across threads (the
+        message cache and response ids rely on it). No index leads with checkpoint_id, so this
+        scans the checkpoints table; imports are rare, turns never call it.
+        """
+
+    @abstractmethod
     def exists(self) -> bool:
         """Whether the store has been set up (its tables exist), found without creating anything.
 

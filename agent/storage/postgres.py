@@ -255,6 +255,7 @@ JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.che
 WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
+THREADS_WITH_CHECKPOINTS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id = ANY(%s) ORDER BY thread_id"
 # A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
 TOKEN_USAGE_SQL = """
 SELECT coalesce(sum((metadata -> 'usage' ->> 'input_tokens')::bigint), 0) AS input_tokens,
@@ -795,6 +796,9 @@ class PostgresThreadStorage(ThreadStorage):
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, SELECT_USER_THREADS_SQL, (user_id,))]
+
+    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
+        return [row["thread_id"] for row in self._read(None, THREADS_WITH_CHECKPOINTS_SQL, (list(checkpoint_ids),))]
 
     def exists(self) -> bool:
         if self._ready:

@@ -154,6 +154,9 @@ INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
+THREADS_WITH_CHECKPOINTS_SQL = """
+SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id IN (SELECT value FROM json_each(?)) ORDER BY thread_id
+"""
 # A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
 # SqliteSaver stores metadata as JSON bytes: a BLOB, which json_extract would read as binary JSONB.
 TOKEN_USAGE_SQL = """
@@ -530,6 +533,10 @@ class SqliteThreadStorage(ThreadStorage):
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return self._read(lambda cur: sqlite_reads.threads_of_user(cur, user_id))
+
+    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
+        ids = json.dumps(list(checkpoint_ids))
+        return [row[0] for row in self._read(lambda cur: cur.execute(THREADS_WITH_CHECKPOINTS_SQL, (ids,)).fetchall())]
 
     def exists(self) -> bool:
         if self._ready:
