@@ -5,6 +5,7 @@ over HTTP. Every storage test runs on Postgres and on a SQLite file.
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import uuid
@@ -18,6 +19,7 @@ from agent.errors import InvalidRequest, ThreadNotFound
 from agent.operations.catalogue import default_title, shorten
 from tests.helpers.scenario import outputs, request, say
 from tests.helpers.servers import free_port, server_process
+from tests.test_cli import assert_clean_success, run_cli
 
 
 def user() -> str:
@@ -396,3 +398,46 @@ def test_another_users_thread_is_a_404_over_http_and_a_bad_update_a_400(server):
         _responses(server, action="update_thread", thread_id=thread_id, user_id=owner, metadata={"k": "v" * 513})
     thread = _responses(server, action="get_thread", thread_id=thread_id, user_id=owner).custom_outputs["thread"]
     assert (thread["title"], thread["metadata"]) == ("private", {})
+
+
+# -- tt-agent threads ----------------------------------------------------------------------------------
+def test_tt_agent_threads_lists_pages_shows_renames_and_updates(tmp_path, make_agent):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    env = {"AGENT_DATABASE_URL": url}
+    agent = make_agent(url)
+    u = user()
+    made = [outputs(say(agent, f"Question number {i}", user_id=u, metadata={"n": str(i)}))["thread_id"] for i in range(3)]
+    agent.close()
+
+    listed = run_cli("threads", "--user-id", u, "--json", "--limit", "2", cwd=tmp_path, env=env)
+    assert_clean_success(listed)
+    first = json.loads(listed.stdout)
+    assert ids(first["threads"]) == made[:0:-1]
+    rest = run_cli("threads", "--user-id", u, "--json", "--before", first["next_before"], cwd=tmp_path, env=env)
+    assert ids(json.loads(rest.stdout)["threads"]) == [made[0]]
+    table = run_cli("threads", "--user-id", u, "--metadata", "n=1", cwd=tmp_path, env=env)
+    assert_clean_success(table)
+    assert made[1] in table.stdout and "Question number 1" in table.stdout and made[0] not in table.stdout
+
+    renamed = run_cli("threads", "rename", made[0], "My first question", "--user-id", u, "--json", cwd=tmp_path, env=env)
+    assert_clean_success(renamed)
+    assert json.loads(renamed.stdout)["title"] == "My first question"
+    updated = run_cli(
+        "threads", "update", made[0], "--metadata", "app=cli", "--ttl-seconds", "60", "--user-id", u, "--json", cwd=tmp_path, env=env
+    )
+    assert_clean_success(updated)
+    assert (json.loads(updated.stdout)["metadata"], json.loads(updated.stdout)["ttl_seconds"]) == ({"app": "cli"}, 60)
+    shown = run_cli("threads", "show", made[0], "--user-id", u, cwd=tmp_path, env=env)
+    assert_clean_success(shown)
+    assert "My first question" in shown.stdout and "app=cli" in shown.stdout
+
+    stranger = run_cli("threads", "rename", made[0], "stolen", "--user-id", user(), cwd=tmp_path, env=env)
+    assert stranger.returncode == 1 and "was not found" in stranger.stderr and "Traceback" not in stranger.stderr
+    bad = run_cli("threads", "update", made[0], "--title", "", "--user-id", u, cwd=tmp_path, env=env)
+    assert bad.returncode == 1 and "title" in bad.stderr
+
+
+def test_tt_agent_threads_in_a_directory_without_a_store_creates_none(tmp_path):
+    result = run_cli("threads", cwd=tmp_path)
+    assert result.returncode == 1 and "There is no store" in result.stderr
+    assert not (tmp_path / ".agent").exists()
