@@ -3,8 +3,9 @@
 Modules: this one (the Typer app, shared options, opening an agent or a
 store's reads, printing errors), `commands` (history, serve), `demo` (the trip
 scenario; `memory_demo` its long-term-memory variant), `chat` (the REPL and its
-slash commands), `memories` (a user's long-term memories), `transfer` (export and
-import of threads), `printing` (a streamed reply as it arrives). Tables and trees are drawn by `agent.views`, which the
+slash commands), `threads` (the thread catalogue), `memories` (a user's long-term memories), `transfer`
+(export and import of threads), `printing` (a streamed reply as it arrives). Tables and trees are drawn by
+`agent.views`, which the
 notebooks use too.
 
 Options left unset come from the environment (`AGENT_DATABASE_URL`,
@@ -274,4 +275,4 @@ def agent_errors(*, exit_on_error: bool = True, to: Console | None = None, store
 
 
 # The commands register themselves on `app`.
-from agent.cli import demo, chat, commands, memories, transfer  # noqa: E402,F401,I001 - the order of `tt-agent --help`
+from agent.cli import demo, chat, commands, threads, memories, transfer  # noqa: E402,F401,I001 - the order of `tt-agent --help`

@@ -415,7 +415,7 @@ def import_thread(
     if others:
         raise ThreadExists(
             "Another thread already holds checkpoints of this document; import it under another thread_id "
-            f"(a copy with new checkpoint ids). Nothing was written.",
+            "(a copy with new checkpoint ids). Nothing was written.",
             thread_id=target,
         )
     in_use = ThreadExists(
@@ -585,24 +585,6 @@ def run_import(threads: Threads, envelope: Envelope, args: ImportArgs) -> dict[s
     return {"thread": threads.import_thread(args.document, user_id=envelope.user_id, thread_id=envelope.thread_id)}
 
 
-def thread_dict(record: ThreadRecord) -> dict[str, Any]:
-    """The thread as a dict: `thread_id`, `user_id`, `title`, `created_at`, `updated_at`, `checkpoint_id`
-    (the head), `message_count`, `metadata`, `forked_from`, `ttl_seconds`."""
-    # The catalogue owns this shape (agent.operations.catalogue.thread_dict); kept here until that lands.
-    return {
-        "thread_id": record.thread_id,
-        "user_id": record.user_id,
-        "title": record.title,
-        "created_at": record.created_at,
-        "updated_at": record.updated_at,
-        "checkpoint_id": record.head_checkpoint_id,
-        "message_count": record.message_count,
-        "metadata": dict(record.metadata),
-        "forked_from": dict(record.forked_from) if record.forked_from is not None else None,
-        "ttl_seconds": record.ttl_seconds,
-    }
-
-
 __all__ = [
     "FORMAT",
     "VERSION",
@@ -611,5 +593,4 @@ __all__ = [
     "export_user_threads",
     "import_thread",
     "parse_document",
-    "thread_dict",
 ]
