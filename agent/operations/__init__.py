@@ -2,6 +2,7 @@
 
 Modules: `access` (the ownership rule), `turns` (claim, run, commit; sync and
 async), `history` (checkpoint pages, the head), `lifecycle` (deletion),
+`retention` (expired threads deleted or trimmed to their head),
 `tree` (a thread's checkpoint tree from summaries, and where each message sits
 in it), `edits` (where an edit or regeneration starts; removals), `branches`
 (checkpoint state, branches, head switch, fork, compare). `tree` and `edits`
@@ -24,8 +25,10 @@ here import those libraries inside functions or under `TYPE_CHECKING`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent.config import AgentSettings, MultitaskStrategy
@@ -34,6 +37,7 @@ from agent.operations import branches
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
 from agent.operations import memories as memory_ops
+from agent.operations import retention
 from agent.operations import usage as usage_ops
 from agent.storage import ThreadStorage
 from agent.types import (
@@ -44,6 +48,7 @@ from agent.types import (
     ForkResult,
     HeadMove,
     Memory,
+    SweepResult,
     TokenUsage,
     TurnResult,
 )
@@ -157,6 +162,10 @@ class Threads:
     def delete_user_data(self, user_id: str) -> list[str]:
         """See `lifecycle.delete_user_data`."""
         return lifecycle.delete_user_data(self.storage, user_id, memories=self.memories)
+
+    def sweep_expired_threads(self, *, now: datetime | None = None, stop: threading.Event | None = None) -> SweepResult:
+        """See `retention.sweep_expired_threads`."""
+        return retention.sweep_expired_threads(self.storage, self.settings, now=now, memories=self.memories, stop=stop)
 
     def list_memories(self, user_id: str, query: str | None, limit: int) -> list[Memory]:
         """See `memories.list_memories`."""
