@@ -62,15 +62,6 @@ def expired_at(agent, thread_id: str, ttl: float = TTL) -> datetime:
     return updated_at(agent, thread_id) + timedelta(seconds=ttl + 1)
 
 
-def set_thread_ttl(url: str, thread_id: str, seconds: float | None) -> None:
-    if is_postgres(url):
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("UPDATE agent_threads SET ttl_seconds = %s WHERE thread_id = %s", (seconds, thread_id))
-    else:
-        with sqlite3.connect(sqlite_path(url)) as conn:
-            conn.execute("UPDATE agent_threads SET ttl_seconds = ? WHERE thread_id = ?", (seconds, thread_id))
-
-
 def age(url: str, thread_id: str, seconds: float) -> None:
     """Move the thread's last write `seconds` into the past (the real clock's path)."""
     if is_postgres(url):
@@ -160,8 +151,8 @@ def test_expiry_is_judged_by_the_database_clock_when_no_now_is_given(url, make_a
 def test_a_threads_own_ttl_overrides_the_setting(url, make_agent):
     agent = make_agent(url, thread_ttl_seconds=TTL)
     short, long_lived, default = new_thread(agent, "short"), new_thread(agent, "long"), new_thread(agent, "default")
-    set_thread_ttl(url, short, 10)
-    set_thread_ttl(url, long_lived, 100 * TTL)
+    agent.update_thread(short, ttl_seconds=10)
+    agent.update_thread(long_lived, ttl_seconds=100 * TTL)
     latest = max(updated_at(agent, t) for t in (short, long_lived, default))
 
     soon = latest + timedelta(seconds=11)
@@ -174,7 +165,7 @@ def test_a_threads_own_ttl_overrides_the_setting(url, make_agent):
 
     # Without the setting, only threads with a ttl of their own expire.
     other = make_agent(url)
-    set_thread_ttl(url, long_lived, 5)
+    other.update_thread(long_lived, ttl_seconds=5)
     assert other.sweep_expired_threads(now=latest + timedelta(seconds=6)) == {
         "deleted_thread_ids": [long_lived],
         "trimmed": [],

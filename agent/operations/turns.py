@@ -47,7 +47,7 @@ import contextlib
 import dataclasses
 import functools
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -63,6 +63,7 @@ from agent.context.summaries import edit_keeps_summary
 from agent.errors import InvalidRequest, LeaseExpired, TurnCancelled
 from agent.messages import to_output_items
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.catalogue import default_title
 from agent.operations.edits import plan_edit, plan_regenerate, position_of, removals
 from agent.operations.idempotency import Idempotency, claim_key
 from agent.operations.tree import fill_kept, read_tree
@@ -105,6 +106,8 @@ class TurnArgs:
     """Put `messages` in place of this message of the start checkpoint (a sibling branch; see `edits`)."""
     regenerate: bool = False
     """Answer the start checkpoint's last user message again (`messages` empty; see `edits`)."""
+    metadata: Mapping[str, str] | None = None
+    """Stored with the thread when this turn creates it (`catalogue`); ignored on an existing thread."""
 
 
 @dataclass(frozen=True)
@@ -480,7 +483,7 @@ class TurnRunner:
         self, claim: Claim, turn: Turn, args: TurnArgs, result: TurnResult, output: list[dict]
     ) -> TurnResult | StoredResponse:
         """Commit `turn`, and with an idempotency key its response (`output` and `result`) in the same transaction."""
-        apply = functools.partial(self._write_turn, turn, result.parent_checkpoint_id, args.user_id)
+        apply = functools.partial(self._write_turn, turn, result.parent_checkpoint_id, args)
         if args.idempotency_key is None:
             self.storage.commit(claim, apply)
             return result
@@ -497,9 +500,16 @@ class TurnRunner:
             return self.idempotency.after_race(args.user_id, args.idempotency_key, args.request_hash)
         return result
 
-    def _write_turn(self, turn: Turn, start: str, user_id: str | None, tx: Tx) -> None:
-        """The commit of a turn: `_write`, and the memory tools' results among its new messages."""
-        _write(turn, user_id, tx)
+    def _write_turn(self, turn: Turn, start: str, args: TurnArgs, tx: Tx) -> None:
+        """The commit of a turn: `_write`, and the memory tools' results among its new messages.
+
+        A turn that creates its thread also gives it its default title and `args.metadata` (`catalogue`).
+        """
+        user_id = args.user_id
+        if turn.record is None:
+            _write(turn, user_id, tx, title=default_title(args.messages), metadata=args.metadata)
+        else:
+            _write(turn, user_id, tx)
         if self.memories is not None and user_id is not None and turn.puts:
             head = turn.puts[-1][1]
             new = list(head["channel_values"].get("messages") or ())[len(_messages_of(turn, start)) :]
@@ -514,8 +524,11 @@ class TurnRunner:
             self.graph.update_state(config, {"messages": [*sent, *progress.kept()]}, as_node="agent")
 
 
-def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:
-    """The commit of a turn: its checkpoints and writes, then the thread's head (and owner, when new)."""
+def _write(
+    turn: Turn, user_id: str | None, tx: Tx, *, title: str | None = None, metadata: Mapping[str, str] | None = None
+) -> None:
+    """The commit of a turn: its checkpoints and writes, then the thread's head (and owner, title and
+    metadata, when new)."""
     if not turn.puts:
         return
     tx.write_turn(turn)
@@ -525,6 +538,8 @@ def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:
         user_id=user_id,
         head_checkpoint_id=head["id"],
         message_count=len(head["channel_values"].get("messages") or ()),
+        title=title,
+        metadata=metadata,
     )
 
 
