@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from datetime import datetime
 from typing import Any
 
 from mlflow.exceptions import MlflowException
@@ -451,6 +452,29 @@ class LangGraphResponsesAgent(ResponsesAgent):
             return self.threads.import_thread(
                 document, user_id=self._user(user_id), thread_id=check_id("thread_id", thread_id)
             )
+
+    # -- retention (Python API) ----------------------------------------------------------------
+    def sweep_expired_threads(self, *, now: datetime | None = None) -> dict[str, Any]:
+        """Delete, or trim to their head, the threads idle longer than their time to live.
+
+        A thread expires `ttl_seconds` (its own, set with `update_thread`, else the
+        `thread_ttl_seconds` setting; neither: never) after its last write (`updated_at`).
+        `thread_ttl_strategy` says what happens: `delete` (the whole thread, as `delete_thread`)
+        or `keep_latest` (only the head checkpoint stays, its messages whole; the thread stays usable).
+        A thread busy with a turn is skipped; replicas sweeping at once handle each thread once.
+
+        Args:
+            now: judge expiry as of this timezone-aware time instead of the database's clock
+                (Postgres) or this machine's (SQLite); for tests.
+
+        Returns:
+            `{"deleted_thread_ids": [str], "trimmed": [{"thread_id": str, "removed_checkpoints": int}]}`,
+            oldest activity first.
+
+        Raises: `InvalidRequest` (a naive `now`), `StorageUnavailable`.
+        """
+        with _agent_errors():
+            return self.threads.sweep_expired_threads(now=now).as_dict()
 
     # -- long-term memory (Python API) ------------------------------------------------------
     def list_memories(self, user_id: str, query: str | None = None, limit: int = 20) -> list[dict[str, Any]]:

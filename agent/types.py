@@ -11,6 +11,7 @@
 * `AgentInfo`: what is running (`LangGraphResponsesAgent.info()`, `GET /agent/info`).
 * `Memory`: one long-term memory of a user (`list_memories`, the memories given to the model).
 * `TokenUsage`: a thread's and a branch's token totals (`get_usage`).
+* `SweepResult`, `TrimmedThread`: what a retention sweep removed (`sweep_expired_threads`).
 """
 
 from __future__ import annotations
@@ -338,3 +339,31 @@ class Memory:
         }
 
 
+@dataclass(frozen=True)
+class TrimmedThread:
+    """A thread whose checkpoints but the head a `keep_latest` sweep deleted."""
+
+    thread_id: str
+    removed_checkpoints: int
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one retention sweep removed; each thread appears once, in the order it was swept
+    (oldest activity first)."""
+
+    deleted_thread_ids: tuple[str, ...] = ()
+    """Threads deleted whole (`thread_ttl_strategy="delete"`)."""
+    trimmed: tuple[TrimmedThread, ...] = ()
+    """Threads cut down to their head (`thread_ttl_strategy="keep_latest"`)."""
+
+    def __bool__(self) -> bool:
+        """Whether the sweep removed anything."""
+        return bool(self.deleted_thread_ids or self.trimmed)
+
+    def as_dict(self) -> dict[str, Any]:
+        """`{"deleted_thread_ids": [str], "trimmed": [{"thread_id", "removed_checkpoints"}]}`."""
+        return {
+            "deleted_thread_ids": list(self.deleted_thread_ids),
+            "trimmed": [{"thread_id": t.thread_id, "removed_checkpoints": t.removed_checkpoints} for t in self.trimmed],
+        }

@@ -2,6 +2,7 @@
 
 Modules: `access` (the ownership rule), `turns` (claim, run, commit; sync and
 async), `history` (checkpoint pages, the head), `lifecycle` (deletion),
+`retention` (expired threads deleted or trimmed to their head),
 `tree` (a thread's checkpoint tree from summaries, and where each message sits
 in it), `edits` (where an edit or regeneration starts; removals), `branches`
 (checkpoint state, branches, head switch, fork, compare), `catalogue` (listing
@@ -26,8 +27,10 @@ here import those libraries inside functions or under `TYPE_CHECKING`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent.config import AgentSettings, MultitaskStrategy
@@ -36,7 +39,7 @@ from agent.operations import branches, catalogue
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
 from agent.operations import memories as memory_ops
-from agent.operations import transfer
+from agent.operations import retention, transfer
 from agent.operations import usage as usage_ops
 from agent.storage import ThreadStorage
 from agent.types import (
@@ -47,6 +50,7 @@ from agent.types import (
     ForkResult,
     HeadMove,
     Memory,
+    SweepResult,
     TokenUsage,
     TurnResult,
 )
@@ -193,6 +197,10 @@ class Threads:
         """See `transfer.import_thread`; the imported thread as a dict (`catalogue.thread_dict`)."""
         record = transfer.import_thread(self.storage, document, user_id=user_id, thread_id=thread_id)
         return catalogue.thread_dict(record)
+
+    def sweep_expired_threads(self, *, now: datetime | None = None, stop: threading.Event | None = None) -> SweepResult:
+        """See `retention.sweep_expired_threads`."""
+        return retention.sweep_expired_threads(self.storage, self.settings, now=now, memories=self.memories, stop=stop)
 
     def list_memories(self, user_id: str, query: str | None, limit: int) -> list[Memory]:
         """See `memories.list_memories`."""

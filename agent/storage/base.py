@@ -49,6 +49,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.config import AgentSettings, MultitaskStrategy
@@ -89,6 +90,19 @@ class CheckpointLink:
     parent_checkpoint_id: str | None
     message_count: int
     kept_messages: int | None
+
+
+@dataclass(frozen=True)
+class ExpiredThread:
+    """A thread the retention sweep found expired (`ThreadStorage.expired_threads`).
+
+    `position` is where the next batch starts after: the backend's own
+    (updated_at, thread_id) pair, opaque to callers.
+    """
+
+    thread_id: str
+    user_id: str | None
+    position: Any
 
 
 def owned_by(record: ThreadRecord | None, user_id: str | None) -> bool:
@@ -263,6 +277,22 @@ class Tx(ABC):
     ) -> None:
         """Create a thread record with all its fields (a fork); `created_at` and `updated_at` become now."""
 
+    @abstractmethod
+    def is_expired(self, thread_id: str, *, default_ttl: float | None, now: datetime | None) -> bool:
+        """Whether the thread is expired, judged in this transaction: its `updated_at` plus its own
+        `ttl_seconds` (else `default_ttl`; both None: never) is at or before `now` (None: the
+        database's clock on Postgres, this machine's on SQLite). False for an unknown thread."""
+
+    @abstractmethod
+    def keep_only_head(self, thread_id: str, head: CheckpointTuple) -> int:
+        """Delete every checkpoint of the thread but `head` (its head, messages resolved), with their
+        blobs and pending writes, after storing the head's messages whole (no longer a delta against
+        an ancestor) and making the head a root (no parent, `kept_messages` 0).
+
+        Returns:
+            How many checkpoints (root namespace) were deleted.
+        """
+
 
 class ThreadStorage(ABC):
     """One database: the LangGraph saver the graph is compiled with, thread records, and turn claims.
@@ -309,6 +339,7 @@ class ThreadStorage(ABC):
         strategy: MultitaskStrategy,
         timeout: float,
         idempotency_key: str | None = None,
+        read_start: bool = True,
     ) -> Claim:
         """Claim `thread_id` for one turn, and read its record and the turn's start, without holding a connection.
 
@@ -321,6 +352,8 @@ class ThreadStorage(ABC):
                 first ask the running turn to stop, then wait like `enqueue`.
             timeout: seconds to wait (not `reject`).
             idempotency_key: stored with the claim, so a retry can tell that its original is still running.
+            read_start: False: do not read the start checkpoint (`Claim.start` is None), for work
+                that needs only the thread record (the retention sweep's deletions).
 
         Returns:
             The claim; it is renewed until `commit` or `release`.
@@ -336,7 +369,14 @@ class ThreadStorage(ABC):
         delay = 0.005
         asked_to_stop = False
         while True:
-            claim, record = self._try_claim(thread_id, token, user_id=user_id, checkpoint_id=checkpoint_id, idempotency_key=idempotency_key)
+            claim, record = self._try_claim(
+                thread_id,
+                token,
+                user_id=user_id,
+                checkpoint_id=checkpoint_id,
+                idempotency_key=idempotency_key,
+                read_start=read_start,
+            )
             if claim is not None:
                 self.keeper.add(claim)
                 return claim
@@ -397,6 +437,7 @@ class ThreadStorage(ABC):
         strategy: MultitaskStrategy = "enqueue",
         timeout: float | None = None,
         checkpoint_id: str | None = None,
+        read_start: bool = True,
     ) -> Iterator[Claim]:
         """Claim the thread for a short write that does not run the model; release it if the block raises.
 
@@ -408,6 +449,7 @@ class ThreadStorage(ABC):
             checkpoint_id=checkpoint_id,
             strategy=strategy,
             timeout=self.settings.enqueue_timeout if timeout is None else timeout,
+            read_start=read_start,
         )
         try:
             yield claim
@@ -418,7 +460,14 @@ class ThreadStorage(ABC):
     # -- backend hooks for the protocol -------------------------------------------------------------
     @abstractmethod
     def _try_claim(
-        self, thread_id: str, token: str, *, user_id: str | None, checkpoint_id: str | None, idempotency_key: str | None
+        self,
+        thread_id: str,
+        token: str,
+        *,
+        user_id: str | None,
+        checkpoint_id: str | None,
+        idempotency_key: str | None,
+        read_start: bool = True,
     ) -> tuple[Claim | None, ThreadRecord | None]:
         """One attempt, in one round trip: (the claim, or None if refused; the thread record)."""
 
@@ -453,6 +502,26 @@ class ThreadStorage(ABC):
     def sweep_idempotency(self) -> int:
         """Delete every expired stored result; returns how many. Never needed for correctness (lookups
         ignore expired rows); it keeps the table small."""
+
+    # -- retention -----------------------------------------------------------------------------------
+    @abstractmethod
+    def expired_threads(
+        self,
+        *,
+        default_ttl: float | None,
+        now: datetime | None,
+        limit: int,
+        after: Any = None,
+        trimmable_only: bool = False,
+    ) -> list[ExpiredThread]:
+        """Up to `limit` expired threads that no turn holds now, oldest activity first (by
+        `updated_at`, then `thread_id`), after the position `after` (an `ExpiredThread.position`).
+
+        Expired: `updated_at` + the thread's `ttl_seconds` (else `default_ttl`; both None: never)
+        is at or before `now` (None: the database's clock on Postgres, this machine's on SQLite).
+        `trimmable_only`: only threads with a checkpoint besides the head. A candidate list only:
+        the sweep claims each thread and checks again (`Tx.is_expired`) before removing anything.
+        """
 
     # -- writes without a claim ------------------------------------------------------------------------
     @abstractmethod

@@ -68,7 +68,18 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.config import AgentSettings, mask_url
 from agent.errors import AgentError, InvalidRequest, LeaseExpired, StorageUnavailable
-from agent.storage.base import CheckpointLink, Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
+from agent.storage import deltas
+from agent.storage.base import (
+    CheckpointLink,
+    Claim,
+    ExpiredThread,
+    IdempotencyKeyTaken,
+    IdempotencyState,
+    ThreadRecord,
+    ThreadStorage,
+    Turn,
+    Tx,
+)
 from agent.storage.saver import TurnSaverMixin
 
 logger = logging.getLogger(__name__)
@@ -301,6 +312,50 @@ DELETE_THREAD_SQL = [
     "DELETE FROM agent_idempotency WHERE thread_id = %s",
     "DELETE FROM agent_threads WHERE thread_id = %s",
 ]
+# -- retention (`operations.retention`) --
+# A thread's expiry: its own ttl_seconds, else the agent's thread_ttl_seconds (NULL: never).
+EXPIRED_CONDITION = """COALESCE(t.ttl_seconds, %(ttl)s::float8) IS NOT NULL
+    AND t.updated_at + make_interval(secs => COALESCE(t.ttl_seconds, %(ttl)s::float8))
+        <= COALESCE(%(now)s::timestamptz, now())"""
+# Candidates only (the sweep claims each one and checks again); a thread a turn holds is left out.
+EXPIRED_THREADS_SQL = f"""
+SELECT t.thread_id, t.user_id, t.updated_at FROM agent_threads t
+WHERE {EXPIRED_CONDITION}
+  AND (%(after_ts)s::timestamptz IS NULL OR (t.updated_at, t.thread_id) > (%(after_ts)s::timestamptz, %(after_id)s::text))
+  AND NOT EXISTS (SELECT 1 FROM agent_claims c
+                  WHERE c.thread_id = t.thread_id AND c.token <> '' AND c.expires_at >= clock_timestamp())
+  AND (NOT %(trimmable)s OR EXISTS (SELECT 1 FROM checkpoints k
+                                    WHERE k.thread_id = t.thread_id AND k.checkpoint_id <> t.head_checkpoint_id))
+ORDER BY t.updated_at, t.thread_id
+LIMIT %(limit)s
+"""
+IS_EXPIRED_SQL = f"SELECT 1 FROM agent_threads t WHERE t.thread_id = %(thread_id)s AND {EXPIRED_CONDITION}"
+# keep_latest: the head's `messages` blob rewritten whole, everything else of the thread deleted.
+REWRITE_BLOB_SQL = """
+UPDATE checkpoint_blobs SET type = %s, blob = %s
+WHERE thread_id = %s AND checkpoint_ns = '' AND channel = 'messages' AND version = %s
+"""
+DELETE_OTHER_WRITES_SQL = """
+DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s
+  AND NOT (checkpoint_ns = '' AND checkpoint_id = %(head)s)
+"""
+# Blobs are shared between checkpoints by (channel, version): keep exactly those the head points at.
+DELETE_OTHER_BLOBS_SQL = """
+DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
+    SELECT 1 FROM checkpoints h
+    WHERE h.thread_id = %(thread_id)s AND h.checkpoint_ns = '' AND h.checkpoint_id = %(head)s
+      AND b.checkpoint_ns = '' AND h.checkpoint -> 'channel_versions' ->> b.channel = b.version)
+"""
+DELETE_OTHER_CHECKPOINTS_SQL = """
+WITH gone AS (
+    DELETE FROM checkpoints WHERE thread_id = %(thread_id)s AND NOT (checkpoint_ns = '' AND checkpoint_id = %(head)s)
+    RETURNING checkpoint_ns)
+SELECT count(*) FILTER (WHERE checkpoint_ns = '') AS removed FROM gone
+"""
+MAKE_ROOT_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = metadata || '{"kept_messages": 0}'::jsonb
+WHERE thread_id = %(thread_id)s AND checkpoint_ns = '' AND checkpoint_id = %(head)s
+"""
 # The claim row goes last and only if it is released: the deleting operation's own claim
 # is released by its commit, which runs agent_end_claim first.
 DELETE_RELEASED_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = %s AND token = ''"
@@ -439,6 +494,26 @@ class PostgresTx(Tx):
             INSERT_THREAD_SQL,
             (thread_id, user_id, head_checkpoint_id, message_count, title, Jsonb(dict(metadata)), forked),
         )
+
+
+    def is_expired(self, thread_id: str, *, default_ttl: float | None, now: datetime | None) -> bool:
+        params = {"thread_id": thread_id, "ttl": default_ttl, "now": now}
+        return self.conn.execute(IS_EXPIRED_SQL, params).fetchone() is not None
+
+    def keep_only_head(self, thread_id: str, head) -> int:
+        head_id = head.config["configurable"]["checkpoint_id"]
+        messages = head.checkpoint["channel_values"].get("messages")
+        version = head.checkpoint["channel_versions"].get("messages")
+        if messages is not None and version is not None:
+            # Whole: its base checkpoints are about to go (see `deltas`).
+            blob = self.saver.serde.dumps_typed(deltas.encode(list(messages), None, ()))
+            self.conn.execute(REWRITE_BLOB_SQL, (*blob, thread_id, str(version)))
+        params = {"thread_id": thread_id, "head": head_id}
+        self.conn.execute(DELETE_OTHER_WRITES_SQL, params)
+        self.conn.execute(DELETE_OTHER_BLOBS_SQL, params)
+        removed = self.conn.execute(DELETE_OTHER_CHECKPOINTS_SQL, params).fetchone()["removed"]
+        self.conn.execute(MAKE_ROOT_SQL, params)
+        return int(removed)
 
 
 class CachedCredential:
@@ -649,7 +724,7 @@ class PostgresThreadStorage(ThreadStorage):
         raise AssertionError("unreachable")
 
     # -- the turn protocol -----------------------------------------------------------------
-    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key):
+    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True):
         params = {
             "thread_id": thread_id,
             "token": token,
@@ -662,10 +737,14 @@ class PostgresThreadStorage(ThreadStorage):
             with conn.pipeline():
                 claimed = conn.execute(CLAIM_SQL, params)
                 record = conn.execute(SELECT_THREAD_SQL, (thread_id,))
-                start = conn.cursor(binary=True).execute(CLAIMED_START_SQL, (thread_id, checkpoint_id, thread_id, thread_id, token))
+                start = (
+                    conn.cursor(binary=True).execute(CLAIMED_START_SQL, (thread_id, checkpoint_id, thread_id, thread_id, token))
+                    if read_start
+                    else None
+                )
                 privileges = conn.execute(MISSING_PRIVILEGES_SQL)
             fence_row, record_row = claimed.fetchone(), record.fetchone()
-            start_row, missing = start.fetchone(), privileges.fetchone()["missing"]
+            start_row, missing = start.fetchone() if start is not None else None, privileges.fetchone()["missing"]
             if fence_row is not None and missing:
                 # Given up as `_release` would: a new thread's claim leaves no row behind.
                 conn.execute(DROP_CLAIM_SQL if record_row is None else RELEASE_CLAIM_SQL, (thread_id, token))
@@ -795,6 +874,19 @@ class PostgresThreadStorage(ThreadStorage):
 
     def sweep_idempotency(self) -> int:
         return self._run("delete expired idempotency keys", lambda conn: conn.execute(SWEEP_IDEMPOTENCY_SQL).rowcount)
+
+    def expired_threads(self, *, default_ttl, now, limit, after=None, trimmable_only=False) -> list[ExpiredThread]:
+        after_ts, after_id = after if after is not None else (None, None)
+        params = {
+            "ttl": default_ttl,
+            "now": now,
+            "after_ts": after_ts,
+            "after_id": after_id,
+            "trimmable": trimmable_only,
+            "limit": limit,
+        }
+        rows = self._read(None, EXPIRED_THREADS_SQL, params)
+        return [ExpiredThread(row["thread_id"], row["user_id"], (row["updated_at"], row["thread_id"])) for row in rows]
 
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,18 @@ from langgraph.store.sqlite.base import VECTOR_MIGRATIONS as STORE_VECTOR_MIGRAT
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
-from agent.storage import sqlite_reads
-from agent.storage.base import CheckpointLink, Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
+from agent.storage import deltas, sqlite_reads
+from agent.storage.base import (
+    CheckpointLink,
+    Claim,
+    ExpiredThread,
+    IdempotencyKeyTaken,
+    IdempotencyState,
+    ThreadRecord,
+    ThreadStorage,
+    Turn,
+    Tx,
+)
 from agent.storage.saver import TurnSaverMixin
 from agent.storage.sqlite_reads import (  # noqa: F401 - the reads' statements, shared with SqliteReader
     CHECKPOINT_IN_THREAD_SQL,
@@ -182,6 +193,34 @@ DELETE_THREAD_SQL = [
     "DELETE FROM agent_claims WHERE thread_id = ? AND token = ''",
 ]
 
+# -- retention (`operations.retention`) --
+# A thread's expiry: its own ttl_seconds, else the agent's thread_ttl_seconds (NULL: never); epoch seconds.
+EXPIRED_CONDITION = """COALESCE(t.ttl_seconds, :ttl) IS NOT NULL
+    AND t.updated_at + COALESCE(t.ttl_seconds, :ttl) <= :now"""
+# Candidates only (the sweep claims each one and checks again); a thread a turn holds is left out.
+EXPIRED_THREADS_SQL = f"""
+SELECT t.thread_id, t.user_id, t.updated_at FROM agent_threads t
+WHERE {EXPIRED_CONDITION}
+  AND (:after_ts IS NULL OR t.updated_at > :after_ts OR (t.updated_at = :after_ts AND t.thread_id > :after_id))
+  AND NOT EXISTS (SELECT 1 FROM agent_claims c
+                  WHERE c.thread_id = t.thread_id AND c.token <> '' AND c.expires_at >= :clock)
+  AND (NOT :trimmable OR EXISTS (SELECT 1 FROM checkpoints k
+                                 WHERE k.thread_id = t.thread_id AND k.checkpoint_id <> t.head_checkpoint_id))
+ORDER BY t.updated_at, t.thread_id
+LIMIT :limit
+"""
+IS_EXPIRED_SQL = f"SELECT 1 FROM agent_threads t WHERE t.thread_id = :thread_id AND {EXPIRED_CONDITION}"
+SELECT_HEAD_ROW_SQL = """
+SELECT type, checkpoint, metadata FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
+"""
+UPDATE_HEAD_ROW_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = NULL, type = ?, checkpoint = ?, metadata = ?
+WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
+"""
+DELETE_OTHER_WRITES_SQL = "DELETE FROM writes WHERE thread_id = ? AND NOT (checkpoint_ns = '' AND checkpoint_id = ?)"
+DELETE_OTHER_ROOT_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id <> ?"
+DELETE_NAMESPACED_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns <> ''"
+
 
 FIND_IDEMPOTENCY_SQL = """
 SELECT request_hash, thread_id, response FROM agent_idempotency WHERE user_key = ? AND key = ? AND expires_at > ?
@@ -312,6 +351,37 @@ class SqliteTx(Tx):
         )
 
 
+    def is_expired(self, thread_id: str, *, default_ttl: float | None, now: datetime | None) -> bool:
+        params = {"thread_id": thread_id, "ttl": default_ttl, "now": _epoch(now)}
+        return self.cur.execute(IS_EXPIRED_SQL, params).fetchone() is not None
+
+    def keep_only_head(self, thread_id: str, head) -> int:
+        head_id = head.config["configurable"]["checkpoint_id"]
+        row = self.cur.execute(SELECT_HEAD_ROW_SQL, (thread_id, head_id)).fetchone()
+        if row is None:
+            return 0
+        type_, blob, metadata = row
+        # SqliteSaver keeps channel values inside the checkpoint: store the head's messages whole
+        # there (its base checkpoints are about to go, see `deltas`), and make it a root.
+        checkpoint = self.saver.serde.loads_typed((type_, blob))
+        messages = head.checkpoint["channel_values"].get("messages")
+        if messages is not None and "messages" in checkpoint["channel_values"]:
+            checkpoint["channel_values"]["messages"] = deltas.encode(list(messages), None, ())
+        summary = {**json.loads(metadata), "kept_messages": 0} if metadata is not None else {"kept_messages": 0}
+        type_, blob = self.saver.serde.dumps_typed(checkpoint)
+        self.cur.execute(
+            UPDATE_HEAD_ROW_SQL, (type_, blob, json.dumps(summary, ensure_ascii=False).encode(), thread_id, head_id)
+        )
+        self.cur.execute(DELETE_OTHER_WRITES_SQL, (thread_id, head_id))
+        removed = self.cur.execute(DELETE_OTHER_ROOT_CHECKPOINTS_SQL, (thread_id, head_id)).rowcount
+        self.cur.execute(DELETE_NAMESPACED_CHECKPOINTS_SQL, (thread_id,))
+        return removed
+
+
+def _epoch(now: datetime | None) -> float:
+    return time.time() if now is None else now.timestamp()
+
+
 class SqliteThreadStorage(ThreadStorage):
     """SQLite storage for one agent; `path` is a file, or `":memory:"` for `memory://`."""
 
@@ -405,7 +475,7 @@ class SqliteThreadStorage(ThreadStorage):
         return True
 
     # -- the turn protocol -----------------------------------------------------------------
-    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key):
+    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True):
         now = time.time()
         params = {
             "thread_id": thread_id,
@@ -423,7 +493,7 @@ class SqliteThreadStorage(ThreadStorage):
                 record = sqlite_reads.get_thread(cur, thread_id)
                 start = None
                 start_id = checkpoint_id or (record.head_checkpoint_id if record else None)
-                if fence_row is not None and start_id is not None:
+                if fence_row is not None and start_id is not None and read_start:
                     config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": start_id}}
                     start = self.saver._backend_get_tuple(config)
             return fence_row, record, start
@@ -504,6 +574,20 @@ class SqliteThreadStorage(ThreadStorage):
         self.setup()
         with self._errors(), self.saver.cursor() as cur:
             return cur.execute(SWEEP_IDEMPOTENCY_SQL, (time.time(),)).rowcount
+
+    def expired_threads(self, *, default_ttl, now, limit, after=None, trimmable_only=False) -> list[ExpiredThread]:
+        after_ts, after_id = after if after is not None else (None, None)
+        params = {
+            "ttl": default_ttl,
+            "now": _epoch(now),
+            "clock": time.time(),
+            "after_ts": after_ts,
+            "after_id": after_id,
+            "trimmable": trimmable_only,
+            "limit": limit,
+        }
+        rows = self._read(lambda cur: cur.execute(EXPIRED_THREADS_SQL, params).fetchall())
+        return [ExpiredThread(thread_id, user_id, (updated_at, thread_id)) for thread_id, user_id, updated_at in rows]
 
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()
