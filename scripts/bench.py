@@ -40,7 +40,7 @@ from bench import report  # noqa: E402
 from bench.databases import DEFAULT_SERVER_URL, server_version  # noqa: E402
 
 #: The benchmarks, `bench.<name>`, in the order they run.
-PARTS = ["storage", "branches", "context", "memory", "startup", "load"]
+PARTS = ["storage", "branches", "catalogue", "context", "memory", "startup", "load"]
 
 
 def run_parts(names: list[str], server_url: str, *, quick: bool) -> tuple[dict[str, dict[str, Any]], list[str]]:

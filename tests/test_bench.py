@@ -126,7 +126,7 @@ def test_every_part_of_the_runner_has_run_and_print_result():
     import runpy
 
     parts = runpy.run_path(str(BENCH), run_name="bench_runner")["PARTS"]
-    assert {"storage", "branches", "context", "memory", "startup", "load"} <= set(parts)
+    assert {"storage", "branches", "catalogue", "context", "memory", "startup", "load"} <= set(parts)
     for name in parts:
         module = importlib.import_module(f"bench.{name}")
         assert callable(module.run) and callable(module.print_result), name
