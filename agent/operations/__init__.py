@@ -150,6 +150,16 @@ class Threads:
         """See `usage.token_usage`."""
         return usage_ops.token_usage(self.storage, thread_id, user_id=user_id, checkpoint_id=checkpoint_id)
 
+    def thread_of_response(self, checkpoint_id: str, *, user_id: str | None) -> str:
+        """The thread of the response (checkpoint) `checkpoint_id`; see `conversations.thread_of_response`."""
+        from agent.operations.conversations import thread_of_response
+
+        return thread_of_response(self.storage, checkpoint_id, user_id=user_id).thread_id
+
+    def head(self, thread_id: str, *, user_id: str | None) -> str:
+        """See `history.head`."""
+        return history_ops.head(self.storage, thread_id, user_id=user_id)
+
     def delete_thread(self, thread_id: str, *, user_id: str | None) -> None:
         """See `lifecycle.delete_thread`."""
         lifecycle.delete_thread(self.storage, thread_id, user_id=user_id, memories=self.memories)

@@ -99,6 +99,8 @@ class TurnArgs:
     """The request's fingerprint (`idempotency.request_fingerprint`); set whenever `idempotency_key` is."""
     instructions: str | None = None
     """A system message for this turn only (not stored)."""
+    store: bool = True
+    """False: run from the requested state and write nothing (OpenAI's `store: false`); the claim is released."""
     max_context_tokens: int | None = None
     """This turn's token budget for the model's input (None: the agent's setting)."""
     edit_message_id: str | None = None
@@ -292,6 +294,11 @@ class TurnRunner:
                 )
                 begun = _Start(begun.checkpoint_id, [*removed, *messages], begun.loaded)
             turn, start, config = self._prepare(claim, args, begun)
+            if claim.record is None and not begun.messages:
+                # A new thread and nothing to add (an empty conversation): its root is the whole thread.
+                result = TurnResult(thread_id, turn.new_head, None)
+                outcome = self._commit(claim, turn, args, result, [])
+                return outcome if isinstance(outcome, TurnResult) else _result_of(outcome)
             values: dict[str, Any] = {"messages": list(begun.messages)}
             if begun.loaded is not None and not edit_keeps_summary(begun.loaded.checkpoint["channel_values"], begun.messages):
                 values[CONTEXT_SUMMARY_CHANNEL] = None
@@ -479,7 +486,20 @@ class TurnRunner:
     def _commit(
         self, claim: Claim, turn: Turn, args: TurnArgs, result: TurnResult, output: list[dict]
     ) -> TurnResult | StoredResponse:
-        """Commit `turn`, and with an idempotency key its response (`output` and `result`) in the same transaction."""
+        """Commit `turn`, and with an idempotency key its response (`output` and `result`) in the same transaction.
+
+        A `store: false` turn is released instead: nothing of it is written, not even a new thread's root.
+        """
+        if not args.store:
+            self.storage.release(claim)
+            existing = claim.record is not None
+            return TurnResult(
+                claim.thread_id if existing else None,
+                None,
+                result.parent_checkpoint_id if existing else None,
+                result.status,
+                unstored_response_id=f"resp_{uuid.uuid4().hex}",
+            )
         apply = functools.partial(self._write_turn, turn, result.parent_checkpoint_id, args.user_id)
         if args.idempotency_key is None:
             self.storage.commit(claim, apply)

@@ -474,6 +474,14 @@ class ThreadStorage(ABC):
         """The ids of the threads `user_id` owns, sorted."""
 
     @abstractmethod
+    def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
+        """The thread whose (root namespace) checkpoint `checkpoint_id` is, or None; one indexed read.
+
+        Checkpoint ids are unique across threads (a fork copies with new ids), which is what lets an
+        OpenAI response id (`resp_<checkpoint_id>`) name its thread.
+        """
+
+    @abstractmethod
     def exists(self) -> bool:
         """Whether the store has been set up (its tables exist), found without creating anything.
 

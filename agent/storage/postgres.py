@@ -128,6 +128,9 @@ MIGRATIONS = [
     # A retry looks for a running turn that carries its key; the sweep deletes expired results.
     "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
+    # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone
+    # (LangGraph's primary key starts with thread_id).
+    "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -255,6 +258,7 @@ JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.che
 WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
+THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = %s AND checkpoint_ns = '' LIMIT 1"
 # A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
 TOKEN_USAGE_SQL = """
 SELECT coalesce(sum((metadata -> 'usage' ->> 'input_tokens')::bigint), 0) AS input_tokens,
@@ -794,6 +798,10 @@ class PostgresThreadStorage(ThreadStorage):
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, SELECT_USER_THREADS_SQL, (user_id,))]
+
+    def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
+        rows = self._read(None, THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,))
+        return rows[0]["thread_id"] if rows else None
 
     def exists(self) -> bool:
         if self._ready:

@@ -103,6 +103,10 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
         "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
     ],
+    [
+        # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone.
+        "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -147,6 +151,7 @@ SELECT checkpoint_id, parent_checkpoint_id, json_extract(CAST(metadata AS TEXT),
     json_extract(CAST(metadata AS TEXT), '$.kept_messages')
 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 """
+THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = ? AND checkpoint_ns = '' LIMIT 1"
 SET_HEAD_SQL = "UPDATE agent_threads SET head_checkpoint_id = ?, message_count = ?, updated_at = ? WHERE thread_id = ?"
 INSERT_THREAD_SQL = """
 INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, forked_from,
@@ -530,6 +535,10 @@ class SqliteThreadStorage(ThreadStorage):
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return self._read(lambda cur: sqlite_reads.threads_of_user(cur, user_id))
+
+    def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
+        row = self._read(lambda cur: cur.execute(THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,)).fetchone())
+        return row[0] if row else None
 
     def exists(self) -> bool:
         if self._ready:
