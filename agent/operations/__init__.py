@@ -104,6 +104,7 @@ class Threads:
         request_hash: str | None = None,
         remove_message_ids: Sequence[str] = (),
         edit_message_id: str | None = None,
+        new_thread: bool = False,
     ) -> TurnResult:
         """See `TurnRunner.update_state`."""
         return self.turns.update_state(
@@ -116,6 +117,7 @@ class Threads:
             request_hash=request_hash,
             remove_message_ids=remove_message_ids,
             edit_message_id=edit_message_id,
+            new_thread=new_thread,
         )
 
     def history(self, thread_id: str, *, user_id: str | None, limit: int, before: str | None) -> list[CheckpointSummary]:

@@ -254,8 +254,12 @@ class TurnRunner:
         request_hash: str | None = None,
         remove_message_ids: Sequence[str] = (),
         edit_message_id: str | None = None,
+        new_thread: bool = False,
     ) -> TurnResult:
         """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
+
+        `new_thread`: `thread_id` is a new id, and the thread is created (owned by `user_id`) with its
+        root and, when `messages` are given, one checkpoint holding them (a Conversations API create).
 
         It becomes the thread head. Messages are applied with LangGraph's
         `add_messages` as if the agent node had returned them: appended, and a
@@ -281,9 +285,10 @@ class TurnRunner:
                 return _result_of(stored)
         claim = self._claim(thread_id, args)
         try:
-            authorize(claim.record, thread_id, user_id)
+            if not (new_thread and claim.record is None):
+                authorize(claim.record, thread_id, user_id)
             begun = self._start(claim, args)
-            current = claim.start.checkpoint["channel_values"].get("messages") or ()
+            current = claim.start.checkpoint["channel_values"].get("messages") or () if claim.start is not None else ()
             if edit_message_id is not None:
                 replaced = current[position_of(current, edit_message_id, thread_id=thread_id, checkpoint_id=begun.checkpoint_id)]
                 messages = [message.model_copy(update={"id": replaced.id}) for message in messages]

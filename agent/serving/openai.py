@@ -45,7 +45,8 @@ from fastapi.responses import JSONResponse
 from agent.errors import AgentError, InvalidRequest
 from agent.operations import conversations as ops
 from agent.serving.errors import http_status, log_error_answer, openai_error_body
-from agent.validation import check_id
+from agent.messages import to_langchain
+from agent.validation import check_id, encoded_size
 
 if TYPE_CHECKING:
     from agent.responses import LangGraphResponsesAgent
@@ -109,7 +110,8 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             items = _items(body.get("items") or [])
             metadata = _metadata(body.get("metadata"))
             thread_id = str(uuid.uuid4())
-            agent.update_checkpoint_state(thread_id, None, items, user_id=user)
+            encoded_size("items", items)  # refuses lone surrogates, as turns do
+            agent.threads.update_state(thread_id, None, to_langchain(items), user_id=user, new_thread=True)
             if metadata:
                 agent.update_thread(thread_id, metadata=metadata, user_id=user)
             return ops.conversation_object(ops.get_conversation(storage, thread_id, user_id=user))
