@@ -12,7 +12,13 @@ MLflow's helpers. It holds no memory or branching logic.
   tokens and `response.output_item.done` per finished item. The last
   `output_item.done` is held back until the turn is committed, so that it can
   carry `custom_outputs` with the new `checkpoint_id` (the Databricks reference
-  drops `custom_outputs` on streams).
+  drops `custom_outputs` on streams). A turn's stream then ends with
+  `response.completed`: the whole response (every item again, as OpenAI's) with
+  its `id`, known only after the commit.
+* A turn's response `id` is `resp_<checkpoint_id>` (also `custom_outputs.response_id`),
+  so the `openai` client's `previous_response_id` names a checkpoint; the request's
+  `previous_response_id` is resolved to its thread here (`_resolved`), once, before
+  the turn (see `agent.requests` for the OpenAI fields).
 * A retry with an idempotency key whose first request committed gets that
   request's response again (`StoredResponse`); streamed, it is replayed as
   events: a text delta and an `output_item.done` per item, the last carrying
