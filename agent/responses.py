@@ -377,6 +377,66 @@ class LangGraphResponsesAgent(ResponsesAgent):
         with _agent_errors():
             return self.threads.delete_user_data(required_id("user_id", user_id))
 
+    # -- the thread catalogue (Python API) ------------------------------------------------------
+    def list_threads(
+        self,
+        *,
+        user_id: str | None = None,
+        limit: int = 20,
+        before: str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The caller's threads, newest activity first (`updated_at` DESC, then `thread_id` DESC).
+
+        Each: `thread_id`, `user_id`, `title` (default: the first user message, shortened to 60
+        characters), `created_at`, `updated_at` (last activity; ISO 8601, UTC), `checkpoint_id` (the
+        head), `message_count`, `metadata`, `forked_from`, `ttl_seconds`, and `cursor`: pass the last
+        thread's as `before` for the next page (an empty page: no more). Paging neither repeats nor
+        skips a thread while others write, except that a thread given new activity meanwhile moves to
+        the top of a fresh first page (see `agent.operations.catalogue`). `limit`: 1 to 100.
+        `metadata`: only threads whose metadata holds all these pairs.
+
+        Raises: `InvalidRequest` (bad limit, cursor or metadata), `ThreadNotFound` (`before` is a
+        thread id the caller does not own).
+        """
+        with _agent_errors():
+            return self.threads.list_threads(
+                user_id=self._user(user_id), limit=limit, before=before, metadata=metadata
+            )
+
+    def get_thread(self, thread_id: str, *, user_id: str | None = None) -> dict[str, Any]:
+        """One thread, as `list_threads` lists it (without `cursor`).
+
+        Raises: `InvalidRequest` (bad ids), `ThreadNotFound` (unknown, or not the caller's).
+        """
+        with _agent_errors():
+            return self.threads.get_thread(required_id("thread_id", thread_id), user_id=self._user(user_id))
+
+    def update_thread(
+        self,
+        thread_id: str,
+        *,
+        title: str | None = None,
+        metadata: dict[str, str] | None = None,
+        ttl_seconds: float | None = None,
+        user_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Set the thread's `title` (1 to 256 characters), `metadata` (replaces the whole object: at most
+        16 pairs, string keys up to 64 characters, string values up to 512, as OpenAI's) and/or
+        `ttl_seconds` (idle seconds before retention may remove it); None leaves a field as it is.
+        `updated_at` (the last activity) does not change. Returns the thread as `get_thread` does.
+
+        Raises: `InvalidRequest` (a value out of bounds; nothing is written), `ThreadNotFound`.
+        """
+        with _agent_errors():
+            return self.threads.update_thread(
+                required_id("thread_id", thread_id),
+                user_id=self._user(user_id),
+                title=title,
+                metadata=metadata,
+                ttl_seconds=ttl_seconds,
+            )
+
     # -- long-term memory (Python API) ------------------------------------------------------
     def list_memories(self, user_id: str, query: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The user's long-term memories, in every `memory_scope`: newest first, or most relevant first
@@ -560,6 +620,7 @@ def _turn_args(parsed: ParsedRequest) -> TurnArgs:
         max_context_tokens=options.max_context_tokens if options else None,
         edit_message_id=options.edit_message_id if options else None,
         regenerate=options.regenerate if options else False,
+        metadata=options.metadata if options else None,
     )
 
 

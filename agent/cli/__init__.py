@@ -3,7 +3,7 @@
 Modules: this one (the Typer app, shared options, opening an agent or a
 store's reads, printing errors), `commands` (history, serve), `demo` (the trip
 scenario; `memory_demo` its long-term-memory variant), `chat` (the REPL and its
-slash commands), `memories` (a user's long-term memories), `printing` (a streamed
+slash commands), `threads` (the thread catalogue), `memories` (a user's long-term memories), `printing` (a streamed
 reply as it arrives). Tables and trees are drawn by `agent.views`, which the
 notebooks use too.
 
@@ -274,4 +274,4 @@ def agent_errors(*, exit_on_error: bool = True, to: Console | None = None, store
 
 
 # The commands register themselves on `app`.
-from agent.cli import demo, chat, commands, memories  # noqa: E402,F401,I001 - the order of `tt-agent --help`
+from agent.cli import demo, chat, commands, threads, memories  # noqa: E402,F401,I001 - the order of `tt-agent --help`

@@ -4,7 +4,8 @@ Modules: `access` (the ownership rule), `turns` (claim, run, commit; sync and
 async), `history` (checkpoint pages, the head), `lifecycle` (deletion),
 `tree` (a thread's checkpoint tree from summaries, and where each message sits
 in it), `edits` (where an edit or regeneration starts; removals), `branches`
-(checkpoint state, branches, head switch, fork, compare). `tree` and `edits`
+(checkpoint state, branches, head switch, fork, compare), `catalogue` (listing
+threads, titles, metadata). `tree` and `edits`
 stand apart from `branches` because turns use them too: an edit and a
 regeneration are turns (they stream, and follow the multitask strategy), so
 only their planning lives outside `turns`. `memories`: a user's long-term memories. `usage`: token totals.
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.errors import InvalidRequest
-from agent.operations import branches
+from agent.operations import branches, catalogue
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
 from agent.operations import memories as memory_ops
@@ -105,6 +106,7 @@ class Threads:
         remove_message_ids: Sequence[str] = (),
         edit_message_id: str | None = None,
         new_thread: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> TurnResult:
         """See `TurnRunner.update_state`."""
         return self.turns.update_state(
@@ -118,6 +120,7 @@ class Threads:
             remove_message_ids=remove_message_ids,
             edit_message_id=edit_message_id,
             new_thread=new_thread,
+            metadata=metadata,
         )
 
     def history(self, thread_id: str, *, user_id: str | None, limit: int, before: str | None) -> list[CheckpointSummary]:
@@ -161,6 +164,30 @@ class Threads:
     def head(self, thread_id: str, *, user_id: str | None) -> str:
         """See `history.head`."""
         return history_ops.head(self.storage, thread_id, user_id=user_id)
+
+    def list_threads(
+        self, *, user_id: str | None, limit: int, before: str | None, metadata: Mapping[str, str] | None
+    ) -> list[dict[str, Any]]:
+        """See `catalogue.list_threads`."""
+        return catalogue.list_threads(self.storage, user_id=user_id, limit=limit, before=before, metadata=metadata)
+
+    def get_thread(self, thread_id: str, *, user_id: str | None) -> dict[str, Any]:
+        """See `catalogue.get_thread`."""
+        return catalogue.get_thread(self.storage, thread_id, user_id=user_id)
+
+    def update_thread(
+        self,
+        thread_id: str,
+        *,
+        user_id: str | None,
+        title: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        ttl_seconds: float | None = None,
+    ) -> dict[str, Any]:
+        """See `catalogue.update_thread`."""
+        return catalogue.update_thread(
+            self.storage, thread_id, user_id=user_id, title=title, metadata=metadata, ttl_seconds=ttl_seconds
+        )
 
     def delete_thread(self, thread_id: str, *, user_id: str | None) -> None:
         """See `lifecycle.delete_thread`."""
@@ -299,11 +326,7 @@ def _parse_turn(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOptions:
         raise InvalidRequest("input is empty: the turn action needs at least one message (or regenerate: true)")
     if (regenerate or edit_message_id is not None) and envelope.thread_id is None:
         raise InvalidRequest("edit_message_id and regenerate need custom_inputs.thread_id (the thread to change)")
-    metadata = custom.get("metadata")
-    if metadata is not None and not (
-        isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
-    ):
-        raise InvalidRequest("metadata must be an object of string keys and string values")
+    metadata = catalogue.check_metadata(custom.get("metadata"))
     budget = custom.get("max_context_tokens")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise InvalidRequest(f"max_context_tokens must be a positive integer, got {budget!r}")
@@ -404,6 +427,27 @@ ACTIONS: dict[str, Action] = {
             needs_user=True,
             parse=memory_ops.parse_delete,
             run=memory_ops.run_delete,
+        ),
+        # -- the thread catalogue (`catalogue`) --
+        Action(
+            name="list_threads",
+            summary="The user's threads, newest activity first; `before`: the previous page's `next_before`.",
+            keys=frozenset({"limit", "before", "metadata"}),
+            needs_thread=False,
+            parse=catalogue.parse_list,
+            run=catalogue.run_list,
+        ),
+        Action(
+            name="get_thread",
+            summary="The thread: title, metadata, head checkpoint_id, message_count, timestamps.",
+            run=catalogue.run_get,
+        ),
+        Action(
+            name="update_thread",
+            summary="Set the thread's title, metadata (replaced) and/or ttl_seconds.",
+            keys=frozenset({"title", "metadata", "ttl_seconds"}),
+            parse=catalogue.parse_update,
+            run=catalogue.run_update,
         ),
     )
 }

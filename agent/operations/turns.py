@@ -47,7 +47,7 @@ import contextlib
 import dataclasses
 import functools
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -63,6 +63,7 @@ from agent.context.summaries import edit_keeps_summary
 from agent.errors import InvalidRequest, LeaseExpired, TurnCancelled
 from agent.messages import to_output_items
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.catalogue import default_title
 from agent.operations.edits import plan_edit, plan_regenerate, position_of, removals
 from agent.operations.idempotency import Idempotency, claim_key
 from agent.operations.tree import fill_kept, read_tree
@@ -107,6 +108,8 @@ class TurnArgs:
     """Put `messages` in place of this message of the start checkpoint (a sibling branch; see `edits`)."""
     regenerate: bool = False
     """Answer the start checkpoint's last user message again (`messages` empty; see `edits`)."""
+    metadata: Mapping[str, str] | None = None
+    """Stored with the thread when this turn creates it (`catalogue`); ignored on an existing thread."""
 
 
 @dataclass(frozen=True)
@@ -255,11 +258,13 @@ class TurnRunner:
         remove_message_ids: Sequence[str] = (),
         edit_message_id: str | None = None,
         new_thread: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> TurnResult:
         """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
 
-        `new_thread`: `thread_id` is a new id, and the thread is created (owned by `user_id`) with its
-        root and, when `messages` are given, one checkpoint holding them (a Conversations API create).
+        `new_thread`: `thread_id` is a new id, and the thread is created (owned by `user_id`, with
+        `metadata`) with its root and, when `messages` are given, one checkpoint holding them (a
+        Conversations API create), in one transaction.
 
         It becomes the thread head. Messages are applied with LangGraph's
         `add_messages` as if the agent node had returned them: appended, and a
@@ -278,7 +283,7 @@ class TurnRunner:
             InvalidRequest: the idempotency key was used for a different request; a `remove_message_ids` or
                 `edit_message_id` id is not in the checkpoint, or removing leaves no message.
         """
-        args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash)
+        args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash, metadata=metadata)
         if idempotency_key is not None:
             stored = self.idempotency.lookup(user_id, idempotency_key, request_hash)
             if stored is not None:
@@ -505,7 +510,7 @@ class TurnRunner:
                 result.status,
                 unstored_response_id=f"resp_{uuid.uuid4().hex}",
             )
-        apply = functools.partial(self._write_turn, turn, result.parent_checkpoint_id, args.user_id)
+        apply = functools.partial(self._write_turn, turn, result.parent_checkpoint_id, args)
         if args.idempotency_key is None:
             self.storage.commit(claim, apply)
             return result
@@ -522,9 +527,16 @@ class TurnRunner:
             return self.idempotency.after_race(args.user_id, args.idempotency_key, args.request_hash)
         return result
 
-    def _write_turn(self, turn: Turn, start: str, user_id: str | None, tx: Tx) -> None:
-        """The commit of a turn: `_write`, and the memory tools' results among its new messages."""
-        _write(turn, user_id, tx)
+    def _write_turn(self, turn: Turn, start: str, args: TurnArgs, tx: Tx) -> None:
+        """The commit of a turn: `_write`, and the memory tools' results among its new messages.
+
+        A turn that creates its thread also gives it its default title and `args.metadata` (`catalogue`).
+        """
+        user_id = args.user_id
+        if turn.record is None:
+            _write(turn, user_id, tx, title=default_title(args.messages), metadata=args.metadata)
+        else:
+            _write(turn, user_id, tx)
         if self.memories is not None and user_id is not None and turn.puts:
             head = turn.puts[-1][1]
             new = list(head["channel_values"].get("messages") or ())[len(_messages_of(turn, start)) :]
@@ -539,8 +551,11 @@ class TurnRunner:
             self.graph.update_state(config, {"messages": [*sent, *progress.kept()]}, as_node="agent")
 
 
-def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:
-    """The commit of a turn: its checkpoints and writes, then the thread's head (and owner, when new)."""
+def _write(
+    turn: Turn, user_id: str | None, tx: Tx, *, title: str | None = None, metadata: Mapping[str, str] | None = None
+) -> None:
+    """The commit of a turn: its checkpoints and writes, then the thread's head (and owner, title and
+    metadata, when new)."""
     if not turn.puts:
         return
     tx.write_turn(turn)
@@ -550,6 +565,8 @@ def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:
         user_id=user_id,
         head_checkpoint_id=head["id"],
         message_count=len(head["channel_values"].get("messages") or ()),
+        title=title,
+        metadata=metadata,
     )
 
 

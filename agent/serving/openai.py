@@ -44,6 +44,7 @@ from fastapi.responses import JSONResponse
 
 from agent.errors import AgentError, InvalidRequest
 from agent.operations import conversations as ops
+from agent.operations.catalogue import check_metadata
 from agent.serving.errors import http_status, log_error_answer, openai_error_body
 from agent.messages import to_langchain
 from agent.validation import check_id, encoded_size
@@ -111,9 +112,9 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             metadata = _metadata(body.get("metadata"))
             thread_id = str(uuid.uuid4())
             encoded_size("items", items)  # refuses lone surrogates, as turns do
-            agent.threads.update_state(thread_id, None, to_langchain(items), user_id=user, new_thread=True)
-            if metadata:
-                agent.update_thread(thread_id, metadata=metadata, user_id=user)
+            agent.threads.update_state(
+                thread_id, None, to_langchain(items), user_id=user, new_thread=True, metadata=metadata or None
+            )
             return ops.conversation_object(ops.get_conversation(storage, thread_id, user_id=user))
 
         return await answer(request, create)
@@ -205,11 +206,7 @@ def _items(items: Any) -> list[dict]:
 
 
 def _metadata(metadata: Any) -> dict[str, str]:
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise InvalidRequest("metadata must be an object of string keys and string values")
-    return metadata
+    return check_metadata(metadata) or {}  # the catalogue's rule (OpenAI's limits)
 
 
 def _query(request: Request, *, allowed: tuple[str, ...] = ()) -> None:

@@ -197,8 +197,31 @@ class Tx(ABC):
         """Write a turn's buffered checkpoints and pending writes (messages as deltas)."""
 
     @abstractmethod
-    def upsert_thread(self, thread_id: str, *, user_id: str | None, head_checkpoint_id: str, message_count: int) -> None:
-        """Create the thread record (owner `user_id`), or move its head; `updated_at` becomes now."""
+    def upsert_thread(
+        self,
+        thread_id: str,
+        *,
+        user_id: str | None,
+        head_checkpoint_id: str,
+        message_count: int,
+        title: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        """Create the thread record (owner `user_id`, with `title` and `metadata`), or move its head
+        (`title` and `metadata` are then ignored); `updated_at` becomes now."""
+
+    @abstractmethod
+    def update_thread(
+        self,
+        thread_id: str,
+        *,
+        user_id: str | None,
+        title: str | None,
+        metadata: Mapping[str, str] | None,
+        ttl_seconds: float | None,
+    ) -> ThreadRecord | None:
+        """Set the given fields (None: unchanged; `metadata` replaces the whole object) of the thread if
+        `user_id` owns it, leaving `updated_at` alone; the record after, or None (unknown or not owned)."""
 
     @abstractmethod
     def delete_thread(self, thread_id: str) -> None:
@@ -482,6 +505,20 @@ class ThreadStorage(ABC):
         """
 
     @abstractmethod
+    def list_threads(
+        self, user_id: str | None, *, limit: int, before: tuple[str, str] | None, metadata: Mapping[str, str]
+    ) -> list[tuple[ThreadRecord, tuple[str, str]]]:
+        """Up to `limit` threads `user_id` owns (None: those written without one), newest activity first
+        (`updated_at` DESC, `thread_id` DESC), strictly after the position `before`, whose metadata holds
+        every pair of `metadata`; each with its position (`activity`, `thread_id`): `activity` is the exact
+        stored `updated_at` as text (of this backend), for the next page's `before`. One index range scan
+        (`agent_threads_activity_idx`)."""
+
+    @abstractmethod
+    def thread_position(self, thread_id: str) -> tuple[str, str] | None:
+        """The thread's position in `list_threads` order as it is now, or None when there is no such thread."""
+
+    @abstractmethod
     def exists(self) -> bool:
         """Whether the store has been set up (its tables exist), found without creating anything.
 
@@ -511,5 +548,11 @@ class ThreadReads(Protocol):
     def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]: ...
 
     def threads_of_user(self, user_id: str) -> list[str]: ...
+
+    def list_threads(
+        self, user_id: str | None, *, limit: int, before: tuple[str, str] | None, metadata: Mapping[str, str]
+    ) -> list[tuple[ThreadRecord, tuple[str, str]]]: ...
+
+    def thread_position(self, thread_id: str) -> tuple[str, str] | None: ...
 
     def close(self) -> None: ...

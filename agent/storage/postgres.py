@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -66,7 +67,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.config import AgentSettings, mask_url
-from agent.errors import AgentError, LeaseExpired, StorageUnavailable
+from agent.errors import AgentError, InvalidRequest, LeaseExpired, StorageUnavailable
 from agent.storage.base import CheckpointLink, Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
 from agent.storage.saver import TurnSaverMixin
 
@@ -227,7 +228,8 @@ JOIN unnest(%s::text[], %s::text[]) AS held(thread_id, token) ON c.thread_id = h
 WHERE c.cancel IS NOT NULL
 """
 UPSERT_THREAD_SQL = """
-INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count) VALUES (%s, %s, %s, %s)
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata)
+VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id,
     message_count = EXCLUDED.message_count, updated_at = now()
 """
@@ -259,6 +261,34 @@ WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
 THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = %s AND checkpoint_ns = '' LIMIT 1"
+# The catalogue (`operations.catalogue`): one range scan of agent_threads_activity_idx per page. The
+# position is the row's (updated_at, thread_id); `activity` is updated_at as exact text (microseconds).
+# Qualified columns: a bare `updated_at` in ORDER BY would name the output column (text), not the index's.
+LIST_THREADS_SQL = f"""
+SELECT {THREAD_COLUMNS} FROM agent_threads t
+WHERE {{owner}} AND t.metadata @> %(metadata)s {{after}}
+ORDER BY t.updated_at DESC, t.thread_id DESC LIMIT %(limit)s
+"""
+LIST_THREADS_AFTER = "AND (t.updated_at, t.thread_id) < (%(activity)s::timestamptz, %(thread_id)s)"
+#: One statement per (anonymous caller?, next page?): `user_id = NULL` would match nothing.
+LIST_THREADS_SQLS = {
+    (anonymous, paging): LIST_THREADS_SQL.format(
+        owner="t.user_id IS NULL" if anonymous else "t.user_id = %(user_id)s", after=LIST_THREADS_AFTER if paging else ""
+    )
+    for anonymous in (False, True)
+    for paging in (False, True)
+}
+THREAD_POSITION_SQL = """
+SELECT to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS activity, thread_id
+FROM agent_threads WHERE thread_id = %s
+"""
+# Leaves updated_at alone: it is the conversation's last activity (see operations.catalogue).
+UPDATE_THREAD_SQL = f"""
+UPDATE agent_threads SET title = COALESCE(%(title)s, title), metadata = COALESCE(%(metadata)s, metadata),
+    ttl_seconds = COALESCE(%(ttl_seconds)s, ttl_seconds)
+WHERE thread_id = %(thread_id)s AND user_id IS NOT DISTINCT FROM %(user_id)s
+RETURNING {THREAD_COLUMNS}
+"""
 # A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
 TOKEN_USAGE_SQL = """
 SELECT coalesce(sum((metadata -> 'usage' ->> 'input_tokens')::bigint), 0) AS input_tokens,
@@ -379,8 +409,20 @@ class PostgresTx(Tx):
     def write_turn(self, turn: Turn) -> None:
         self.saver.write_turn(turn)
 
-    def upsert_thread(self, thread_id: str, *, user_id: str | None, head_checkpoint_id: str, message_count: int) -> None:
-        self.conn.execute(UPSERT_THREAD_SQL, (thread_id, user_id, head_checkpoint_id, message_count))
+    def upsert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title=None, metadata=None) -> None:
+        self.conn.execute(
+            UPSERT_THREAD_SQL, (thread_id, user_id, head_checkpoint_id, message_count, title, Jsonb(dict(metadata or {})))
+        )
+
+    def update_thread(self, thread_id, *, user_id, title, metadata, ttl_seconds) -> ThreadRecord | None:
+        params = {
+            "thread_id": thread_id,
+            "user_id": user_id,
+            "title": title,
+            "metadata": Jsonb(dict(metadata)) if metadata is not None else None,
+            "ttl_seconds": ttl_seconds,
+        }
+        return _record(self.conn.execute(UPDATE_THREAD_SQL, params).fetchone())
 
     def delete_thread(self, thread_id: str) -> None:
         for statement in DELETE_THREAD_SQL:
@@ -802,6 +844,22 @@ class PostgresThreadStorage(ThreadStorage):
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
         rows = self._read(None, THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,))
         return rows[0]["thread_id"] if rows else None
+
+    def list_threads(self, user_id, *, limit, before, metadata):
+        params = {"user_id": user_id, "metadata": Jsonb(dict(metadata)), "limit": limit}
+        if before is not None:
+            params["activity"], params["thread_id"] = before
+            try:
+                datetime.fromisoformat(params["activity"])
+            except ValueError:
+                raise InvalidRequest(f"before is not a cursor of this store: {params['activity'][:40]!r}") from None
+        rows = self._read(None, LIST_THREADS_SQLS[user_id is None, before is not None], params)
+        # updated_at is already the exact text of the stored timestamp (THREAD_COLUMNS).
+        return [(_record(row), (row["updated_at"], row["thread_id"])) for row in rows]
+
+    def thread_position(self, thread_id: str) -> tuple[str, str] | None:
+        rows = self._read(thread_id, THREAD_POSITION_SQL, (thread_id,))
+        return (rows[0]["activity"], rows[0]["thread_id"]) if rows else None
 
     def exists(self) -> bool:
         if self._ready:

@@ -140,8 +140,8 @@ REQUEST_CANCEL_SQL = "UPDATE agent_claims SET cancel = ? WHERE thread_id = ? AND
 RENEW_CLAIM_SQL = "UPDATE agent_claims SET expires_at = ? WHERE thread_id = ? AND token = ? RETURNING thread_id, cancel"
 CANCEL_OF_SQL = "SELECT cancel FROM agent_claims WHERE thread_id = ? AND token = ? AND cancel IS NOT NULL"
 UPSERT_THREAD_SQL = """
-INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = excluded.head_checkpoint_id,
     message_count = excluded.message_count, updated_at = excluded.updated_at
 """
@@ -152,6 +152,13 @@ SELECT checkpoint_id, parent_checkpoint_id, json_extract(CAST(metadata AS TEXT),
 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 """
 THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = ? AND checkpoint_ns = '' LIMIT 1"
+# Leaves updated_at alone: it is the conversation's last activity (see operations.catalogue).
+UPDATE_THREAD_SQL = f"""
+UPDATE agent_threads SET title = COALESCE(:title, title), metadata = COALESCE(:metadata, metadata),
+    ttl_seconds = COALESCE(:ttl_seconds, ttl_seconds)
+WHERE thread_id = :thread_id AND user_id IS :user_id
+RETURNING {THREAD_COLUMNS}
+"""
 SET_HEAD_SQL = "UPDATE agent_threads SET head_checkpoint_id = ?, message_count = ?, updated_at = ? WHERE thread_id = ?"
 INSERT_THREAD_SQL = """
 INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, forked_from,
@@ -267,9 +274,22 @@ class SqliteTx(Tx):
     def write_turn(self, turn: Turn) -> None:
         self.saver.write_turn(turn)
 
-    def upsert_thread(self, thread_id: str, *, user_id: str | None, head_checkpoint_id: str, message_count: int) -> None:
+    def upsert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title=None, metadata=None) -> None:
         now = time.time()
-        self.cur.execute(UPSERT_THREAD_SQL, (thread_id, user_id, head_checkpoint_id, message_count, now, now))
+        self.cur.execute(
+            UPSERT_THREAD_SQL,
+            (thread_id, user_id, head_checkpoint_id, message_count, title, json.dumps(dict(metadata or {})), now, now),
+        )
+
+    def update_thread(self, thread_id, *, user_id, title, metadata, ttl_seconds) -> ThreadRecord | None:
+        params = {
+            "thread_id": thread_id,
+            "user_id": user_id,
+            "title": title,
+            "metadata": json.dumps(dict(metadata)) if metadata is not None else None,
+            "ttl_seconds": ttl_seconds,
+        }
+        return _record(self.cur.execute(UPDATE_THREAD_SQL, params).fetchone())
 
     def delete_thread(self, thread_id: str) -> None:
         for statement in DELETE_THREAD_SQL:
@@ -539,6 +559,12 @@ class SqliteThreadStorage(ThreadStorage):
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
         row = self._read(lambda cur: cur.execute(THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,)).fetchone())
         return row[0] if row else None
+
+    def list_threads(self, user_id, *, limit, before, metadata):
+        return self._read(lambda cur: sqlite_reads.list_threads(cur, user_id, limit=limit, before=before, metadata=metadata))
+
+    def thread_position(self, thread_id: str) -> tuple[str, str] | None:
+        return self._read(lambda cur: sqlite_reads.thread_position(cur, thread_id))
 
     def exists(self) -> bool:
         if self._ready:
