@@ -14,6 +14,7 @@ says whether anything was written where that is not obvious.
     ├── NotFound
     │   ├── ThreadNotFound      no such thread (or not the caller's)
     │   ├── CheckpointNotFound  no such checkpoint in this thread
+    │   ├── ResponseNotFound    no such response id (or not the caller's)
     │   └── MemoryNotFound      no such long-term memory (or not the caller's)
     ├── Conflict
     │   ├── ThreadBusy          another turn holds the thread
@@ -63,6 +64,10 @@ class ThreadNotFound(NotFound):
 
 class CheckpointNotFound(NotFound):
     """The checkpoint does not exist in this thread (it may not exist at all, or belong to another thread)."""
+
+
+class ResponseNotFound(NotFound):
+    """The response id (`resp_<checkpoint_id>`) names no checkpoint, or one of another user's thread (worded the same)."""
 
 
 class MemoryNotFound(NotFound):

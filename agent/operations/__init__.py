@@ -111,6 +111,8 @@ class Threads:
         request_hash: str | None = None,
         remove_message_ids: Sequence[str] = (),
         edit_message_id: str | None = None,
+        new_thread: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> TurnResult:
         """See `TurnRunner.update_state`."""
         return self.turns.update_state(
@@ -123,6 +125,8 @@ class Threads:
             request_hash=request_hash,
             remove_message_ids=remove_message_ids,
             edit_message_id=edit_message_id,
+            new_thread=new_thread,
+            metadata=metadata,
         )
 
     def history(self, thread_id: str, *, user_id: str | None, limit: int, before: str | None) -> list[CheckpointSummary]:
@@ -156,6 +160,16 @@ class Threads:
     def token_usage(self, thread_id: str, *, user_id: str | None, checkpoint_id: str | None = None) -> TokenUsage:
         """See `usage.token_usage`."""
         return usage_ops.token_usage(self.storage, thread_id, user_id=user_id, checkpoint_id=checkpoint_id)
+
+    def thread_of_response(self, checkpoint_id: str, *, user_id: str | None) -> str:
+        """The thread of the response (checkpoint) `checkpoint_id`; see `conversations.thread_of_response`."""
+        from agent.operations.conversations import thread_of_response
+
+        return thread_of_response(self.storage, checkpoint_id, user_id=user_id).thread_id
+
+    def head(self, thread_id: str, *, user_id: str | None) -> str:
+        """See `history.head`."""
+        return history_ops.head(self.storage, thread_id, user_id=user_id)
 
     def list_threads(
         self, *, user_id: str | None, limit: int, before: str | None, metadata: Mapping[str, str] | None

@@ -102,6 +102,8 @@ class TurnArgs:
     """The request's fingerprint (`idempotency.request_fingerprint`); set whenever `idempotency_key` is."""
     instructions: str | None = None
     """A system message for this turn only (not stored)."""
+    store: bool = True
+    """False: run from the requested state and write nothing (OpenAI's `store: false`); the claim is released."""
     max_context_tokens: int | None = None
     """This turn's token budget for the model's input (None: the agent's setting)."""
     edit_message_id: str | None = None
@@ -257,8 +259,14 @@ class TurnRunner:
         request_hash: str | None = None,
         remove_message_ids: Sequence[str] = (),
         edit_message_id: str | None = None,
+        new_thread: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> TurnResult:
         """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
+
+        `new_thread`: `thread_id` is a new id, and the thread is created (owned by `user_id`, with
+        `metadata`) with its root and, when `messages` are given, one checkpoint holding them (a
+        Conversations API create), in one transaction.
 
         It becomes the thread head. Messages are applied with LangGraph's
         `add_messages` as if the agent node had returned them: appended, and a
@@ -278,21 +286,22 @@ class TurnRunner:
                 different request; a `remove_message_ids` or `edit_message_id` id is not in the checkpoint, an
                 edit changes the message's role, or removing leaves no message.
         """
-        if not messages and not remove_message_ids:
+        if not messages and not remove_message_ids and not new_thread:
             raise InvalidRequest(
                 "update_checkpoint_state needs input messages or remove_message_ids: there is nothing to apply, "
                 "and nothing was written (set_head moves the head without writing)."
             )
-        args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash)
+        args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash, metadata=metadata)
         if idempotency_key is not None:
             stored = self.idempotency.lookup(user_id, idempotency_key, request_hash)
             if stored is not None:
                 return _result_of(stored)
         claim = self._claim(thread_id, args)
         try:
-            authorize(claim.record, thread_id, user_id)
+            if not (new_thread and claim.record is None):
+                authorize(claim.record, thread_id, user_id)
             begun = self._start(claim, args)
-            current = claim.start.checkpoint["channel_values"].get("messages") or ()
+            current = claim.start.checkpoint["channel_values"].get("messages") or () if claim.start is not None else ()
             if edit_message_id is not None:
                 replaced = current[position_of(current, edit_message_id, thread_id=thread_id, checkpoint_id=begun.checkpoint_id)]
                 if messages[0].type != replaced.type:
@@ -310,6 +319,11 @@ class TurnRunner:
                 )
                 begun = _Start(begun.checkpoint_id, [*removed, *messages], begun.loaded)
             turn, start, config = self._prepare(claim, args, begun)
+            if claim.record is None and not begun.messages:
+                # A new thread and nothing to add (an empty conversation): its root is the whole thread.
+                result = TurnResult(thread_id, turn.new_head, None)
+                outcome = self._commit(claim, turn, args, result, [])
+                return outcome if isinstance(outcome, TurnResult) else _result_of(outcome)
             values: dict[str, Any] = {"messages": list(begun.messages)}
             if begun.loaded is not None and not edit_keeps_summary(begun.loaded.checkpoint["channel_values"], begun.messages):
                 values[CONTEXT_SUMMARY_CHANNEL] = None
@@ -497,7 +511,20 @@ class TurnRunner:
     def _commit(
         self, claim: Claim, turn: Turn, args: TurnArgs, result: TurnResult, output: list[dict]
     ) -> TurnResult | StoredResponse:
-        """Commit `turn`, and with an idempotency key its response (`output` and `result`) in the same transaction."""
+        """Commit `turn`, and with an idempotency key its response (`output` and `result`) in the same transaction.
+
+        A `store: false` turn is released instead: nothing of it is written, not even a new thread's root.
+        """
+        if not args.store:
+            self.storage.release(claim)
+            existing = claim.record is not None
+            return TurnResult(
+                claim.thread_id if existing else None,
+                None,
+                result.parent_checkpoint_id if existing else None,
+                result.status,
+                unstored_response_id=f"resp_{uuid.uuid4().hex}",
+            )
         apply = functools.partial(self._write_turn, turn, result.parent_checkpoint_id, args)
         if args.idempotency_key is None:
             self.storage.commit(claim, apply)

@@ -570,8 +570,16 @@ class ThreadStorage(ABC):
         """The ids of the threads (any owner) that hold any of `checkpoint_ids`, sorted.
 
         For imports, which keep checkpoint ids: checkpoint ids are unique across threads (the
-        message cache and response ids rely on it). No index leads with checkpoint_id, so this
-        scans the checkpoints table; imports are rare, turns never call it.
+        message cache and response ids rely on it). One read of the index on checkpoint_id
+        (the one `thread_of_checkpoint` uses).
+        """
+
+    @abstractmethod
+    def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
+        """The thread whose (root namespace) checkpoint `checkpoint_id` is, or None; one indexed read.
+
+        Checkpoint ids are unique across threads (a fork copies with new ids), which is what lets an
+        OpenAI response id (`resp_<checkpoint_id>`) name its thread.
         """
 
     @abstractmethod

@@ -140,6 +140,9 @@ MIGRATIONS = [
     # A retry looks for a running turn that carries its key; the sweep deletes expired results.
     "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
+    # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone
+    # (LangGraph's primary key starts with thread_id).
+    "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -269,6 +272,7 @@ WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
 THREADS_WITH_CHECKPOINTS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id = ANY(%s) ORDER BY thread_id"
+THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = %s AND checkpoint_ns = '' LIMIT 1"
 # The catalogue (`operations.catalogue`): one range scan of agent_threads_activity_idx per page. The
 # position is the row's (updated_at, thread_id); `activity` is updated_at as exact text (microseconds).
 # Qualified columns: a bare `updated_at` in ORDER BY would name the output column (text), not the index's.
@@ -933,6 +937,9 @@ class PostgresThreadStorage(ThreadStorage):
 
     def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
         return [row["thread_id"] for row in self._read(None, THREADS_WITH_CHECKPOINTS_SQL, (list(checkpoint_ids),))]
+    def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
+        rows = self._read(None, THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,))
+        return rows[0]["thread_id"] if rows else None
 
     def list_threads(self, user_id, *, limit, before, metadata):
         params = {"user_id": user_id, "metadata": Jsonb(dict(metadata)), "limit": limit}

@@ -114,6 +114,10 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
         "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
     ],
+    [
+        # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone.
+        "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -158,6 +162,7 @@ SELECT checkpoint_id, parent_checkpoint_id, json_extract(CAST(metadata AS TEXT),
     json_extract(CAST(metadata AS TEXT), '$.kept_messages')
 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 """
+THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = ? AND checkpoint_ns = '' LIMIT 1"
 # Leaves updated_at alone: it is the conversation's last activity (see operations.catalogue).
 UPDATE_THREAD_SQL = f"""
 UPDATE agent_threads SET title = COALESCE(:title, title), metadata = COALESCE(:metadata, metadata),
@@ -641,6 +646,10 @@ class SqliteThreadStorage(ThreadStorage):
     def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
         ids = json.dumps(list(checkpoint_ids))
         return [row[0] for row in self._read(lambda cur: cur.execute(THREADS_WITH_CHECKPOINTS_SQL, (ids,)).fetchall())]
+
+    def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
+        row = self._read(lambda cur: cur.execute(THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,)).fetchone())
+        return row[0] if row else None
 
     def list_threads(self, user_id, *, limit, before, metadata):
         return self._read(lambda cur: sqlite_reads.list_threads(cur, user_id, limit=limit, before=before, metadata=metadata))
