@@ -50,7 +50,7 @@ from agent.requests import ParsedRequest, keeping_item_ids, parse_request, with_
 from agent.serving.errors import as_mlflow_exception
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.types import AgentInfo, NewMessages, StoredResponse, TextDelta, TurnResult
-from agent.validation import check_id, check_limit, check_user_id, encoded_size, required_id
+from agent.validation import check_id, check_limit, check_user_id, encoded_size, required_id, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -746,7 +746,11 @@ def _validated_request(raw: dict) -> ResponsesAgentRequest:
         ResponsesAgentRequest.model_validate(raw, strict=True)
         return keeping_item_ids(raw)
     except Exception as exc:  # pydantic's ValidationError, or whatever MLflow's validators raise
-        reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        errors = getattr(exc, "errors", None)
+        if callable(errors):  # pydantic's ValidationError: one line, without its documentation links
+            reason = validation_problems(errors(include_url=False))
+        else:
+            reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
         raise as_mlflow_exception(
             InvalidRequest(f"Invalid dictionary input for a ResponsesAgent; expected the ResponsesRequest schema: {reason}")
         ) from None

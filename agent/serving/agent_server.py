@@ -70,6 +70,7 @@ from agent.serving.errors import error_body, http_status, log_error_answer, stat
 from agent.serving.limits import RequestBodyLimits, body_limit
 from agent.serving.openai import openai_router
 from agent.tracing import scrub_trace_inputs, tag_trace
+from agent.validation import validation_problems
 
 _bound_agent: LangGraphResponsesAgent | None = None
 
@@ -293,8 +294,7 @@ async def _http_error_response(request: Request, exc: StarletteHTTPException) ->
 
 
 async def _validation_error_response(request: Request, exc: RequestValidationError) -> JSONResponse:
-    problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors())
-    body = status_error_body(400, f"Invalid request: {problems}")
+    body = status_error_body(400, f"Invalid request: {validation_problems(list(exc.errors()))}")
     log_error_answer(request.method, request.url.path, 400, body)
     return JSONResponse(body, status_code=400)
 
