@@ -86,7 +86,9 @@ def test_loaded_model_streams_and_its_last_event_carries_the_new_checkpoint(load
     last = events[-1]
     assert last["custom_outputs"]["thread_id"] == thread
     assert last["custom_outputs"]["parent_checkpoint_id"] == outputs(first)["checkpoint_id"]
-    assert streamed_text == last["item"]["content"][0]["text"]
+    assert last["type"] == "response.completed"  # OpenAI's last event, carrying the whole response again
+    [done] = [e for e in events if e["type"] == "response.output_item.done"]
+    assert streamed_text == done["item"]["content"][0]["text"] == last["response"]["output"][-1]["content"][0]["text"]
     assert "SF" in streamed_text
     follow_up = say(loaded, "And now?", thread_id=thread)
     assert outputs(follow_up)["parent_checkpoint_id"] == last["custom_outputs"]["checkpoint_id"]
