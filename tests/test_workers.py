@@ -9,7 +9,10 @@ client's own connection.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -151,6 +154,26 @@ def test_workers_answer_on_one_port_from_distinct_processes_and_share_threads(se
             "/invocations", json=request(action="get_checkpoint_history", thread_id=thread_id, limit=100)
         ).json()["custom_outputs"]["history"]
     assert [entry["message_count"] for entry in history] == list(range(18, -1, -2))
+
+
+def test_a_second_server_on_a_workers_port_fails_instead_of_sharing_it(served, tmp_path):
+    # SO_REUSEPORT lets any socket of the same user with the option join the port's group: without
+    # the plain bind first, this second server would silently take part of the first one's traffic.
+    base, _, _ = served
+    port = base.rsplit(":", 1)[1]
+    command = [sys.executable, "-m", "agent", "serve", "--port", port, "--workers", "2", "--model", "offline"]
+    env = {**os.environ, "AGENT_TRACING": "false"}
+    env.pop("AGENT_DATABASE_URL", None)  # an embedded SQLite file in tmp_path
+    second = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = second.communicate(timeout=120)
+    finally:  # had it joined the port, its workers must not outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(second.pid, signal.SIGKILL)
+        second.wait()
+    assert second.returncode == 3, stderr[-2000:]
+    assert "address already in use" in stderr.lower()
+    assert len(worker_pids(base)) == WORKERS
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,8 @@ def run_workers(config: Config) -> int:
 
     Returns:
         0 after a signal stopped the workers; 3 (uvicorn's STARTUP_FAILURE) when the port
-        could not be bound or a worker failed while starting (its error is in the log).
+        could not be bound (at start or for a replacement worker) or a worker failed while
+        starting (its error is in the log).
     """
     try:
         supervisor = ReusePortWorkers(config)
@@ -153,6 +154,11 @@ def run_workers(config: Config) -> int:
         supervisor.run()
     except KeyboardInterrupt:  # pragma: no cover - uvicorn's handlers turn SIGINT into a clean stop
         pass
+    except OSError as exc:  # a replacement worker's socket could not be bound: stop the others too
+        logger.error(exc)
+        supervisor.terminate_all()
+        supervisor.join_all()
+        return STARTUP_FAILURE
     return STARTUP_FAILURE if supervisor.startup_failed else 0
 
 
