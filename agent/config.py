@@ -155,8 +155,9 @@ def load_settings(**overrides) -> AgentSettings:
     try:
         return AgentSettings(**given)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigurationError(f"Invalid agent settings: {problems}") from None
+        from agent.validation import validation_problems  # agent.validation imports this module
+
+        raise ConfigurationError(f"Invalid agent settings: {validation_problems(exc.errors(), most=10)}") from None
 
 
 def resolve_database_url(url: str | None) -> str:

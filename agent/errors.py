@@ -14,11 +14,13 @@ says whether anything was written where that is not obvious.
     ├── NotFound
     │   ├── ThreadNotFound      no such thread (or not the caller's)
     │   ├── CheckpointNotFound  no such checkpoint in this thread
+    │   ├── ResponseNotFound    no such response id (or not the caller's)
     │   └── MemoryNotFound      no such long-term memory (or not the caller's)
     ├── Conflict
     │   ├── ThreadBusy          another turn holds the thread
     │   │   └── LeaseExpired    this turn's claim on the thread expired before it committed
-    │   └── TurnCancelled       a newer turn rolled this one back (multitask_strategy "rollback")
+    │   ├── TurnCancelled       a newer turn rolled this one back (multitask_strategy "rollback")
+    │   └── ThreadExists        an import names a thread (or checkpoints) already in use with other content
     ├── Unavailable
     │   ├── StorageUnavailable  the database failed
     │   └── ModelError          the chat model failed
@@ -64,6 +66,10 @@ class CheckpointNotFound(NotFound):
     """The checkpoint does not exist in this thread (it may not exist at all, or belong to another thread)."""
 
 
+class ResponseNotFound(NotFound):
+    """The response id (`resp_<checkpoint_id>`) names no checkpoint, or one of another user's thread (worded the same)."""
+
+
 class MemoryNotFound(NotFound):
     """The long-term memory does not exist, or belongs to another user (worded the same)."""
 
@@ -82,6 +88,11 @@ class LeaseExpired(ThreadBusy):
 
 class TurnCancelled(Conflict):
     """A newer turn on the thread rolled this turn back (`multitask_strategy="rollback"`); nothing was written."""
+
+
+class ThreadExists(Conflict):
+    """An imported thread's id (or one of its checkpoint ids) is already in use, with other content or by
+    another user; nothing was written."""
 
 
 class Unavailable(AgentError):

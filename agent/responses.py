@@ -12,7 +12,13 @@ MLflow's helpers. It holds no memory or branching logic.
   tokens and `response.output_item.done` per finished item. The last
   `output_item.done` is held back until the turn is committed, so that it can
   carry `custom_outputs` with the new `checkpoint_id` (the Databricks reference
-  drops `custom_outputs` on streams).
+  drops `custom_outputs` on streams). A turn's stream then ends with
+  `response.completed`: the whole response (every item again, as OpenAI's) with
+  its `id`, known only after the commit.
+* A turn's response `id` is `resp_<checkpoint_id>` (also `custom_outputs.response_id`),
+  so the `openai` client's `previous_response_id` names a checkpoint; the request's
+  `previous_response_id` is resolved to its thread here (`_resolved`), once, before
+  the turn (see `agent.requests` for the OpenAI fields).
 * A retry with an idempotency key whose first request committed gets that
   request's response again (`StoredResponse`); streamed, it is replayed as
   events: a text delta and an `output_item.done` per item, the last carrying
@@ -25,9 +31,11 @@ MLflow's helpers. It holds no memory or branching logic.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from datetime import datetime
 from typing import Any
 
 from mlflow.exceptions import MlflowException
@@ -38,11 +46,11 @@ from agent.config import AgentSettings
 from agent.errors import AgentError, InvalidRequest
 from agent.messages import to_langchain, to_output_items
 from agent.operations import Threads, TurnArgs
-from agent.requests import ParsedRequest, keeping_item_ids, parse_request
+from agent.requests import ParsedRequest, keeping_item_ids, parse_request, with_string_input
 from agent.serving.errors import as_mlflow_exception
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.types import AgentInfo, NewMessages, StoredResponse, TextDelta, TurnResult
-from agent.validation import check_id, check_limit, check_user_id, encoded_size, required_id
+from agent.validation import check_id, check_limit, check_user_id, encoded_size, required_id, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +107,7 @@ class LangGraphResponsesAgent(ResponsesAgent):
         `ThreadBusy`, `TurnCancelled`, `ModelError`, `StorageUnavailable` (all `AgentError`).
         """
         with _agent_errors(mlflow=True):
-            parsed = self._parse(request)
+            parsed = self._resolved(self._parse(request))
             if parsed.action.run is not None:
                 return ResponsesAgentResponse(output=[], custom_outputs=self._run_action(parsed))
             output: list[dict] = []
@@ -111,7 +119,7 @@ class LangGraphResponsesAgent(ResponsesAgent):
                     result = self._tagged(event, parsed)
                 elif isinstance(event, StoredResponse):
                     return self._replayed(event, parsed)
-            return ResponsesAgentResponse(output=output, custom_outputs=_custom_outputs(result))
+            return _response(output, _custom_outputs(result), parsed)
 
     def predict_stream(self, request: ResponsesAgentRequest) -> Generator[ResponsesAgentStreamEvent, None, None]:
         """Run one turn and yield events as they happen; the last event carries `custom_outputs`.
@@ -120,21 +128,28 @@ class LangGraphResponsesAgent(ResponsesAgent):
         Closing the generator early ends the turn: nothing of it is written.
         """
         with _agent_errors(mlflow=True):
-            parsed = self._parse(request)
+            parsed = self._resolved(self._parse(request))
             if parsed.action.run is not None:
                 yield _completed_event(self._run_action(parsed))
                 return
-            stream = _StreamEvents()
+            stream = _StreamEvents(parsed)
             for event in self.threads.run_turn(_turn_args(parsed), stream_tokens=True):
                 yield from stream.events(self._tagged(event, parsed))
 
     async def apredict(
-        self, request: ResponsesAgentRequest | dict, *, user_id: str | None = None, idempotency_key: str | None = None
+        self,
+        request: ResponsesAgentRequest | dict,
+        *,
+        user_id: str | None = None,
+        idempotency_key: str | None = None,
+        trusted_user: bool = False,
     ) -> ResponsesAgentResponse:
         """`predict` on the event loop (for servers). `user_id`: one the host authenticated (a trusted header);
+        `trusted_user`: that header is the only source of the caller (`user_id` None: anonymous);
         `idempotency_key`: the request's `Idempotency-Key` header."""
         with _agent_errors():
-            parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key)
+            parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key, trusted_user=trusted_user)
+            parsed = await self.threads.in_io(self._resolved, parsed)
             if parsed.action.run is not None:
                 return ResponsesAgentResponse(output=[], custom_outputs=await self._arun_action(parsed))
             output: list[dict] = []
@@ -146,19 +161,25 @@ class LangGraphResponsesAgent(ResponsesAgent):
                     result = self._tagged(event, parsed)
                 elif isinstance(event, StoredResponse):
                     return self._replayed(event, parsed)
-            return ResponsesAgentResponse(output=output, custom_outputs=_custom_outputs(result))
+            return _response(output, _custom_outputs(result), parsed)
 
     async def apredict_stream(
-        self, request: ResponsesAgentRequest | dict, *, user_id: str | None = None, idempotency_key: str | None = None
+        self,
+        request: ResponsesAgentRequest | dict,
+        *,
+        user_id: str | None = None,
+        idempotency_key: str | None = None,
+        trusted_user: bool = False,
     ) -> AsyncIterator[ResponsesAgentStreamEvent]:
         """`predict_stream` on the event loop (for servers). Cancelling the consumer ends the turn, writing nothing.
-        `user_id` and `idempotency_key` as for `apredict`."""
+        `user_id`, `idempotency_key` and `trusted_user` as for `apredict`."""
         with _agent_errors():
-            parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key)
+            parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key, trusted_user=trusted_user)
+            parsed = await self.threads.in_io(self._resolved, parsed)
             if parsed.action.run is not None:
                 yield _completed_event(await self._arun_action(parsed))
                 return
-            stream = _StreamEvents()
+            stream = _StreamEvents(parsed)
             async for event in self.threads.arun_turn(_turn_args(parsed), stream_tokens=True):
                 for out in stream.events(self._tagged(event, parsed)):
                     yield out
@@ -357,6 +378,124 @@ class LangGraphResponsesAgent(ResponsesAgent):
         with _agent_errors():
             return self.threads.delete_user_data(required_id("user_id", user_id))
 
+    # -- the thread catalogue (Python API) ------------------------------------------------------
+    def list_threads(
+        self,
+        *,
+        user_id: str | None = None,
+        limit: int = 20,
+        before: str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The caller's threads, newest activity first (`updated_at` DESC, then `thread_id` DESC).
+
+        Each: `thread_id`, `user_id`, `title` (default: the first user message, shortened to 60
+        characters), `created_at`, `updated_at` (last activity; ISO 8601, UTC), `checkpoint_id` (the
+        head), `message_count`, `metadata`, `forked_from`, `ttl_seconds`, and `cursor`: pass the last
+        thread's as `before` for the next page (an empty page: no more). Paging neither repeats nor
+        skips a thread while others write, except that a thread given new activity meanwhile moves to
+        the top of a fresh first page (see `agent.operations.catalogue`). `limit`: 1 to 100.
+        `metadata`: only threads whose metadata holds all these pairs.
+
+        Raises: `InvalidRequest` (bad limit, cursor or metadata), `ThreadNotFound` (`before` is a
+        thread id the caller does not own).
+        """
+        with _agent_errors():
+            return self.threads.list_threads(
+                user_id=self._user(user_id), limit=limit, before=before, metadata=metadata
+            )
+
+    def get_thread(self, thread_id: str, *, user_id: str | None = None) -> dict[str, Any]:
+        """One thread, as `list_threads` lists it (without `cursor`).
+
+        Raises: `InvalidRequest` (bad ids), `ThreadNotFound` (unknown, or not the caller's).
+        """
+        with _agent_errors():
+            return self.threads.get_thread(required_id("thread_id", thread_id), user_id=self._user(user_id))
+
+    def update_thread(
+        self,
+        thread_id: str,
+        *,
+        title: str | None = None,
+        metadata: dict[str, str] | None = None,
+        ttl_seconds: float | None = None,
+        user_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Set the thread's `title` (1 to 256 characters), `metadata` (replaces the whole object: at most
+        16 pairs, string keys up to 64 characters, string values up to 512, as OpenAI's) and/or
+        `ttl_seconds` (idle seconds before retention may remove it); None leaves a field as it is.
+        `updated_at` (the last activity) does not change. Returns the thread as `get_thread` does.
+
+        Raises: `InvalidRequest` (a value out of bounds; nothing is written), `ThreadNotFound`.
+        """
+        with _agent_errors():
+            return self.threads.update_thread(
+                required_id("thread_id", thread_id),
+                user_id=self._user(user_id),
+                title=title,
+                metadata=metadata,
+                ttl_seconds=ttl_seconds,
+            )
+
+    # -- export and import (Python API) -----------------------------------------------------
+    def export_thread(self, thread_id: str, *, user_id: str | None = None) -> dict[str, Any]:
+        """The whole thread as a versioned, JSON-serializable document (`agent.operations.transfer`).
+
+        Out: `{"format": "timetravel-agent.thread", "version": 1, "exported_at", "thread": {thread_id,
+        title, metadata, checkpoint_id (the head), forked_from, ttl_seconds, message_count, created_at,
+        updated_at}, "checkpoints": [...]}`: every checkpoint, the root included, oldest first, with
+        `checkpoint_id`, `parent_checkpoint_id`, `ts`, `metadata` and its channel values (`messages` as
+        LangChain message dicts). The owner is not in it.
+
+        Raises: `InvalidRequest` (bad ids), `ThreadNotFound` (unknown, or not the caller's).
+        """
+        with _agent_errors():
+            return self.threads.export_thread(required_id("thread_id", thread_id), user_id=self._user(user_id))
+
+    def import_thread(
+        self, document: dict[str, Any], *, user_id: str | None = None, thread_id: str | None = None
+    ) -> dict[str, Any]:
+        """Restore a document from `export_thread` (from any backend) as a thread owned by `user_id`.
+
+        Under the document's thread id: the same checkpoint ids, parents, timestamps and messages, the
+        same head, title, metadata and `forked_from`. Under `thread_id`: a copy with new checkpoint ids
+        (in the same order). Returns the thread: `thread_id`, `user_id`, `title`, `created_at`,
+        `updated_at`, `checkpoint_id` (the head), `message_count`, `metadata`, `forked_from`,
+        `ttl_seconds`. Importing the same document again returns the thread and writes nothing.
+
+        Raises: `InvalidRequest` (a malformed document: nothing written), `ThreadExists` (the thread id
+        is in use with other content or by another user, or another thread holds its checkpoint ids),
+        `ThreadBusy`.
+        """
+        with _agent_errors():
+            return self.threads.import_thread(
+                document, user_id=self._user(user_id), thread_id=check_id("thread_id", thread_id)
+            )
+
+    # -- retention (Python API) ----------------------------------------------------------------
+    def sweep_expired_threads(self, *, now: datetime | None = None) -> dict[str, Any]:
+        """Delete, or trim to their head, the threads idle longer than their time to live.
+
+        A thread expires `ttl_seconds` (its own, set with `update_thread`, else the
+        `thread_ttl_seconds` setting; neither: never) after its last write (`updated_at`).
+        `thread_ttl_strategy` says what happens: `delete` (the whole thread, as `delete_thread`)
+        or `keep_latest` (only the head checkpoint stays, its messages whole; the thread stays usable).
+        A thread busy with a turn is skipped; replicas sweeping at once handle each thread once.
+
+        Args:
+            now: judge expiry as of this timezone-aware time instead of the database's clock
+                (Postgres) or this machine's (SQLite); for tests.
+
+        Returns:
+            `{"deleted_thread_ids": [str], "trimmed": [{"thread_id": str, "removed_checkpoints": int}]}`,
+            oldest activity first.
+
+        Raises: `InvalidRequest` (a naive `now`), `StorageUnavailable`.
+        """
+        with _agent_errors():
+            return self.threads.sweep_expired_threads(now=now).as_dict()
+
     # -- long-term memory (Python API) ------------------------------------------------------
     def list_memories(self, user_id: str, query: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The user's long-term memories, in every `memory_scope`: newest first, or most relevant first
@@ -399,12 +538,30 @@ class LangGraphResponsesAgent(ResponsesAgent):
     def _user(self, user_id: Any) -> str | None:
         return check_user_id(user_id, require=self.settings.require_user_id)
 
-    def _parse(self, request: Any, *, user_id: str | None = None, idempotency_key: str | None = None) -> ParsedRequest:
+    def _parse(
+        self, request: Any, *, user_id: str | None = None, idempotency_key: str | None = None, trusted_user: bool = False
+    ) -> ParsedRequest:
         try:
-            return parse_request(request, self.settings, user_id=user_id, idempotency_key=idempotency_key)
+            return parse_request(
+                request, self.settings, user_id=user_id, idempotency_key=idempotency_key, trusted_user=trusted_user
+            )
         except InvalidRequest:
             scrub_trace_inputs()  # a refused request may hold text MLflow cannot export
             raise
+
+    def _resolved(self, parsed: ParsedRequest) -> ParsedRequest:
+        """`parsed` with the thread of its `previous_response_id` filled in, after checking that a
+        `conversation` exists (a turn would otherwise create it). A storage read; nothing else changes.
+
+        Raises: `ResponseNotFound`, `ThreadNotFound` (unknown, or another user's).
+        """
+        envelope = parsed.envelope
+        if envelope.thread_of_checkpoint:
+            thread_id = self.threads.thread_of_response(envelope.checkpoint_id, user_id=envelope.user_id)
+            return dataclasses.replace(parsed, envelope=dataclasses.replace(envelope, thread_id=thread_id))
+        if envelope.existing_thread:
+            self.threads.head(envelope.thread_id, user_id=envelope.user_id)
+        return parsed
 
     def _run_action(self, parsed: ParsedRequest) -> dict[str, Any]:
         envelope = parsed.envelope
@@ -434,24 +591,28 @@ class LangGraphResponsesAgent(ResponsesAgent):
 
     def _replayed(self, stored: StoredResponse, parsed: ParsedRequest) -> ResponsesAgentResponse:
         self._tagged(stored, parsed)
-        return ResponsesAgentResponse(output=stored.output, custom_outputs=stored.custom_outputs)
+        return _response(stored.output, stored.custom_outputs, parsed)
 
 
 class _StreamEvents:
     """Turns a turn's events into Responses stream events, holding back the last message item
-    until the commit so that it can carry `custom_outputs`."""
+    until the commit so that it can carry `custom_outputs`, and ending with `response.completed`:
+    the whole response with its `id` (known only once the turn's checkpoint is written)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parsed: ParsedRequest) -> None:
+        self.parsed = parsed
         self.held: dict | None = None
+        self.items: list[dict] = []
 
     def events(self, event: TextDelta | NewMessages | TurnResult | StoredResponse) -> list[ResponsesAgentStreamEvent]:
         out: list[ResponsesAgentStreamEvent] = []
         if isinstance(event, StoredResponse):
-            return _replay_events(event)
+            return _replay_events(event, self.parsed)
         if isinstance(event, TextDelta):
             out.append(ResponsesAgentStreamEvent(**ResponsesAgent.create_text_delta(delta=event.text, item_id=event.item_id)))
         elif isinstance(event, NewMessages):
             for item in to_output_items(event.messages):
+                self.items.append(item)
                 if self.held is not None:
                     out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=self.held))
                     self.held = None
@@ -460,18 +621,17 @@ class _StreamEvents:
                     self.held = item
                 else:
                     out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=item))
-        elif self.held is None:
-            out.append(_completed_event(_custom_outputs(event)))
         else:
-            out.append(
-                ResponsesAgentStreamEvent(type="response.output_item.done", item=self.held, custom_outputs=_custom_outputs(event))
-            )
+            custom = _custom_outputs(event)
+            if self.held is not None:
+                out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=self.held, custom_outputs=custom))
+            out.append(_completed_event(custom, self.items, self.parsed))
         return out
 
 
-def _replay_events(stored: StoredResponse) -> list[ResponsesAgentStreamEvent]:
+def _replay_events(stored: StoredResponse, parsed: ParsedRequest) -> list[ResponsesAgentStreamEvent]:
     """A stored response as the events of a stream: per item a text delta (messages) and its
-    `output_item.done`; the last event carries `custom_outputs`."""
+    `output_item.done` (the last one with `custom_outputs`), then `response.completed`."""
     out: list[ResponsesAgentStreamEvent] = []
     for index, item in enumerate(stored.output):
         if item.get("type") == "message":
@@ -481,9 +641,27 @@ def _replay_events(stored: StoredResponse) -> list[ResponsesAgentStreamEvent]:
         last = index == len(stored.output) - 1
         extra = {"custom_outputs": stored.custom_outputs} if last else {}
         out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=item, **extra))
-    if not stored.output:
-        out.append(_completed_event(stored.custom_outputs))
+    out.append(_completed_event(stored.custom_outputs, stored.output, parsed))
     return out
+
+
+def _response_fields(custom_outputs: dict[str, Any], parsed: ParsedRequest | None) -> dict[str, Any]:
+    """The Responses API fields of a turn's response besides its output: `id` (`resp_<checkpoint_id>`,
+    from `custom_outputs`), `status`, and the `instructions` and `previous_response_id` it was asked with."""
+    fields: dict[str, Any] = {"object": "response"}
+    if custom_outputs.get("response_id"):
+        fields["id"] = custom_outputs["response_id"]
+    fields["status"] = "incomplete" if custom_outputs.get("status") == "interrupted" else "completed"
+    envelope = parsed.envelope if parsed is not None else None
+    if envelope is not None and envelope.instructions is not None:
+        fields["instructions"] = envelope.instructions
+    if envelope is not None and envelope.thread_of_checkpoint:
+        fields["previous_response_id"] = f"resp_{envelope.checkpoint_id}"
+    return fields
+
+
+def _response(output: list[dict], custom_outputs: dict[str, Any], parsed: ParsedRequest) -> ResponsesAgentResponse:
+    return ResponsesAgentResponse(output=output, custom_outputs=custom_outputs, **_response_fields(custom_outputs, parsed))
 
 
 def _turn_args(parsed: ParsedRequest) -> TurnArgs:
@@ -496,18 +674,25 @@ def _turn_args(parsed: ParsedRequest) -> TurnArgs:
         strategy=envelope.multitask_strategy,
         idempotency_key=envelope.idempotency_key,
         request_hash=envelope.request_hash,
+        instructions=envelope.instructions,
+        store=envelope.store,
         max_context_tokens=options.max_context_tokens if options else None,
         edit_message_id=options.edit_message_id if options else None,
         regenerate=options.regenerate if options else False,
+        metadata=options.metadata if options else None,
     )
 
 
-def _completed_event(custom_outputs: dict[str, Any]) -> ResponsesAgentStreamEvent:
-    # MLflow validates a `response.completed` event against the Responses schema,
-    # which requires a `response` with its `output`; the items went out before.
-    return ResponsesAgentStreamEvent(
-        type="response.completed", response={"output": [], "status": "completed"}, custom_outputs=custom_outputs
-    )
+def _completed_event(
+    custom_outputs: dict[str, Any], output: list[dict] | None = None, parsed: ParsedRequest | None = None
+) -> ResponsesAgentStreamEvent:
+    # MLflow validates a `response.completed` event against the Responses schema, which requires a
+    # `response` with its `output`. A turn's carries every item again (as OpenAI's does) and the `id`;
+    # an action's has none (its results are in `custom_outputs`).
+    response = {"output": list(output or []), **_response_fields(custom_outputs, parsed)}
+    if parsed is None:
+        response = {"output": [], "status": "completed"}
+    return ResponsesAgentStreamEvent(type="response.completed", response=response, custom_outputs=custom_outputs)
 
 
 def _custom_outputs(result: TurnResult | None) -> dict[str, Any]:
@@ -554,15 +739,18 @@ def _validated_before_mlflow(method: Callable) -> Callable:
 
 
 def _validated_request(raw: dict) -> ResponsesAgentRequest:
-    if isinstance(raw.get("input"), str):
-        raw = {**raw, "input": [{"role": "user", "content": raw["input"]}]}
+    raw = with_string_input(raw)
     try:
         # The same two steps as mlflow.pyfunc.utils.data_validation.wrap_non_list_predict_pydantic,
         # keeping the input items' ids (requests.ItemIdsRequest).
         ResponsesAgentRequest.model_validate(raw, strict=True)
         return keeping_item_ids(raw)
     except Exception as exc:  # pydantic's ValidationError, or whatever MLflow's validators raise
-        reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        errors = getattr(exc, "errors", None)
+        if callable(errors):  # pydantic's ValidationError: one line, without its documentation links
+            reason = validation_problems(errors(include_url=False))
+        else:
+            reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
         raise as_mlflow_exception(
             InvalidRequest(f"Invalid dictionary input for a ResponsesAgent; expected the ResponsesRequest schema: {reason}")
         ) from None

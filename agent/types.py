@@ -11,6 +11,7 @@
 * `AgentInfo`: what is running (`LangGraphResponsesAgent.info()`, `GET /agent/info`).
 * `Memory`: one long-term memory of a user (`list_memories`, the memories given to the model).
 * `TokenUsage`: a thread's and a branch's token totals (`get_usage`).
+* `SweepResult`, `TrimmedThread`: what a retention sweep removed (`sweep_expired_threads`).
 """
 
 from __future__ import annotations
@@ -29,24 +30,38 @@ TurnStatus = Literal["completed", "interrupted"]
 class TurnResult:
     """Where a turn (or state update) left the thread."""
 
-    thread_id: str
+    thread_id: str | None
+    """None only for a `store: false` turn that would have started a new thread."""
     checkpoint_id: str | None
-    """The thread head after the turn."""
+    """The thread head after the turn (None: `store: false`, nothing written)."""
     parent_checkpoint_id: str | None
     """The checkpoint the turn started from: the requested one when branching, else the previous head
     (a new thread's empty root checkpoint on its first turn)."""
     status: TurnStatus = "completed"
     """`interrupted` when a newer turn stopped this one (`multitask_strategy="interrupt"`) and what it
     had produced was kept as its checkpoint."""
+    unstored_response_id: str | None = None
+    """Set only for a turn run with `store: false` (it wrote nothing, so `checkpoint_id` is None):
+    a fresh response id that names nothing, as OpenAI gives an unstored response."""
+
+    @property
+    def response_id(self) -> str | None:
+        """The OpenAI-dialect id of this result: `resp_<checkpoint_id>` (the unstored id for `store: false`)."""
+        if self.unstored_response_id is not None:
+            return self.unstored_response_id
+        return None if self.checkpoint_id is None else f"resp_{self.checkpoint_id}"
 
     def as_dict(self) -> dict[str, str | None]:
         out: dict[str, str | None] = {
             "thread_id": self.thread_id,
             "checkpoint_id": self.checkpoint_id,
             "parent_checkpoint_id": self.parent_checkpoint_id,
+            "response_id": self.response_id,
         }
         if self.status != "completed":
             out["status"] = self.status
+        if self.unstored_response_id is not None:
+            out["stored"] = False
         return out
 
 
@@ -338,3 +353,31 @@ class Memory:
         }
 
 
+@dataclass(frozen=True)
+class TrimmedThread:
+    """A thread whose checkpoints but the head a `keep_latest` sweep deleted."""
+
+    thread_id: str
+    removed_checkpoints: int
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one retention sweep removed; each thread appears once, in the order it was swept
+    (oldest activity first)."""
+
+    deleted_thread_ids: tuple[str, ...] = ()
+    """Threads deleted whole (`thread_ttl_strategy="delete"`)."""
+    trimmed: tuple[TrimmedThread, ...] = ()
+    """Threads cut down to their head (`thread_ttl_strategy="keep_latest"`)."""
+
+    def __bool__(self) -> bool:
+        """Whether the sweep removed anything."""
+        return bool(self.deleted_thread_ids or self.trimmed)
+
+    def as_dict(self) -> dict[str, Any]:
+        """`{"deleted_thread_ids": [str], "trimmed": [{"thread_id", "removed_checkpoints"}]}`."""
+        return {
+            "deleted_thread_ids": list(self.deleted_thread_ids),
+            "trimmed": [{"thread_id": t.thread_id, "removed_checkpoints": t.removed_checkpoints} for t in self.trimmed],
+        }

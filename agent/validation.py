@@ -87,3 +87,18 @@ def check_unicode(name: str, value: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidRequest(f"{name} is not valid Unicode ({exc.reason})") from None
+
+
+def validation_problems(errors: list[dict[str, Any]], *, most: int = 3) -> str:
+    """pydantic's `ValidationError.errors()` as one line for people: `input.0.role: Input should be …; …`.
+
+    Locations drop pydantic's validator and union tags (`function-after[…]`, `list[…]`), repeated
+    locations (a union reports one error per member) are said once, and at most `most` are listed.
+    """
+    seen: dict[str, str] = {}
+    for error in errors:
+        where = ".".join(str(part) for part in error.get("loc", ()) if "[" not in str(part)) or "request"
+        seen.setdefault(where, str(error.get("msg", "invalid")))
+    problems = [f"{where}: {msg}" for where, msg in seen.items()]
+    more = f" (and {len(problems) - most} more)" if len(problems) > most else ""
+    return "; ".join(problems[:most]) + more

@@ -1,5 +1,5 @@
 """Drawing threads for people: history tables, branch trees, a checkpoint's messages, branch lists and
-comparisons (rich renderables), for the CLI and notebooks.
+comparisons, thread lists (rich renderables), for the CLI and notebooks.
 
 Everything here takes what the agent's methods return (the dicts of
 `get_checkpoint_history`, `get_checkpoint_state`, `list_branches`,
@@ -254,4 +254,54 @@ def memories_table(memories: list[dict[str, Any]], *, title: str) -> RenderableT
         )
     if not memories:
         return Text(f"{title}: no memories.", style="dim")
+    return table
+
+
+def threads_table(threads: list[dict[str, Any]], *, title: str, next_before: str | None = None) -> RenderableType:
+    """A table of `list_threads` entries (newest activity first): id, title, messages, last activity, metadata;
+    the caption says how to get the next page when there is one."""
+    if not threads:
+        return Text(f"{title}: no threads.", style="dim")
+    table = Table(
+        title=title,
+        header_style="bold",
+        caption=f"next page: --before {next_before}" if next_before else None,
+        caption_justify="left",
+    )
+    table.add_column("thread", no_wrap=True, style="cyan")
+    table.add_column("title")
+    table.add_column("msgs", justify="right", no_wrap=True)
+    table.add_column("last activity (UTC)", overflow="fold")
+    table.add_column("metadata", overflow="fold")
+    for thread in threads:
+        table.add_row(
+            thread["thread_id"],
+            thread["title"] or "—",
+            str(thread["message_count"]),
+            time_text(thread["updated_at"]),
+            ", ".join(f"{k}={v}" for k, v in thread["metadata"].items()) or "—",
+        )
+    return table
+
+
+def thread_view(thread: dict[str, Any]) -> RenderableType:
+    """One thread (`get_thread`) as labelled lines."""
+    forked = thread.get("forked_from")
+    rows = [
+        ("thread", thread["thread_id"]),
+        ("title", thread["title"] or "—"),
+        ("user", thread["user_id"] or "—"),
+        ("head", thread["checkpoint_id"]),
+        ("messages", str(thread["message_count"])),
+        ("created (UTC)", time_text(thread["created_at"])),
+        ("last activity (UTC)", time_text(thread["updated_at"])),
+        ("metadata", ", ".join(f"{k}={v}" for k, v in thread["metadata"].items()) or "—"),
+        ("forked from", f"{forked['thread_id']} at {short_id(forked['checkpoint_id'])}" if forked else "—"),
+        ("ttl_seconds", "—" if thread["ttl_seconds"] is None else f"{thread['ttl_seconds']:g}"),
+    ]
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for label, value in rows:
+        table.add_row(label, value)
     return table

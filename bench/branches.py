@@ -40,8 +40,6 @@ cannot be reached.
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
 import statistics
 import sys
@@ -49,13 +47,12 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from bench import report
-from bench.databases import DEFAULT_SERVER_URL, scratch_database, server_version
+from bench.databases import scratch_database, server_version
 
 #: Bytes of each user message (ASCII words from `VOCABULARY`).
 USER_MESSAGE_BYTES = 200
@@ -230,32 +227,17 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a small thread and few samples (a smoke test)")
-    parser.add_argument("--json", type=Path, help="also write every figure and measurement to this JSON file")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("AGENT_TEST_DATABASE_URL", DEFAULT_SERVER_URL),
-        help="a Postgres server URL (default: AGENT_TEST_DATABASE_URL, else the local server)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        server_version(args.database_url)
-    except (psycopg.Error, ValueError) as exc:
-        print(f"error: Postgres is not reachable at --database-url: {type(exc).__name__}", file=sys.stderr)
-        return 2
-    result = run(args.database_url, quick=args.quick)
+def print_result(result: dict[str, Any]) -> None:
+    """The table of figures (`bench.report.print_report`)."""
     sizes = result["settings"]["sizes"]
     report.print_report(
         f"Branch operations on a {sizes['turns']}-turn thread with {sizes['branches']} branches (Postgres, in-process)",
         result,
     )
-    if result["error"]:
-        print(result["error"], file=sys.stderr)
-    if args.json is not None:
-        report.write_json(args.json, result)
-    return 1 if result["error"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report.standalone_main(__doc__, run, print_result, argv, quick_help="a small thread and few samples (a smoke test)")
 
 
 if __name__ == "__main__":

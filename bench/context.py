@@ -34,8 +34,6 @@ Postgres is not reachable.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 import time
@@ -43,13 +41,11 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-import psycopg
 
 from bench import report
-from bench.databases import DEFAULT_SERVER_URL, scratch_database, server_version
+from bench.databases import scratch_database, server_version
 
 #: The budget of every agent here (`max_context_tokens`).
 BUDGET = 2_000
@@ -234,25 +230,13 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="every phase at a reduced size (a smoke test)")
-    parser.add_argument("--json", type=Path, help="also write every figure and measurement to this JSON file")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("AGENT_TEST_DATABASE_URL", DEFAULT_SERVER_URL),
-        help="a Postgres server URL (default: AGENT_TEST_DATABASE_URL, else the local server)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        result = run(args.database_url, quick=args.quick)
-    except (psycopg.Error, ValueError) as exc:
-        print(f"error: Postgres is not reachable at --database-url: {type(exc).__name__}", file=sys.stderr)
-        return 2
+def print_result(result: dict[str, Any]) -> None:
+    """The table of figures (`bench.report.print_report`)."""
     report.print_report(f"context window: offline model, max_context_tokens={BUDGET}", result)
-    if args.json is not None:
-        report.write_json(args.json, result)
-    return 1 if result["broken_phases"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report.standalone_main(__doc__, run, print_result, argv, quick_help="every phase at a reduced size (a smoke test)")
 
 
 if __name__ == "__main__":

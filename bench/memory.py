@@ -30,7 +30,6 @@ code 0 even when targets are missed; 1 when a configuration could not run
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -47,7 +46,7 @@ from typing import Any
 import psycopg
 
 from bench import report
-from bench.databases import DEFAULT_SERVER_URL, scratch_database, server_version
+from bench.databases import scratch_database, server_version
 from bench.openai_stub import openai_stub_server
 
 #: Memories the measured user has.
@@ -229,26 +228,13 @@ def _postgres_version(server_url: str) -> str | None:
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a few turns per series (a smoke test)")
-    parser.add_argument("--json", type=Path, help="also write every figure and measurement to this JSON file")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("AGENT_TEST_DATABASE_URL", DEFAULT_SERVER_URL),
-        help="a Postgres server URL (default: AGENT_TEST_DATABASE_URL, else the local server)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        psycopg.connect(args.database_url, connect_timeout=5).close()
-    except psycopg.OperationalError as exc:
-        print(f"error: no Postgres server answers at the given URL: {exc}", file=sys.stderr)
-        return 2
-    result = run(args.database_url, quick=args.quick)
+def print_result(result: dict[str, Any]) -> None:
+    """The table of figures (`bench.report.print_report`)."""
     report.print_report(f"Long-term memory: turn cost with {MEMORIES} memories", result)
-    if args.json:
-        report.write_json(args.json, result)
-    return 1 if result["broken_configurations"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report.standalone_main(__doc__, run, print_result, argv, quick_help="a few turns per series (a smoke test)")
 
 
 if __name__ == "__main__":

@@ -175,3 +175,49 @@ def print_report(
 def write_json(path: Path, report: Mapping[str, Any]) -> None:
     """Write the report as JSON (no NaN or infinity: a value that is not a finite number must be None)."""
     path.write_text(json.dumps(report, indent=2, allow_nan=False, default=str) + "\n")
+
+
+#: Report keys in which a benchmark names what of it could not run (its figures are then "not measured").
+INNER_FAILURES = ("error", "broken_phases", "broken_configurations")
+
+
+def standalone_main(
+    doc: str,
+    run: Callable[..., dict[str, Any]],
+    print_result: Callable[[dict[str, Any]], None],
+    argv: list[str] | None = None,
+    *,
+    quick_help: str = "a reduced size (a smoke test)",
+) -> int:
+    """`python -m bench.<name>`: parse `--quick`, `--json FILE`, `--database-url URL`, run, print, save.
+
+    `doc` is the module docstring (its first paragraph is the description). Returns the exit code: 0, 1 when
+    the report names a part that could not run (`INNER_FAILURES`), 2 when Postgres is not reachable.
+    """
+    import argparse
+    import sys
+
+    from bench.databases import DEFAULT_SERVER_URL, server_version
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--json", type=Path, help="also write every figure and measurement to this JSON file")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("AGENT_TEST_DATABASE_URL", DEFAULT_SERVER_URL),
+        help="a Postgres server URL (default: AGENT_TEST_DATABASE_URL, else the local server)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        server_version(args.database_url)
+    except Exception as exc:  # psycopg.Error, ValueError for a malformed URL
+        print(f"error: Postgres is not reachable at --database-url: {type(exc).__name__}", file=sys.stderr)
+        return 2
+    result = run(args.database_url, quick=args.quick)
+    print_result(result)
+    failures = [f"{key}: {result[key]}" for key in INNER_FAILURES if result.get(key)]
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    if args.json is not None:
+        write_json(args.json, result)
+    return 1 if failures else 0

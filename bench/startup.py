@@ -130,13 +130,18 @@ def run(server_url: str | None = None, *, quick: bool = False) -> dict[str, Any]
     )
 
 
+def print_result(result: dict[str, Any]) -> None:
+    """The table of figures (`bench.report.print_report`)."""
+    report.print_report("tt-agent start-up against python -c pass", result)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_RUNS} runs of each command instead of {RUNS}")
     parser.add_argument("--json", type=Path, help="also write the report to this JSON file")
     args = parser.parse_args(argv)
     result = run(quick=args.quick)
-    report.print_report("tt-agent start-up against python -c pass", result)
+    print_result(result)
     if args.json:
         report.write_json(args.json, result)
     return 0

@@ -16,9 +16,9 @@ the project's figures). `--json FILE` saves `{"parts": {name: report},
 from `--database-url`, else `AGENT_TEST_DATABASE_URL`, else the local server;
 every part creates and drops its own scratch databases.
 
-Exit code: 0 when every part ran (missed targets included), 1 when a part could
-not run (its traceback is on stderr, the other parts still run), 2 when
-Postgres is not reachable.
+Exit code: 0 when every part ran (missed targets included), 1 when a part or
+one of its phases could not run (its traceback or error is on stderr, the other
+parts still run), 2 when Postgres is not reachable.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from bench import report  # noqa: E402
 from bench.databases import DEFAULT_SERVER_URL, server_version  # noqa: E402
 
 #: The benchmarks, `bench.<name>`, in the order they run.
-PARTS = ["storage", "load"]
+PARTS = ["storage", "branches", "catalogue", "context", "memory", "startup", "load"]
 
 
 def run_parts(names: list[str], server_url: str, *, quick: bool) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -59,6 +59,8 @@ def run_parts(names: list[str], server_url: str, *, quick: bool) -> tuple[dict[s
             broken.append(name)
             continue
         reports[name] = result
+        if any(result.get(key) for key in report.INNER_FAILURES):
+            broken.append(name)
         print(f"bench.{name}: {time.perf_counter() - started:.0f} s", flush=True)
     return reports, broken
 
@@ -78,7 +80,7 @@ def print_summary(totals: dict[str, Any], reports: dict[str, dict[str, Any]]) ->
     for name, result in reports.items():
         print(f"bench.{name}: {report.summary_line(result)}")
     for name in totals["broken_parts"]:
-        print(f"bench.{name}: could not run (see the traceback above)")
+        print(f"bench.{name}: could not run, in whole or in part (see above)")
     print(f"all parts: targets met: {totals['targets_met']}/{totals['targets_total']}", flush=True)
 
 

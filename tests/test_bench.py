@@ -118,3 +118,15 @@ def test_bench_runner_lists_its_parts_and_refuses_an_unknown_one():
     done = subprocess.run([sys.executable, str(BENCH), "--only", "nonsense"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert done.returncode == 2 and "storage" in done.stderr and "load" in done.stderr
+
+
+def test_every_part_of_the_runner_has_run_and_print_result():
+    # The runner imports each part by name and calls these two; a part without them breaks `scripts/bench.py`.
+    import importlib
+    import runpy
+
+    parts = runpy.run_path(str(BENCH), run_name="bench_runner")["PARTS"]
+    assert {"storage", "branches", "catalogue", "context", "memory", "startup", "load"} <= set(parts)
+    for name in parts:
+        module = importlib.import_module(f"bench.{name}")
+        assert callable(module.run) and callable(module.print_result), name

@@ -1,6 +1,7 @@
 """Branch operations refuse wrong requests with the documented error and write nothing, on Postgres and SQLite:
 unknown or foreign threads (ThreadNotFound), unknown or foreign checkpoints (CheckpointNotFound), message ids
-not in the checkpoint, regenerate without a user message and malformed arguments (InvalidRequest).
+not in the checkpoint, regenerate without a user message, a turn editing an answer, an edit in place that
+changes a message's role, an update with nothing to apply, and malformed arguments (InvalidRequest).
 
 "Nothing written": every table's row count (`tests.test_errors.row_counts`) and both threads' histories
 and heads are unchanged.
@@ -143,6 +144,33 @@ def test_removing_or_replacing_a_message_that_is_not_in_the_checkpoint_is_invali
         head_message = agent.get_checkpoint_state(thread_id, user_id="alice")["messages"][0]["id"]
         with pytest.raises(InvalidRequest, match=head_message):
             agent.update_checkpoint_state(thread_id, mine["root"], remove_message_ids=[head_message], user_id="alice")
+
+
+@HOW
+def test_a_turn_that_edits_an_assistant_message_is_invalid_request(agent, trips, how):
+    mine = trips["mine"]
+    answer = agent.get_checkpoint_state(mine["thread_id"], user_id="alice")["messages"][1]
+    assert answer["role"] == "assistant"
+    body = request("fake answer", thread_id=mine["thread_id"], edit_message_id=answer["id"], user_id="alice")
+    with writes_nothing(agent, trips), pytest.raises(InvalidRequest, match="not a user message"):
+        run(agent, how, body)
+
+
+def test_an_edit_in_place_that_changes_the_role_is_invalid_request(agent, trips):
+    mine = trips["mine"]
+    first = agent.get_checkpoint_state(mine["thread_id"], user_id="alice")["messages"][0]
+    with writes_nothing(agent, trips), pytest.raises(InvalidRequest, match="keeps the message's role"):
+        agent.update_checkpoint_state(mine["thread_id"], None, [{"role": "assistant", "content": "x"}],
+                                      edit_message_id=first["id"], user_id="alice")  # fmt: skip
+
+
+def test_an_update_with_nothing_to_apply_is_invalid_request(agent, trips):
+    mine = trips["mine"]
+    with writes_nothing(agent, trips):
+        with pytest.raises(InvalidRequest, match="nothing to apply"):
+            agent.update_checkpoint_state(mine["thread_id"], None, [], user_id="alice")
+        with pytest.raises(InvalidRequest, match="nothing to apply"):
+            agent.predict(request(None, action="update_checkpoint_state", thread_id=mine["thread_id"], user_id="alice"))
 
 
 def test_removing_every_message_is_invalid_request(agent, trips):

@@ -410,7 +410,7 @@ def test_demo_memory_shows_a_fact_crossing_threads_and_tt_agent_memories_lists_i
     demo = run_cli("demo", "memory", cwd=tmp_path, env={"COLUMNS": "200"})
     assert demo.returncode == 0, demo.stderr
     assert demo.stdout.count("✓") == 3 and "Not as expected" not in demo.stdout
-    user = demo.stdout.split("tt-agent memories --user-id ")[1].split()[0]
+    user = demo.stdout.split(" memories --user-id ")[1].split()[0]
 
     with create_agent(f"sqlite:///{tmp_path / '.agent' / 'checkpoints.sqlite'}", model="offline", tracing=False) as agent:
         say(agent, "Remember that I like tea", user_id=user)

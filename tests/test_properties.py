@@ -9,7 +9,8 @@ Hypothesis draws a sequence of operations on one thread, each through the public
 * `replace`: `update_checkpoint_state` with an item whose `id` names a message of the checkpoint
   (any position: the middle of the list too);
 * `remove`: `update_checkpoint_state` with `remove_message_ids` (never the last message left);
-* `edit`: a turn with `edit_message_id` naming any message of a checkpoint, the first one included;
+* `edit`: a turn with `edit_message_id` naming any message of a checkpoint, the first one included
+  (refused, with nothing written, for a message that is not a user message);
 * `regenerate`: a turn with `regenerate: true` at a checkpoint (refused, writing nothing, where the
   checkpoint has no user message);
 * `switch`: `set_head` to any checkpoint; the next `turn` must see exactly that branch;
@@ -270,6 +271,12 @@ def apply(run: Run, op: tuple) -> None:
         if not current:
             return
         position = op[2] % len(current)
+        if current[position][1] != "user":  # a turn edits user messages only; answers change in place
+            head = model.head
+            with pytest.raises(InvalidRequest, match="not a user message"):
+                say(agent, op[3], thread_id=model.thread_id, checkpoint_id=at, edit_message_id=run.ids[current[position][0]])
+            assert agent.storage.get_thread(model.thread_id).head_checkpoint_id == head
+            return
         start = _edit_start(model, at, position)
         response = say(agent, op[3], thread_id=model.thread_id, checkpoint_id=at, edit_message_id=run.ids[current[position][0]])
         ids = outputs(response)

@@ -65,7 +65,7 @@ def assert_error_body(response: httpx.Response, status: int, error_code: str) ->
         ("POST", "/responses", b"[1, 2]", 400, "INVALID_PARAMETER_VALUE"),
         # MLflow's own validator (HTTPException(400, detail=...)): a temperature that is not a number.
         ("POST", "/responses", json.dumps({"input": [], "temperature": "hot"}).encode(), 400, "INVALID_PARAMETER_VALUE"),
-        ("POST", "/invocations", json.dumps({"input": "not a list", "stream": True}).encode(), 400, "INVALID_PARAMETER_VALUE"),
+        ("POST", "/invocations", json.dumps({"input": 42, "stream": True}).encode(), 400, "INVALID_PARAMETER_VALUE"),
         # The agent's own errors.
         ("POST", "/responses", json.dumps(request("hi", thread=1)).encode(), 400, "INVALID_PARAMETER_VALUE"),
         ("POST", "/invocations", json.dumps(request(action="get_checkpoint_history", thread_id="nobody")).encode(),

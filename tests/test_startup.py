@@ -73,6 +73,15 @@ def test_history_on_the_sqlite_default_imports_neither_mlflow_langchain_nor_lang
     assert loaded(modules, HEAVY) == []
 
 
+@pytest.mark.parametrize("args", [["threads"], ["threads", "--json"], ["threads", "show", "THREAD"]], ids=" ".join)
+def test_listing_threads_on_the_sqlite_default_imports_neither_mlflow_langchain_nor_langgraph(default_store, args):
+    cwd, thread_id = default_store
+    result, modules = imported_modules(["-m", "agent", *[thread_id if a == "THREAD" else a for a in args]], cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert thread_id in result.stdout
+    assert loaded(modules, HEAVY) == []
+
+
 def test_history_of_a_store_of_an_older_layout_still_works_through_the_full_storage(default_store, tmp_path):
     # A file whose agent_threads lacks a column the light reader selects: it is migrated, not refused.
     cwd, thread_id = default_store

@@ -1,5 +1,6 @@
 """`predict_stream`, on Postgres and SQLite: text deltas as the model produces them, one
-`response.output_item.done` per item in a sensible order, and the turn's ids on the last event."""
+`response.output_item.done` per item in a sensible order, then `response.completed` with the response's id;
+the turn's ids on the last item and on `response.completed`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from tests.helpers.scenario import TRIP, outputs, request, run_trip
 
 DELTA = "response.output_text.delta"
 DONE = "response.output_item.done"
+COMPLETED = "response.completed"
 
 
 def stream(agent, text: str, **custom_inputs) -> list[dict]:
@@ -33,7 +35,11 @@ def test_stream_yields_several_text_deltas_that_add_up_to_the_reply(agent):
     assert {d["item_id"] for d in deltas} == {reply["id"]}
     # Every delta comes before the finished item.
     assert events.index(deltas[-1]) < events.index(next(e for e in events if e["type"] == DONE))
-    assert {e["type"] for e in events} == {DELTA, DONE}
+    assert {e["type"] for e in events} == {DELTA, DONE, COMPLETED}
+    # The stream ends with the whole response: its id names the turn's checkpoint.
+    completed = events[-1]
+    assert completed["type"] == COMPLETED and completed["response"]["output"] == [reply]
+    assert completed["response"]["id"] == "resp_" + completed["custom_outputs"]["checkpoint_id"]
 
 
 def test_last_event_carries_the_new_head_and_where_the_turn_started(agent):
@@ -43,17 +49,18 @@ def test_last_event_carries_the_new_head_and_where_the_turn_started(agent):
     assert (ids["parent_checkpoint_id"], root["source"]) == (root["checkpoint_id"], "root")
     thread_id = ids["thread_id"]
     second = stream(agent, TRIP[1], thread_id=thread_id)
-    last = second[-1]
+    last, completed = second[-2:]
     assert last["type"] == DONE and last["item"]["type"] == "message"
-    assert set(last["custom_outputs"]) == {"thread_id", "checkpoint_id", "parent_checkpoint_id"}
+    assert completed["type"] == COMPLETED and completed["custom_outputs"] == last["custom_outputs"]
+    assert set(last["custom_outputs"]) == {"thread_id", "checkpoint_id", "parent_checkpoint_id", "response_id"}
     assert last["custom_outputs"]["thread_id"] == thread_id
     assert last["custom_outputs"]["parent_checkpoint_id"] == ids["checkpoint_id"]
     head = agent.get_checkpoint_history(thread_id, limit=1)[0]
     assert last["custom_outputs"]["checkpoint_id"] == head["checkpoint_id"]
     assert head["parent_checkpoint_id"] == ids["checkpoint_id"]
     assert head["message_count"] == 4
-    # Only the last event carries custom_outputs.
-    assert all("custom_outputs" not in e for e in second[:-1])
+    # Only the last item and the final event carry custom_outputs.
+    assert all("custom_outputs" not in e for e in second[:-2])
 
 
 def test_streamed_turns_are_remembered_like_predicted_ones(agent):

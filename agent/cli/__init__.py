@@ -3,8 +3,9 @@
 Modules: this one (the Typer app, shared options, opening an agent or a
 store's reads, printing errors), `commands` (history, serve), `demo` (the trip
 scenario; `memory_demo` its long-term-memory variant), `chat` (the REPL and its
-slash commands), `memories` (a user's long-term memories), `printing` (a streamed
-reply as it arrives). Tables and trees are drawn by `agent.views`, which the
+slash commands), `threads` (the thread catalogue), `memories` (a user's long-term memories), `transfer`
+(export and import of threads), `retention` (`sweep`: expired threads), `printing` (a streamed reply as it
+arrives). Tables and trees are drawn by `agent.views`, which the
 notebooks use too.
 
 Options left unset come from the environment (`AGENT_DATABASE_URL`,
@@ -177,9 +178,10 @@ def main() -> None:
 
 @contextmanager
 def open_agent(
-    database_url: str | None, model: str | None, tracing: bool, *, read_only: bool = False
+    database_url: str | None, model: str | None, tracing: bool, *, read_only: bool = False, **settings: Any
 ) -> Iterator[LangGraphResponsesAgent]:
-    """An agent for one command, closed afterwards.
+    """An agent for one command (`settings`: more `AgentSettings` fields, None ones left to the
+    environment), closed afterwards.
 
     `read_only` commands (listings, export) never create a store: a SQLite file
     that does not exist, `memory://`, or a Postgres database without the
@@ -191,7 +193,8 @@ def open_agent(
 
     if read_only:
         require_existing_store(resolve_url(database_url))
-    agent = create_agent(database_url, model, tracing=tracing, connect=not read_only)
+    given = {name: value for name, value in settings.items() if value is not None}
+    agent = create_agent(database_url, model, tracing=tracing, connect=not read_only, **given)
     try:
         if read_only:
             require_tables(agent.storage, resolve_url(database_url))
@@ -274,4 +277,4 @@ def agent_errors(*, exit_on_error: bool = True, to: Console | None = None, store
 
 
 # The commands register themselves on `app`.
-from agent.cli import demo, chat, commands, memories  # noqa: E402,F401,I001 - the order of `tt-agent --help`
+from agent.cli import demo, chat, commands, threads, memories, transfer, retention  # noqa: E402,F401,I001 - the order of `tt-agent --help`

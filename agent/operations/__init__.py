@@ -2,12 +2,15 @@
 
 Modules: `access` (the ownership rule), `turns` (claim, run, commit; sync and
 async), `history` (checkpoint pages, the head), `lifecycle` (deletion),
+`retention` (expired threads deleted or trimmed to their head),
 `tree` (a thread's checkpoint tree from summaries, and where each message sits
 in it), `edits` (where an edit or regeneration starts; removals), `branches`
-(checkpoint state, branches, head switch, fork, compare). `tree` and `edits`
+(checkpoint state, branches, head switch, fork, compare), `catalogue` (listing
+threads, titles, metadata). `tree` and `edits`
 stand apart from `branches` because turns use them too: an edit and a
 regeneration are turns (they stream, and follow the multitask strategy), so
 only their planning lives outside `turns`. `memories`: a user's long-term memories. `usage`: token totals.
+`transfer`: export and import of whole threads as versioned JSON documents.
 
 `Threads` is the façade the ResponsesAgent adapter calls. `ACTIONS` maps each
 `custom_inputs.action` to one `Action`: which `custom_inputs` keys it takes,
@@ -24,16 +27,19 @@ here import those libraries inside functions or under `TYPE_CHECKING`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.errors import InvalidRequest
-from agent.operations import branches
+from agent.operations import branches, catalogue
 from agent.operations import history as history_ops
 from agent.operations import lifecycle
 from agent.operations import memories as memory_ops
+from agent.operations import retention, transfer
 from agent.operations import usage as usage_ops
 from agent.storage import ThreadStorage
 from agent.types import (
@@ -44,6 +50,7 @@ from agent.types import (
     ForkResult,
     HeadMove,
     Memory,
+    SweepResult,
     TokenUsage,
     TurnResult,
 )
@@ -104,6 +111,8 @@ class Threads:
         request_hash: str | None = None,
         remove_message_ids: Sequence[str] = (),
         edit_message_id: str | None = None,
+        new_thread: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> TurnResult:
         """See `TurnRunner.update_state`."""
         return self.turns.update_state(
@@ -116,6 +125,8 @@ class Threads:
             request_hash=request_hash,
             remove_message_ids=remove_message_ids,
             edit_message_id=edit_message_id,
+            new_thread=new_thread,
+            metadata=metadata,
         )
 
     def history(self, thread_id: str, *, user_id: str | None, limit: int, before: str | None) -> list[CheckpointSummary]:
@@ -150,6 +161,40 @@ class Threads:
         """See `usage.token_usage`."""
         return usage_ops.token_usage(self.storage, thread_id, user_id=user_id, checkpoint_id=checkpoint_id)
 
+    def thread_of_response(self, checkpoint_id: str, *, user_id: str | None) -> str:
+        """The thread of the response (checkpoint) `checkpoint_id`; see `conversations.thread_of_response`."""
+        from agent.operations.conversations import thread_of_response
+
+        return thread_of_response(self.storage, checkpoint_id, user_id=user_id).thread_id
+
+    def head(self, thread_id: str, *, user_id: str | None) -> str:
+        """See `history.head`."""
+        return history_ops.head(self.storage, thread_id, user_id=user_id)
+
+    def list_threads(
+        self, *, user_id: str | None, limit: int, before: str | None, metadata: Mapping[str, str] | None
+    ) -> list[dict[str, Any]]:
+        """See `catalogue.list_threads`."""
+        return catalogue.list_threads(self.storage, user_id=user_id, limit=limit, before=before, metadata=metadata)
+
+    def get_thread(self, thread_id: str, *, user_id: str | None) -> dict[str, Any]:
+        """See `catalogue.get_thread`."""
+        return catalogue.get_thread(self.storage, thread_id, user_id=user_id)
+
+    def update_thread(
+        self,
+        thread_id: str,
+        *,
+        user_id: str | None,
+        title: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        ttl_seconds: float | None = None,
+    ) -> dict[str, Any]:
+        """See `catalogue.update_thread`."""
+        return catalogue.update_thread(
+            self.storage, thread_id, user_id=user_id, title=title, metadata=metadata, ttl_seconds=ttl_seconds
+        )
+
     def delete_thread(self, thread_id: str, *, user_id: str | None) -> None:
         """See `lifecycle.delete_thread`."""
         lifecycle.delete_thread(self.storage, thread_id, user_id=user_id, memories=self.memories)
@@ -157,6 +202,19 @@ class Threads:
     def delete_user_data(self, user_id: str) -> list[str]:
         """See `lifecycle.delete_user_data`."""
         return lifecycle.delete_user_data(self.storage, user_id, memories=self.memories)
+
+    def export_thread(self, thread_id: str, *, user_id: str | None) -> dict[str, Any]:
+        """See `transfer.export_thread`."""
+        return transfer.export_thread(self.storage, thread_id, user_id=user_id)
+
+    def import_thread(self, document: Any, *, user_id: str | None, thread_id: str | None) -> dict[str, Any]:
+        """See `transfer.import_thread`; the imported thread as a dict (`catalogue.thread_dict`)."""
+        record = transfer.import_thread(self.storage, document, user_id=user_id, thread_id=thread_id)
+        return catalogue.thread_dict(record)
+
+    def sweep_expired_threads(self, *, now: datetime | None = None, stop: threading.Event | None = None) -> SweepResult:
+        """See `retention.sweep_expired_threads`."""
+        return retention.sweep_expired_threads(self.storage, self.settings, now=now, memories=self.memories, stop=stop)
 
     def list_memories(self, user_id: str, query: str | None, limit: int) -> list[Memory]:
         """See `memories.list_memories`."""
@@ -287,11 +345,7 @@ def _parse_turn(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOptions:
         raise InvalidRequest("input is empty: the turn action needs at least one message (or regenerate: true)")
     if (regenerate or edit_message_id is not None) and envelope.thread_id is None:
         raise InvalidRequest("edit_message_id and regenerate need custom_inputs.thread_id (the thread to change)")
-    metadata = custom.get("metadata")
-    if metadata is not None and not (
-        isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
-    ):
-        raise InvalidRequest("metadata must be an object of string keys and string values")
+    metadata = catalogue.check_metadata(custom.get("metadata"))
     budget = custom.get("max_context_tokens")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise InvalidRequest(f"max_context_tokens must be a positive integer, got {budget!r}")
@@ -392,6 +446,43 @@ ACTIONS: dict[str, Action] = {
             needs_user=True,
             parse=memory_ops.parse_delete,
             run=memory_ops.run_delete,
+        ),
+        # -- export / import (`transfer`) --
+        Action(
+            name="export_thread",
+            summary="The whole thread (every checkpoint, its messages and the record) as a versioned JSON "
+            "document, in custom_outputs.document.",
+            run=transfer.run_export,
+        ),
+        Action(
+            name="import_thread",
+            summary="Restore custom_inputs.document as a thread of the caller (under custom_inputs.thread_id if "
+            "given: a copy with new checkpoint ids); the same document again is a no-op.",
+            keys=frozenset({"document"}),
+            needs_thread=False,
+            parse=transfer.parse_import,
+            run=transfer.run_import,
+        ),
+        # -- the thread catalogue (`catalogue`) --
+        Action(
+            name="list_threads",
+            summary="The user's threads, newest activity first; `before`: the previous page's `next_before`.",
+            keys=frozenset({"limit", "before", "metadata"}),
+            needs_thread=False,
+            parse=catalogue.parse_list,
+            run=catalogue.run_list,
+        ),
+        Action(
+            name="get_thread",
+            summary="The thread: title, metadata, head checkpoint_id, message_count, timestamps.",
+            run=catalogue.run_get,
+        ),
+        Action(
+            name="update_thread",
+            summary="Set the thread's title, metadata (replaced) and/or ttl_seconds.",
+            keys=frozenset({"title", "metadata", "ttl_seconds"}),
+            parse=catalogue.parse_update,
+            run=catalogue.run_update,
         ),
     )
 }

@@ -71,11 +71,21 @@ def plan_edit(
     `messages` are that checkpoint's messages; `tree` must know `kept_messages` for the chain.
 
     Raises:
-        InvalidRequest: the message is not in the checkpoint, or (a thread written before threads had
-            a root) there is no checkpoint before it.
+        InvalidRequest: the message is not in the checkpoint or is not a user message, or (a thread written
+            before threads had a root) there is no checkpoint before it.
     """
     target = chain[-1]
     position = position_of(messages, message_id, thread_id=tree.thread_id, checkpoint_id=target)
+    if messages[position].type != "human":
+        # The turn's input is a user message; put in place of an answer, the model would see two user messages
+        # in a row. An answer is changed in place with update_checkpoint_state instead.
+        raise InvalidRequest(
+            f"Message {message_id!r} is not a user message: a turn with edit_message_id edits user messages. "
+            "To change another message in place, use update_checkpoint_state with edit_message_id. Nothing was written.",
+            thread_id=tree.thread_id,
+            checkpoint_id=target,
+            message_id=message_id,
+        )
     return _start_before(tree, chain, messages, position, list(new), what=f"edit message {message_id!r}")
 
 

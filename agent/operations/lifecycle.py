@@ -28,14 +28,17 @@ def delete_thread(
         ThreadBusy: a turn held the thread for longer than `enqueue_timeout`.
     """
 
-    def apply(tx: Tx) -> None:
-        tx.delete_thread(thread_id)
-        if memories is not None:
-            memories.delete_thread_memories(user_id, thread_id)
-
     with storage.claimed(thread_id, user_id=user_id) as claim:
         authorize(claim.record, thread_id, user_id)
-        storage.commit(claim, apply)
+        storage.commit(claim, lambda tx: delete_rows(tx, thread_id, user_id=user_id, memories=memories))
+
+
+def delete_rows(tx: Tx, thread_id: str, *, user_id: str | None, memories: Memories | None) -> None:
+    """In a claimed commit's transaction: every row of the thread, and its branch-scoped memories
+    (owner `user_id`). The one way a thread is deleted (also by the retention sweep)."""
+    tx.delete_thread(thread_id)
+    if memories is not None:
+        memories.delete_thread_memories(user_id, thread_id)
 
 
 def delete_user_data(storage: ThreadStorage, user_id: str, *, memories: Memories | None = None) -> list[str]:

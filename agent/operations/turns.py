@@ -47,7 +47,7 @@ import contextlib
 import dataclasses
 import functools
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -63,6 +63,7 @@ from agent.context.summaries import edit_keeps_summary
 from agent.errors import InvalidRequest, LeaseExpired, TurnCancelled
 from agent.messages import to_output_items
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.catalogue import default_title
 from agent.operations.edits import plan_edit, plan_regenerate, position_of, removals
 from agent.operations.idempotency import Idempotency, claim_key
 from agent.operations.tree import fill_kept, read_tree
@@ -77,6 +78,8 @@ if TYPE_CHECKING:
 
 TurnEvent = TextDelta | NewMessages | TurnResult | StoredResponse
 
+#: The Responses API role of each LangChain message type, for errors.
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 #: The metadata `source` of a thread's root checkpoint.
 ROOT_SOURCE = "root"
 
@@ -99,12 +102,16 @@ class TurnArgs:
     """The request's fingerprint (`idempotency.request_fingerprint`); set whenever `idempotency_key` is."""
     instructions: str | None = None
     """A system message for this turn only (not stored)."""
+    store: bool = True
+    """False: run from the requested state and write nothing (OpenAI's `store: false`); the claim is released."""
     max_context_tokens: int | None = None
     """This turn's token budget for the model's input (None: the agent's setting)."""
     edit_message_id: str | None = None
     """Put `messages` in place of this message of the start checkpoint (a sibling branch; see `edits`)."""
     regenerate: bool = False
     """Answer the start checkpoint's last user message again (`messages` empty; see `edits`)."""
+    metadata: Mapping[str, str] | None = None
+    """Stored with the thread when this turn creates it (`catalogue`); ignored on an existing thread."""
 
 
 @dataclass(frozen=True)
@@ -252,8 +259,14 @@ class TurnRunner:
         request_hash: str | None = None,
         remove_message_ids: Sequence[str] = (),
         edit_message_id: str | None = None,
+        new_thread: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> TurnResult:
         """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
+
+        `new_thread`: `thread_id` is a new id, and the thread is created (owned by `user_id`, with
+        `metadata`) with its root and, when `messages` are given, one checkpoint holding them (a
+        Conversations API create), in one transaction.
 
         It becomes the thread head. Messages are applied with LangGraph's
         `add_messages` as if the agent node had returned them: appended, and a
@@ -269,21 +282,35 @@ class TurnRunner:
 
         Raises:
             ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
-            InvalidRequest: the idempotency key was used for a different request; a `remove_message_ids` or
-                `edit_message_id` id is not in the checkpoint, or removing leaves no message.
+            InvalidRequest: nothing to apply (no messages, no removals); the idempotency key was used for a
+                different request; a `remove_message_ids` or `edit_message_id` id is not in the checkpoint, an
+                edit changes the message's role, or removing leaves no message.
         """
-        args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash)
+        if not messages and not remove_message_ids and not new_thread:
+            raise InvalidRequest(
+                "update_checkpoint_state needs input messages or remove_message_ids: there is nothing to apply, "
+                "and nothing was written (set_head moves the head without writing)."
+            )
+        args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash, metadata=metadata)
         if idempotency_key is not None:
             stored = self.idempotency.lookup(user_id, idempotency_key, request_hash)
             if stored is not None:
                 return _result_of(stored)
         claim = self._claim(thread_id, args)
         try:
-            authorize(claim.record, thread_id, user_id)
+            if not (new_thread and claim.record is None):
+                authorize(claim.record, thread_id, user_id)
             begun = self._start(claim, args)
-            current = claim.start.checkpoint["channel_values"].get("messages") or ()
+            current = claim.start.checkpoint["channel_values"].get("messages") or () if claim.start is not None else ()
             if edit_message_id is not None:
                 replaced = current[position_of(current, edit_message_id, thread_id=thread_id, checkpoint_id=begun.checkpoint_id)]
+                if messages[0].type != replaced.type:
+                    raise InvalidRequest(
+                        f"An edit keeps the message's role: message {edit_message_id!r} is a {_ROLES[replaced.type]} "
+                        f"message, the new one a {_ROLES[messages[0].type]} message. Nothing was written.",
+                        thread_id=thread_id,
+                        message_id=edit_message_id,
+                    )
                 messages = [message.model_copy(update={"id": replaced.id}) for message in messages]
                 begun = _Start(begun.checkpoint_id, messages, begun.loaded)
             if remove_message_ids:
@@ -292,6 +319,11 @@ class TurnRunner:
                 )
                 begun = _Start(begun.checkpoint_id, [*removed, *messages], begun.loaded)
             turn, start, config = self._prepare(claim, args, begun)
+            if claim.record is None and not begun.messages:
+                # A new thread and nothing to add (an empty conversation): its root is the whole thread.
+                result = TurnResult(thread_id, turn.new_head, None)
+                outcome = self._commit(claim, turn, args, result, [])
+                return outcome if isinstance(outcome, TurnResult) else _result_of(outcome)
             values: dict[str, Any] = {"messages": list(begun.messages)}
             if begun.loaded is not None and not edit_keeps_summary(begun.loaded.checkpoint["channel_values"], begun.messages):
                 values[CONTEXT_SUMMARY_CHANNEL] = None
@@ -479,8 +511,21 @@ class TurnRunner:
     def _commit(
         self, claim: Claim, turn: Turn, args: TurnArgs, result: TurnResult, output: list[dict]
     ) -> TurnResult | StoredResponse:
-        """Commit `turn`, and with an idempotency key its response (`output` and `result`) in the same transaction."""
-        apply = functools.partial(self._write_turn, turn, result.parent_checkpoint_id, args.user_id)
+        """Commit `turn`, and with an idempotency key its response (`output` and `result`) in the same transaction.
+
+        A `store: false` turn is released instead: nothing of it is written, not even a new thread's root.
+        """
+        if not args.store:
+            self.storage.release(claim)
+            existing = claim.record is not None
+            return TurnResult(
+                claim.thread_id if existing else None,
+                None,
+                result.parent_checkpoint_id if existing else None,
+                result.status,
+                unstored_response_id=f"resp_{uuid.uuid4().hex}",
+            )
+        apply = functools.partial(self._write_turn, turn, result.parent_checkpoint_id, args)
         if args.idempotency_key is None:
             self.storage.commit(claim, apply)
             return result
@@ -497,9 +542,16 @@ class TurnRunner:
             return self.idempotency.after_race(args.user_id, args.idempotency_key, args.request_hash)
         return result
 
-    def _write_turn(self, turn: Turn, start: str, user_id: str | None, tx: Tx) -> None:
-        """The commit of a turn: `_write`, and the memory tools' results among its new messages."""
-        _write(turn, user_id, tx)
+    def _write_turn(self, turn: Turn, start: str, args: TurnArgs, tx: Tx) -> None:
+        """The commit of a turn: `_write`, and the memory tools' results among its new messages.
+
+        A turn that creates its thread also gives it its default title and `args.metadata` (`catalogue`).
+        """
+        user_id = args.user_id
+        if turn.record is None:
+            _write(turn, user_id, tx, title=default_title(args.messages), metadata=args.metadata)
+        else:
+            _write(turn, user_id, tx)
         if self.memories is not None and user_id is not None and turn.puts:
             head = turn.puts[-1][1]
             new = list(head["channel_values"].get("messages") or ())[len(_messages_of(turn, start)) :]
@@ -514,8 +566,11 @@ class TurnRunner:
             self.graph.update_state(config, {"messages": [*sent, *progress.kept()]}, as_node="agent")
 
 
-def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:
-    """The commit of a turn: its checkpoints and writes, then the thread's head (and owner, when new)."""
+def _write(
+    turn: Turn, user_id: str | None, tx: Tx, *, title: str | None = None, metadata: Mapping[str, str] | None = None
+) -> None:
+    """The commit of a turn: its checkpoints and writes, then the thread's head (and owner, title and
+    metadata, when new)."""
     if not turn.puts:
         return
     tx.write_turn(turn)
@@ -525,6 +580,8 @@ def _write(turn: Turn, user_id: str | None, tx: Tx) -> None:
         user_id=user_id,
         head_checkpoint_id=head["id"],
         message_count=len(head["channel_values"].get("messages") or ()),
+        title=title,
+        metadata=metadata,
     )
 
 

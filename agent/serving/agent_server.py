@@ -64,11 +64,13 @@ from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent.errors import AgentError, InvalidRequest
-from agent.requests import keeping_item_ids
+from agent.requests import keeping_item_ids, with_string_input
 from agent.responses import LangGraphResponsesAgent
 from agent.serving.errors import error_body, http_status, log_error_answer, status_error_body
 from agent.serving.limits import RequestBodyLimits, body_limit
+from agent.serving.openai import openai_router
 from agent.tracing import scrub_trace_inputs, tag_trace
+from agent.validation import validation_problems
 
 _bound_agent: LangGraphResponsesAgent | None = None
 
@@ -84,11 +86,19 @@ def _idempotency_header() -> str | None:
     return get_request_headers().get("idempotency-key")
 
 
+def _caller() -> dict[str, Any]:
+    """`apredict`'s caller keywords: the trusted user header's value when the agent has `user_id_header`."""
+    header = _agent().settings.user_id_header
+    if not header:
+        return {}
+    return {"user_id": get_request_headers().get(header.lower()) or None, "trusted_user": True}
+
+
 @invoke()
 async def respond(request: ResponsesAgentRequest) -> ResponsesAgentResponse:
     """One whole turn (or `custom_inputs.action`) with the bound agent's `apredict`."""
     try:
-        return await _agent().apredict(request, idempotency_key=_idempotency_header())
+        return await _agent().apredict(request, idempotency_key=_idempotency_header(), **_caller())
     except InvalidRequest:
         scrub_trace_inputs()  # MLflow's server span recorded the refused request too
         raise
@@ -96,9 +106,9 @@ async def respond(request: ResponsesAgentRequest) -> ResponsesAgentResponse:
 
 @stream()
 async def respond_stream(request: ResponsesAgentRequest) -> AsyncIterator[ResponsesAgentStreamEvent]:
-    """The bound agent's `apredict_stream` events; the last one carries `custom_outputs`."""
+    """The bound agent's `apredict_stream` events; the last one is `response.completed`, with `custom_outputs`."""
     try:
-        async for event in _agent().apredict_stream(request, idempotency_key=_idempotency_header()):
+        async for event in _agent().apredict_stream(request, idempotency_key=_idempotency_header(), **_caller()):
             yield event
     except InvalidRequest:
         scrub_trace_inputs()
@@ -106,9 +116,12 @@ async def respond_stream(request: ResponsesAgentRequest) -> AsyncIterator[Respon
 
 
 class _KeepItemIds(ResponsesAgentValidator):
-    """MLflow's request validation, keeping the input items' ids (see `agent.requests.ItemIdsRequest`)."""
+    """MLflow's request validation, keeping the input items' ids and the top-level fields its schema drops
+    (`previous_response_id`, `conversation`, `instructions`: see `agent.requests.ItemIdsRequest`), and
+    taking `input` as a string (one user message)."""
 
     def validate_and_convert_request(self, data: dict[str, Any]) -> ResponsesAgentRequest:
+        data = with_string_input(data) if isinstance(data, dict) else data
         self.validate_pydantic(ResponsesAgentRequest, data)
         return keeping_item_ids(data)
 
@@ -241,6 +254,7 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     )
 
     _replace_agent_info(app, agent)
+    app.include_router(openai_router(agent))
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
@@ -280,8 +294,7 @@ async def _http_error_response(request: Request, exc: StarletteHTTPException) ->
 
 
 async def _validation_error_response(request: Request, exc: RequestValidationError) -> JSONResponse:
-    problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors())
-    body = status_error_body(400, f"Invalid request: {problems}")
+    body = status_error_body(400, f"Invalid request: {validation_problems(list(exc.errors()))}")
     log_error_answer(request.method, request.url.path, 400, body)
     return JSONResponse(body, status_code=400)
 

@@ -18,6 +18,10 @@ a wrong URL fails `tt-agent serve` at once instead of making every worker
 die at start-up. The parent also creates MLflow's tracking store, for the
 same reason.
 
+**Retention.** With `sweep_interval_seconds` set, every server process (each
+worker) runs a retention sweeper from start-up to shutdown (`serving.sweeper`,
+attached by `with_lifespan`); sweeps are safe to run concurrently.
+
 **Keep-alive.** Idle HTTP connections stay open `KEEP_ALIVE_S` seconds
 (uvicorn's default is 5 s). A client, or a load balancer, reusing a pooled
 connection at the moment the server closes it for idleness gets a
@@ -30,6 +34,7 @@ under them.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import sys
@@ -86,7 +91,9 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
 
         with create_agent() as agent:
             print(startup_line(agent, host, port), file=sys.stderr, flush=True)
-            uvicorn.run(build_app(agent), **options)
+            app = build_app(agent)
+            with_lifespan(app, agent, close_agent=False)
+            uvicorn.run(app, **options)
         return
     # Connect and set up once, here, so that a bad setting fails now and the workers never race on
     # setup: the agent's tables, and MLflow's tracking store (two workers migrating one new SQLite
@@ -109,12 +116,14 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
 
 def startup_line(agent: Any, host: str, port: int) -> str:
     """What `tt-agent serve` says first: the version, the store (an absolute path or a masked URL),
-    the model, tracing, and where it listens."""
+    the model, tracing, where it listens, and the retention sweeper's interval when one runs."""
     info = agent.info()
-    return (
+    line = (
         f"{info.name} {info.version} serving on http://{host}:{port}: store {info.store}, "
         f"model {info.model}, tracing {'on' if info.tracing else 'off'}"
     )
+    interval = agent.settings.sweep_interval_seconds
+    return f"{line}, sweeping expired threads every {interval:g} s" if interval else line
 
 
 def create_app() -> FastAPI:
@@ -130,16 +139,33 @@ def create_app() -> FastAPI:
 
     agent = create_agent()
     app = build_app(agent)
+    with_lifespan(app, agent, close_agent=True)
+    return app
+
+
+def with_lifespan(app: FastAPI, agent: Any, *, close_agent: bool) -> None:
+    """Give `app` the lifespan of one server process: the retention sweeper (`serving.sweeper`) runs
+    from start-up to shutdown when `sweep_interval_seconds` is set; `close_agent`: close `agent` at shutdown."""
+    from agent.serving.sweeper import Sweeper
+
+    interval = agent.settings.sweep_interval_seconds
 
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
+        sweeper = Sweeper(agent, interval) if interval else None
+        if sweeper is not None:
+            sweeper.start()
         try:
             yield
         finally:
-            agent.close()
+            try:
+                if sweeper is not None:
+                    await asyncio.to_thread(sweeper.stop)
+            finally:
+                if close_agent:
+                    agent.close()
 
     app.router.lifespan_context = lifespan
-    return app
 
 
 def log_config() -> dict[str, Any]:

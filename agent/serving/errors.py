@@ -3,8 +3,8 @@
 | error | HTTP | MLflow `error_code` | OpenAI `type` / `code` |
 |---|---|---|---|
 | `InvalidRequest`, `ConfigurationError` | 400 | `INVALID_PARAMETER_VALUE` | `invalid_request_error` / `invalid_request` |
-| `ThreadNotFound`, `CheckpointNotFound`, `MemoryNotFound` | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `not_found` |
-| `ThreadBusy`, `LeaseExpired`, `TurnCancelled` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
+| `ThreadNotFound`, `CheckpointNotFound`, `ResponseNotFound`, `MemoryNotFound` | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `not_found` |
+| `ThreadBusy`, `LeaseExpired`, `TurnCancelled`, `ThreadExists` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
 | `StorageUnavailable`, `ModelError` | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `unavailable` |
 | any other `AgentError` | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
 

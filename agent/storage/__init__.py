@@ -24,11 +24,12 @@ from urllib.parse import urlsplit
 
 from agent.config import AgentSettings, is_postgres_url, mask_secret_fragments, mask_url, store_label
 from agent.errors import ConfigurationError
-from agent.storage.base import CheckpointLink, Claim, ThreadReads, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
+from agent.storage.base import CheckpointLink, Claim, ExpiredThread, ThreadReads, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
 
 __all__ = [
     "CheckpointLink",
     "Claim",
+    "ExpiredThread",
     "ThreadReads",
     "ThreadRecord",
     "ThreadStorage",

@@ -49,6 +49,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.config import AgentSettings, MultitaskStrategy
@@ -89,6 +90,19 @@ class CheckpointLink:
     parent_checkpoint_id: str | None
     message_count: int
     kept_messages: int | None
+
+
+@dataclass(frozen=True)
+class ExpiredThread:
+    """A thread the retention sweep found expired (`ThreadStorage.expired_threads`).
+
+    `position` is where the next batch starts after: the backend's own
+    (updated_at, thread_id) pair, opaque to callers.
+    """
+
+    thread_id: str
+    user_id: str | None
+    position: Any
 
 
 def owned_by(record: ThreadRecord | None, user_id: str | None) -> bool:
@@ -197,8 +211,31 @@ class Tx(ABC):
         """Write a turn's buffered checkpoints and pending writes (messages as deltas)."""
 
     @abstractmethod
-    def upsert_thread(self, thread_id: str, *, user_id: str | None, head_checkpoint_id: str, message_count: int) -> None:
-        """Create the thread record (owner `user_id`), or move its head; `updated_at` becomes now."""
+    def upsert_thread(
+        self,
+        thread_id: str,
+        *,
+        user_id: str | None,
+        head_checkpoint_id: str,
+        message_count: int,
+        title: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        """Create the thread record (owner `user_id`, with `title` and `metadata`), or move its head
+        (`title` and `metadata` are then ignored); `updated_at` becomes now."""
+
+    @abstractmethod
+    def update_thread(
+        self,
+        thread_id: str,
+        *,
+        user_id: str | None,
+        title: str | None,
+        metadata: Mapping[str, str] | None,
+        ttl_seconds: float | None,
+    ) -> ThreadRecord | None:
+        """Set the given fields (None: unchanged; `metadata` replaces the whole object) of the thread if
+        `user_id` owns it, leaving `updated_at` alone; the record after, or None (unknown or not owned)."""
 
     @abstractmethod
     def delete_thread(self, thread_id: str) -> None:
@@ -239,6 +276,22 @@ class Tx(ABC):
         forked_from: Mapping[str, str] | None,
     ) -> None:
         """Create a thread record with all its fields (a fork); `created_at` and `updated_at` become now."""
+
+    @abstractmethod
+    def is_expired(self, thread_id: str, *, default_ttl: float | None, now: datetime | None) -> bool:
+        """Whether the thread is expired, judged in this transaction: its `updated_at` plus its own
+        `ttl_seconds` (else `default_ttl`; both None: never) is at or before `now` (None: the
+        database's clock on Postgres, this machine's on SQLite). False for an unknown thread."""
+
+    @abstractmethod
+    def keep_only_head(self, thread_id: str, head: CheckpointTuple) -> int:
+        """Delete every checkpoint of the thread but `head` (its head, messages resolved), with their
+        blobs and pending writes, after storing the head's messages whole (no longer a delta against
+        an ancestor) and making the head a root (no parent, `kept_messages` 0).
+
+        Returns:
+            How many checkpoints (root namespace) were deleted.
+        """
 
 
 class ThreadStorage(ABC):
@@ -286,6 +339,7 @@ class ThreadStorage(ABC):
         strategy: MultitaskStrategy,
         timeout: float,
         idempotency_key: str | None = None,
+        read_start: bool = True,
     ) -> Claim:
         """Claim `thread_id` for one turn, and read its record and the turn's start, without holding a connection.
 
@@ -298,6 +352,8 @@ class ThreadStorage(ABC):
                 first ask the running turn to stop, then wait like `enqueue`.
             timeout: seconds to wait (not `reject`).
             idempotency_key: stored with the claim, so a retry can tell that its original is still running.
+            read_start: False: do not read the start checkpoint (`Claim.start` is None), for work
+                that needs only the thread record (the retention sweep's deletions).
 
         Returns:
             The claim; it is renewed until `commit` or `release`.
@@ -313,7 +369,14 @@ class ThreadStorage(ABC):
         delay = 0.005
         asked_to_stop = False
         while True:
-            claim, record = self._try_claim(thread_id, token, user_id=user_id, checkpoint_id=checkpoint_id, idempotency_key=idempotency_key)
+            claim, record = self._try_claim(
+                thread_id,
+                token,
+                user_id=user_id,
+                checkpoint_id=checkpoint_id,
+                idempotency_key=idempotency_key,
+                read_start=read_start,
+            )
             if claim is not None:
                 self.keeper.add(claim)
                 return claim
@@ -374,6 +437,7 @@ class ThreadStorage(ABC):
         strategy: MultitaskStrategy = "enqueue",
         timeout: float | None = None,
         checkpoint_id: str | None = None,
+        read_start: bool = True,
     ) -> Iterator[Claim]:
         """Claim the thread for a short write that does not run the model; release it if the block raises.
 
@@ -385,6 +449,7 @@ class ThreadStorage(ABC):
             checkpoint_id=checkpoint_id,
             strategy=strategy,
             timeout=self.settings.enqueue_timeout if timeout is None else timeout,
+            read_start=read_start,
         )
         try:
             yield claim
@@ -395,7 +460,14 @@ class ThreadStorage(ABC):
     # -- backend hooks for the protocol -------------------------------------------------------------
     @abstractmethod
     def _try_claim(
-        self, thread_id: str, token: str, *, user_id: str | None, checkpoint_id: str | None, idempotency_key: str | None
+        self,
+        thread_id: str,
+        token: str,
+        *,
+        user_id: str | None,
+        checkpoint_id: str | None,
+        idempotency_key: str | None,
+        read_start: bool = True,
     ) -> tuple[Claim | None, ThreadRecord | None]:
         """One attempt, in one round trip: (the claim, or None if refused; the thread record)."""
 
@@ -430,6 +502,26 @@ class ThreadStorage(ABC):
     def sweep_idempotency(self) -> int:
         """Delete every expired stored result; returns how many. Never needed for correctness (lookups
         ignore expired rows); it keeps the table small."""
+
+    # -- retention -----------------------------------------------------------------------------------
+    @abstractmethod
+    def expired_threads(
+        self,
+        *,
+        default_ttl: float | None,
+        now: datetime | None,
+        limit: int,
+        after: Any = None,
+        trimmable_only: bool = False,
+    ) -> list[ExpiredThread]:
+        """Up to `limit` expired threads that no turn holds now, oldest activity first (by
+        `updated_at`, then `thread_id`), after the position `after` (an `ExpiredThread.position`).
+
+        Expired: `updated_at` + the thread's `ttl_seconds` (else `default_ttl`; both None: never)
+        is at or before `now` (None: the database's clock on Postgres, this machine's on SQLite).
+        `trimmable_only`: only threads with a checkpoint besides the head. A candidate list only:
+        the sweep claims each thread and checks again (`Tx.is_expired`) before removing anything.
+        """
 
     # -- writes without a claim ------------------------------------------------------------------------
     @abstractmethod
@@ -474,6 +566,37 @@ class ThreadStorage(ABC):
         """The ids of the threads `user_id` owns, sorted."""
 
     @abstractmethod
+    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
+        """The ids of the threads (any owner) that hold any of `checkpoint_ids`, sorted.
+
+        For imports, which keep checkpoint ids: checkpoint ids are unique across threads (the
+        message cache and response ids rely on it). One read of the index on checkpoint_id
+        (the one `thread_of_checkpoint` uses).
+        """
+
+    @abstractmethod
+    def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
+        """The thread whose (root namespace) checkpoint `checkpoint_id` is, or None; one indexed read.
+
+        Checkpoint ids are unique across threads (a fork copies with new ids), which is what lets an
+        OpenAI response id (`resp_<checkpoint_id>`) name its thread.
+        """
+
+    @abstractmethod
+    def list_threads(
+        self, user_id: str | None, *, limit: int, before: tuple[str, str] | None, metadata: Mapping[str, str]
+    ) -> list[tuple[ThreadRecord, tuple[str, str]]]:
+        """Up to `limit` threads `user_id` owns (None: those written without one), newest activity first
+        (`updated_at` DESC, `thread_id` DESC), strictly after the position `before`, whose metadata holds
+        every pair of `metadata`; each with its position (`activity`, `thread_id`): `activity` is the exact
+        stored `updated_at` as text (of this backend), for the next page's `before`. One index range scan
+        (`agent_threads_activity_idx`)."""
+
+    @abstractmethod
+    def thread_position(self, thread_id: str) -> tuple[str, str] | None:
+        """The thread's position in `list_threads` order as it is now, or None when there is no such thread."""
+
+    @abstractmethod
     def exists(self) -> bool:
         """Whether the store has been set up (its tables exist), found without creating anything.
 
@@ -503,5 +626,11 @@ class ThreadReads(Protocol):
     def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]: ...
 
     def threads_of_user(self, user_id: str) -> list[str]: ...
+
+    def list_threads(
+        self, user_id: str | None, *, limit: int, before: tuple[str, str] | None, metadata: Mapping[str, str]
+    ) -> list[tuple[ThreadRecord, tuple[str, str]]]: ...
+
+    def thread_position(self, thread_id: str) -> tuple[str, str] | None: ...
 
     def close(self) -> None: ...

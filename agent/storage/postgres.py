@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -66,8 +67,19 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.config import AgentSettings, mask_url
-from agent.errors import AgentError, LeaseExpired, StorageUnavailable
-from agent.storage.base import CheckpointLink, Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
+from agent.errors import AgentError, InvalidRequest, LeaseExpired, StorageUnavailable
+from agent.storage import deltas
+from agent.storage.base import (
+    CheckpointLink,
+    Claim,
+    ExpiredThread,
+    IdempotencyKeyTaken,
+    IdempotencyState,
+    ThreadRecord,
+    ThreadStorage,
+    Turn,
+    Tx,
+)
 from agent.storage.saver import TurnSaverMixin
 
 logger = logging.getLogger(__name__)
@@ -128,6 +140,9 @@ MIGRATIONS = [
     # A retry looks for a running turn that carries its key; the sweep deletes expired results.
     "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
+    # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone
+    # (LangGraph's primary key starts with thread_id).
+    "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -224,7 +239,8 @@ JOIN unnest(%s::text[], %s::text[]) AS held(thread_id, token) ON c.thread_id = h
 WHERE c.cancel IS NOT NULL
 """
 UPSERT_THREAD_SQL = """
-INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count) VALUES (%s, %s, %s, %s)
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata)
+VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id,
     message_count = EXCLUDED.message_count, updated_at = now()
 """
@@ -255,6 +271,36 @@ JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.che
 WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
+THREADS_WITH_CHECKPOINTS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id = ANY(%s) ORDER BY thread_id"
+THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = %s AND checkpoint_ns = '' LIMIT 1"
+# The catalogue (`operations.catalogue`): one range scan of agent_threads_activity_idx per page. The
+# position is the row's (updated_at, thread_id); `activity` is updated_at as exact text (microseconds).
+# Qualified columns: a bare `updated_at` in ORDER BY would name the output column (text), not the index's.
+LIST_THREADS_SQL = f"""
+SELECT {THREAD_COLUMNS} FROM agent_threads t
+WHERE {{owner}} AND t.metadata @> %(metadata)s {{after}}
+ORDER BY t.updated_at DESC, t.thread_id DESC LIMIT %(limit)s
+"""
+LIST_THREADS_AFTER = "AND (t.updated_at, t.thread_id) < (%(activity)s::timestamptz, %(thread_id)s)"
+#: One statement per (anonymous caller?, next page?): `user_id = NULL` would match nothing.
+LIST_THREADS_SQLS = {
+    (anonymous, paging): LIST_THREADS_SQL.format(
+        owner="t.user_id IS NULL" if anonymous else "t.user_id = %(user_id)s", after=LIST_THREADS_AFTER if paging else ""
+    )
+    for anonymous in (False, True)
+    for paging in (False, True)
+}
+THREAD_POSITION_SQL = """
+SELECT to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS activity, thread_id
+FROM agent_threads WHERE thread_id = %s
+"""
+# Leaves updated_at alone: it is the conversation's last activity (see operations.catalogue).
+UPDATE_THREAD_SQL = f"""
+UPDATE agent_threads SET title = COALESCE(%(title)s, title), metadata = COALESCE(%(metadata)s, metadata),
+    ttl_seconds = COALESCE(%(ttl_seconds)s, ttl_seconds)
+WHERE thread_id = %(thread_id)s AND user_id IS NOT DISTINCT FROM %(user_id)s
+RETURNING {THREAD_COLUMNS}
+"""
 # A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
 TOKEN_USAGE_SQL = """
 SELECT coalesce(sum((metadata -> 'usage' ->> 'input_tokens')::bigint), 0) AS input_tokens,
@@ -270,6 +316,50 @@ DELETE_THREAD_SQL = [
     "DELETE FROM agent_idempotency WHERE thread_id = %s",
     "DELETE FROM agent_threads WHERE thread_id = %s",
 ]
+# -- retention (`operations.retention`) --
+# A thread's expiry: its own ttl_seconds, else the agent's thread_ttl_seconds (NULL: never).
+EXPIRED_CONDITION = """COALESCE(t.ttl_seconds, %(ttl)s::float8) IS NOT NULL
+    AND t.updated_at + make_interval(secs => COALESCE(t.ttl_seconds, %(ttl)s::float8))
+        <= COALESCE(%(now)s::timestamptz, now())"""
+# Candidates only (the sweep claims each one and checks again); a thread a turn holds is left out.
+EXPIRED_THREADS_SQL = f"""
+SELECT t.thread_id, t.user_id, t.updated_at FROM agent_threads t
+WHERE {EXPIRED_CONDITION}
+  AND (%(after_ts)s::timestamptz IS NULL OR (t.updated_at, t.thread_id) > (%(after_ts)s::timestamptz, %(after_id)s::text))
+  AND NOT EXISTS (SELECT 1 FROM agent_claims c
+                  WHERE c.thread_id = t.thread_id AND c.token <> '' AND c.expires_at >= clock_timestamp())
+  AND (NOT %(trimmable)s OR EXISTS (SELECT 1 FROM checkpoints k
+                                    WHERE k.thread_id = t.thread_id AND k.checkpoint_id <> t.head_checkpoint_id))
+ORDER BY t.updated_at, t.thread_id
+LIMIT %(limit)s
+"""
+IS_EXPIRED_SQL = f"SELECT 1 FROM agent_threads t WHERE t.thread_id = %(thread_id)s AND {EXPIRED_CONDITION}"
+# keep_latest: the head's `messages` blob rewritten whole, everything else of the thread deleted.
+REWRITE_BLOB_SQL = """
+UPDATE checkpoint_blobs SET type = %s, blob = %s
+WHERE thread_id = %s AND checkpoint_ns = '' AND channel = 'messages' AND version = %s
+"""
+DELETE_OTHER_WRITES_SQL = """
+DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s
+  AND NOT (checkpoint_ns = '' AND checkpoint_id = %(head)s)
+"""
+# Blobs are shared between checkpoints by (channel, version): keep exactly those the head points at.
+DELETE_OTHER_BLOBS_SQL = """
+DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
+    SELECT 1 FROM checkpoints h
+    WHERE h.thread_id = %(thread_id)s AND h.checkpoint_ns = '' AND h.checkpoint_id = %(head)s
+      AND b.checkpoint_ns = '' AND h.checkpoint -> 'channel_versions' ->> b.channel = b.version)
+"""
+DELETE_OTHER_CHECKPOINTS_SQL = """
+WITH gone AS (
+    DELETE FROM checkpoints WHERE thread_id = %(thread_id)s AND NOT (checkpoint_ns = '' AND checkpoint_id = %(head)s)
+    RETURNING checkpoint_ns)
+SELECT count(*) FILTER (WHERE checkpoint_ns = '') AS removed FROM gone
+"""
+MAKE_ROOT_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = metadata || '{"kept_messages": 0}'::jsonb
+WHERE thread_id = %(thread_id)s AND checkpoint_ns = '' AND checkpoint_id = %(head)s
+"""
 # The claim row goes last and only if it is released: the deleting operation's own claim
 # is released by its commit, which runs agent_end_claim first.
 DELETE_RELEASED_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = %s AND token = ''"
@@ -375,8 +465,20 @@ class PostgresTx(Tx):
     def write_turn(self, turn: Turn) -> None:
         self.saver.write_turn(turn)
 
-    def upsert_thread(self, thread_id: str, *, user_id: str | None, head_checkpoint_id: str, message_count: int) -> None:
-        self.conn.execute(UPSERT_THREAD_SQL, (thread_id, user_id, head_checkpoint_id, message_count))
+    def upsert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title=None, metadata=None) -> None:
+        self.conn.execute(
+            UPSERT_THREAD_SQL, (thread_id, user_id, head_checkpoint_id, message_count, title, Jsonb(dict(metadata or {})))
+        )
+
+    def update_thread(self, thread_id, *, user_id, title, metadata, ttl_seconds) -> ThreadRecord | None:
+        params = {
+            "thread_id": thread_id,
+            "user_id": user_id,
+            "title": title,
+            "metadata": Jsonb(dict(metadata)) if metadata is not None else None,
+            "ttl_seconds": ttl_seconds,
+        }
+        return _record(self.conn.execute(UPDATE_THREAD_SQL, params).fetchone())
 
     def delete_thread(self, thread_id: str) -> None:
         for statement in DELETE_THREAD_SQL:
@@ -396,6 +498,26 @@ class PostgresTx(Tx):
             INSERT_THREAD_SQL,
             (thread_id, user_id, head_checkpoint_id, message_count, title, Jsonb(dict(metadata)), forked),
         )
+
+
+    def is_expired(self, thread_id: str, *, default_ttl: float | None, now: datetime | None) -> bool:
+        params = {"thread_id": thread_id, "ttl": default_ttl, "now": now}
+        return self.conn.execute(IS_EXPIRED_SQL, params).fetchone() is not None
+
+    def keep_only_head(self, thread_id: str, head) -> int:
+        head_id = head.config["configurable"]["checkpoint_id"]
+        messages = head.checkpoint["channel_values"].get("messages")
+        version = head.checkpoint["channel_versions"].get("messages")
+        if messages is not None and version is not None:
+            # Whole: its base checkpoints are about to go (see `deltas`).
+            blob = self.saver.serde.dumps_typed(deltas.encode(list(messages), None, ()))
+            self.conn.execute(REWRITE_BLOB_SQL, (*blob, thread_id, str(version)))
+        params = {"thread_id": thread_id, "head": head_id}
+        self.conn.execute(DELETE_OTHER_WRITES_SQL, params)
+        self.conn.execute(DELETE_OTHER_BLOBS_SQL, params)
+        removed = self.conn.execute(DELETE_OTHER_CHECKPOINTS_SQL, params).fetchone()["removed"]
+        self.conn.execute(MAKE_ROOT_SQL, params)
+        return int(removed)
 
 
 class CachedCredential:
@@ -453,6 +575,7 @@ class PostgresThreadStorage(ThreadStorage):
         self._ready = False
         # Set when a connection failed: the next checkout first checks the server answers at all.
         self._suspect_down = False
+        self._connect_error: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def setup(self) -> None:
@@ -463,9 +586,7 @@ class PostgresThreadStorage(ThreadStorage):
                 return
             with self._errors("set up the database"):
                 if not self._reachable():
-                    raise StorageUnavailable(
-                        f"Could not connect to {self.masked} within {self.settings.connect_timeout} s; nothing was written."
-                    )
+                    raise StorageUnavailable(f"{self._unreachable()}; nothing was written.")
                 self.pool.open(wait=False)
                 with self.connection() as conn:
                     if self._missing_tables(conn) or not self._migrations_current(conn):
@@ -537,19 +658,13 @@ class PostgresThreadStorage(ThreadStorage):
         # An unreachable server must fail within connect_timeout, not after
         # pool_timeout of the pool retrying in the background.
         if self._suspect_down and not self._reachable():
-            raise StorageUnavailable(
-                f"The database {self.masked} is unreachable (no connection within {self.settings.connect_timeout} s); "
-                "nothing was written; the request can be retried."
-            )
+            raise StorageUnavailable(f"{self._unreachable()}; nothing was written; the request can be retried.")
         wait = min(self.settings.connect_timeout, self.settings.pool_timeout)
         try:
             return self.pool.getconn(timeout=wait)
         except PoolTimeout:
             if not self._reachable():
-                raise StorageUnavailable(
-                    f"The database {self.masked} is unreachable (no connection within {self.settings.connect_timeout} s); "
-                    "nothing was written; the request can be retried."
-                ) from None
+                raise StorageUnavailable(f"{self._unreachable()}; nothing was written; the request can be retried.") from None
         return self.pool.getconn(timeout=max(0.1, self.settings.pool_timeout - wait))
 
     def _reachable(self) -> bool:
@@ -557,11 +672,19 @@ class PostgresThreadStorage(ThreadStorage):
         kwargs = self._kwargs() if callable(self._kwargs) else self._kwargs
         try:
             psycopg.connect(self.conninfo, **kwargs).close()
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
             self._suspect_down = True
+            self._connect_error = _server_reason(exc)
             return False
         self._suspect_down = False
         return True
+
+    def _unreachable(self) -> str:
+        """What the last failed connection attempt said, for errors: a missing database or role is not a timeout."""
+        reason = self._connect_error or "no connection"
+        if "timeout" in reason or reason == "no connection":
+            reason += f" (connect_timeout {self.settings.connect_timeout:g} s)"
+        return f"Could not connect to {self.masked}: {reason}"
 
     def ready(self) -> bool:
         """Whether the database answers a query now (for readiness probes). Never raises."""
@@ -605,7 +728,7 @@ class PostgresThreadStorage(ThreadStorage):
         raise AssertionError("unreachable")
 
     # -- the turn protocol -----------------------------------------------------------------
-    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key):
+    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True):
         params = {
             "thread_id": thread_id,
             "token": token,
@@ -618,10 +741,14 @@ class PostgresThreadStorage(ThreadStorage):
             with conn.pipeline():
                 claimed = conn.execute(CLAIM_SQL, params)
                 record = conn.execute(SELECT_THREAD_SQL, (thread_id,))
-                start = conn.cursor(binary=True).execute(CLAIMED_START_SQL, (thread_id, checkpoint_id, thread_id, thread_id, token))
+                start = (
+                    conn.cursor(binary=True).execute(CLAIMED_START_SQL, (thread_id, checkpoint_id, thread_id, thread_id, token))
+                    if read_start
+                    else None
+                )
                 privileges = conn.execute(MISSING_PRIVILEGES_SQL)
             fence_row, record_row = claimed.fetchone(), record.fetchone()
-            start_row, missing = start.fetchone(), privileges.fetchone()["missing"]
+            start_row, missing = start.fetchone() if start is not None else None, privileges.fetchone()["missing"]
             if fence_row is not None and missing:
                 # Given up as `_release` would: a new thread's claim leaves no row behind.
                 conn.execute(DROP_CLAIM_SQL if record_row is None else RELEASE_CLAIM_SQL, (thread_id, token))
@@ -752,6 +879,19 @@ class PostgresThreadStorage(ThreadStorage):
     def sweep_idempotency(self) -> int:
         return self._run("delete expired idempotency keys", lambda conn: conn.execute(SWEEP_IDEMPOTENCY_SQL).rowcount)
 
+    def expired_threads(self, *, default_ttl, now, limit, after=None, trimmable_only=False) -> list[ExpiredThread]:
+        after_ts, after_id = after if after is not None else (None, None)
+        params = {
+            "ttl": default_ttl,
+            "now": now,
+            "after_ts": after_ts,
+            "after_id": after_id,
+            "trimmable": trimmable_only,
+            "limit": limit,
+        }
+        rows = self._read(None, EXPIRED_THREADS_SQL, params)
+        return [ExpiredThread(row["thread_id"], row["user_id"], (row["updated_at"], row["thread_id"])) for row in rows]
+
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()
         with self._errors("write to the database"), self.connection() as conn:
@@ -795,12 +935,34 @@ class PostgresThreadStorage(ThreadStorage):
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, SELECT_USER_THREADS_SQL, (user_id,))]
 
+    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
+        return [row["thread_id"] for row in self._read(None, THREADS_WITH_CHECKPOINTS_SQL, (list(checkpoint_ids),))]
+    def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
+        rows = self._read(None, THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,))
+        return rows[0]["thread_id"] if rows else None
+
+    def list_threads(self, user_id, *, limit, before, metadata):
+        params = {"user_id": user_id, "metadata": Jsonb(dict(metadata)), "limit": limit}
+        if before is not None:
+            params["activity"], params["thread_id"] = before
+            try:
+                datetime.fromisoformat(params["activity"])
+            except ValueError:
+                raise InvalidRequest(f"before is not a cursor of this store: {params['activity'][:40]!r}") from None
+        rows = self._read(None, LIST_THREADS_SQLS[user_id is None, before is not None], params)
+        # updated_at is already the exact text of the stored timestamp (THREAD_COLUMNS).
+        return [(_record(row), (row["updated_at"], row["thread_id"])) for row in rows]
+
+    def thread_position(self, thread_id: str) -> tuple[str, str] | None:
+        rows = self._read(thread_id, THREAD_POSITION_SQL, (thread_id,))
+        return (rows[0]["activity"], rows[0]["thread_id"]) if rows else None
+
     def exists(self) -> bool:
         if self._ready:
             return True
         with self._errors("check the database"):
             if not self._reachable():
-                raise StorageUnavailable(f"Could not connect to {self.masked} within {self.settings.connect_timeout} s.")
+                raise StorageUnavailable(f"{self._unreachable()}.")
             self.pool.open(wait=False)  # does nothing if it is open
             with self.connection() as conn:
                 return not self._missing_tables(conn)
@@ -856,6 +1018,16 @@ def _rollback_quietly(conn: psycopg.Connection) -> None:
             conn.execute("ROLLBACK")
         except psycopg.Error:
             pass
+
+
+def _server_reason(exc: BaseException) -> str:
+    """The reason in a libpq connection error: the server's FATAL message (`database "x" does not exist`,
+    `password authentication failed …`) when there is one, else the end of its first line (`Connection refused`)."""
+    text = str(exc).strip()
+    if "FATAL:" in text:
+        return text.rsplit("FATAL:", 1)[1].strip().splitlines()[0]
+    first = text.splitlines()[0] if text else ""
+    return first.rsplit(": ", 1)[-1].strip() or type(exc).__name__
 
 
 def _first_line(exc: BaseException) -> str:

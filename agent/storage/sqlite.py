@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,18 @@ from langgraph.store.sqlite.base import VECTOR_MIGRATIONS as STORE_VECTOR_MIGRAT
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
-from agent.storage import sqlite_reads
-from agent.storage.base import CheckpointLink, Claim, IdempotencyKeyTaken, IdempotencyState, ThreadRecord, ThreadStorage, Turn, Tx
+from agent.storage import deltas, sqlite_reads
+from agent.storage.base import (
+    CheckpointLink,
+    Claim,
+    ExpiredThread,
+    IdempotencyKeyTaken,
+    IdempotencyState,
+    ThreadRecord,
+    ThreadStorage,
+    Turn,
+    Tx,
+)
 from agent.storage.saver import TurnSaverMixin
 from agent.storage.sqlite_reads import (  # noqa: F401 - the reads' statements, shared with SqliteReader
     CHECKPOINT_IN_THREAD_SQL,
@@ -103,6 +114,10 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
         "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
     ],
+    [
+        # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone.
+        "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -136,8 +151,8 @@ REQUEST_CANCEL_SQL = "UPDATE agent_claims SET cancel = ? WHERE thread_id = ? AND
 RENEW_CLAIM_SQL = "UPDATE agent_claims SET expires_at = ? WHERE thread_id = ? AND token = ? RETURNING thread_id, cancel"
 CANCEL_OF_SQL = "SELECT cancel FROM agent_claims WHERE thread_id = ? AND token = ? AND cancel IS NOT NULL"
 UPSERT_THREAD_SQL = """
-INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = excluded.head_checkpoint_id,
     message_count = excluded.message_count, updated_at = excluded.updated_at
 """
@@ -147,6 +162,14 @@ SELECT checkpoint_id, parent_checkpoint_id, json_extract(CAST(metadata AS TEXT),
     json_extract(CAST(metadata AS TEXT), '$.kept_messages')
 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 """
+THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = ? AND checkpoint_ns = '' LIMIT 1"
+# Leaves updated_at alone: it is the conversation's last activity (see operations.catalogue).
+UPDATE_THREAD_SQL = f"""
+UPDATE agent_threads SET title = COALESCE(:title, title), metadata = COALESCE(:metadata, metadata),
+    ttl_seconds = COALESCE(:ttl_seconds, ttl_seconds)
+WHERE thread_id = :thread_id AND user_id IS :user_id
+RETURNING {THREAD_COLUMNS}
+"""
 SET_HEAD_SQL = "UPDATE agent_threads SET head_checkpoint_id = ?, message_count = ?, updated_at = ? WHERE thread_id = ?"
 INSERT_THREAD_SQL = """
 INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, forked_from,
@@ -154,6 +177,9 @@ INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
+THREADS_WITH_CHECKPOINTS_SQL = """
+SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id IN (SELECT value FROM json_each(?)) ORDER BY thread_id
+"""
 # A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
 # SqliteSaver stores metadata as JSON bytes: a BLOB, which json_extract would read as binary JSONB.
 TOKEN_USAGE_SQL = """
@@ -171,6 +197,34 @@ DELETE_THREAD_SQL = [
     # Only a released claim: the deleting operation's own claim is released by its commit first.
     "DELETE FROM agent_claims WHERE thread_id = ? AND token = ''",
 ]
+
+# -- retention (`operations.retention`) --
+# A thread's expiry: its own ttl_seconds, else the agent's thread_ttl_seconds (NULL: never); epoch seconds.
+EXPIRED_CONDITION = """COALESCE(t.ttl_seconds, :ttl) IS NOT NULL
+    AND t.updated_at + COALESCE(t.ttl_seconds, :ttl) <= :now"""
+# Candidates only (the sweep claims each one and checks again); a thread a turn holds is left out.
+EXPIRED_THREADS_SQL = f"""
+SELECT t.thread_id, t.user_id, t.updated_at FROM agent_threads t
+WHERE {EXPIRED_CONDITION}
+  AND (:after_ts IS NULL OR t.updated_at > :after_ts OR (t.updated_at = :after_ts AND t.thread_id > :after_id))
+  AND NOT EXISTS (SELECT 1 FROM agent_claims c
+                  WHERE c.thread_id = t.thread_id AND c.token <> '' AND c.expires_at >= :clock)
+  AND (NOT :trimmable OR EXISTS (SELECT 1 FROM checkpoints k
+                                 WHERE k.thread_id = t.thread_id AND k.checkpoint_id <> t.head_checkpoint_id))
+ORDER BY t.updated_at, t.thread_id
+LIMIT :limit
+"""
+IS_EXPIRED_SQL = f"SELECT 1 FROM agent_threads t WHERE t.thread_id = :thread_id AND {EXPIRED_CONDITION}"
+SELECT_HEAD_ROW_SQL = """
+SELECT type, checkpoint, metadata FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
+"""
+UPDATE_HEAD_ROW_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = NULL, type = ?, checkpoint = ?, metadata = ?
+WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
+"""
+DELETE_OTHER_WRITES_SQL = "DELETE FROM writes WHERE thread_id = ? AND NOT (checkpoint_ns = '' AND checkpoint_id = ?)"
+DELETE_OTHER_ROOT_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id <> ?"
+DELETE_NAMESPACED_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns <> ''"
 
 
 FIND_IDEMPOTENCY_SQL = """
@@ -262,9 +316,22 @@ class SqliteTx(Tx):
     def write_turn(self, turn: Turn) -> None:
         self.saver.write_turn(turn)
 
-    def upsert_thread(self, thread_id: str, *, user_id: str | None, head_checkpoint_id: str, message_count: int) -> None:
+    def upsert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title=None, metadata=None) -> None:
         now = time.time()
-        self.cur.execute(UPSERT_THREAD_SQL, (thread_id, user_id, head_checkpoint_id, message_count, now, now))
+        self.cur.execute(
+            UPSERT_THREAD_SQL,
+            (thread_id, user_id, head_checkpoint_id, message_count, title, json.dumps(dict(metadata or {})), now, now),
+        )
+
+    def update_thread(self, thread_id, *, user_id, title, metadata, ttl_seconds) -> ThreadRecord | None:
+        params = {
+            "thread_id": thread_id,
+            "user_id": user_id,
+            "title": title,
+            "metadata": json.dumps(dict(metadata)) if metadata is not None else None,
+            "ttl_seconds": ttl_seconds,
+        }
+        return _record(self.cur.execute(UPDATE_THREAD_SQL, params).fetchone())
 
     def delete_thread(self, thread_id: str) -> None:
         for statement in DELETE_THREAD_SQL:
@@ -287,6 +354,37 @@ class SqliteTx(Tx):
             INSERT_THREAD_SQL,
             (thread_id, user_id, head_checkpoint_id, message_count, title, json.dumps(dict(metadata)), forked, now, now),
         )
+
+
+    def is_expired(self, thread_id: str, *, default_ttl: float | None, now: datetime | None) -> bool:
+        params = {"thread_id": thread_id, "ttl": default_ttl, "now": _epoch(now)}
+        return self.cur.execute(IS_EXPIRED_SQL, params).fetchone() is not None
+
+    def keep_only_head(self, thread_id: str, head) -> int:
+        head_id = head.config["configurable"]["checkpoint_id"]
+        row = self.cur.execute(SELECT_HEAD_ROW_SQL, (thread_id, head_id)).fetchone()
+        if row is None:
+            return 0
+        type_, blob, metadata = row
+        # SqliteSaver keeps channel values inside the checkpoint: store the head's messages whole
+        # there (its base checkpoints are about to go, see `deltas`), and make it a root.
+        checkpoint = self.saver.serde.loads_typed((type_, blob))
+        messages = head.checkpoint["channel_values"].get("messages")
+        if messages is not None and "messages" in checkpoint["channel_values"]:
+            checkpoint["channel_values"]["messages"] = deltas.encode(list(messages), None, ())
+        summary = {**json.loads(metadata), "kept_messages": 0} if metadata is not None else {"kept_messages": 0}
+        type_, blob = self.saver.serde.dumps_typed(checkpoint)
+        self.cur.execute(
+            UPDATE_HEAD_ROW_SQL, (type_, blob, json.dumps(summary, ensure_ascii=False).encode(), thread_id, head_id)
+        )
+        self.cur.execute(DELETE_OTHER_WRITES_SQL, (thread_id, head_id))
+        removed = self.cur.execute(DELETE_OTHER_ROOT_CHECKPOINTS_SQL, (thread_id, head_id)).rowcount
+        self.cur.execute(DELETE_NAMESPACED_CHECKPOINTS_SQL, (thread_id,))
+        return removed
+
+
+def _epoch(now: datetime | None) -> float:
+    return time.time() if now is None else now.timestamp()
 
 
 class SqliteThreadStorage(ThreadStorage):
@@ -382,7 +480,7 @@ class SqliteThreadStorage(ThreadStorage):
         return True
 
     # -- the turn protocol -----------------------------------------------------------------
-    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key):
+    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True):
         now = time.time()
         params = {
             "thread_id": thread_id,
@@ -400,7 +498,7 @@ class SqliteThreadStorage(ThreadStorage):
                 record = sqlite_reads.get_thread(cur, thread_id)
                 start = None
                 start_id = checkpoint_id or (record.head_checkpoint_id if record else None)
-                if fence_row is not None and start_id is not None:
+                if fence_row is not None and start_id is not None and read_start:
                     config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": start_id}}
                     start = self.saver._backend_get_tuple(config)
             return fence_row, record, start
@@ -482,6 +580,20 @@ class SqliteThreadStorage(ThreadStorage):
         with self._errors(), self.saver.cursor() as cur:
             return cur.execute(SWEEP_IDEMPOTENCY_SQL, (time.time(),)).rowcount
 
+    def expired_threads(self, *, default_ttl, now, limit, after=None, trimmable_only=False) -> list[ExpiredThread]:
+        after_ts, after_id = after if after is not None else (None, None)
+        params = {
+            "ttl": default_ttl,
+            "now": _epoch(now),
+            "clock": time.time(),
+            "after_ts": after_ts,
+            "after_id": after_id,
+            "trimmable": trimmable_only,
+            "limit": limit,
+        }
+        rows = self._read(lambda cur: cur.execute(EXPIRED_THREADS_SQL, params).fetchall())
+        return [ExpiredThread(thread_id, user_id, (updated_at, thread_id)) for thread_id, user_id, updated_at in rows]
+
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()
         with self._errors(), self.saver.transaction() as cur:
@@ -530,6 +642,20 @@ class SqliteThreadStorage(ThreadStorage):
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return self._read(lambda cur: sqlite_reads.threads_of_user(cur, user_id))
+
+    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
+        ids = json.dumps(list(checkpoint_ids))
+        return [row[0] for row in self._read(lambda cur: cur.execute(THREADS_WITH_CHECKPOINTS_SQL, (ids,)).fetchall())]
+
+    def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
+        row = self._read(lambda cur: cur.execute(THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,)).fetchone())
+        return row[0] if row else None
+
+    def list_threads(self, user_id, *, limit, before, metadata):
+        return self._read(lambda cur: sqlite_reads.list_threads(cur, user_id, limit=limit, before=before, metadata=metadata))
+
+    def thread_position(self, thread_id: str) -> tuple[str, str] | None:
+        return self._read(lambda cur: sqlite_reads.thread_position(cur, thread_id))
 
     def exists(self) -> bool:
         if self._ready:

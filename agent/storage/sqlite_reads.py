@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from agent.errors import StorageUnavailable
+from agent.errors import InvalidRequest, StorageUnavailable
 from agent.storage.base import ThreadRecord
 
 THREAD_COLUMNS = (
@@ -41,6 +41,17 @@ WHERE thread_id = ? AND checkpoint_ns = '' AND (? IS NULL OR checkpoint_id < ?)
 ORDER BY checkpoint_id DESC LIMIT ?
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = ? ORDER BY thread_id"
+# The catalogue (`operations.catalogue`): one range scan of agent_threads_activity_idx per page. The
+# position is the row's (updated_at, thread_id), updated_at being the stored REAL, exactly (`repr`).
+LIST_THREADS_SQL = f"""
+SELECT {THREAD_COLUMNS} FROM agent_threads
+WHERE user_id IS ? {{metadata}} {{after}}
+ORDER BY updated_at DESC, thread_id DESC LIMIT ?
+"""
+LIST_THREADS_AFTER = "AND (updated_at, thread_id) < (?, ?)"
+# One per metadata pair asked for; json_each reads any key, however it is spelt.
+LIST_THREADS_METADATA = "AND EXISTS (SELECT 1 FROM json_each(metadata) m WHERE m.key = ? AND m.value = ?)"
+THREAD_POSITION_SQL = "SELECT updated_at, thread_id FROM agent_threads WHERE thread_id = ?"
 # Fails (no such table / column) unless the file holds every column the statements above read.
 SCHEMA_CHECK_SQL = [
     f"SELECT {THREAD_COLUMNS} FROM agent_threads LIMIT 0",
@@ -71,6 +82,32 @@ def list_checkpoints(cur: sqlite3.Cursor, thread_id: str, *, limit: int | None, 
 def threads_of_user(cur: sqlite3.Cursor, user_id: str) -> list[str]:
     """The ids of the threads `user_id` owns, sorted."""
     return [row[0] for row in cur.execute(SELECT_USER_THREADS_SQL, (user_id,))]
+
+
+def list_threads(
+    cur: sqlite3.Cursor, user_id: str | None, *, limit: int, before: tuple[str, str] | None, metadata: Mapping[str, str]
+) -> list[tuple[ThreadRecord, tuple[str, str]]]:
+    """See `ThreadStorage.list_threads`; `activity` is `repr` of the stored REAL updated_at."""
+    params: list[Any] = [user_id]
+    for key, value in metadata.items():
+        params += [key, value]
+    if before is not None:
+        try:
+            activity = float(before[0])
+        except ValueError:
+            raise InvalidRequest(f"before is not a cursor of this store: {before[0][:40]!r}") from None
+        params += [activity, before[1]]
+    params.append(limit)
+    statement = LIST_THREADS_SQL.format(
+        metadata=" ".join([LIST_THREADS_METADATA] * len(metadata)), after=LIST_THREADS_AFTER if before is not None else ""
+    )
+    return [(record(row), (repr(row[-1]), row[0])) for row in cur.execute(statement, params).fetchall()]
+
+
+def thread_position(cur: sqlite3.Cursor, thread_id: str) -> tuple[str, str] | None:
+    """See `ThreadStorage.thread_position`."""
+    row = cur.execute(THREAD_POSITION_SQL, (thread_id,)).fetchone()
+    return (repr(row[0]), row[1]) if row else None
 
 
 def record(row: Sequence[Any] | None) -> ThreadRecord | None:
@@ -150,6 +187,14 @@ class SqliteReader:
     def threads_of_user(self, user_id: str) -> list[str]:
         with self._cursor() as cur:
             return threads_of_user(cur, user_id)
+
+    def list_threads(self, user_id, *, limit, before, metadata):
+        with self._cursor() as cur:
+            return list_threads(cur, user_id, limit=limit, before=before, metadata=metadata)
+
+    def thread_position(self, thread_id: str) -> tuple[str, str] | None:
+        with self._cursor() as cur:
+            return thread_position(cur, thread_id)
 
     def close(self) -> None:
         self.conn.close()

@@ -1,0 +1,373 @@
+"""The thread catalogue: a user's threads, newest activity first, with titles and metadata.
+
+Design notes:
+
+* **One shape.** `thread_dict(record)` is the only builder of the thread dict
+  (`thread_id`, `user_id`, `title`, `created_at`, `updated_at`, `checkpoint_id`
+  (the head), `message_count`, `metadata`, `forked_from`, `ttl_seconds`); every
+  operation, action and endpoint that shows a thread uses it.
+* **Activity.** `updated_at` is the time of the thread's last write to its
+  conversation: a turn, a state update, an edit or regeneration (those are
+  turns), a head switch. Each of them goes through the claim, so one thread's
+  `updated_at` only grows. `update_thread` changes what describes the thread
+  (title, metadata, ttl), not the conversation: it leaves `updated_at` alone,
+  so renaming a thread does not reorder a sidebar, and it needs no claim (it
+  writes columns no turn writes, in one statement).
+* **Keyset paging.** Pages are ordered by (`updated_at` DESC, `thread_id` DESC),
+  the order of the index `agent_threads_activity_idx (user_id, updated_at DESC,
+  thread_id DESC)`, so a page is one index range scan whatever the user's
+  number of threads (bench/catalogue.py measures it). The cursor (`before`)
+  is the exact sort key of the previous page's last thread, not its id: an id
+  would have to be looked up again, and a thread that got new activity since
+  would put the cursor at the top and repeat everything. What this guarantees
+  while others write:
+  - no thread appears twice in one paging (a thread only moves up, above the
+    cursor, never below it);
+  - every thread whose activity did not change during the paging appears
+    exactly once (inserts above or below the cursor shift nothing, unlike
+    OFFSET paging);
+  - a thread created, or given new activity, after the page before was read
+    is not in the remaining pages: it is at the top of a fresh first page.
+    (A snapshot of where it was cannot be had without holding a transaction
+    open between pages.)
+* **Ownership.** A listing shows only the caller's threads (threads written
+  without a user_id: anonymous callers'); `get_thread` and `update_thread` on
+  another user's thread answer ThreadNotFound, as every operation does
+  (`access`).
+* **Metadata** follows OpenAI's rule for `metadata` objects: at most 16 pairs,
+  string keys of at most 64 characters and string values of at most 512.
+  `update_thread` replaces it (as OpenAI's `conversations.update` does); a turn's
+  `custom_inputs.metadata` is stored when that turn creates the thread and is
+  ignored on later turns (so a client may send it with every turn).
+* **Default title**: the first user message of the turn that created the thread,
+  whitespace collapsed, cut to at most 60 characters on a word boundary (with `…`).
+
+This module imports no LangGraph, LangChain or MLflow: `tt-agent threads`
+lists a SQLite store through the light reader (`storage.open_reader`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent.errors import InvalidRequest
+from agent.operations.access import authorize, thread_not_found
+from agent.storage import ThreadRecord, owned_by
+from agent.validation import MAX_ID_CHARS, check_id, check_limit, check_unicode
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
+    from agent.operations import Threads
+    from agent.requests import Envelope
+
+    from agent.storage import ThreadReads, ThreadStorage
+
+#: OpenAI's limits on a `metadata` object.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+#: Longest default title (the first user message, shortened), in characters, "…" included.
+DEFAULT_TITLE_CHARS = 60
+#: Longest title `update_thread` accepts.
+MAX_TITLE_CHARS = 256
+#: Default and largest page of `list_threads`.
+DEFAULT_THREAD_LIMIT = 20
+MAX_THREAD_LIMIT = 100
+#: A cursor's prefix: its format's version.
+CURSOR_PREFIX = "t1."
+
+
+def thread_dict(record: ThreadRecord) -> dict[str, Any]:
+    """The wire shape of a thread: `thread_id`, `user_id`, `title` (None if none), `created_at` and
+    `updated_at` (ISO 8601, UTC; `updated_at` is the last activity), `checkpoint_id` (the head),
+    `message_count` (the head's messages), `metadata` (str -> str), `forked_from`
+    (`{"thread_id", "checkpoint_id"}` for a fork, else None) and `ttl_seconds` (None: the agent's setting)."""
+    return {
+        "thread_id": record.thread_id,
+        "user_id": record.user_id,
+        "title": record.title,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "checkpoint_id": record.head_checkpoint_id,
+        "message_count": record.message_count,
+        "metadata": dict(record.metadata or {}),
+        "forked_from": dict(record.forked_from) if record.forked_from is not None else None,
+        "ttl_seconds": record.ttl_seconds,
+    }
+
+
+# -- reads ------------------------------------------------------------------------------------------
+def list_threads(
+    storage: ThreadReads,
+    *,
+    user_id: str | None,
+    limit: int = DEFAULT_THREAD_LIMIT,
+    before: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Up to `limit` of the caller's threads, newest activity first (`updated_at` DESC, then `thread_id` DESC).
+
+    Args:
+        storage: a `ThreadStorage`, or the light reader of read-only commands.
+        user_id: the caller; only threads it owns are listed (None: threads written without a user_id).
+        limit: 1 to 100.
+        before: the `cursor` of the previous page's last thread (next page), or a thread_id (the
+            threads after that thread's current position; see the module docstring for why the
+            cursor is the one that neither skips nor repeats while others write).
+        metadata: only threads whose metadata holds every given key with the given value.
+
+    Returns:
+        `thread_dict`s, each with one more key, `cursor` (opaque): pass the last one as `before`.
+
+    Raises:
+        InvalidRequest: bad limit, metadata or cursor; ThreadNotFound: `before` is a thread id
+        the caller does not own. StorageUnavailable: the database failed.
+    """
+    return list_page(storage, user_id=user_id, limit=limit, before=before, metadata=metadata)[0]
+
+
+def list_page(
+    storage: ThreadReads,
+    *,
+    user_id: str | None,
+    limit: int = DEFAULT_THREAD_LIMIT,
+    before: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """`list_threads`, and the cursor of the next page (None: this was the last page)."""
+    limit = check_limit(limit, maximum=MAX_THREAD_LIMIT)
+    metadata = check_metadata(metadata) or {}
+    key = _position(storage, before, user_id)
+    rows = storage.list_threads(user_id, limit=limit + 1, before=key, metadata=metadata)  # one more: is there a next page?
+    threads = [{**thread_dict(record), "cursor": encode_cursor(sort_key)} for record, sort_key in rows[:limit]]
+    return threads, threads[-1]["cursor"] if len(rows) > limit else None
+
+
+def get_thread(storage: ThreadReads, thread_id: str, *, user_id: str | None) -> dict[str, Any]:
+    """The thread as `thread_dict`.
+
+    Raises:
+        ThreadNotFound: unknown thread, or not the caller's.
+    """
+    return thread_dict(authorize(storage.get_thread(thread_id), thread_id, user_id))
+
+
+def update_thread(
+    storage: ThreadStorage,
+    thread_id: str,
+    *,
+    user_id: str | None,
+    title: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    ttl_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Set the thread's title, metadata (replaced as a whole) and/or ttl_seconds; None leaves one as it is.
+
+    One statement, without a claim (a running turn writes other columns); `updated_at` is not
+    changed (see the module docstring). Everything is checked before anything is written.
+
+    Returns:
+        The thread after the change (`thread_dict`).
+
+    Raises:
+        InvalidRequest: a title that is empty or longer than 256 characters, metadata beyond
+            OpenAI's limits, a ttl_seconds that is not a positive number; nothing is written.
+        ThreadNotFound: unknown thread, or not the caller's; nothing is written.
+    """
+    title = check_title(title)
+    metadata = check_metadata(metadata)
+    ttl_seconds = check_ttl(ttl_seconds)
+    record = storage.transaction(
+        lambda tx: tx.update_thread(thread_id, user_id=user_id, title=title, metadata=metadata, ttl_seconds=ttl_seconds)
+    )
+    if record is None:
+        raise thread_not_found(thread_id)
+    return thread_dict(record)
+
+
+# -- values -----------------------------------------------------------------------------------------
+def check_metadata(value: Any, *, name: str = "metadata") -> dict[str, str] | None:
+    """None, or a copy of `value` if it is an object of string keys and values within OpenAI's limits.
+
+    Raises:
+        InvalidRequest: anything else, saying which limit.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise InvalidRequest(f"{name} must be an object of string keys and string values")
+    if len(value) > MAX_METADATA_PAIRS:
+        raise InvalidRequest(f"{name} has {len(value)} pairs; at most {MAX_METADATA_PAIRS} are allowed")
+    for key, item in value.items():
+        if not key or len(key) > MAX_METADATA_KEY_CHARS:
+            raise InvalidRequest(f"{name} keys must be 1 to {MAX_METADATA_KEY_CHARS} characters long: {key[:80]!r}")
+        if len(item) > MAX_METADATA_VALUE_CHARS:
+            raise InvalidRequest(f"{name}[{key!r}] is {len(item)} characters long; the limit is {MAX_METADATA_VALUE_CHARS}")
+        if "\x00" in key or "\x00" in item:  # Postgres JSON cannot hold \u0000
+            raise InvalidRequest(f"{name} must not contain NUL characters (key {key[:80]!r})")
+        check_unicode(f"{name} key {key[:80]!r}", key)
+        check_unicode(f"{name}[{key!r}]", item)
+    return dict(value)
+
+
+def check_title(value: Any) -> str | None:
+    """None, or the title with surrounding whitespace removed: 1 to 256 characters, no control characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest(f"title must be a string, got {type(value).__name__}")
+    title = value.strip()
+    if not title or len(title) > MAX_TITLE_CHARS:
+        raise InvalidRequest(f"title must be 1 to {MAX_TITLE_CHARS} characters long (surrounding spaces removed)")
+    if not title.isprintable():
+        raise InvalidRequest(f"title must not contain control characters: {title[:80]!r}")
+    check_unicode("title", title)
+    return title
+
+
+def check_ttl(value: Any) -> float | None:
+    """None, or a positive, finite number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidRequest(f"ttl_seconds must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def default_title(messages: Sequence[BaseMessage]) -> str | None:
+    """The title of a thread created by a turn sending `messages`: its first user message's text,
+    whitespace collapsed, at most 60 characters, cut on a word boundary with "…" (None: no user text)."""
+    for message in messages:
+        if message.type == "human":
+            return shorten(_text(message.content))
+    return None
+
+
+def shorten(text: str, limit: int = DEFAULT_TITLE_CHARS) -> str | None:
+    """`text` on one line; when longer than `limit`, cut at the last word boundary before it, plus "…"."""
+    # Control characters (a NUL, which Postgres text cannot hold) become spaces like any other break.
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    if not text:
+        return None
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space >= limit // 2:  # a very long first word is cut inside it rather than leaving a stub
+        cut = cut[:space]
+    return cut.rstrip(" ,.;:-") + "…"
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content if isinstance(part, (str, dict)))
+    return ""
+
+
+# -- cursors ----------------------------------------------------------------------------------------
+def encode_cursor(sort_key: tuple[str, str]) -> str:
+    """An opaque cursor for a position (`activity`, `thread_id`) in the listing order."""
+    raw = json.dumps(list(sort_key), separators=(",", ":")).encode()
+    return CURSOR_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[str, str]:
+    """The position a cursor of `encode_cursor` names.
+
+    Raises:
+        InvalidRequest: not such a cursor.
+    """
+    body = cursor[len(CURSOR_PREFIX) :]
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (binascii.Error, ValueError):
+        decoded = None
+    if not (isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(part, str) and part for part in decoded)):
+        raise InvalidRequest(f"before is not a cursor of list_threads: {cursor[:80]!r}")
+    return decoded[0], decoded[1]
+
+
+def _position(storage: ThreadReads, before: Any, user_id: str | None) -> tuple[str, str] | None:
+    if before is None:
+        return None
+    if not isinstance(before, str):
+        raise InvalidRequest(f"before must be a string, got {type(before).__name__}")
+    if before.startswith(CURSOR_PREFIX):
+        try:
+            return decode_cursor(before)
+        except InvalidRequest:
+            # Unless it is a thread id of the caller's that merely looks like a cursor.
+            if len(before) > MAX_ID_CHARS or not owned_by(storage.get_thread(before), user_id):
+                raise
+    thread_id = check_id("before", before)
+    authorize(storage.get_thread(thread_id), thread_id, user_id)
+    position = storage.thread_position(thread_id)
+    if position is None:  # deleted meanwhile
+        raise thread_not_found(thread_id)
+    return position
+
+
+# -- actions (`operations.ACTIONS`) -----------------------------------------------------------------
+@dataclass(frozen=True)
+class ListArgs:
+    limit: int
+    before: str | None
+    metadata: dict[str, str] | None
+
+
+def parse_list(envelope: Envelope, custom: Mapping[str, Any]) -> ListArgs:
+    before = custom.get("before")
+    if before is not None and not isinstance(before, str):
+        raise InvalidRequest(f"before must be a string, got {type(before).__name__}")
+    return ListArgs(
+        limit=check_limit(custom.get("limit", DEFAULT_THREAD_LIMIT), maximum=MAX_THREAD_LIMIT),
+        before=before,
+        metadata=check_metadata(custom.get("metadata")),
+    )
+
+
+def run_list(threads: Threads, envelope: Envelope, args: ListArgs) -> dict[str, Any]:
+    found, next_before = list_page(
+        threads.storage, user_id=envelope.user_id, limit=args.limit, before=args.before, metadata=args.metadata
+    )
+    return {"threads": found, "next_before": next_before}
+
+
+def run_get(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
+    return {"thread": get_thread(threads.storage, envelope.thread_id, user_id=envelope.user_id)}
+
+
+@dataclass(frozen=True)
+class UpdateThreadArgs:
+    title: str | None
+    metadata: dict[str, str] | None
+    ttl_seconds: float | None
+
+
+def parse_update(envelope: Envelope, custom: Mapping[str, Any]) -> UpdateThreadArgs:
+    return UpdateThreadArgs(
+        title=check_title(custom.get("title")),
+        metadata=check_metadata(custom.get("metadata")),
+        ttl_seconds=check_ttl(custom.get("ttl_seconds")),
+    )
+
+
+def run_update(threads: Threads, envelope: Envelope, args: UpdateThreadArgs) -> dict[str, Any]:
+    thread = update_thread(
+        threads.storage,
+        envelope.thread_id,
+        user_id=envelope.user_id,
+        title=args.title,
+        metadata=args.metadata,
+        ttl_seconds=args.ttl_seconds,
+    )
+    return {"thread": thread}

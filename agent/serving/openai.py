@@ -1,0 +1,228 @@
+"""The OpenAI-dialect endpoints besides `POST /responses`: stored responses and the Conversations API.
+
+Routes (what the `openai` client calls; shapes in `agent.operations.conversations`):
+
+| route | `openai` client | does |
+|---|---|---|
+| `GET /responses/{id}` | `responses.retrieve(id)` | the response at checkpoint `id` (`resp_<checkpoint_id>`): that turn's output items |
+| `GET /responses/{id}/input_items` | `responses.input_items.list(id)` | the items that led to it, paged |
+| `POST /conversations` | `conversations.create(metadata=, items=)` | a new thread, with those messages (one checkpoint) |
+| `GET /conversations/{id}` | `conversations.retrieve(id)` | the thread as a conversation |
+| `POST /conversations/{id}` | `conversations.update(id, metadata=)` | replaces its metadata |
+| `DELETE /conversations/{id}` | `conversations.delete(id)` | deletes the thread, every checkpoint of it |
+| `GET /conversations/{id}/items` | `conversations.items.list(id, limit=, after=, order=)` | the head's messages, paged |
+| `POST /conversations/{id}/items` | `conversations.items.create(id, items=)` | `update_checkpoint_state` on the head |
+
+A conversation id is the thread id itself (see `agent.operations.conversations`).
+
+**Who is calling.** GET and DELETE requests have no body, so the caller's
+user_id comes from the trusted header named by the `user_id_header` setting
+(e.g. `X-Forwarded-User`, which Databricks Apps set after authenticating the
+user). When it is set, that header is the caller on every route of the server,
+`/responses` and `/invocations` included: a `user_id` in a request body must
+equal it, and a request without it is anonymous (a body may not name a user
+in its place). When it is not set, these routes act as an anonymous caller:
+they see only threads that have no owner. Another user's response or
+conversation answers 404, exactly as one that does not exist.
+
+Errors answer in OpenAI's shape, `{"error": {"message", "type", "code", "param"}}`
+(`serving.errors.openai_error_body`), so the `openai` client raises its typed
+errors (`NotFoundError`, `BadRequestError`) with the agent's message. Request
+bodies are checked strictly: an unknown field is a 400, never ignored.
+Blocking storage work runs on the agent's storage thread pool.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from agent.errors import AgentError, InvalidRequest
+from agent.operations import conversations as ops
+from agent.operations.catalogue import check_metadata
+from agent.serving.errors import http_status, log_error_answer, openai_error_body
+from agent.messages import to_langchain
+from agent.validation import check_id, encoded_size
+
+if TYPE_CHECKING:
+    from agent.responses import LangGraphResponsesAgent
+
+#: Most items one `POST /conversations` or `.../items` may add (OpenAI's limit).
+MAX_ITEMS_PER_CALL = 20
+
+
+def caller(agent: LangGraphResponsesAgent, request: Request) -> str | None:
+    """The caller's user_id: the `user_id_header` value (None when the setting or the header is absent)."""
+    header = agent.settings.user_id_header
+    if not header:
+        return None
+    return check_id(f"the {header} header", request.headers.get(header)) if request.headers.get(header) else None
+
+
+def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
+    """The routes of the module docstring, bound to `agent`. `build_app` mounts it on every server."""
+    router = APIRouter()
+    storage = agent.threads.storage
+
+    async def answer(request: Request, work: Callable[[str | None, dict[str, Any]], Any]) -> JSONResponse:
+        """Run `work(user_id, body)` on the storage pool; an AgentError answers in OpenAI's shape."""
+        raw = await request.body() if request.method == "POST" else b""
+        try:
+            user_id = caller(agent, request)
+            body = _json_object(raw) if request.method == "POST" else {}
+            return JSONResponse(await agent.threads.in_io(work, user_id, body))
+        except AgentError as exc:
+            code = http_status(exc)
+            body = openai_error_body(exc)
+            log_error_answer(request.method, request.url.path, code, {"error_code": body["error"]["code"], "message": exc.message}, exc)
+            return JSONResponse(body, status_code=code)
+
+    @router.get("/responses/{response_id}")
+    async def retrieve_response(response_id: str, request: Request) -> JSONResponse:
+        """The response at checkpoint `response_id` (`resp_<checkpoint_id>`), in the Responses API shape."""
+
+        def retrieve(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request, allowed=("include", "stream"))
+            if request.query_params.get("stream", "false") != "false" or request.query_params.getlist("include"):
+                raise InvalidRequest("stream and include are not supported: a stored response is returned whole")
+            return ops.response_object(storage, response_id, user_id=user, model=agent.settings.model)
+
+        return await answer(request, retrieve)
+
+    @router.get("/responses/{response_id}/input_items")
+    async def response_input_items(response_id: str, request: Request) -> JSONResponse:
+        """The items that led to the response, paged (`after`, `limit`, `order`; newest first by default)."""
+        return await answer(
+            request, lambda user, body: ops.response_input_items(storage, response_id, user_id=user, **_paging(request))
+        )
+
+    @router.post("/conversations")
+    async def create_conversation(request: Request) -> JSONResponse:
+        """A new thread owned by the caller, with `items` (one checkpoint) and `metadata`."""
+
+        def create(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            _fields(body, allowed=("items", "metadata"))
+            items = _items(body.get("items") or [])
+            metadata = _metadata(body.get("metadata"))
+            thread_id = str(uuid.uuid4())
+            encoded_size("items", items)  # refuses lone surrogates, as turns do
+            agent.threads.update_state(
+                thread_id, None, to_langchain(items), user_id=user, new_thread=True, metadata=metadata or None
+            )
+            return ops.conversation_object(ops.get_conversation(storage, thread_id, user_id=user))
+
+        return await answer(request, create)
+
+    @router.get("/conversations/{conversation_id}")
+    async def retrieve_conversation(conversation_id: str, request: Request) -> JSONResponse:
+        def retrieve(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
+
+        return await answer(request, retrieve)
+
+    @router.post("/conversations/{conversation_id}")
+    async def update_conversation(conversation_id: str, request: Request) -> JSONResponse:
+        """Replace the conversation's metadata (OpenAI's rule: the whole map)."""
+
+        def update(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            _fields(body, allowed=("metadata",), required=("metadata",))
+            agent.update_thread(conversation_id, metadata=_metadata(body["metadata"]), user_id=user)
+            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
+
+        return await answer(request, update)
+
+    @router.delete("/conversations/{conversation_id}")
+    async def delete_conversation(conversation_id: str, request: Request) -> JSONResponse:
+        def delete(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            agent.delete_thread(conversation_id, user_id=user)
+            return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+        return await answer(request, delete)
+
+    @router.get("/conversations/{conversation_id}/items")
+    async def list_items(conversation_id: str, request: Request) -> JSONResponse:
+        """The head's messages as items, paged (`after`, `limit`, `order`; newest first by default)."""
+        return await answer(
+            request, lambda user, body: ops.conversation_items(storage, conversation_id, user_id=user, **_paging(request))
+        )
+
+    @router.post("/conversations/{conversation_id}/items")
+    async def create_items(conversation_id: str, request: Request) -> JSONResponse:
+        """Append `items` to the head: a new checkpoint (`update_checkpoint_state`), which becomes the head."""
+
+        def add(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request, allowed=("include",))
+            if request.query_params.getlist("include"):
+                raise InvalidRequest("include is not supported: no extra output data is available")
+            _fields(body, allowed=("items",), required=("items",))
+            items = _items(body["items"])
+            if not items:
+                raise InvalidRequest("items must hold at least one item")
+            ops.get_conversation(storage, conversation_id, user_id=user)  # unknown: 404, not a new thread
+            result = agent.update_checkpoint_state(conversation_id, None, items, user_id=user)
+            state = agent.threads.get_checkpoint_state(conversation_id, result["checkpoint_id"], user_id=user)
+            return ops.added_items(state)
+
+        return await answer(request, add)
+
+    return router
+
+
+# -- request parsing (inside `answer`, so that a refusal answers in OpenAI's shape) ----------------------
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object")
+    return body
+
+
+def _fields(body: dict[str, Any], *, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise InvalidRequest(f"Unknown or unsupported fields {unknown}; this endpoint takes {list(allowed)}")
+    missing = [key for key in required if body.get(key) is None]
+    if missing:
+        raise InvalidRequest(f"Missing fields {missing}")
+
+
+def _items(items: Any) -> list[dict]:
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise InvalidRequest("items must be a list of Responses input items")
+    if len(items) > MAX_ITEMS_PER_CALL:
+        raise InvalidRequest(f"items has {len(items)} items; at most {MAX_ITEMS_PER_CALL} may be added at a time")
+    return items
+
+
+def _metadata(metadata: Any) -> dict[str, str]:
+    return check_metadata(metadata) or {}  # the catalogue's rule (OpenAI's limits)
+
+
+def _query(request: Request, *, allowed: tuple[str, ...] = ()) -> None:
+    unknown = sorted(set(request.query_params) - set(allowed))
+    if unknown:
+        raise InvalidRequest(f"Unknown query parameters {unknown}")
+
+
+def _paging(request: Request) -> dict[str, Any]:
+    _query(request, allowed=("after", "limit", "order", "include"))
+    params = request.query_params
+    if params.getlist("include"):
+        raise InvalidRequest("include is not supported: no extra output data is available")
+    limit = params.get("limit", str(ops.DEFAULT_PAGE))
+    try:
+        number = int(limit)
+    except ValueError:
+        raise InvalidRequest(f"limit must be an integer from 1 to {ops.MAX_PAGE}, got {limit!r}") from None
+    return {"after": params.get("after"), "limit": number, "order": params.get("order", "desc")}
