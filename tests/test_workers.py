@@ -176,6 +176,16 @@ def test_a_second_server_on_a_workers_port_fails_instead_of_sharing_it(served, t
     assert len(worker_pids(base)) == WORKERS
 
 
+def test_workers_on_an_in_memory_store_are_refused_before_the_port_is_bound(tmp_path):
+    # Each worker would have a memory:// store of its own: one thread would split into two conversations.
+    port = str(free_port())
+    command = [sys.executable, "-m", "agent", "serve", "--port", port, "--workers", "2", "--database-url", "memory://"]
+    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "AGENT_TRACING": "false"}, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "memory://" in done.stderr and "--workers" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
 @dataclass(frozen=True)
 class _Socket:
     """One TCP socket of a process, as `/proc/net/tcp` shows it."""

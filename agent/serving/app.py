@@ -69,8 +69,10 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
     Tracing is on unless `AGENT_TRACING` says otherwise.
 
     Raises:
-        ConfigurationError, StorageUnavailable: from `create_agent`, before the
-            port is bound (the database is connected and set up first).
+        ConfigurationError: from `create_agent`, or `workers` > 1 on `memory://` (each worker
+            would have a store of its own); before the port is bound.
+        StorageUnavailable: from `create_agent`, before the port is bound (the database is
+            connected and set up first).
     """
     from agent.factory import create_agent
 
@@ -95,6 +97,15 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
             with_lifespan(app, agent, close_agent=False)
             uvicorn.run(app, **options)
         return
+    from agent.config import store_kind
+    from agent.errors import ConfigurationError
+
+    if store_kind(os.environ.get("AGENT_DATABASE_URL") or "") == "memory":
+        # Each worker would get a store of its own: one thread would split into diverging conversations.
+        raise ConfigurationError(
+            "--workers needs a store the workers share (a SQLite file or Postgres); memory:// lives in one "
+            "process. Use --workers 1, or another --database-url."
+        )
     # Connect and set up once, here, so that a bad setting fails now and the workers never race on
     # setup: the agent's tables, and MLflow's tracking store (two workers migrating one new SQLite
     # store at once crash with "duplicate column name").
