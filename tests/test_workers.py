@@ -3,15 +3,20 @@ connections to the one database, and a thread's turns continue whichever worker 
 
 Which worker served a request is read from outside, as an operator would: each worker's TCP sockets
 (`/proc/<pid>/fd` and `/proc/net/tcp`) against the client ports of `pg_stat_activity`, whose
-`state_change` says when each connection last ran a statement.
+`state_change` says when each connection last ran a statement, or against the port of the HTTP
+client's own connection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -42,11 +47,9 @@ def served(tmp_path_factory, pg_server_url):
 
 
 def worker_pids(base_url: str) -> list[int]:
-    """The pids of the worker processes of the server listening on `base_url`'s port."""
+    """The pids of the processes listening on `base_url`'s port: the workers, each on its own socket."""
     port = int(base_url.rsplit(":", 1)[1])
-    listeners = {pid for pid, ports in _tcp_ports_by_pid().items() if port in ports}
-    # The parent holds the listening socket too; the workers are its children.
-    return sorted(pid for pid in listeners if _ppid(pid) in listeners)
+    return sorted(pid for pid, sockets in _tcp_sockets_by_pid().items() if any(s.listens_on(port) for s in sockets))
 
 
 def busy_workers(base_url: str, server_url: str, dbname: str, since: float) -> set[int]:
@@ -57,8 +60,63 @@ def busy_workers(base_url: str, server_url: str, dbname: str, since: float) -> s
             (dbname, since),
         ).fetchall()
     active_ports = {port for (port,) in rows}
-    ports = _tcp_ports_by_pid()
-    return {pid for pid in worker_pids(base_url) if ports.get(pid, set()) & active_ports}
+    sockets = _tcp_sockets_by_pid()
+    return {pid for pid in worker_pids(base_url) if {s.local_port for s in sockets.get(pid, [])} & active_ports}
+
+
+def serving_worker(base_url: str, client_port: int) -> int | None:
+    """The pid of the worker holding the server end of the HTTP connection from local port `client_port`."""
+    port = int(base_url.rsplit(":", 1)[1])
+    for pid, sockets in _tcp_sockets_by_pid().items():
+        if any(s.local_port == port and s.remote_port == client_port for s in sockets):
+            return pid
+    return None
+
+
+def test_each_worker_listens_on_a_socket_of_its_own_and_the_parent_on_none(served):
+    # With one shared socket (uvicorn's process manager), the worker whose event loop wakes first
+    # takes the waiting connections; with one socket each, the kernel spreads them (SO_REUSEPORT).
+    base, _, _ = served
+    port = int(base.rsplit(":", 1)[1])
+    workers = worker_pids(base)
+    assert len(workers) == WORKERS, workers
+    sockets = _tcp_sockets_by_pid()
+    listening = {pid: {s.inode for s in sockets[pid] if s.listens_on(port)} for pid in workers}
+    assert all(len(inodes) == 1 for inodes in listening.values()), listening
+    assert len(set.union(*listening.values())) == WORKERS, listening
+    parents = {_ppid(pid) for pid in workers}
+    assert len(parents) == 1
+    assert not any(s.listens_on(port) for s in sockets.get(parents.pop(), []))
+
+
+def test_keep_alive_clients_are_served_by_every_worker(served):
+    # 16 clients, each on one keep-alive connection opened at the same moment: every worker serves
+    # some of them (all on one of two workers by chance: 2 in 2**16).
+    base, _, _ = served
+    workers = worker_pids(base)
+    clients = [httpx.Client(base_url=base, timeout=60, limits=httpx.Limits(max_connections=1)) for _ in range(16)]
+
+    def conversation(client: httpx.Client) -> tuple[set[int], list[str]]:
+        ports, checkpoints, thread_id = set(), [], None
+        for n in range(3):
+            response = client.post("/responses", json=request(f"keep-alive turn {n}", thread_id=thread_id))
+            out = response.json()["custom_outputs"]
+            thread_id = out["thread_id"]
+            checkpoints.append(out["checkpoint_id"])
+            ports.add(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+        return ports, checkpoints
+
+    try:
+        with ThreadPoolExecutor(len(clients)) as pool:
+            results = list(pool.map(conversation, clients))
+        ports = [port for client_ports, _ in results for port in client_ports]
+        assert len(ports) == len(clients)  # each client kept its one connection for its three turns
+        assert all(all(checkpoints) for _, checkpoints in results)
+        serving = [serving_worker(base, port) for port in ports]  # while the connections are still open
+    finally:
+        for client in clients:
+            client.close()
+    assert set(serving) == set(workers), serving
 
 
 def test_workers_answer_on_one_port_from_distinct_processes_and_share_threads(served):
@@ -98,17 +156,61 @@ def test_workers_answer_on_one_port_from_distinct_processes_and_share_threads(se
     assert [entry["message_count"] for entry in history] == list(range(18, -1, -2))
 
 
-def _tcp_ports_by_pid() -> dict[int, set[int]]:
-    """Local TCP ports of every process we can read, by pid."""
-    inode_port: dict[str, int] = {}
+def test_a_second_server_on_a_workers_port_fails_instead_of_sharing_it(served, tmp_path):
+    # SO_REUSEPORT lets any socket of the same user with the option join the port's group: without
+    # the plain bind first, this second server would silently take part of the first one's traffic.
+    base, _, _ = served
+    port = base.rsplit(":", 1)[1]
+    command = [sys.executable, "-m", "agent", "serve", "--port", port, "--workers", "2", "--model", "offline"]
+    env = {**os.environ, "AGENT_TRACING": "false"}
+    env.pop("AGENT_DATABASE_URL", None)  # an embedded SQLite file in tmp_path
+    second = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = second.communicate(timeout=120)
+    finally:  # had it joined the port, its workers must not outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(second.pid, signal.SIGKILL)
+        second.wait()
+    assert second.returncode == 3, stderr[-2000:]
+    assert "address already in use" in stderr.lower()
+    assert len(worker_pids(base)) == WORKERS
+
+
+def test_workers_on_an_in_memory_store_are_refused_before_the_port_is_bound(tmp_path):
+    # Each worker would have a memory:// store of its own: one thread would split into two conversations.
+    port = str(free_port())
+    command = [sys.executable, "-m", "agent", "serve", "--port", port, "--workers", "2", "--database-url", "memory://"]
+    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "AGENT_TRACING": "false"}, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "memory://" in done.stderr and "--workers" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+@dataclass(frozen=True)
+class _Socket:
+    """One TCP socket of a process, as `/proc/net/tcp` shows it."""
+
+    local_port: int
+    remote_port: int
+    state: str  # hex, "0A" is LISTEN
+    inode: str
+
+    def listens_on(self, port: int) -> bool:
+        return self.state == "0A" and self.local_port == port
+
+
+def _tcp_sockets_by_pid() -> dict[int, list[_Socket]]:
+    """The TCP sockets of every process we can read, by pid."""
+    by_inode: dict[str, _Socket] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         if os.path.exists(table):
             with open(table) as lines:
                 next(lines)
                 for line in lines:
                     fields = line.split()
-                    inode_port[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
-    out: dict[int, set[int]] = {}
+                    local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+                    by_inode[fields[9]] = _Socket(local, remote, fields[3], fields[9])
+    out: dict[int, list[_Socket]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -116,9 +218,9 @@ def _tcp_ports_by_pid() -> dict[int, set[int]]:
             links = [os.readlink(f"{entry.path}/fd/{fd}") for fd in os.listdir(f"{entry.path}/fd")]
         except OSError:
             continue
-        ports = {inode_port[link[8:-1]] for link in links if link.startswith("socket:[") and link[8:-1] in inode_port}
-        if ports:
-            out[int(entry.name)] = ports
+        sockets = [by_inode[link[8:-1]] for link in links if link.startswith("socket:[") and link[8:-1] in by_inode]
+        if sockets:
+            out[int(entry.name)] = sockets
     return out
 
 

@@ -4,6 +4,7 @@
                   `mlflow models serve` serves it (POST /invocations, no streaming: mlflow issue 12439).
 * `model`         the models-from-code file MLflow runs; it builds the agent without connecting.
 * `app`           lifecycle: build the agent and the app, run uvicorn (`tt-agent serve`).
+* `workers`       `--workers N`: uvicorn's supervisor, each worker on its own `SO_REUSEPORT` socket.
 * `agent_server`  the MLflow Agent Server's routes for one agent (POST /invocations and /responses,
                   streaming, GET /health, /ready, /agent/info).
 * `limits`        request body limits (size, JSON, time), before MLflow parses anything.

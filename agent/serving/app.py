@@ -3,9 +3,11 @@
 Request handling lives in `agent_server`; this module only starts and stops things.
 
 **Workers.** One Python process uses one core, so `tt-agent serve --workers N`
-runs N worker processes on one port with uvicorn's process manager (the
-workers share the listening socket; the kernel spreads connections among
-them). Each worker is a separate replica of the agent: its own pool and
+runs N worker processes on one port with uvicorn's process manager. On Linux
+each worker listens on a socket of its own (`SO_REUSEPORT`, `agent.serving.workers`
+says why: with uvicorn's one shared socket, keep-alive clients piled onto one
+worker); elsewhere they share uvicorn's one socket, and the startup line says
+which. Each worker is a separate replica of the agent: its own pool and
 claims, the same database, so a thread's turns can land on any worker
 (claims keep each thread's chain linear across processes). uvicorn starts
 workers from an import string, so each worker calls the app factory
@@ -60,13 +62,17 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
         model: as for `agent.create_agent`; None reads `AGENT_MODEL`, else offline
             unless an OpenAI key or base URL is set.
         workers: worker processes (>= 1). With more than one, each builds its
-            own agent from the environment (`create_app`).
+            own agent from the environment (`create_app`); a worker that dies is
+            replaced, and one that fails while starting stops the command with
+            exit status 3 (as does a port already in use).
 
     Tracing is on unless `AGENT_TRACING` says otherwise.
 
     Raises:
-        ConfigurationError, StorageUnavailable: from `create_agent`, before the
-            port is bound (the database is connected and set up first).
+        ConfigurationError: from `create_agent`, or `workers` > 1 on `memory://` (each worker
+            would have a store of its own); before the port is bound.
+        StorageUnavailable: from `create_agent`, before the port is bound (the database is
+            connected and set up first).
     """
     from agent.factory import create_agent
 
@@ -91,12 +97,32 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
             with_lifespan(app, agent, close_agent=False)
             uvicorn.run(app, **options)
         return
+    from agent.config import store_kind
+    from agent.errors import ConfigurationError
+
+    if store_kind(os.environ.get("AGENT_DATABASE_URL") or "") == "memory":
+        # Each worker would get a store of its own: one thread would split into diverging conversations.
+        raise ConfigurationError(
+            "--workers needs a store the workers share (a SQLite file or Postgres); memory:// lives in one "
+            "process. Use --workers 1, or another --database-url."
+        )
     # Connect and set up once, here, so that a bad setting fails now and the workers never race on
     # setup: the agent's tables, and MLflow's tracking store (two workers migrating one new SQLite
     # store at once crash with "duplicate column name").
+    from agent.serving import workers as worker_processes
+
+    own_sockets = worker_processes.balances_connections()
+    sockets = "one socket each (SO_REUSEPORT)" if own_sockets else "one shared socket (balancing needs Linux)"
     with create_agent() as agent:
-        print(f"{startup_line(agent, host, port)}, {workers} workers", file=sys.stderr, flush=True)
-    uvicorn.run("agent.serving.app:create_app", factory=True, workers=workers, **options)
+        print(f"{startup_line(agent, host, port)}, {workers} workers on {sockets}", file=sys.stderr, flush=True)
+    if not own_sockets:
+        uvicorn.run("agent.serving.app:create_app", factory=True, workers=workers, **options)
+        return
+    status = worker_processes.run_workers(
+        uvicorn.Config("agent.serving.app:create_app", factory=True, workers=workers, **options)
+    )
+    if status:
+        sys.exit(status)
 
 
 def startup_line(agent: Any, host: str, port: int) -> str:
