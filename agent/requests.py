@@ -74,6 +74,9 @@ SCHEMA_FIELDS = frozenset(ResponsesAgentRequest.model_fields)
 OPENAI_TURN_FIELDS = frozenset({"previous_response_id", "conversation", "instructions", "store", "metadata"})
 
 #: OpenAI fields `custom_inputs` may carry too (for `mlflow models serve`, whose schema drops top-level ones).
+#: Schema fields read as sent: outside strict mode pydantic turns `"store": "no"` into False, which would
+#: silently decide whether a turn is written.
+AS_SENT = frozenset({"store"})
 OPENAI_CUSTOM_KEYS = frozenset({"previous_response_id", "instructions", "store"})
 
 #: Fields that change nothing here, with the values accepted; any other value is refused.
@@ -130,7 +133,8 @@ class ItemIdsRequest(ResponsesAgentRequest):
 
     _item_ids: list[Any] = PrivateAttr(default_factory=list)
     _extra_fields: dict[str, Any] = PrivateAttr(default_factory=dict)
-    """The request's top-level fields MLflow's schema has no place for (`previous_response_id`, ...)."""
+    """The request's top-level fields MLflow's schema has no place for (`previous_response_id`, ...), and
+    those in `AS_SENT` as they were sent."""
 
 
 def with_string_input(raw: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +150,7 @@ def keeping_item_ids(raw: dict[str, Any]) -> ResponsesAgentRequest:
     request = ItemIdsRequest(**raw)
     items = raw.get("input")
     request._item_ids = [item.get("id") if isinstance(item, dict) else None for item in items] if isinstance(items, list) else []
-    request._extra_fields = {key: value for key, value in raw.items() if key not in SCHEMA_FIELDS}
+    request._extra_fields = {key: value for key, value in raw.items() if key not in SCHEMA_FIELDS or key in AS_SENT}
     return request
 
 
@@ -218,7 +222,7 @@ def parse_request(
     if not isinstance(raw, dict):
         raise InvalidRequest(f"The request must be an object, got {type(raw).__name__}")
     if isinstance(request, ItemIdsRequest):
-        raw = {**request._extra_fields, **raw}
+        raw = {**raw, **request._extra_fields}
     if isinstance(request, ItemIdsRequest) and isinstance(raw.get("input"), list):
         raw["input"] = [
             {**item, "id": item_id} if item_id is not None and isinstance(item, dict) else item

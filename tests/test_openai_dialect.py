@@ -192,6 +192,8 @@ REFUSED = [
     ("previous_response_id", {"previous_response_id": "resp_x", "conversation": "some-thread"}),
     ("previous_response_id", {"previous_response_id": "not-a-response-id"}),
     ("mystery_field", {"extra_body": {"mystery_field": 1}}),
+    ("store", {"extra_body": {"store": "no"}}),  # pydantic would read "no" as false: nothing written, silently
+    ("store", {"extra_body": {"store": 1}}),
 ]
 
 

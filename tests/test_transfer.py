@@ -221,6 +221,11 @@ MALFORMED = {
     "no checkpoints": _set(["checkpoints"], []),
     "thread id not a string": _set(["thread", "thread_id"], 7),
     "metadata value not a string": _set(["thread", "metadata"], {"k": 1}),
+    "17 metadata pairs": _set(["thread", "metadata"], {f"k{i}": "v" for i in range(17)}),
+    "metadata value too long": _set(["thread", "metadata"], {"k": "v" * 513}),
+    "empty title": _set(["thread", "title"], ""),
+    "title too long": _set(["thread", "title"], "t" * 257),
+    "ttl not positive": _set(["thread", "ttl_seconds"], 0),
     "unknown head": _set(["thread", "checkpoint_id"], str(uuid.uuid4())),
     "timestamp not ISO": lambda doc: _chain(doc)[1].update(ts="yesterday"),
     "version as text": lambda doc: _chain(doc)[1].update(v="4"),
@@ -356,7 +361,7 @@ def test_cli_exports_a_user_as_json_lines_and_imports_both_forms(tmp_path, monke
 
     assert run("import", "all.jsonl", "--user-id", "w", "--database-url", target).exit_code == 0
     again = run("import", "one.json", "--user-id", "w", "--database-url", target)  # a no-op
-    assert again.exit_code == 0 and f"Imported thread {ids[0]}" in again.stdout
+    assert again.exit_code == 0 and f"Thread {ids[0]} is already there with this content; nothing was written" in again.stdout
     refused = run("import", "one.json", "--user-id", "x", "--database-url", target)
     assert refused.exit_code == 1 and "already exists" in refused.output and "Traceback" not in refused.output
     with create_agent(target, model="offline", tracing=False) as agent:

@@ -72,12 +72,36 @@ def import_(
             raise InvalidRequest(f"--thread-id names one thread, but {file} holds {len(documents)} documents.")
         with open_agent(database_url, "offline", False) as agent:
             for document in documents:
+                present = _present(agent, thread_id or _thread_id_of(document), user_id)
                 thread = agent.import_thread(document, user_id=user_id, thread_id=thread_id)
+                if present:  # the import succeeded over an existing thread: the same content, a no-op
+                    console.print(f"Thread {thread['thread_id']} is already there with this content; nothing was written.",
+                                  markup=False)  # fmt: skip
+                    continue
                 console.print(
                     f"Imported thread {thread['thread_id']} ({thread['message_count']} messages at the head "
                     f"{thread['checkpoint_id']})",
                     markup=False,
                 )
+
+
+def _thread_id_of(document: object) -> str | None:
+    thread = document.get("thread") if isinstance(document, dict) else None
+    thread_id = thread.get("thread_id") if isinstance(thread, dict) else None
+    return thread_id if isinstance(thread_id, str) else None
+
+
+def _present(agent, thread_id: str | None, user_id: str | None) -> bool:
+    """Whether the caller already has thread `thread_id` (so a successful import of it wrote nothing)."""
+    from agent.errors import InvalidRequest, ThreadNotFound
+
+    if thread_id is None:
+        return False
+    try:
+        agent.get_thread(thread_id, user_id=user_id)
+    except (ThreadNotFound, InvalidRequest):
+        return False
+    return True
 
 
 def _write(output: Path | None, chunks: Any) -> int:

@@ -65,6 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agent.errors import AgentError, InvalidRequest, ThreadExists, ThreadNotFound
 from agent.operations.access import authorize
+from agent.operations.catalogue import check_metadata, check_title, check_ttl
 from agent.storage import ThreadRecord, ThreadStorage, Turn
 from agent.storage.summaries import TURN_REPORT_KEY
 from agent.validation import check_id, encoded_size
@@ -275,6 +276,12 @@ def parse_document(document: Any) -> Restored:
     check_id("thread.thread_id", thread.thread_id)
     check_id("thread.checkpoint_id", thread.checkpoint_id)
     _no_nul("thread", thread.model_dump())
+    try:  # the limits `update_thread` holds (OpenAI's for metadata), so an import cannot bring in more
+        check_title(thread.title)
+        check_metadata(thread.metadata, name="thread.metadata")
+        check_ttl(thread.ttl_seconds)
+    except InvalidRequest as exc:
+        raise _invalid(f"thread: {exc.message}") from None
     by_id: dict[str, CheckpointDoc] = {}
     for index, checkpoint in enumerate(parsed.checkpoints):
         where = f"checkpoints[{index}]"
