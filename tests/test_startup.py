@@ -50,6 +50,7 @@ def test_help_and_version_import_neither_mlflow_langchain_nor_langgraph(args, tm
     assert result.returncode == 0, result.stderr[-2000:]
     assert "agent.cli" in modules  # the measurement saw the command line itself
     assert loaded(modules, HEAVY) == []
+    assert loaded(modules, ("pydantic_settings",)) == []  # the settings load when a command runs (150 ms)
 
 
 @pytest.fixture(scope="module")

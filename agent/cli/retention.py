@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
 from agent.cli import DatabaseUrl, agent_errors, app, console, open_agent, store_label
-from agent.config import ThreadTtlStrategy
+
+#: `agent.config.ThreadTtlStrategy`, spelled out: importing agent.config (pydantic-settings) here would
+#: add 150 ms to every `tt-agent --help`.
+ThreadTtlStrategy = Literal["delete", "keep_latest"]
 
 
 @app.command()
