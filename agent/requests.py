@@ -73,10 +73,10 @@ SCHEMA_FIELDS = frozenset(ResponsesAgentRequest.model_fields)
 #: OpenAI fields this agent honours, for a turn (module docstring).
 OPENAI_TURN_FIELDS = frozenset({"previous_response_id", "conversation", "instructions", "store", "metadata"})
 
-#: OpenAI fields `custom_inputs` may carry too (for `mlflow models serve`, whose schema drops top-level ones).
 #: Schema fields read as sent: outside strict mode pydantic turns `"store": "no"` into False, which would
 #: silently decide whether a turn is written.
 AS_SENT = frozenset({"store"})
+#: OpenAI fields `custom_inputs` may carry too (for `mlflow models serve`, whose schema drops top-level ones).
 OPENAI_CUSTOM_KEYS = frozenset({"previous_response_id", "instructions", "store"})
 
 #: Fields that change nothing here, with the values accepted; any other value is refused.
