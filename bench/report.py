@@ -181,6 +181,33 @@ def write_json(path: Path, report: Mapping[str, Any]) -> None:
 INNER_FAILURES = ("error", "broken_phases", "broken_configurations")
 
 
+def add_common_options(parser: Any, *, quick_help: str, json_help: str) -> None:
+    """`--quick`, `--json FILE` and `--database-url URL` (default: AGENT_TEST_DATABASE_URL, else the local server)."""
+    from bench.databases import DEFAULT_SERVER_URL
+
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--json", type=Path, help=json_help)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("AGENT_TEST_DATABASE_URL", DEFAULT_SERVER_URL),
+        help="a Postgres server URL (default: AGENT_TEST_DATABASE_URL, else the local server)",
+    )
+
+
+def postgres_reachable(url: str) -> bool:
+    """Whether a Postgres server answers at `url`; if not, says so on stderr."""
+    import sys
+
+    from bench.databases import server_version
+
+    try:
+        server_version(url)
+    except Exception as exc:  # psycopg.Error, ValueError for a malformed URL
+        print(f"error: Postgres is not reachable at --database-url: {type(exc).__name__}", file=sys.stderr)
+        return False
+    return True
+
+
 def standalone_main(
     doc: str,
     run: Callable[..., dict[str, Any]],
@@ -197,21 +224,10 @@ def standalone_main(
     import argparse
     import sys
 
-    from bench.databases import DEFAULT_SERVER_URL, server_version
-
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help=quick_help)
-    parser.add_argument("--json", type=Path, help="also write every figure and measurement to this JSON file")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("AGENT_TEST_DATABASE_URL", DEFAULT_SERVER_URL),
-        help="a Postgres server URL (default: AGENT_TEST_DATABASE_URL, else the local server)",
-    )
+    add_common_options(parser, quick_help=quick_help, json_help="also write every figure and measurement to this JSON file")
     args = parser.parse_args(argv)
-    try:
-        server_version(args.database_url)
-    except Exception as exc:  # psycopg.Error, ValueError for a malformed URL
-        print(f"error: Postgres is not reachable at --database-url: {type(exc).__name__}", file=sys.stderr)
+    if not postgres_reachable(args.database_url):
         return 2
     result = run(args.database_url, quick=args.quick)
     print_result(result)

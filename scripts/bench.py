@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import time
 import traceback
@@ -37,7 +36,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import report  # noqa: E402
-from bench.databases import DEFAULT_SERVER_URL, server_version  # noqa: E402
 
 #: The benchmarks, `bench.<name>`, in the order they run.
 PARTS = ["storage", "branches", "catalogue", "context", "memory", "startup", "load"]
@@ -86,19 +84,11 @@ def print_summary(totals: dict[str, Any], reports: dict[str, dict[str, Any]]) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="every part at a reduced size (a smoke test)")
+    report.add_common_options(parser, quick_help="every part at a reduced size (a smoke test)",
+                              json_help="also write every part's report to this JSON file")  # fmt: skip
     parser.add_argument("--only", nargs="+", choices=PARTS, metavar="NAME", help=f"run only these parts: {', '.join(PARTS)}")
-    parser.add_argument("--json", type=Path, help="also write every part's report to this JSON file")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("AGENT_TEST_DATABASE_URL", DEFAULT_SERVER_URL),
-        help="a Postgres server URL (default: AGENT_TEST_DATABASE_URL, else the local server)",
-    )
     args = parser.parse_args(argv)
-    try:
-        server_version(args.database_url)
-    except Exception as exc:  # psycopg.Error, ValueError for a malformed URL
-        print(f"error: Postgres is not reachable at --database-url: {type(exc).__name__}", file=sys.stderr)
+    if not report.postgres_reachable(args.database_url):
         return 2
     names = [name for name in PARTS if name in (args.only or PARTS)]
     reports, broken = run_parts(names, args.database_url, quick=args.quick)
