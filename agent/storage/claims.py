@@ -45,12 +45,12 @@ class ClaimKeeper:
         self._closed = False
 
     def add(self, claim: Claim) -> None:
+        # No wake-up: nothing is due for a claim just taken, and polling at once cost every turn a query.
         with self._lock:
             self._claims[claim.thread_id] = claim
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="tt-claim-keeper", daemon=True)
                 self._thread.start()
-            self._wake.notify()
 
     def remove(self, claim: Claim) -> None:
         with self._lock:
@@ -89,18 +89,22 @@ class ClaimKeeper:
 
     def _run(self) -> None:
         next_renewal = time.monotonic() + self._renew_every
+        last_cycle = time.monotonic()
         while True:
             with self._lock:
                 if not self._closed:
-                    self._wake.wait(CANCEL_POLL_SECONDS)
+                    self._wake.wait(max(0.0, last_cycle + CANCEL_POLL_SECONDS - time.monotonic()))
                 if self._closed:
                     return
                 claims = list(self._claims.values())
                 unreleased, self._unreleased = self._unreleased, []
             if unreleased:
                 self._release(unreleased)
+            if time.monotonic() - last_cycle < CANCEL_POLL_SECONDS:
+                continue  # woken early (release_later): the cancel poll and the renewal keep their pace
+            last_cycle = time.monotonic()
             if not claims:
-                next_renewal = time.monotonic() + self._renew_every
+                next_renewal = last_cycle + self._renew_every
                 continue
             try:
                 if time.monotonic() >= next_renewal:

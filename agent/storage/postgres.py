@@ -3,16 +3,23 @@
 Design notes:
 
 * **Short transactions only.** A turn uses a pooled connection twice: one
-  round trip to claim its thread and read its start (autocommit statements in
-  one pipeline), and one round trip to commit (`BEGIN`, the fencing check,
-  every write, `COMMIT`, pipelined). Nothing is held while the model runs, so
-  `pool_max_size` bounds concurrent *database work*, not concurrent turns.
+  statement to claim its thread and read its start (`agent_begin_turn`), and
+  one pipelined transaction to commit (`BEGIN`, the fencing check, every
+  write, `COMMIT`). Nothing is held while the model runs, so `pool_max_size`
+  bounds concurrent *database work*, not concurrent turns.
+* **Plans cached without prepared statements.** Without prepared statements
+  (next point) Postgres plans every statement again, and the claim's start
+  read is costly to plan: planning was most of a turn's database time
+  (1.5 ms of a 3 ms claim and commit). So the claim is one plpgsql function,
+  `agent_begin_turn` (a migration): plpgsql keeps the plans of its statements
+  for the life of the server session, which is server-side state that a
+  transaction-mode pooler cannot break. The fencing check (`agent_end_claim`)
+  is one for the same reason and to keep the commit to two round trips.
 * **Transaction-mode poolers (PgBouncer).** No prepared statements unless
   `prepare_threshold` is set (psycopg's `0` prepares everything, which
   PgBouncer 1.18 in transaction mode breaks with `DuplicatePreparedStatement`,
   langgraph#6705), no session state: no session advisory locks, no `SET`
-  outside a transaction. The fencing check is a plpgsql function
-  (`agent_end_claim`), so the commit stays one round trip.
+  outside a transaction.
 * **No saver-wide lock.** `PostgresSaver` serializes every query of an
   instance behind one lock even when it is given a pool (langgraph#7259), so
   `_cursor` is overridden to take a pooled connection (or the commit's) without it.
@@ -143,6 +150,73 @@ MIGRATIONS = [
     # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone
     # (LangGraph's primary key starts with thread_id).
     "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
+    # A turn's claim in one statement (see "Plans cached without prepared statements" above). It claims the
+    # thread unless an unexpired claim holds it or the thread belongs to another user (the rule of
+    # `base.owned_by`); re-running it with the same token succeeds, so a claim whose connection died can be
+    # retried. It returns the thread's record, the privileges a commit needs that the role lacks, and (only
+    # when the claim succeeded and p_read_start) the start: p_checkpoint_id, else the head, in the shape of
+    # SELECT_CHECKPOINTS_COLUMNS (the blobs by one primary-key lookup per channel, as there).
+    """CREATE OR REPLACE FUNCTION agent_begin_turn(
+        p_thread_id TEXT, p_token TEXT, p_user_id TEXT, p_lease DOUBLE PRECISION, p_key TEXT,
+        p_checkpoint_id TEXT, p_read_start BOOLEAN)
+    RETURNS TABLE (
+        claim_fence BIGINT, missing_privileges TEXT[],
+        t_thread_id TEXT, t_user_id TEXT, t_head_checkpoint_id TEXT, t_title TEXT, t_metadata JSONB,
+        t_message_count INTEGER, t_forked_from JSONB, t_ttl_seconds DOUBLE PRECISION, t_created_at TEXT,
+        t_updated_at TEXT,
+        s_thread_id TEXT, s_checkpoint JSONB, s_checkpoint_ns TEXT, s_checkpoint_id TEXT,
+        s_parent_checkpoint_id TEXT, s_metadata JSONB, s_channel_values BYTEA[], s_pending_writes BYTEA[])
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        -- The claim need not survive a crash of the server: a lost claim only makes its turn's commit,
+        -- whose fencing check is durable, fail with LeaseExpired. Local to this statement's transaction.
+        PERFORM set_config('synchronous_commit', 'off', true);
+        INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
+        SELECT p_thread_id, p_token, 1, clock_timestamp() + make_interval(secs => p_lease), p_key, NULL
+        WHERE NOT EXISTS (
+            SELECT 1 FROM agent_threads t WHERE t.thread_id = p_thread_id AND t.user_id IS DISTINCT FROM p_user_id)
+        ON CONFLICT (thread_id) DO UPDATE
+        SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
+            idempotency_key = EXCLUDED.idempotency_key, cancel = NULL
+        WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
+        RETURNING c.fence INTO claim_fence;
+
+        SELECT t.thread_id, t.user_id, t.head_checkpoint_id, t.title, t.metadata, t.message_count, t.forked_from,
+            t.ttl_seconds, to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+            to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+        INTO t_thread_id, t_user_id, t_head_checkpoint_id, t_title, t_metadata, t_message_count, t_forked_from,
+            t_ttl_seconds, t_created_at, t_updated_at
+        FROM agent_threads t WHERE t.thread_id = p_thread_id;
+
+        SELECT coalesce(array_agg(p.privilege || ' on ' || w.tbl ORDER BY w.i, p.j), '{}')
+        INTO missing_privileges
+        FROM unnest(ARRAY['checkpoints', 'checkpoint_blobs', 'checkpoint_writes', 'agent_threads'])
+            WITH ORDINALITY AS w(tbl, i)
+        CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE']) WITH ORDINALITY AS p(privilege, j)
+        WHERE NOT has_table_privilege(w.tbl, p.privilege);
+
+        IF claim_fence IS NOT NULL AND p_read_start THEN
+            SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
+                (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+                 FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+                 CROSS JOIN LATERAL (
+                    SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
+                    WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+                      AND b.channel = v.channel AND b.version = v.version
+                    OFFSET 0) AS bl),
+                (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+                 FROM checkpoint_writes cw
+                 WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns
+                   AND cw.checkpoint_id = c.checkpoint_id)
+            INTO s_thread_id, s_checkpoint, s_checkpoint_ns, s_checkpoint_id, s_parent_checkpoint_id, s_metadata,
+                s_channel_values, s_pending_writes
+            FROM checkpoints c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = ''
+              AND c.checkpoint_id = COALESCE(p_checkpoint_id, t_head_checkpoint_id);
+        END IF;
+        RETURN NEXT;
+    END $$""",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -152,37 +226,14 @@ TABLES = (
     "store_migrations", "store",
 )  # fmt: skip
 
-#: The tables a turn's commit writes, and the privileges it needs on them.
-WRITTEN_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads")
-
 # Any constant works; it keeps setup's lock apart from other advisory locks.
 SETUP_LOCK_KEY = 7_140_213_911
 
-# Claims the thread unless an unexpired claim holds it or the thread belongs to
-# another user (the rule of `base.owned_by`); re-running it with the same token
-# succeeds, so a claim whose connection died can be retried.
-CLAIM_SQL = """
-INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
-SELECT %(thread_id)s, %(token)s, 1, clock_timestamp() + make_interval(secs => %(lease)s), %(key)s, NULL
-WHERE NOT EXISTS (
-    SELECT 1 FROM agent_threads t WHERE t.thread_id = %(thread_id)s AND t.user_id IS DISTINCT FROM %(user_id)s)
-ON CONFLICT (thread_id) DO UPDATE
-SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
-    idempotency_key = EXCLUDED.idempotency_key, cancel = NULL
-WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
-RETURNING fence
-"""
+BEGIN_TURN_SQL = "SELECT * FROM agent_begin_turn(%s, %s, %s, %s, %s, %s, %s)"
 THREAD_COLUMNS = """thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS created_at,
     to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS updated_at"""
 SELECT_THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM agent_threads WHERE thread_id = %s"
-MISSING_PRIVILEGES_SQL = "SELECT array_remove(ARRAY[{}], NULL) AS missing".format(
-    ", ".join(
-        f"CASE WHEN NOT has_table_privilege('{table}', '{privilege}') THEN '{privilege} on {table}' END"
-        for table in WRITTEN_TABLES
-        for privilege in ("INSERT", "UPDATE")
-    )
-)
 # Checkpoints in the shape of PostgresSaver.SELECT_SQL. The blobs are fetched
 # by one primary-key lookup per channel (OFFSET 0 keeps the planner from
 # flattening it): on a young table without statistics the planner otherwise
@@ -208,10 +259,6 @@ FROM checkpoints c
 SELECT_CHECKPOINT_SQL = SELECT_CHECKPOINTS_COLUMNS + """
 WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = COALESCE(
     %s, (SELECT head_checkpoint_id FROM agent_threads WHERE thread_id = %s))
-"""
-# The start, read in the claim's round trip only if the claim succeeded (a waiting turn polls cheaply).
-CLAIMED_START_SQL = SELECT_CHECKPOINT_SQL + """
-  AND EXISTS (SELECT 1 FROM agent_claims k WHERE k.thread_id = %s AND k.token = %s)
 """
 SELECT_SOME_CHECKPOINTS_SQL = SELECT_CHECKPOINTS_COLUMNS + """
 WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = ANY(%s)
@@ -729,38 +776,23 @@ class PostgresThreadStorage(ThreadStorage):
 
     # -- the turn protocol -----------------------------------------------------------------
     def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True):
-        params = {
-            "thread_id": thread_id,
-            "token": token,
-            "user_id": user_id,
-            "lease": self.settings.lease_seconds,
-            "key": idempotency_key,
-        }
-
         def attempt(conn: psycopg.Connection):
-            with conn.pipeline():
-                claimed = conn.execute(CLAIM_SQL, params)
-                record = conn.execute(SELECT_THREAD_SQL, (thread_id,))
-                start = (
-                    conn.cursor(binary=True).execute(CLAIMED_START_SQL, (thread_id, checkpoint_id, thread_id, thread_id, token))
-                    if read_start
-                    else None
-                )
-                privileges = conn.execute(MISSING_PRIVILEGES_SQL)
-            fence_row, record_row = claimed.fetchone(), record.fetchone()
-            start_row, missing = start.fetchone() if start is not None else None, privileges.fetchone()["missing"]
-            if fence_row is not None and missing:
+            row = conn.cursor(binary=True).execute(BEGIN_TURN_SQL, (
+                thread_id, token, user_id, self.settings.lease_seconds, idempotency_key, checkpoint_id, read_start,
+            )).fetchone()  # fmt: skip
+            record_row = _prefixed(row, "t_")
+            if row["claim_fence"] is not None and row["missing_privileges"]:
                 # Given up as `_release` would: a new thread's claim leaves no row behind.
                 conn.execute(DROP_CLAIM_SQL if record_row is None else RELEASE_CLAIM_SQL, (thread_id, token))
                 raise StorageUnavailable(
-                    f"The database role may not write the conversation ({', '.join(missing)}) at {self.masked}; "
-                    "nothing was written and the model was not called."
+                    f"The database role may not write the conversation ({', '.join(row['missing_privileges'])}) "
+                    f"at {self.masked}; nothing was written and the model was not called."
                 )
-            return fence_row, record_row, start_row
+            return row["claim_fence"], record_row, _prefixed(row, "s_")
 
-        fence_row, record_row, start_row = self._run("claim the thread", attempt, thread_id)
+        fence, record_row, start_row = self._run("claim the thread", attempt, thread_id)
         record = _record(record_row)
-        if fence_row is None:
+        if fence is None:
             return None, record
         with self._errors("read the thread", thread_id):
             start = self.saver.load_row(start_row) if start_row else None
@@ -768,7 +800,7 @@ class PostgresThreadStorage(ThreadStorage):
             thread_id=thread_id,
             user_id=user_id,
             token=token,
-            fence=fence_row["fence"],
+            fence=fence,
             record=record,
             start=start,
             idempotency_key=idempotency_key,
@@ -1009,6 +1041,12 @@ class PostgresThreadStorage(ThreadStorage):
 
 def _record(row: Mapping[str, Any] | None) -> ThreadRecord | None:
     return ThreadRecord(**row) if row else None
+
+
+def _prefixed(row: Mapping[str, Any], prefix: str) -> dict[str, Any] | None:
+    """The columns of `row` named `prefix…`, without the prefix; None when their first one is NULL (no such row)."""
+    values = {name[len(prefix):]: value for name, value in row.items() if name.startswith(prefix)}
+    return values if next(iter(values.values())) is not None else None
 
 
 def _rollback_quietly(conn: psycopg.Connection) -> None:
