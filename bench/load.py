@@ -409,7 +409,7 @@ class LoadBenchmark:
         half = max(1, self.sizes.cpu_turns // 2)
         cpu = {name: 0.0 for name in servers}
         outcomes: dict[str, list[traffic.Outcome]] = {name: [] for name in servers}
-        clients = {name: traffic.new_client(url, connections=CPU_CONCURRENCY) for name, (_, url) in servers.items()}
+        clients = {name: traffic.new_light_client(url, CPU_CONCURRENCY) for name, (_, url) in servers.items()}
         try:
             for name, client in clients.items():
                 await traffic.conversations(client, WARMUP_TURNS, 1, label=f"{name}-warmup")
@@ -563,7 +563,7 @@ class LoadBenchmark:
         concurrency, half = self.sizes.workers_concurrency, max(1, self.sizes.workers_turns // 2)
         wall = {n: 0.0 for n in servers}
         outcomes: dict[int, list[traffic.Outcome]] = {n: [] for n in servers}
-        clients = {n: traffic.new_client(url, connections=concurrency) for n, (_, url) in servers.items()}
+        clients = {n: traffic.new_light_client(url, concurrency) for n, (_, url) in servers.items()}
         try:
             for n, client in clients.items():  # every worker process imports and connects before it is timed
                 await traffic.conversations(client, 2 * concurrency, concurrency, label=f"workers-{n}-warmup")
