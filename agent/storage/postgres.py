@@ -14,7 +14,7 @@ Design notes:
   `agent_begin_turn` (a migration): plpgsql keeps the plans of its statements
   for the life of the server session, which is server-side state that a
   transaction-mode pooler cannot break. The fencing check (`agent_end_claim`)
-  is one for the same reason and to keep the commit to two round trips.
+  is one for the same reason.
 * **Transaction-mode poolers (PgBouncer).** No prepared statements unless
   `prepare_threshold` is set (psycopg's `0` prepares everything, which
   PgBouncer 1.18 in transaction mode breaks with `DuplicatePreparedStatement`,
@@ -38,12 +38,17 @@ Design notes:
   that finds a table missing re-creates it the same way and runs the request again.
 * **Faults.** A connection found dead (server restart, `pg_terminate_backend`)
   is replaced and the read or claim is run again (safe: nothing was written).
-  The commit takes two round trips: the fencing check first, then the writes
-  and `COMMIT`. A connection that fails in the first one never carried the
-  `COMMIT`, so nothing was written and the commit is retried on a fresh
-  connection; one that fails in the second is settled by asking the database
-  on a new connection whether the claim was released by this commit. Only
-  when the database cannot be asked does the error say the outcome is unknown.
+  The commit is one round trip, sent only on a connection the server has not
+  already ended: an idle connection has nothing to read unless the server
+  closed it or said why it did, so one select() call per commit finds the
+  connections a restart or a killed backend left behind before anything is
+  sent on them (no write was sent: the commit goes to a fresh connection, or
+  fails saying nothing was written). A connection that fails after the commit
+  was sent is settled by asking the database on a new connection whether the
+  claim was released by this commit: not yet, and the commit is sent again.
+  Only when the database cannot be asked does the error say the outcome is
+  unknown. (The commit used to spend a round trip on the fencing check alone
+  to know this; 0.1 ms of every turn.)
   An unreachable server fails after `connect_timeout`, not `pool_timeout`.
   Missing privileges and a read-only server are found by the claim, before
   the model is called.
@@ -57,6 +62,7 @@ from __future__ import annotations
 
 import logging
 import math
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -714,6 +720,21 @@ class PostgresThreadStorage(ThreadStorage):
                 raise StorageUnavailable(f"{self._unreachable()}; nothing was written; the request can be retried.") from None
         return self.pool.getconn(timeout=max(0.1, self.settings.pool_timeout - wait))
 
+    def _checkout_live(self) -> psycopg.Connection:
+        """A pooled connection the server has not already ended (see "Faults"); dead ones are discarded.
+
+        Raises:
+            StorageUnavailable: no connection could be had (as `_checkout`).
+        """
+        for _ in range(self.settings.pool_max_size + 1):
+            conn = self._checkout()
+            if not _ended_by_server(conn):
+                return conn
+            conn.close()
+            self.pool.putconn(conn)  # the pool drops it and opens another
+            self._suspect_down = True  # the next checkout first checks that the server answers at all
+        return self._checkout()
+
     def _reachable(self) -> bool:
         """Whether a new connection can be opened now (one attempt, bounded by connect_timeout)."""
         kwargs = self._kwargs() if callable(self._kwargs) else self._kwargs
@@ -812,15 +833,11 @@ class PostgresThreadStorage(ThreadStorage):
         self.setup()
         for attempt in (1, 2):
             with self._errors("commit the turn", thread_id):
-                conn = self._checkout()
-            sent_commit = False
+                conn = self._checkout_live()
             try:
-                with conn.pipeline() as pipeline, self.saver.on_connection(conn):
+                with conn.pipeline(), self.saver.on_connection(conn):
                     conn.execute("BEGIN")
                     conn.execute(END_CLAIM_SQL, (thread_id, claim.token))
-                    # First round trip: a dead connection fails here, before COMMIT was ever sent.
-                    pipeline.sync()
-                    sent_commit = True
                     apply(PostgresTx(conn, self.saver))
                     conn.execute("COMMIT")
                 return
@@ -837,7 +854,7 @@ class PostgresThreadStorage(ThreadStorage):
                     with self._errors("commit the turn", thread_id):
                         raise
                 self._suspect_down = True
-                landed = self._commit_landed(claim) if sent_commit else False
+                landed = self._commit_landed(claim)
                 if landed:
                     return
                 if landed is False and attempt == 1:
@@ -1047,6 +1064,18 @@ def _prefixed(row: Mapping[str, Any], prefix: str) -> dict[str, Any] | None:
     """The columns of `row` named `prefix…`, without the prefix; None when their first one is NULL (no such row)."""
     values = {name[len(prefix):]: value for name, value in row.items() if name.startswith(prefix)}
     return values if next(iter(values.values())) is not None else None
+
+
+def _ended_by_server(conn: psycopg.Connection) -> bool:
+    """Whether the server already ended this idle connection. A live idle connection has nothing to read
+    (no LISTEN, no settings reported after use); one the server ended holds its FATAL message or end of file."""
+    if conn.closed:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def _rollback_quietly(conn: psycopg.Connection) -> None:
