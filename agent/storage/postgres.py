@@ -223,6 +223,37 @@ MIGRATIONS = [
         END IF;
         RETURN NEXT;
     END $$""",
+    # A commit's writes as plpgsql functions, for their cached plans (see "Plans cached without prepared
+    # statements"): LangGraph's UPSERT_CHECKPOINT_BLOBS_SQL and UPSERT_CHECKPOINTS_SQL (TurnPostgresSaver
+    # calls these with the same parameters) and the thread record's upsert (UPSERT_THREAD_SQL).
+    """CREATE OR REPLACE FUNCTION agent_put_blob(
+        p_thread_id TEXT, p_checkpoint_ns TEXT, p_channel TEXT, p_version TEXT, p_type TEXT, p_blob BYTEA)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+        VALUES (p_thread_id, p_checkpoint_ns, p_channel, p_version, p_type, p_blob)
+        ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING;
+    END $$""",
+    """CREATE OR REPLACE FUNCTION agent_put_checkpoint(
+        p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
+        p_checkpoint JSONB, p_metadata JSONB)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+        VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_checkpoint_id, p_checkpoint, p_metadata)
+        ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+        DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata;
+    END $$""",
+    """CREATE OR REPLACE FUNCTION agent_upsert_thread(
+        p_thread_id TEXT, p_user_id TEXT, p_head_checkpoint_id TEXT, p_message_count INTEGER, p_title TEXT,
+        p_metadata JSONB)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata)
+        VALUES (p_thread_id, p_user_id, p_head_checkpoint_id, p_message_count, p_title, p_metadata)
+        ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id,
+            message_count = EXCLUDED.message_count, updated_at = now();
+    END $$""",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -291,12 +322,7 @@ SELECT c.thread_id, c.cancel FROM agent_claims c
 JOIN unnest(%s::text[], %s::text[]) AS held(thread_id, token) ON c.thread_id = held.thread_id AND c.token = held.token
 WHERE c.cancel IS NOT NULL
 """
-UPSERT_THREAD_SQL = """
-INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata)
-VALUES (%s, %s, %s, %s, %s, %s)
-ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id,
-    message_count = EXCLUDED.message_count, updated_at = now()
-"""
+UPSERT_THREAD_SQL = "SELECT agent_upsert_thread(%s, %s, %s, %s, %s, %s)"
 CHECKPOINT_IN_THREAD_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s"
 LIST_CHECKPOINTS_SQL = """
 SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
@@ -453,6 +479,10 @@ def transaction_connection() -> psycopg.Connection | None:
 class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
     """`PostgresSaver` with turn buffering, message deltas, summaries and no instance lock."""
 
+    # LangGraph's statements, as calls of the functions that run them with cached plans (MIGRATIONS).
+    UPSERT_CHECKPOINT_BLOBS_SQL = "SELECT agent_put_blob(%s, %s, %s, %s, %s, %s)"
+    UPSERT_CHECKPOINTS_SQL = "SELECT agent_put_checkpoint(%s, %s, %s, %s, %s, %s)"
+
     def __init__(self, storage: PostgresThreadStorage, *, message_cache_size: int) -> None:
         PostgresSaver.__init__(self, storage.pool)
         self._storage = storage
@@ -482,6 +512,15 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         return PostgresSaver.get_tuple(self, config)
 
     def _load_checkpoint_tuple(self, value):
+        # With the checkpoint's messages cached, its stored messages value would be decoded only for
+        # `_resolve_tuple` to replace it by the cached list: it is left out instead.
+        cached = self.message_cache.get_list(value["checkpoint_id"]) if value["channel_values"] else None
+        if cached is not None:
+            others = [blob for blob in value["channel_values"] if bytes(blob[0]) != b"messages"]
+            if len(others) < len(value["channel_values"]):
+                tup = PostgresSaver._load_checkpoint_tuple(self, {**value, "channel_values": others})
+                values = {**tup.checkpoint["channel_values"], "messages": cached}
+                return tup._replace(checkpoint={**tup.checkpoint, "channel_values": values})
         return self._resolve_tuple(PostgresSaver._load_checkpoint_tuple(self, value))
 
     def load_row(self, row: Mapping[str, Any]):
