@@ -44,7 +44,7 @@ Design notes:
   is replaced and the read or claim is run again (safe: nothing was written).
   The commit is one round trip, sent only on a connection the server has not
   already ended: an idle connection has nothing to read unless the server
-  closed it or said why it did, so one select() call per commit finds the
+  closed it or said why it did, so one poll() call per commit finds the
   connections a restart or a killed backend left behind before anything is
   sent on them (no write was sent: the commit goes to a fresh connection, or
   fails saying nothing was written). A connection that fails after the commit
@@ -775,6 +775,7 @@ class PostgresThreadStorage(ThreadStorage):
                 return conn
             conn.close()
             self.pool.putconn(conn)  # the pool drops it and opens another
+            self.pool.check()  # and the other idle connections the same fault ended
             self._suspect_down = True  # the next checkout first checks that the server answers at all
         return self._checkout()
 
@@ -1111,10 +1112,17 @@ def _prefixed(row: Mapping[str, Any], prefix: str) -> dict[str, Any] | None:
 
 def _ended_by_server(conn: psycopg.Connection) -> bool:
     """Whether the server already ended this idle connection. A live idle connection has nothing to read
-    (no LISTEN, no settings reported after use); one the server ended holds its FATAL message or end of file."""
+    (no LISTEN, no settings reported after use); one the server ended holds its FATAL message or end of file.
+
+    poll(), where there is one: select() cannot watch a descriptor numbered 1024 or more, and a busy server has them.
+    """
     if conn.closed:
         return True
     try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
         readable, _, _ = select.select([conn.fileno()], [], [], 0)
     except (OSError, ValueError):
         return True
