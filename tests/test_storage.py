@@ -175,3 +175,22 @@ def test_stored_bytes_for_a_branch_do_not_copy_the_shared_prefix(agent, edit):
     added = stored_message_bytes(agent, thread_id) - before
     # One turn's worth of bytes, not the 58 messages before the branch point.
     assert added < 2 * (before / 30)
+
+
+def test_text_that_means_something_to_sql_is_stored_and_read_back_exactly(agent, make_agent, backend_url):
+    # On Postgres a commit's statements are bound on the client and sent as one query (`postgres_batch`):
+    # quoting must survive every character SQL, psycopg or JSON give a meaning to.
+    hazards = [
+        "it's O'Brien's; --",
+        "back\\slash \\x00 \\\\ E'\\n' $$dollar$$ $1 %s %(name)s %% {0}",
+        '"double" \u00e9\u65e5\u672c \U0001f600 tab\there\nnew line',
+        "'); DELETE FROM agent_threads; --",
+    ]
+    thread_id = None
+    for text in hazards:
+        thread_id = outputs(say(agent, text, thread_id=thread_id))["thread_id"]
+    head = agent.get_checkpoint_history(thread_id, limit=1)[0]["checkpoint_id"]
+    cold = make_agent(backend_url)
+    stored = [m.text for m in state_of(cold, thread_id, head).values["messages"] if m.type == "human"]
+    assert stored == hazards
+    assert len(cold.get_checkpoint_history(thread_id, limit=100)) == len(agent.get_checkpoint_history(thread_id, limit=100))
