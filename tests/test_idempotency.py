@@ -133,6 +133,18 @@ def test_a_retry_that_starts_a_thread_gets_the_same_thread(backend_url, make_age
     assert agent.storage.threads_of_user("alice") == [first["thread_id"]]
 
 
+def test_a_reply_holding_a_nul_character_is_stored_and_returned_to_a_retry(backend_url, make_agent):
+    # Postgres jsonb refuses the escape \u0000 (a fresh-user run got a 500); the stored result is json.
+    agent = make_agent(backend_url)
+    body = request("I'm headed to S\x00F!", idempotency_key="nul-reply")
+    first = agent.predict(body)
+    assert "\x00" in text_of(first)  # the offline model repeats the message, NUL included
+    history = history_ids(agent, outputs(first)["thread_id"])
+    again = agent.predict(body)
+    assert outputs(again) == outputs(first) and text_of(again) == text_of(first)
+    assert history_ids(agent, outputs(first)["thread_id"]) == history  # the retry wrote nothing
+
+
 @pytest.mark.parametrize("path", ["predict", "apredict"])
 def test_a_retry_while_the_original_still_runs_waits_for_it_and_returns_its_result(backend_url, make_agent, path):
     model = gated_model()

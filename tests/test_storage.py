@@ -4,9 +4,12 @@ threads that outlive the agent instance."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from agent.storage.postgres import PostgresThreadStorage
+from tests.helpers.databases import dbname_of, fresh_database
 from tests.helpers.scenario import TRIP, outputs, run_trip, say, text_of
 
 
@@ -194,3 +197,19 @@ def test_text_that_means_something_to_sql_is_stored_and_read_back_exactly(agent,
     stored = [m.text for m in state_of(cold, thread_id, head).values["messages"] if m.type == "human"]
     assert stored == hazards
     assert len(cold.get_checkpoint_history(thread_id, limit=100)) == len(agent.get_checkpoint_history(thread_id, limit=100))
+
+
+def test_a_database_whose_default_client_encoding_is_not_utf8_stores_and_reads_unicode(pg_server_url, make_agent):
+    # Found by a fresh-user run: with LATIN1 as the database's default, a turn was committed and then
+    # reported as failed (UnicodeDecodeError), and an emoji could not be written at all.
+    with fresh_database(pg_server_url, prefix="tt_latin1") as url:
+        with psycopg.connect(pg_server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER DATABASE {} SET client_encoding = 'LATIN1'").format(sql.Identifier(dbname_of(url))))
+        agent = make_agent(url)
+        texts = ["Un café à Paris", "Party time \U0001f389 and \u65e5\u672c"]
+        thread_id = None
+        for text in texts:
+            thread_id = outputs(say(agent, text, thread_id=thread_id))["thread_id"]
+        head = agent.get_checkpoint_history(thread_id, limit=1)[0]["checkpoint_id"]
+        cold = make_agent(url)
+        assert [m.text for m in state_of(cold, thread_id, head).values["messages"] if m.type == "human"] == texts

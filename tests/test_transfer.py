@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from agent import InvalidRequest, ThreadExists, ThreadNotFound
 from agent.models import CALCULATE_PREFIX
+from tests.helpers.reliability import head_messages, user_texts
 from tests.helpers.scenario import outputs, say, text_of
 
 MAX_EXAMPLES = 6
@@ -235,6 +236,7 @@ MALFORMED = {
     "cycle": _cycle,
     "duplicate checkpoint": _duplicate,
     "NUL in metadata": lambda doc: _chain(doc)[1]["metadata"].update(note="a\x00b"),
+    "NaN in metadata": lambda doc: _chain(doc)[1]["metadata"].update(score=float("nan")),
     "channel without a version": lambda doc: _chain(doc)[1]["channel_values"].update(extra={"type": "json", "value": 1}),
     "messages typed as json": lambda doc: _chain(doc)[1]["channel_values"]["messages"].update(type="json"),
     "unknown message type": _message(lambda ms: ms[0].update(type="remove")),
@@ -255,6 +257,15 @@ def test_a_malformed_document_is_invalid_request_and_writes_nothing(exported, na
         agent.import_thread(broken)
     assert row_counts(agent) == counts
     agent.import_thread(document)  # the intact document still imports
+
+
+def test_text_holding_a_literal_backslash_u0000_round_trips(backend_url, make_agent):
+    # The six characters \u0000 are text, not a NUL: the document check once took them for one.
+    agent = make_agent(backend_url)
+    text = "a literal \\u0000 and \\\\u0000 here"
+    thread_id = outputs(say(agent, text))["thread_id"]
+    copy_id = agent.import_thread(agent.export_thread(thread_id), thread_id=f"{thread_id}-copy")["thread_id"]
+    assert user_texts(head_messages(agent, copy_id)) == [text]
 
 
 def test_a_thread_id_in_use_with_other_content_is_thread_exists(exported):

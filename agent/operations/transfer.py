@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -82,6 +83,9 @@ FORMAT = "timetravel-agent.thread"
 VERSION = 1
 #: The channel that holds the branch's messages (LangChain dicts in a document).
 MESSAGES = "messages"
+#: A NUL character in JSON text: the escape backslash-u0000 after an even number of backslashes
+#: (`json.dumps` writes a backslash as two, so after an odd number it is a literal backslash and "u0000").
+NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 #: Message types a stored thread holds; `messages_from_dict` builds nothing else from a document.
 MESSAGE_TYPES = frozenset({"human", "ai", "system", "tool"})
 #: A pending write may also remove messages (`update_checkpoint_state` with `remove_message_ids`).
@@ -275,7 +279,7 @@ def parse_document(document: Any) -> Restored:
     thread = parsed.thread
     check_id("thread.thread_id", thread.thread_id)
     check_id("thread.checkpoint_id", thread.checkpoint_id)
-    _no_nul("thread", thread.model_dump())
+    _storable_json("thread", thread.model_dump())
     try:  # the limits `update_thread` holds (OpenAI's for metadata), so an import cannot bring in more
         check_title(thread.title)
         check_metadata(thread.metadata, name="thread.metadata")
@@ -291,7 +295,7 @@ def parse_document(document: Any) -> Restored:
         if checkpoint.checkpoint_id in by_id:
             raise _invalid(f"checkpoint {checkpoint.checkpoint_id!r} appears twice")
         by_id[checkpoint.checkpoint_id] = checkpoint
-        _no_nul(f"{where}.metadata", checkpoint.metadata)
+        _storable_json(f"{where}.metadata", checkpoint.metadata)
         unversioned = sorted(set(checkpoint.channel_values) - set(checkpoint.channel_versions))
         if unversioned:
             raise _invalid(f"{where}.channel_values has channels without a version: {unversioned}")
@@ -374,9 +378,14 @@ def _checkpoint_id(name: str, value: str) -> None:
         raise _invalid(f"{name} must be a UUID in canonical form (as LangGraph writes them), got {value!r}")
 
 
-def _no_nul(name: str, value: Any) -> None:
-    # Postgres text and jsonb refuse NUL characters; refused here so the backends behave alike.
-    if "\\u0000" in json.dumps(value):
+def _storable_json(name: str, value: Any) -> None:
+    """Refuse what Postgres text and jsonb cannot hold, so the backends behave alike: a NUL character
+    in any string or key (a literal backslash-u0000 is text, not a NUL), or NaN and Infinity."""
+    try:
+        dumped = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise _invalid(f"{name} must be plain JSON (no NaN or Infinity)") from None
+    if NUL_ESCAPE.search(dumped):
         raise _invalid(f"{name} holds a NUL character")
 
 

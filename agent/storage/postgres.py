@@ -82,7 +82,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATIONS
 from langgraph.store.postgres.base import MIGRATIONS as STORE_MIGRATIONS
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json, Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.config import AgentSettings, mask_url
@@ -261,6 +261,9 @@ MIGRATIONS = [
         ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id,
             message_count = EXCLUDED.message_count, updated_at = now();
     END $$""",
+    # A stored response is returned whole, never queried into, and may hold a NUL character (a model's
+    # reply can): json keeps the text as given, jsonb refuses the escape \u0000.
+    "ALTER TABLE agent_idempotency ALTER COLUMN response TYPE json",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -591,7 +594,7 @@ class PostgresTx(Tx):
 
     def store_response(self, user_key, key, *, request_hash, thread_id, response, ttl_seconds) -> None:
         self.batch.execute(DELETE_EXPIRED_KEY_SQL, (user_key, key))
-        self.batch.execute(STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, Jsonb(response), ttl_seconds))
+        self.batch.execute(STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, Json(response), ttl_seconds))
 
     def set_head(self, thread_id: str, head_checkpoint_id: str, *, message_count: int) -> None:
         self.batch.execute(SET_HEAD_SQL, (head_checkpoint_id, message_count, thread_id))
@@ -652,9 +655,12 @@ class PostgresThreadStorage(ThreadStorage):
         super().__init__(settings)
         self.conninfo = conninfo
         self.masked = mask_url(conninfo)
-        # libpq reads connect_timeout in whole seconds, and treats values under 2 as 2.
+        # libpq reads connect_timeout in whole seconds, and treats values under 2 as 2. Python text is
+        # Unicode: a database or role whose default client_encoding is another one (LATIN1) made psycopg
+        # fail on text it had just written, or could not write.
         base_kwargs = {
             "autocommit": True,
+            "client_encoding": "UTF8",
             "prepare_threshold": settings.prepare_threshold,
             "row_factory": dict_row,
             "connect_timeout": max(2, math.ceil(settings.connect_timeout)),
