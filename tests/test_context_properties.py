@@ -38,7 +38,7 @@ BUDGET = 900  # the tool schemas (built-in and memory tools) take about 450 of i
 TOOL_PREFIXES = (CALCULATE_PREFIX, REMEMBER_PREFIX, RECALL_PREFIX, FORGET_PREFIX)
 texts = st.text(
     alphabet=st.characters(exclude_categories=("Cs", "Cc", "Zl", "Zp")), min_size=10, max_size=80
-).filter(lambda s: not s.lower().startswith(TOOL_PREFIXES) and s.strip())
+).filter(lambda s: not s.strip().lower().startswith(TOOL_PREFIXES) and s.strip())
 picks = st.integers(min_value=0, max_value=10_000)
 operation = st.one_of(
     st.tuples(st.just("turn"), texts),

@@ -45,7 +45,7 @@ from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
 
 from agent import InvalidRequest
-from agent.models import CALCULATE_PREFIX
+from agent.models import CALCULATE_PREFIX, FORGET_PREFIX, RECALL_PREFIX, REMEMBER_PREFIX
 from tests.helpers.offline import as_messages, offline_reply
 from tests.helpers.scenario import outputs, request, say, text_of
 
@@ -54,10 +54,12 @@ MIN_OPERATIONS, MAX_OPERATIONS = 5, 14
 PLACE_KEYS = ("checkpoint_id", "branch_checkpoint_id", "siblings")
 
 # Short texts from any alphabet (accents, CJK, emoji, control characters, NUL), except lone
-# surrogates, which the request layer refuses on purpose. A message starting with
-# "calculate " would make the offline model call a tool instead of answering.
+# surrogates, which the request layer refuses on purpose. A message starting with "calculate ",
+# "remember that ", "what do you remember" or "forget " would make the offline model call a tool
+# instead of answering (hypothesis draws the string constants of the code it tests, these included).
+TOOL_PREFIXES = (CALCULATE_PREFIX, REMEMBER_PREFIX, RECALL_PREFIX, FORGET_PREFIX)
 texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=20).filter(
-    lambda s: not s.lower().startswith(CALCULATE_PREFIX)
+    lambda s: not s.strip().lower().startswith(TOOL_PREFIXES)
 )
 # Picks are reduced modulo the number of checkpoints (or messages) when the operation runs.
 picks = st.integers(min_value=0, max_value=10_000)
