@@ -1,13 +1,25 @@
-"""`create_agent`: settings, storage, chat model and graph, built once."""
+"""`create_agent`: settings, storage, chat model and graph, built once.
+
+A user's own agent enters here, as `tools` and `instructions` for the built-in
+graph or as a whole `graph` (an uncompiled `StateGraph`): either way the graph
+is compiled once with the storage's saver (`agent.graph.compile_graph`), so
+every operation of the agent (threads, branches, the catalogue, export, …)
+works on it unchanged. The chat `model` is then what summaries are written
+with; the graph's own nodes call whatever model they like.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.config import load_settings
+from agent.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
+    from langchain_core.tools import BaseTool
+    from langgraph.graph import StateGraph
 
     from agent.responses import LangGraphResponsesAgent
 
@@ -16,6 +28,9 @@ def create_agent(
     database_url: str | None = None,
     model: str | BaseChatModel | None = None,
     *,
+    tools: Sequence[BaseTool | Callable[..., Any]] | None = None,
+    instructions: str | None = None,
+    graph: StateGraph | None = None,
     connect: bool = True,
     **settings: Any,
 ) -> LangGraphResponsesAgent:
@@ -29,6 +44,16 @@ def create_agent(
         model: a LangChain chat model, an OpenAI-compatible model name, or
             `"offline"`. Unset: `AGENT_MODEL`, else `"offline"` unless
             `OPENAI_API_KEY` or `OPENAI_BASE_URL` is set.
+        tools: the tools the built-in graph's model may call: LangChain tools, or plain typed Python
+            functions with a docstring (made into tools by LangChain's `tool`). None: the example
+            tools (`agent.tools.TOOLS`: a calculator and a clock); `[]`: none. The long-term
+            memory tools are added as before. Not with `graph` (your graph has its own tools).
+        instructions: the agent's system prompt: sent first on every model call (before a turn's
+            own `instructions` and recalled memories), counted in `max_context_tokens`, never stored
+            as a message. With `graph`, your model node gets it through `agent.graph.call_model`.
+        graph: your own LangGraph graph, uncompiled (a `StateGraph` builder): its state must have a
+            `messages` key reduced by `add_messages` (other keys are the graph's own). It is compiled
+            once with the agent's checkpointer and runs every turn; see docs/guides/own-agent.md.
         connect: connect and set up the tables now (default), so a wrong URL
             fails here. `False` defers it to the first request (used when
             MLflow logs the model on a machine without the database).
@@ -40,14 +65,16 @@ def create_agent(
 
     Raises:
         ConfigurationError: an unknown setting, a bad value, an unknown URL scheme,
-            a malformed connection string.
+            a malformed connection string; `tools` or `instructions` of the wrong type, or `tools`
+            with `graph`; a `graph` that is compiled or has no `messages` key (the message names
+            it), or `context_strategy="summarize"` with a graph whose state has no `context_summary`.
         StorageUnavailable: `connect=True` and the database cannot be reached
             within `connect_timeout` (the message shows the URL with its password masked).
     """
     from langchain_core.language_models import BaseChatModel
 
     from agent.context.window import ContextWindow
-    from agent.graph import build_graph
+    from agent.graph import AGENT_NODE, agent_graph, compile_graph, has_context_summary
     from agent.memory.service import Memories
     from agent.memory.tools import memory_tools
     from agent.models import make_chat_model, model_name_of
@@ -56,6 +83,9 @@ def create_agent(
     from agent.storage import open_storage
     from agent.tracing import configure_tracing
 
+    own_tools = _tools(tools, graph)
+    if instructions is not None and not isinstance(instructions, str):
+        raise ConfigurationError(f"instructions must be a string, got {type(instructions).__name__}")
     chat_model = model if isinstance(model, BaseChatModel) else None
     config = load_settings(database_url=database_url, model=None if chat_model else model, **settings)
     if chat_model is None:
@@ -69,16 +99,65 @@ def create_agent(
         if connect:
             storage.setup()
         window = ContextWindow.for_model(
-            chat_model, max_context_tokens=config.max_context_tokens, strategy=config.context_strategy
+            chat_model,
+            max_context_tokens=config.max_context_tokens,
+            strategy=config.context_strategy,
+            instructions=instructions,
         )
         # The settings hold the budget in use (the default depends on the chat model, known only here),
         # so a turn's custom_inputs.max_context_tokens can be checked against it.
         config.max_context_tokens = window.max_context_tokens
-        graph = build_graph(chat_model, storage.saver, window, memory_tools(memories))
+        if graph is None:
+            compiled = compile_graph(agent_graph(chat_model, window, [*own_tools, *memory_tools(memories)]), storage.saver)
+        else:
+            compiled = compile_graph(graph, storage.saver)
+            if config.context_strategy == "summarize" and not has_context_summary(compiled):
+                raise ConfigurationError(
+                    "context_strategy='summarize' keeps the branch's summary in a 'context_summary' state key, "
+                    "which the graph's state lacks: add `context_summary: NotRequired[dict | None]` "
+                    "(as agent.state.AgentState has) or use context_strategy='trim'."
+                )
+        # A user graph's model node reads the window from each turn (`agent.graph.call_model`).
+        window = window.bind(chat_model, [])
     except BaseException:
         if memories is not None:
             memories.close()
         storage.close()
         raise
     configure_tracing(config)
-    return LangGraphResponsesAgent(Threads(storage, graph, config, memories), config)
+    # State updates (edits, update_checkpoint_state) are written as the built-in graph's answering node;
+    # on a user's graph, as the node LangGraph infers.
+    answer_node = AGENT_NODE if graph is None else None
+    return LangGraphResponsesAgent(Threads(storage, compiled, config, memories, window, answer_node), config)
+
+
+def _tools(tools: Sequence[Any] | None, graph: Any) -> list[BaseTool]:
+    """The built-in graph's own tools: `tools` as LangChain tools (the example tools when None)."""
+    from langchain_core.tools import BaseTool, tool
+
+    from agent.tools import TOOLS
+
+    if tools is None:
+        return [] if graph is not None else list(TOOLS)
+    if graph is not None:
+        raise ConfigurationError(
+            "tools= is for the built-in graph; with graph=, bind your tools in your own graph (a ToolNode)."
+        )
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        raise ConfigurationError(f"tools must be a list of LangChain tools or functions, got {type(tools).__name__}")
+    made: list[BaseTool] = []
+    for i, item in enumerate(tools):
+        if isinstance(item, BaseTool):
+            made.append(item)
+        elif callable(item):
+            try:
+                made.append(tool(item))
+            except Exception as exc:  # LangChain says why (no docstring, untyped arguments, ...)
+                raise ConfigurationError(f"tools[{i}] ({getattr(item, '__name__', item)!r}) is not a tool: {exc}") from exc
+        else:
+            raise ConfigurationError(f"tools[{i}] must be a LangChain tool or a function, got {type(item).__name__}")
+    names = [t.name for t in made]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConfigurationError(f"tools has two tools named {duplicates[0]!r}; tool names must be unique")
+    return made

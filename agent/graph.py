@@ -1,8 +1,12 @@
-"""The LangGraph graph: a chat model that can call tools, over `add_messages` state.
+"""The LangGraph graph: the built-in one (a chat model that can call tools), or the user's own.
 
     START -> agent -(tool calls?)-> tools -> agent ... -> END
 
-Built and compiled once per agent, with the storage's saver as checkpointer.
+The built-in graph (`agent_graph`) is one graph among others: `create_agent(...,
+graph=builder)` takes a user's uncompiled `StateGraph` instead, and both are
+compiled by `compile_graph`, which checks the one thing the agent relies on (a
+`messages` channel merged like `add_messages`) and tells the saver which
+channels trigger which node. Compiled once per agent, with the storage's saver as checkpointer.
 Turns run with `durability="exit"`, so one turn writes one checkpoint: the
 history has one entry per turn (or state update), and the checkpoint after a
 finished turn has no next nodes.
@@ -14,79 +18,195 @@ request instead of holding an OS thread while the model thinks. Each body
 asks the `ContextWindow` for the model input (`agent.context`), calls the
 model, and has the window record what it was sent (the state is
 `agent.state.AgentState`). Each model call is traced as one span
-(`agent.tracing.model_call_span`).
+(`agent.tracing.model_call_span`). The same step is public as `call_model` /
+`acall_model`, so that a user's graph gets the same context window in its own
+model node (the window reaches it in the turn's `TurnContext`); a foreign graph
+that calls its model directly gets its messages unbudgeted, which is the
+graph's choice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_core.tools import BaseTool
+from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from agent.context import turn_context
+from agent.context.tokens import approximate_counter
 from agent.context.window import ContextWindow
-from agent.errors import ModelError
-from agent.state import AgentState
+from agent.errors import ConfigurationError, ModelError
+from agent.state import CONTEXT_SUMMARY_CHANNEL, AgentState, append_messages
 from agent.tools import TOOLS
 from agent.tracing import model_call_span
 
+#: The built-in graph's node that calls the model.
+AGENT_NODE = "agent"
+#: The state channel every graph the agent runs must have.
+MESSAGES_CHANNEL = "messages"
+#: The reducers the agent accepts for it: both merge by message id (append, replace, `RemoveMessage`).
+_MESSAGE_REDUCERS = (add_messages, append_messages)
+
 
 def build_graph(
-    model: BaseChatModel, saver, window: ContextWindow | None = None, extra_tools: Sequence[BaseTool] = ()
+    model: BaseChatModel, saver, window: ContextWindow | None = None, tools: Sequence[BaseTool] = TOOLS
 ) -> CompiledStateGraph:
-    """Compile the agent graph over `model` with `saver` (a `TurnSaverMixin` saver) as its checkpointer,
-    and `TOOLS` plus `extra_tools` (the memory tools, `agent.memory.tools`).
+    """The built-in graph (`agent_graph`) compiled with `saver` as its checkpointer (`compile_graph`)."""
+    return compile_graph(agent_graph(model, window, tools), saver)
 
-    `window` is the context budget, strategy and token counter (default:
-    `ContextWindow.for_model(model)`). A model that cannot bind tools
-    (`bind_tools` raises NotImplementedError) is used without them.
+
+def compile_graph(builder: StateGraph, saver) -> CompiledStateGraph:
+    """Compile `builder` (an uncompiled `StateGraph`) with `saver` (a `TurnSaverMixin` saver) as its checkpointer.
+
+    The state must have a `messages` channel reduced by LangGraph's `add_messages` (or
+    `agent.state.append_messages`, the same merge): the agent reads and writes a thread's
+    conversation there. Other state keys are the graph's own, stored and branched like any channel.
+
+    Raises:
+        ConfigurationError: `builder` is not a `StateGraph` (a compiled graph: pass the builder, the
+            agent compiles it with its own checkpointer), or its state has no `messages` channel, or
+            that channel has another reducer.
     """
-    all_tools = [*TOOLS, *extra_tools]
-    try:
-        bound, tools = model.bind_tools(all_tools), all_tools
-    except NotImplementedError:
-        bound, tools = model, []
-    window = (window or ContextWindow.for_model(model)).bind(model, tools)
-    span_name = type(model).__name__
-
-    def agent(state: AgentState, config: RunnableConfig) -> dict:
-        context = turn_context(config)
-        try:
-            prepared = window.prepare(state, context)
-            with model_call_span(prepared.input.messages, name=span_name) as span:
-                reply = bound.invoke(prepared.input.messages)
-                span.reply(reply)
-        except Exception as exc:
-            raise _model_error(exc) from exc
-        return {"messages": [reply], **window.record(prepared, reply, context)}
-
-    async def aagent(state: AgentState, config: RunnableConfig) -> dict:
-        context = turn_context(config)
-        try:
-            prepared = await window.aprepare(state, context)
-            with model_call_span(prepared.input.messages, name=span_name) as span:
-                reply = await bound.ainvoke(prepared.input.messages)
-                span.reply(reply)
-        except Exception as exc:
-            raise _model_error(exc) from exc
-        return {"messages": [reply], **window.record(prepared, reply, context)}
-
-    builder = StateGraph(AgentState)
-    builder.add_node("agent", RunnableLambda(agent, afunc=aagent, name="agent"))
-    builder.add_node("tools", ToolNode(all_tools))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition, ["tools", END])
-    builder.add_edge("tools", "agent")
+    if not isinstance(builder, StateGraph):
+        hint = " (pass the StateGraph builder, not builder.compile(...))" if isinstance(builder, CompiledStateGraph) else ""
+        raise ConfigurationError(f"graph must be an uncompiled langgraph StateGraph{hint}, got {type(builder).__name__}")
+    channel = builder.channels.get(MESSAGES_CHANNEL)
+    if channel is None:
+        raise ConfigurationError(
+            f"The graph's state has no {MESSAGES_CHANNEL!r} key (it has {sorted(builder.channels)}); the agent keeps "
+            f"the conversation there: add `{MESSAGES_CHANNEL}: Annotated[list[AnyMessage], add_messages]` "
+            "(or use langgraph.graph.MessagesState)."
+        )
+    if not (isinstance(channel, BinaryOperatorAggregate) and channel.operator in _MESSAGE_REDUCERS):
+        raise ConfigurationError(
+            f"The graph's {MESSAGES_CHANNEL!r} state key must be reduced by langgraph's add_messages "
+            f"(Annotated[list[AnyMessage], add_messages]); it is a {type(channel).__name__}."
+        )
     graph = builder.compile(checkpointer=saver)
     # The saver summarizes `next_nodes` when it writes a checkpoint; it needs
     # to know which channels trigger which node.
     saver.node_triggers = {name: list(node.triggers) for name, node in graph.nodes.items()}
     return graph
+
+
+def has_context_summary(graph: CompiledStateGraph) -> bool:
+    """Whether the graph's state keeps a branch summary (`context_summary`, as `AgentState` does)."""
+    return CONTEXT_SUMMARY_CHANNEL in graph.channels
+
+
+def agent_graph(model: BaseChatModel, window: ContextWindow | None = None, tools: Sequence[BaseTool] = TOOLS) -> StateGraph:
+    """The built-in graph over `model`, uncompiled: an `agent` node that calls the model with `tools` bound,
+    and a `tools` node (LangGraph's `ToolNode`) that runs them (no `tools` node when `tools` is empty).
+
+    `window` is the context budget, strategy, token counter and system prompt (default:
+    `ContextWindow.for_model(model)`). A model that cannot bind tools (`bind_tools`
+    raises NotImplementedError) is used without them.
+    """
+    all_tools = list(tools)
+    try:
+        bound, tools = (model.bind_tools(all_tools), all_tools) if all_tools else (model, [])
+    except NotImplementedError:
+        bound, tools = model, []
+    window = (window or ContextWindow.for_model(model)).bind(model, tools)
+    def agent(state: AgentState, config: RunnableConfig) -> dict:
+        return _model_step(bound, window, state, config)
+
+    async def aagent(state: AgentState, config: RunnableConfig) -> dict:
+        return await _amodel_step(bound, window, state, config)
+
+    builder = StateGraph(AgentState)
+    builder.add_node(AGENT_NODE, RunnableLambda(agent, afunc=aagent, name=AGENT_NODE))
+    builder.add_edge(START, AGENT_NODE)
+    if tools:
+        builder.add_node("tools", ToolNode(tools))
+        builder.add_conditional_edges(AGENT_NODE, tools_condition, ["tools", END])
+        builder.add_edge("tools", AGENT_NODE)
+    else:
+        builder.add_edge(AGENT_NODE, END)
+    return builder
+
+
+def call_model(model: Runnable, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+    """The agent's model step, for a node of your own graph: call `model` with what the agent's context
+    window sends for `state`, and return the state update.
+
+    What is sent is what the built-in graph sends (`agent.context`): the agent's `instructions`, the
+    turn's instructions and recalled long-term memories, then the branch's newest whole turns within
+    `max_context_tokens`, every tool call paired with its result (and the branch's summary under
+    `context_strategy="summarize"`). The call is traced, and what it was sent and the tokens it used
+    go into the checkpoint's metadata (`get_usage`, `get_checkpoint_state`).
+
+    Args:
+        model: a chat model, usually with your tools bound (`llm.bind_tools(tools)`).
+        state: the node's state; its `messages` are the branch's messages, oldest first.
+        config: the node's `RunnableConfig` (declare it as the node's second parameter).
+
+    Returns:
+        `{"messages": [reply]}`, plus `context_summary` when a summary was made (only when the graph's
+        state has that key, which `context_strategy="summarize"` requires). Outside an agent's turn (the
+        graph invoked directly) the state's messages are sent unchanged.
+
+    Raises:
+        ModelError: the model call failed (nothing of the turn is written).
+
+    Example::
+
+        def chatbot(state: MessagesState, config: RunnableConfig) -> dict:
+            return call_model(llm_with_tools, state, config)
+    """
+    return _model_step(model, _window_of(config), state, config)
+
+
+async def acall_model(model: Runnable, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+    """`call_model` for an async node: the same input, update and errors, with the model's `ainvoke`."""
+    return await _amodel_step(model, _window_of(config), state, config)
+
+
+def _window_of(config: RunnableConfig) -> ContextWindow:
+    context = turn_context(config)
+    window = context.window if context is not None else None
+    return window if window is not None else _UNBOUNDED
+
+
+#: Outside an agent's turn: every message, no summary (a window never asked to summarize).
+_UNBOUNDED = ContextWindow(max_context_tokens=sys.maxsize, strategy="trim", counter=approximate_counter())
+
+
+def _model_step(model: Runnable, window: ContextWindow, state: Mapping[str, Any], config: RunnableConfig) -> dict:
+    context = turn_context(config)
+    try:
+        prepared = window.prepare(state, context)
+        with model_call_span(prepared.input.messages, name=_span_name(model)) as span:
+            reply = model.invoke(prepared.input.messages)
+            span.reply(reply)
+    except Exception as exc:
+        raise _model_error(exc) from exc
+    return {"messages": [reply], **window.record(prepared, reply, context)}
+
+
+async def _amodel_step(model: Runnable, window: ContextWindow, state: Mapping[str, Any], config: RunnableConfig) -> dict:
+    context = turn_context(config)
+    try:
+        prepared = await window.aprepare(state, context)
+        with model_call_span(prepared.input.messages, name=_span_name(model)) as span:
+            reply = await model.ainvoke(prepared.input.messages)
+            span.reply(reply)
+    except Exception as exc:
+        raise _model_error(exc) from exc
+    return {"messages": [reply], **window.record(prepared, reply, context)}
+
+
+def _span_name(model: Runnable) -> str:
+    # A model with tools bound is a RunnableBinding: name the chat model inside it.
+    return type(getattr(model, "bound", model)).__name__
 
 
 def _model_error(exc: Exception) -> ModelError:

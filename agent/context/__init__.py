@@ -3,11 +3,12 @@
 The stored state is never changed here; only the model's input is built, by a
 sequence of small pure functions (`prepare_model_input`):
 
-1. `turn_system_messages`: this turn's own system messages, first and never
-   stored: the turn's `instructions` (OpenAI's rule: for this turn only), then
-   the user's long-term memories recalled for this turn (`agent.memory`;
-   retrieved before the graph runs), so both are always kept and counted in
-   the budget.
+1. `turn_system_messages`: the system messages sent first and never stored:
+   the agent's own `instructions` (its system prompt, `create_agent(...,
+   instructions=...)`), then the turn's `instructions` (OpenAI's rule: for this
+   turn only), then the user's long-term memories recalled for this turn
+   (`agent.memory`; retrieved before the graph runs), so all of them are always
+   kept and counted in the budget.
 2. `budget.fit`: the branch's newest whole turns within the token budget, with
    every system message, the branch's summary if one applies (strategy
    `summarize`), and each kept turn repaired so that every tool call has its
@@ -67,6 +68,9 @@ class TurnContext:
     """This turn's token budget for the model's input (None: the agent's setting)."""
     memories: tuple[Memory, ...] = ()
     """The user's long-term memories retrieved for this turn, most relevant first."""
+    window: Any = field(default=None, compare=False)
+    """The agent's `window.ContextWindow` (budget, strategy, counter, system prompt), for a graph's own model
+    node (`agent.graph.call_model`); None outside an agent's turn."""
     report: dict[str, Any] = field(default_factory=dict, compare=False)
     """Filled by the agent node with what the model was sent and the tokens it used; the saver copies it
     into the metadata of the checkpoint the turn writes (`agent.storage.summaries.TURN_REPORT_KEY`)."""
@@ -77,11 +81,14 @@ def turn_context(config: Mapping[str, Any] | None) -> TurnContext | None:
     return ((config or {}).get("configurable") or {}).get(TURN_CONTEXT_KEY)
 
 
-def turn_system_messages(context: TurnContext | None) -> list[BaseMessage]:
-    """This turn's own system messages, sent before the branch's messages and never stored."""
+def turn_system_messages(context: TurnContext | None, instructions: str | None = None) -> list[BaseMessage]:
+    """The system messages sent before the branch's messages and never stored: the agent's `instructions`,
+    then this turn's own (its `instructions`, its recalled memories), in that order."""
+    own: list[BaseMessage] = [SystemMessage(instructions)] if instructions else []
     if context is None:
-        return []
-    own: list[BaseMessage] = [SystemMessage(context.instructions)] if context.instructions else []
+        return own
+    if context.instructions:
+        own.append(SystemMessage(context.instructions))
     remembered = memory_message(context.memories)
     if remembered is not None:
         own.append(remembered)
@@ -95,6 +102,7 @@ def prepare_model_input(
     budget: Budget | None = None,
     summary: ContextSummary | None = None,
     allow_fold: bool = True,
+    instructions: str | None = None,
 ) -> ModelInput:
     """The model input for a branch holding `messages` (see the module docstring).
 
@@ -104,6 +112,7 @@ def prepare_model_input(
         budget: the token budget; None sends every message (counted approximately).
         summary: the branch's summary from its state (used by the `summarize` strategy while it applies).
         allow_fold: False builds an input even when the summary should first grow.
+        instructions: the agent's system prompt, sent first on every call (None: none).
 
     Returns:
         A `ModelInput`: the messages, their token count and whether a summary is among them;
@@ -111,4 +120,4 @@ def prepare_model_input(
     """
     if budget is None:
         budget = Budget(max_tokens=sys.maxsize, strategy="trim", counter=approximate_counter())
-    return fit(turn_system_messages(context), messages, budget, summary, allow_fold=allow_fold)
+    return fit(turn_system_messages(context, instructions), messages, budget, summary, allow_fold=allow_fold)

@@ -64,17 +64,26 @@ class ContextWindow:
     tool_tokens: int = 0
     summarizer: Runnable | None = None
     """The chat model that writes summaries (tools defined, never called); set by `bind`."""
+    instructions: str | None = None
+    """The agent's system prompt: sent first on every model call, counted in the budget, never stored."""
 
     @classmethod
     def for_model(
-        cls, model: BaseChatModel, *, max_context_tokens: int | None = None, strategy: ContextStrategy = "trim"
+        cls,
+        model: BaseChatModel,
+        *,
+        max_context_tokens: int | None = None,
+        strategy: ContextStrategy = "trim",
+        instructions: str | None = None,
     ) -> ContextWindow:
         """The window for `model`: `max_context_tokens` (None: `tokens.default_max_context_tokens`), the strategy,
-        and the counter `tokens.token_counter` picks (this may try to load tiktoken's encoding, for at most a few seconds)."""
+        the agent's `instructions` (system prompt; None: none), and the counter `tokens.token_counter` picks
+        (this may try to load tiktoken's encoding, for at most a few seconds)."""
         window = cls(
             max_context_tokens=max_context_tokens or default_max_context_tokens(model),
             strategy=strategy,
             counter=token_counter(model),
+            instructions=instructions or None,
         )
         logger.info("Context window: %s", window.describe())
         return window
@@ -129,7 +138,7 @@ class ContextWindow:
         budget = self.budget(context)
         messages = state["messages"]
         summary = ContextSummary.from_state(state.get(CONTEXT_SUMMARY_CHANNEL))
-        model_input = prepare_model_input(messages, context, budget=budget, summary=summary)
+        model_input = prepare_model_input(messages, context, budget=budget, summary=summary, instructions=self.instructions)
         if model_input.fold is None:
             return Prepared(model_input)
         current, usage = model_input.fold.previous, None
@@ -138,7 +147,9 @@ class ContextWindow:
             text = reply.text.strip()
             current = self._clipped(ContextSummary(text, chunk.end, messages[chunk.end - 1].id, chunk.covers), budget)
             usage = add_usage(usage, usage_of(reply))
-        model_input = prepare_model_input(messages, context, budget=budget, summary=current, allow_fold=False)
+        model_input = prepare_model_input(
+            messages, context, budget=budget, summary=current, allow_fold=False, instructions=self.instructions
+        )
         return Prepared(model_input, summary=current, usage=usage)
 
     def _summarizer(self) -> Runnable:

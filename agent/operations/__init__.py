@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
     from langgraph.graph.state import CompiledStateGraph
 
+    from agent.context.window import ContextWindow
     from agent.memory.service import Memories
     from agent.operations.turns import TurnArgs, TurnEvent
     from agent.requests import Envelope
@@ -80,7 +81,13 @@ class Threads:
     """The thread operations of one agent, over its storage and compiled graph."""
 
     def __init__(
-        self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings, memories: Memories | None = None
+        self,
+        storage: ThreadStorage,
+        graph: CompiledStateGraph,
+        settings: AgentSettings,
+        memories: Memories | None = None,
+        window: ContextWindow | None = None,
+        answer_node: str | None = None,
     ) -> None:
         self.storage = storage
         self.graph = graph
@@ -89,7 +96,7 @@ class Threads:
 
         #: The users' long-term memories (`agent.memory`); None: the agent keeps none.
         self.memories = memories
-        self.turns = TurnRunner(storage, graph, settings, memories)
+        self.turns = TurnRunner(storage, graph, settings, memories, window, answer_node)
 
     def run_turn(self, args: TurnArgs, *, stream_tokens: bool) -> Iterator[TurnEvent]:
         """See `TurnRunner.run`."""

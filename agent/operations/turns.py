@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langgraph.checkpoint.base import CheckpointTuple, empty_checkpoint
+from langgraph.errors import InvalidUpdateError
+from langgraph.graph import START
 from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
@@ -74,12 +76,15 @@ from agent.storage.summaries import TURN_REPORT_KEY
 from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
 
 if TYPE_CHECKING:
+    from agent.context.window import ContextWindow
     from agent.memory.service import Memories
 
 TurnEvent = TextDelta | NewMessages | TurnResult | StoredResponse
 
 #: The Responses API role of each LangChain message type, for errors.
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
+#: The key under which LangGraph's "updates" stream reports a run's pending interrupts.
+INTERRUPT = "__interrupt__"
 #: The metadata `source` of a thread's root checkpoint.
 ROOT_SOURCE = "root"
 
@@ -134,14 +139,19 @@ class _Progress:
     def events(self, mode: str, chunk: Any, stream_tokens: bool) -> Iterator[TextDelta | NewMessages]:
         if mode == "messages":
             token, meta = chunk
-            if isinstance(token, AIMessageChunk) and token.text and meta.get("langgraph_node") == "agent":
+            # From any node of the graph (a user's graph names its own); LangGraph leaves out calls tagged "nostream".
+            if isinstance(token, AIMessageChunk) and token.text:
                 self.partial[token.id] = self.partial.get(token.id, "") + token.text
                 if stream_tokens:
                     yield TextDelta(item_id=token.id, text=token.text)
             return
-        for update in chunk.values():
-            if update and update.get("messages"):
-                messages = list(update["messages"])
+        for node, update in chunk.items():
+            if node == INTERRUPT or not isinstance(update, Mapping) or not update.get("messages"):
+                continue
+            messages = update["messages"]
+            # A node may return one message rather than a list (add_messages takes both).
+            messages = [m for m in (messages if isinstance(messages, list) else [messages]) if isinstance(m, BaseMessage)]
+            if messages:
                 for message in messages:
                     self.partial.pop(message.id, None)
                 self.produced.extend(messages)
@@ -180,10 +190,20 @@ class TurnRunner:
     """Runs turns and state updates on one agent's storage and graph."""
 
     def __init__(
-        self, storage: ThreadStorage, graph: CompiledStateGraph, settings: AgentSettings, memories: Memories | None = None
+        self,
+        storage: ThreadStorage,
+        graph: CompiledStateGraph,
+        settings: AgentSettings,
+        memories: Memories | None = None,
+        window: ContextWindow | None = None,
+        answer_node: str | None = None,
     ) -> None:
         self.storage = storage
         self.graph = graph
+        #: The agent's context window, handed to a user graph's own model node in each TurnContext.
+        self.window = window
+        #: The node a state update is written as (the built-in graph's "agent"); None: LangGraph infers it.
+        self.answer_node = answer_node
         self.settings = settings
         self.idempotency = Idempotency(storage, settings)
         self.memories = memories
@@ -325,12 +345,14 @@ class TurnRunner:
                 outcome = self._commit(claim, turn, args, result, [])
                 return outcome if isinstance(outcome, TurnResult) else _result_of(outcome)
             values: dict[str, Any] = {"messages": list(begun.messages)}
-            if begun.loaded is not None and not edit_keeps_summary(begun.loaded.checkpoint["channel_values"], begun.messages):
+            if (
+                CONTEXT_SUMMARY_CHANNEL in self.graph.channels
+                and begun.loaded is not None
+                and not edit_keeps_summary(begun.loaded.checkpoint["channel_values"], begun.messages)
+            ):
                 values[CONTEXT_SUMMARY_CHANNEL] = None
             with self.storage.saver.buffering(turn):
-                # As the agent node: the new checkpoint's next step then follows the
-                # usual edge (tools if the last message asks for one, else the end).
-                self.graph.update_state(config, values, as_node="agent")
+                self._update(config, values)
             result = TurnResult(thread_id, turn.new_head, start)
             outcome = self._commit(claim, turn, args, result, [])
         except BaseException:
@@ -447,6 +469,7 @@ class TurnRunner:
             start_checkpoint_id=start,
             instructions=args.instructions,
             max_context_tokens=args.max_context_tokens,
+            window=self.window,
         )
         config["configurable"][TURN_CONTEXT_KEY] = context
         # The same dict, for the saver: it copies what the model was sent into the turn's checkpoint metadata.
@@ -563,7 +586,21 @@ class TurnRunner:
         turn.writes = []
         config = {**_config(turn.thread_id, start), "metadata": {"interrupted": True}}
         with self.storage.saver.buffering(turn):
-            self.graph.update_state(config, {"messages": [*sent, *progress.kept()]}, as_node="agent")
+            self._update(config, {"messages": [*sent, *progress.kept()]})
+
+    def _update(self, config: dict, values: dict[str, Any]) -> None:
+        """`graph.update_state` as the node that answers, so the new checkpoint's next step follows that
+        node's edges (the built-in graph: tools if the last message asks for one, else the end).
+
+        A user's graph: the node LangGraph infers (the last one that wrote the state; START on a root),
+        and START when two nodes wrote it last (LangGraph's "Ambiguous update").
+        """
+        try:
+            self.graph.update_state(config, values, as_node=self.answer_node)
+        except InvalidUpdateError:
+            if self.answer_node is not None:
+                raise
+            self.graph.update_state(config, values, as_node=START)
 
 
 def _write(
