@@ -86,6 +86,10 @@ class LeaseExpired(ThreadBusy):
     """The turn's claim on its thread expired (or was taken over) before it committed; nothing was written."""
 
 
+class InterruptPending(Conflict):
+    """The thread waits for an answer to the graph's `interrupt()`: resume it, or cancel the interrupt."""
+
+
 class TurnCancelled(Conflict):
     """A newer turn on the thread rolled this turn back (`multitask_strategy="rollback"`); nothing was written."""
 

@@ -55,6 +55,8 @@ MAX_QUOTED_CHARS = 80
 #: The tool the offline model calls, and the prefix of a user message that asks for it.
 CALCULATOR_TOOL = "calculator"
 CALCULATE_PREFIX = "calculate "
+#: A human message "use NAME {json}" makes the offline model call the bound tool NAME.
+USE_TOOL_PREFIX = "use "
 
 #: Words per streamed chunk.
 WORDS_PER_CHUNK = 3
@@ -151,7 +153,9 @@ class OfflineChatModel(BaseChatModel):
     After tool results it first says "The <tool> says: <result>.". When
     `calculator` is bound and the last message is a human message starting with
     "calculate ", it replies with one tool call instead, whose arguments are
-    `{"expression": <rest of the message>}`. Asked for a summary (a request
+    `{"expression": <rest of the message>}`; a last human message "use NAME {json
+    arguments}" naming a bound tool calls it with those arguments (none: `{}`), so
+    a demo or test can drive any tool of yours. Asked for a summary (a request
     from `agent.context.summaries.summary_request`), it answers
     `OFFLINE_SUMMARY_MARKER` and the quotes of the user messages to summarize.
 
@@ -268,7 +272,7 @@ class OfflineChatModel(BaseChatModel):
                 tool_calls=[{"name": CALCULATOR_TOOL, "args": arguments, "id": call_id}],
                 usage_metadata=_usage(received, len(CALCULATOR_TOOL) + len(json.dumps(arguments))),
             )
-        memory_call = _memory_tool_call(messages, self.tool_names)
+        memory_call = _memory_tool_call(messages, self.tool_names) or _used_tool_call(messages, self.tool_names)
         if memory_call is not None:
             return AIMessage(
                 content="",
@@ -371,6 +375,23 @@ def _memory_tool_call(messages: Sequence[BaseMessage], tool_names: Sequence[str]
     elif lowered.startswith(FORGET_PREFIX) and FORGET_MEMORY_TOOL in tool_names and memories_in(messages):
         name, args = FORGET_MEMORY_TOOL, {"memory_id": memories_in(messages)[0][0]}
     else:
+        return None
+    return {"name": name, "args": args, "id": tool_call_id(len(messages), f"{name}:{json.dumps(args)}")}
+
+
+def _used_tool_call(messages: Sequence[BaseMessage], tool_names: Sequence[str]) -> dict | None:
+    """The call a last human message "use NAME {json arguments}" asks for (see `OfflineChatModel`), or None."""
+    last = messages[-1] if messages else None
+    if not isinstance(last, HumanMessage) or not last.text.lower().startswith(USE_TOOL_PREFIX):
+        return None
+    name, _, rest = last.text[len(USE_TOOL_PREFIX) :].strip().partition(" ")
+    if name not in tool_names:
+        return None
+    try:
+        args = json.loads(rest) if rest.strip() else {}
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(args, dict):
         return None
     return {"name": name, "args": args, "id": tool_call_id(len(messages), f"{name}:{json.dumps(args)}")}
 

@@ -117,6 +117,7 @@ class LangGraphResponsesAgent(ResponsesAgent):
                     output.extend(to_output_items(event.messages))
                 elif isinstance(event, TurnResult):
                     result = self._tagged(event, parsed)
+                    output.extend(interrupt.as_item() for interrupt in result.interrupts)
                 elif isinstance(event, StoredResponse):
                     return self._replayed(event, parsed)
             return _response(output, _custom_outputs(result), parsed)
@@ -159,6 +160,7 @@ class LangGraphResponsesAgent(ResponsesAgent):
                     output.extend(to_output_items(event.messages))
                 elif isinstance(event, TurnResult):
                     result = self._tagged(event, parsed)
+                    output.extend(interrupt.as_item() for interrupt in result.interrupts)
                 elif isinstance(event, StoredResponse):
                     return self._replayed(event, parsed)
             return _response(output, _custom_outputs(result), parsed)
@@ -623,8 +625,12 @@ class _StreamEvents:
                     out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=item))
         else:
             custom = _custom_outputs(event)
-            if self.held is not None:
-                out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=self.held, custom_outputs=custom))
+            # The held reply, then the questions the graph stopped at; the last of them carries custom_outputs.
+            last = ([self.held] if self.held is not None else []) + [interrupt.as_item() for interrupt in event.interrupts]
+            self.items.extend(last[1:] if self.held is not None else last)
+            for index, item in enumerate(last):
+                extra = {"custom_outputs": custom} if index == len(last) - 1 else {}
+                out.append(ResponsesAgentStreamEvent(type="response.output_item.done", item=item, **extra))
             out.append(_completed_event(custom, self.items, self.parsed))
         return out
 
@@ -680,6 +686,8 @@ def _turn_args(parsed: ParsedRequest) -> TurnArgs:
         edit_message_id=options.edit_message_id if options else None,
         regenerate=options.regenerate if options else False,
         metadata=options.metadata if options else None,
+        resume=options.resume if options else None,
+        cancel_interrupts=options.cancel_interrupts if options else False,
     )
 
 

@@ -27,6 +27,36 @@ TurnStatus = Literal["completed", "interrupted"]
 
 
 @dataclass(frozen=True)
+class PendingInterrupt:
+    """A question the graph asked with LangGraph's `interrupt(value)`, waiting for an answer.
+
+    `id` is LangGraph's interrupt id (answer it with `custom_inputs.resume`, by id when several
+    wait), `value` the JSON value the graph passed to `interrupt`, `node` the node that waits
+    (None when it is not known).
+    """
+
+    id: str
+    value: Any
+    node: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "value": self.value, "node": self.node}
+
+    def as_item(self) -> dict[str, Any]:
+        """The Responses output item a client renders: an `mcp_approval_request` (the Responses API's item for
+        a question to the user), its `id` the interrupt id and its `arguments` the value as JSON."""
+        import json
+
+        return {
+            "type": "mcp_approval_request",
+            "id": self.id,
+            "name": self.node or "interrupt",
+            "arguments": json.dumps(self.value, ensure_ascii=False, default=str),
+            "server_label": "interrupt",
+        }
+
+
+@dataclass(frozen=True)
 class TurnResult:
     """Where a turn (or state update) left the thread."""
 
@@ -43,6 +73,12 @@ class TurnResult:
     unstored_response_id: str | None = None
     """Set only for a turn run with `store: false` (it wrote nothing, so `checkpoint_id` is None):
     a fresh response id that names nothing, as OpenAI gives an unstored response."""
+    interrupts: tuple[PendingInterrupt, ...] = ()
+    """The graph's questions this turn stopped at (LangGraph `interrupt()`), oldest first: the head is the
+    interrupted checkpoint, and the next request answers them with `custom_inputs.resume`."""
+    cancelled_interrupts: tuple[str, ...] = ()
+    """Ids of the interrupts that waited at the start and that this turn left unanswered
+    (`custom_inputs.cancel_interrupts`)."""
 
     @property
     def response_id(self) -> str | None:
@@ -62,6 +98,10 @@ class TurnResult:
             out["status"] = self.status
         if self.unstored_response_id is not None:
             out["stored"] = False
+        if self.interrupts:
+            out["interrupts"] = [interrupt.as_dict() for interrupt in self.interrupts]
+        if self.cancelled_interrupts:
+            out["cancelled_interrupts"] = list(self.cancelled_interrupts)
         return out
 
 

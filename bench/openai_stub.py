@@ -3,8 +3,9 @@
 It answers like `agent.models.OfflineChatModel`, with the marker `[fake openai] `:
 the reply quotes the user messages of the request, so tests can see memory.
 When a `calculator` tool is offered and the last message is a user message
-starting with "calculate ", it calls the tool; after tool messages it repeats
-their results. It rejects an invalid history with HTTP 400, as the real API does.
+starting with "calculate ", it calls the tool; a last user message "use NAME
+{json arguments}" calls any offered tool NAME with those arguments (none: `{}`);
+after tool messages it repeats their results. It rejects an invalid history with HTTP 400, as the real API does.
 
 Endpoints:
     GET  /v1/models            two models: `fake` (chat) and `fake-embed` (embeddings); any name is accepted.
@@ -93,6 +94,8 @@ MARKER = "[fake openai] "
 MAX_QUOTED_MESSAGES = 10
 MAX_QUOTED_CHARS = 80
 CALCULATE_PREFIX = "calculate "
+#: A user message "use NAME {json}" makes the stub call the offered tool NAME.
+USE_TOOL_PREFIX = "use "
 WORDS_PER_CHUNK = 3
 KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
@@ -230,8 +233,28 @@ def answer(body: dict[str, Any]) -> dict[str, Any]:
             "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
         }
         return {"role": "assistant", "content": None, "tool_calls": [call]}
+    used = _used_tool(last_text, offered) if last["role"] == "user" else None
+    if used is not None:
+        name, arguments = used
+        digest = hashlib.sha256(f"{len(messages)}:{name}:{arguments}".encode()).hexdigest()[:12]
+        call = {"id": f"call_{digest}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
     user_texts = [text_of(m.get("content")) for m in messages if m["role"] == "user"]
     return {"role": "assistant", "content": MARKER + _tool_results(messages) + _quote(user_texts)}
+
+
+def _used_tool(text: str, offered: set[str]) -> tuple[str, str] | None:
+    """`(name, JSON arguments)` for a message "use NAME {arguments}" naming an offered tool, else None."""
+    if not text.lower().startswith(USE_TOOL_PREFIX):
+        return None
+    name, _, rest = text[len(USE_TOOL_PREFIX) :].strip().partition(" ")
+    if name not in offered:
+        return None
+    try:
+        arguments = json.loads(rest) if rest.strip() else {}
+    except json.JSONDecodeError:
+        return None
+    return name, json.dumps(arguments)
 
 
 def _quote(texts: list[str]) -> str:
@@ -424,7 +447,7 @@ def stream_events(
         arguments = call["function"]["arguments"]
         half = len(arguments) // 2
         pieces.append([chunk({"role": "assistant", "content": None, "tool_calls": [
-            {"index": 0, "id": call["id"], "type": "function", "function": {"name": "calculator", "arguments": ""}}
+            {"index": 0, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
         ]})])  # fmt: skip
         for part in (arguments[:half], arguments[half:]):
             pieces.append([chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})])

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage
 
 from agent.context.summaries import ContextSummary, is_summary_message, summary_message
-from agent.models import CALCULATE_PREFIX, FORGET_PREFIX, MAX_QUOTED_CHARS, RECALL_PREFIX, REMEMBER_PREFIX
+from agent.models import CALCULATE_PREFIX, FORGET_PREFIX, MAX_QUOTED_CHARS, RECALL_PREFIX, REMEMBER_PREFIX, USE_TOOL_PREFIX
 from tests.helpers.offline import RecordingOfflineModel, received_tokens
 from tests.helpers.scenario import outputs, say, text_of
 
@@ -35,7 +35,7 @@ MAX_EXAMPLES = 15
 BUDGET = 900  # the tool schemas (built-in and memory tools) take about 450 of it
 
 #: Messages that make the offline model call a tool (the tree below knows plain turns only).
-TOOL_PREFIXES = (CALCULATE_PREFIX, REMEMBER_PREFIX, RECALL_PREFIX, FORGET_PREFIX)
+TOOL_PREFIXES = (CALCULATE_PREFIX, REMEMBER_PREFIX, RECALL_PREFIX, FORGET_PREFIX, USE_TOOL_PREFIX)
 texts = st.text(
     alphabet=st.characters(exclude_categories=("Cs", "Cc", "Zl", "Zp")), min_size=10, max_size=80
 ).filter(lambda s: not s.strip().lower().startswith(TOOL_PREFIXES) and s.strip())

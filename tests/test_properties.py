@@ -45,7 +45,7 @@ from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
 
 from agent import InvalidRequest
-from agent.models import CALCULATE_PREFIX, FORGET_PREFIX, RECALL_PREFIX, REMEMBER_PREFIX
+from agent.models import CALCULATE_PREFIX, FORGET_PREFIX, RECALL_PREFIX, REMEMBER_PREFIX, USE_TOOL_PREFIX
 from tests.helpers.offline import as_messages, offline_reply
 from tests.helpers.scenario import outputs, request, say, text_of
 
@@ -57,7 +57,7 @@ PLACE_KEYS = ("checkpoint_id", "branch_checkpoint_id", "siblings")
 # surrogates, which the request layer refuses on purpose. A message starting with "calculate ",
 # "remember that ", "what do you remember" or "forget " would make the offline model call a tool
 # instead of answering (hypothesis draws the string constants of the code it tests, these included).
-TOOL_PREFIXES = (CALCULATE_PREFIX, REMEMBER_PREFIX, RECALL_PREFIX, FORGET_PREFIX)
+TOOL_PREFIXES = (CALCULATE_PREFIX, REMEMBER_PREFIX, RECALL_PREFIX, FORGET_PREFIX, USE_TOOL_PREFIX)
 texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=20).filter(
     lambda s: not s.strip().lower().startswith(TOOL_PREFIXES)
 )

@@ -337,38 +337,69 @@ class TurnOptions:
     """Stored with the thread when this turn creates it."""
     max_context_tokens: int | None = None
     """This turn's token budget for the model's input (bounded by the agent's setting)."""
+    resume: Resume | None = None
+    """Answer the interrupts the start checkpoint waits on (LangGraph `Command(resume=...)`; input empty)."""
+    cancel_interrupts: bool = False
+    """Send the input although interrupts wait at the start: they stay unanswered on that checkpoint."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The answer to a graph's pending `interrupt()`s: any JSON value when one waits, or
+    `{interrupt_id: value}` (LangGraph's form) to answer several, or one of several, by id."""
+
+    value: Any
 
 
 def _parse_turn(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOptions:
     regenerate = custom.get("regenerate", False)
     if not isinstance(regenerate, bool):
         raise InvalidRequest(f"regenerate must be true or false, got {regenerate!r}")
+    cancel_interrupts = custom.get("cancel_interrupts", False)
+    if not isinstance(cancel_interrupts, bool):
+        raise InvalidRequest(f"cancel_interrupts must be true or false, got {cancel_interrupts!r}")
+    if "resume" in custom:
+        if envelope.messages or regenerate or custom.get("edit_message_id") is not None or cancel_interrupts:
+            raise InvalidRequest(
+                "resume answers the thread's pending interrupts and takes an empty input "
+                "(no messages, regenerate, edit_message_id or cancel_interrupts); nothing was written"
+            )
+        if envelope.thread_id is None:
+            raise InvalidRequest("resume needs custom_inputs.thread_id (the thread whose interrupt it answers)")
+        return TurnOptions(resume=Resume(custom["resume"]), max_context_tokens=_budget(custom))
     edit_message_id = check_id("edit_message_id", custom.get("edit_message_id"))
     if regenerate and edit_message_id is not None:
         raise InvalidRequest("A turn either edits a message (edit_message_id) or regenerates an answer, not both")
     if regenerate and envelope.messages:
         raise InvalidRequest("regenerate takes an empty input: it answers the last user message again")
     if not regenerate and not envelope.messages:
-        raise InvalidRequest("input is empty: the turn action needs at least one message (or regenerate: true)")
+        raise InvalidRequest(
+            "input is empty: the turn action needs at least one message (or regenerate: true, or resume)"
+        )
     if (regenerate or edit_message_id is not None) and envelope.thread_id is None:
         raise InvalidRequest("edit_message_id and regenerate need custom_inputs.thread_id (the thread to change)")
     metadata = catalogue.check_metadata(custom.get("metadata"))
-    budget = custom.get("max_context_tokens")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise InvalidRequest(f"max_context_tokens must be a positive integer, got {budget!r}")
     return TurnOptions(
         edit_message_id=edit_message_id,
         regenerate=regenerate,
         metadata=metadata,
-        max_context_tokens=budget,
+        max_context_tokens=_budget(custom),
+        cancel_interrupts=cancel_interrupts,
     )
+
+
+def _budget(custom: Mapping[str, Any]) -> int | None:
+    budget = custom.get("max_context_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise InvalidRequest(f"max_context_tokens must be a positive integer, got {budget!r}")
+    return budget
 
 
 TURN = Action(
     name="turn",
     summary="Run the model on the input from the head (or from checkpoint_id: a branch); the default.",
-    keys=frozenset({"edit_message_id", "regenerate", "metadata", "max_context_tokens"}),
-    input="optional",  # required unless regenerate (checked by _parse_turn)
+    keys=frozenset({"edit_message_id", "regenerate", "metadata", "max_context_tokens", "resume", "cancel_interrupts"}),
+    input="optional",  # required unless regenerate or resume (checked by _parse_turn)
     needs_thread=False,
     parse=_parse_turn,
 )

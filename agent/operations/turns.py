@@ -57,6 +57,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langgraph.checkpoint.base import CheckpointTuple, empty_checkpoint
 from langgraph.errors import InvalidUpdateError
 from langgraph.graph import START
+from langgraph.types import Command
 from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
@@ -68,6 +69,7 @@ from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.catalogue import default_title
 from agent.operations.edits import plan_edit, plan_regenerate, position_of, removals
 from agent.operations.idempotency import Idempotency, claim_key
+from agent.operations.interrupts import answer, pending_interrupts, stopped_at
 from agent.operations.tree import fill_kept, read_tree
 from agent.state import CONTEXT_SUMMARY_CHANNEL
 from agent.storage import Claim, ThreadStorage, Turn, Tx
@@ -78,6 +80,7 @@ from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
 if TYPE_CHECKING:
     from agent.context.window import ContextWindow
     from agent.memory.service import Memories
+    from agent.operations import Resume
 
 TurnEvent = TextDelta | NewMessages | TurnResult | StoredResponse
 
@@ -117,6 +120,10 @@ class TurnArgs:
     """Answer the start checkpoint's last user message again (`messages` empty; see `edits`)."""
     metadata: Mapping[str, str] | None = None
     """Stored with the thread when this turn creates it (`catalogue`); ignored on an existing thread."""
+    resume: Resume | None = None
+    """Answer the start checkpoint's pending interrupts instead of sending messages (`interrupts`)."""
+    cancel_interrupts: bool = False
+    """Send `messages` although interrupts wait at the start (they stay unanswered there)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,16 @@ class _Start:
     messages: list[BaseMessage]
     loaded: CheckpointTuple | None = None
     """The start checkpoint, as read with the claim (so the run reads nothing)."""
+    resume: Resume | None = None
+    """Answer the start's pending interrupts (`messages` is then empty)."""
+    cancelled: tuple[str, ...] = ()
+    """The start's pending interrupts this turn leaves unanswered."""
+
+    def graph_input(self) -> Any:
+        """What the graph runs on: LangGraph's `Command(resume=...)`, or the new messages."""
+        if self.resume is not None:
+            return Command(resume=self.resume.value)
+        return {"messages": list(self.messages)}
 
 
 @dataclass
@@ -135,6 +152,7 @@ class _Progress:
 
     produced: list[BaseMessage] = field(default_factory=list)
     partial: dict[str, str] = field(default_factory=dict)  # streamed text of messages not finished yet, by id
+    interrupts: list[Any] = field(default_factory=list)  # LangGraph `Interrupt`s the run stopped at
 
     def events(self, mode: str, chunk: Any, stream_tokens: bool) -> Iterator[TextDelta | NewMessages]:
         if mode == "messages":
@@ -146,7 +164,10 @@ class _Progress:
                     yield TextDelta(item_id=token.id, text=token.text)
             return
         for node, update in chunk.items():
-            if node == INTERRUPT or not isinstance(update, Mapping) or not update.get("messages"):
+            if node == INTERRUPT:
+                self.interrupts.extend(update)
+                continue
+            if not isinstance(update, Mapping) or not update.get("messages"):
                 continue
             messages = update["messages"]
             # A node may return one message rather than a list (add_messages takes both).
@@ -249,7 +270,7 @@ class TurnRunner:
             progress = _Progress()
             with self.storage.saver.buffering(turn):
                 stream = self.graph.stream(
-                    {"messages": list(begun.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
+                    begun.graph_input(), config, stream_mode=_modes(stream_tokens), durability="exit"
                 )
                 try:
                     for mode, chunk in stream:
@@ -260,7 +281,7 @@ class TurnRunner:
                     pass  # `_finish` does what the stop asked for
                 finally:
                     stream.close()
-            result = self._finish(claim, turn, start, args, begun.messages, progress)
+            result = self._finish(claim, turn, start, args, begun, progress)
             done = True
             yield result
         finally:
@@ -384,7 +405,7 @@ class TurnRunner:
             claim.on_stop(lambda: loop.call_soon_threadsafe(stop.set))
             with self.storage.saver.buffering(turn):
                 stream = self.graph.astream(
-                    {"messages": list(begun.messages)}, config, stream_mode=_modes(stream_tokens), durability="exit"
+                    begun.graph_input(), config, stream_mode=_modes(stream_tokens), durability="exit"
                 )
                 try:
                     async for mode, chunk in _until(stream, stop):
@@ -392,7 +413,7 @@ class TurnRunner:
                             yield event
                 finally:
                     await stream.aclose()
-            result = await self.in_io(self._finish, claim, turn, start, args, begun.messages, progress)
+            result = await self.in_io(self._finish, claim, turn, start, args, begun, progress)
             done = True
             yield result
         finally:
@@ -435,9 +456,10 @@ class TurnRunner:
     def _start(self, claim: Claim, args: TurnArgs) -> _Start:
         """Where the turn starts and what it sends (authorizing the caller on the way)."""
         editing = args.edit_message_id is not None or args.regenerate
-        start = self._start_of(claim, args.user_id, args.checkpoint_id, new_thread_allowed=not editing)
+        resuming = args.resume is not None
+        start = self._start_of(claim, args.user_id, args.checkpoint_id, new_thread_allowed=not (editing or resuming))
         if not editing:
-            return _Start(start, list(args.messages), claim.start)
+            return self._answering(_Start(start, list(args.messages), claim.start), args)
         thread_id = claim.thread_id
         messages = claim.start.checkpoint["channel_values"].get("messages") or ()
         tree = read_tree(self.storage, thread_id)
@@ -448,11 +470,19 @@ class TurnRunner:
         else:
             plan = plan_edit(tree, chain, messages, args.edit_message_id, args.messages)
         if plan.checkpoint_id == start:
-            return _Start(start, plan.messages, claim.start)
+            return self._answering(_Start(start, plan.messages, claim.start), args)
         loaded = self.storage.get_checkpoint(thread_id, plan.checkpoint_id)
         if loaded is None:  # the thread was deleted meanwhile
             raise checkpoint_not_found(thread_id, plan.checkpoint_id)
-        return _Start(plan.checkpoint_id, plan.messages, loaded)
+        return self._answering(_Start(plan.checkpoint_id, plan.messages, loaded), args)
+
+    @staticmethod
+    def _answering(begun: _Start, args: TurnArgs) -> _Start:
+        """`begun` with what the turn does about the interrupts its start waits on (`interrupts.answer`)."""
+        pending = pending_interrupts(begun.loaded)
+        thread_id = begun.loaded.config["configurable"]["thread_id"] if begun.loaded is not None else args.thread_id
+        resume, cancelled = answer(pending, args.resume, args.cancel_interrupts, thread_id, begun.checkpoint_id)
+        return dataclasses.replace(begun, resume=resume, cancelled=cancelled)
 
     def _prepare(self, claim: Claim, args: TurnArgs, begun: _Start) -> tuple[Turn, str, dict]:
         """The turn's buffer, its start checkpoint id, and the graph config that starts there."""
@@ -505,7 +535,7 @@ class TurnRunner:
         return checkpoint_id
 
     def _finish(
-        self, claim: Claim, turn: Turn, start: str, args: TurnArgs, sent: list[BaseMessage], progress: _Progress
+        self, claim: Claim, turn: Turn, start: str, args: TurnArgs, begun: _Start, progress: _Progress
     ) -> TurnResult | StoredResponse:
         """Commit the turn (or, when a newer turn asked it to stop, what that asks for).
 
@@ -526,9 +556,12 @@ class TurnRunner:
                     thread_id=claim.thread_id,
                 )
             if claim.cancel == "interrupt":
-                self._keep_interrupted(turn, start, sent, progress)
+                self._keep_interrupted(turn, start, begun.messages, progress)
                 status = "interrupted"
-        result = TurnResult(claim.thread_id, turn.new_head, start, status)
+        waiting = tuple(stopped_at(progress.interrupts, turn.writes)) if status == "completed" else ()
+        result = TurnResult(
+            claim.thread_id, turn.new_head, start, status, interrupts=waiting, cancelled_interrupts=begun.cancelled
+        )
         return self._commit(claim, turn, args, result, to_output_items(progress.produced))
 
     def _commit(
