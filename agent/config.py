@@ -111,6 +111,9 @@ class AgentSettings(BaseSettings):
     """Long-term memories: `user` (visible in every thread of the user) or `branch` (only on the branch that wrote them)."""
     max_memories_in_context: int = Field(default=5, ge=0)
     """Most long-term memories given to the model before a turn."""
+    memory_tools: bool = True
+    """Bind the long-term memory tools (save, search, forget) to the built-in graph's model, beside its own tools.
+    False: the model gets only the agent's tools (a user's graph binds its own tools either way)."""
     embedding_model: str | None = None
     """An OpenAI-compatible embeddings model for semantic memory search on SQLite. None (and on Postgres): keyword search."""
     memory_ttl_seconds: float | None = Field(default=None, gt=0)

@@ -47,7 +47,8 @@ def create_agent(
         tools: the tools the built-in graph's model may call: LangChain tools, or plain typed Python
             functions with a docstring (made into tools by LangChain's `tool`). None: the example
             tools (`agent.tools.TOOLS`: a calculator and a clock); `[]`: none. The long-term
-            memory tools are added as before. Not with `graph` (your graph has its own tools).
+            memory tools are added unless the setting `memory_tools` is False. Not with `graph`
+            (your graph binds its own tools).
         instructions: the agent's system prompt: sent first on every model call (before a turn's
             own `instructions` and recalled memories), counted in `max_context_tokens`, never stored
             as a message. With `graph`, your model node gets it through `agent.graph.call_model`.
@@ -108,7 +109,8 @@ def create_agent(
         # so a turn's custom_inputs.max_context_tokens can be checked against it.
         config.max_context_tokens = window.max_context_tokens
         if graph is None:
-            compiled = compile_graph(agent_graph(chat_model, window, [*own_tools, *memory_tools(memories)]), storage.saver)
+            remembering = memory_tools(memories) if config.memory_tools else []
+            compiled = compile_graph(agent_graph(chat_model, window, [*own_tools, *remembering]), storage.saver)
         else:
             compiled = compile_graph(graph, storage.saver)
             if config.context_strategy == "summarize" and not has_context_summary(compiled):

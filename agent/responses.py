@@ -266,7 +266,9 @@ class LangGraphResponsesAgent(ResponsesAgent):
         appeared), `branch_checkpoint_id` (the checkpoint before it: where an edit or a
         regeneration of it branches from; the thread's root for the first message) and
         `siblings` (`{"index", "count", "checkpoint_ids"}`: every alternative at that
-        position, this one included, oldest first). At the root: no messages.
+        position, this one included, oldest first). At the root: no messages. A checkpoint
+        where the graph waits on `interrupt()` also has `interrupts` (`[{"id", "value", "node"}]`:
+        what `custom_inputs.resume` answers).
 
         Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`.
         """

@@ -248,10 +248,16 @@ class CheckpointState:
     messages: tuple[BaseMessage, ...]
     places: tuple[MessagePlace, ...]
     """One per message, in order."""
+    interrupts: tuple[PendingInterrupt, ...] = ()
+    """The graph's questions this checkpoint waits on (LangGraph `interrupt()`), answered with `resume`."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The history entry's fields and `messages`: Responses items, each with its id and place."""
-        return {**self.summary.as_dict(), "messages": _placed_items(self.messages, self.places)}
+        """The history entry's fields, `messages` (Responses items, each with its id and place) and, only
+        when the checkpoint waits on a question, `interrupts` (`[{"id", "value", "node"}]`)."""
+        out = {**self.summary.as_dict(), "messages": _placed_items(self.messages, self.places)}
+        if self.interrupts:
+            out["interrupts"] = [interrupt.as_dict() for interrupt in self.interrupts]
+        return out
 
 
 @dataclass(frozen=True)

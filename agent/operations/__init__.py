@@ -364,8 +364,11 @@ def _parse_turn(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOptions:
                 "resume answers the thread's pending interrupts and takes an empty input "
                 "(no messages, regenerate, edit_message_id or cancel_interrupts); nothing was written"
             )
-        if envelope.thread_id is None:
-            raise InvalidRequest("resume needs custom_inputs.thread_id (the thread whose interrupt it answers)")
+        if envelope.thread_id is None and not envelope.thread_of_checkpoint:
+            raise InvalidRequest(
+                "resume needs the thread whose interrupt it answers: custom_inputs.thread_id, conversation, "
+                "or previous_response_id"
+            )
         return TurnOptions(resume=Resume(custom["resume"]), max_context_tokens=_budget(custom))
     edit_message_id = check_id("edit_message_id", custom.get("edit_message_id"))
     if regenerate and edit_message_id is not None:
@@ -376,7 +379,7 @@ def _parse_turn(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOptions:
         raise InvalidRequest(
             "input is empty: the turn action needs at least one message (or regenerate: true, or resume)"
         )
-    if (regenerate or edit_message_id is not None) and envelope.thread_id is None:
+    if (regenerate or edit_message_id is not None) and envelope.thread_id is None and not envelope.thread_of_checkpoint:
         raise InvalidRequest("edit_message_id and regenerate need custom_inputs.thread_id (the thread to change)")
     metadata = catalogue.check_metadata(custom.get("metadata"))
     return TurnOptions(

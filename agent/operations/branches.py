@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import InvalidRequest, ThreadBusy, ThreadNotFound
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.interrupts import pending_interrupts
 from agent.operations.tree import ThreadTree, places_of, read_tree
 from agent.storage import ThreadStorage, Turn
 from agent.storage.deltas import common_prefix
@@ -66,7 +67,10 @@ def get_checkpoint_state(
     messages = _messages(found)
     tree = read_tree(storage, thread_id)
     places = places_of(storage, tree, tree.chain(target), messages)
-    return CheckpointState(_summary(thread_id, found, record.head_checkpoint_id), messages, tuple(places))
+    summary = _summary(thread_id, found, record.head_checkpoint_id)
+    waiting = summary.next_nodes[0] if len(summary.next_nodes) == 1 else None
+    interrupts = tuple(replace(i, node=waiting) for i in pending_interrupts(found))
+    return CheckpointState(summary, messages, tuple(places), interrupts)
 
 
 def list_branches(storage: ThreadStorage, thread_id: str, *, user_id: str | None) -> list[BranchSummary]:

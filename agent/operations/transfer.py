@@ -7,7 +7,7 @@ The document (`FORMAT`, `VERSION`)::
                 "ttl_seconds", "message_count", "created_at", "updated_at"},
      "checkpoints": [{"checkpoint_id", "parent_checkpoint_id", "ts", "metadata", "v",
                       "channel_versions", "versions_seen", "updated_channels",
-                      "channel_values": {channel: {"type": "messages" | "json", "value": ...}},
+                      "channel_values": {channel: {"type": "messages" | "interrupts" | "json", "value": ...}},
                       "pending_writes": [{"task_id", "channel", "value": {"type", "value"}}]},
                      ...]}   # oldest first (by checkpoint id), the root included
 
@@ -17,8 +17,10 @@ Why this shape:
   channel the graph reads: `messages`, and the branch's `context_summary`
   (`agent.state`), with the channel versions LangGraph uses to decide what
   runs next. Messages are LangChain's own dict form (`messages_to_dict`), which
-  keeps ids, tool calls, `response_metadata` and usage; every other value must
-  be plain JSON (the agent's state is). Nothing is pickled or loaded by class
+  keeps ids, tool calls, `response_metadata` and usage; a graph's pending
+  `interrupt()`s (in pending writes) are `{"id", "value"}` pairs; every other
+  value must be plain JSON (the agent's state is; a user graph whose state holds
+  other values cannot be exported, and `export_thread` says which channel). Nothing is pickled or loaded by class
   path: `messages_from_dict` only builds the four message classes a thread
   stores, so a document from a stranger cannot instantiate anything else.
 * **Resolved messages.** The storage keeps messages as deltas against a parent
@@ -103,9 +105,10 @@ class _Model(BaseModel):
 
 
 class ChannelValue(_Model):
-    """One channel's value: `messages` (a list of LangChain message dicts) or `json` (plain JSON)."""
+    """One channel's value: `messages` (a list of LangChain message dicts), `interrupts` (a graph's pending
+    LangGraph `Interrupt`s: `[{"id", "value"}]`, the value plain JSON) or `json` (plain JSON)."""
 
-    type: Literal["messages", "json"]
+    type: Literal["messages", "interrupts", "json"]
     value: Any
 
 
@@ -250,8 +253,14 @@ def _checkpoint_doc(tup: Any) -> dict[str, Any]:
 def _encode_value(channel: str, value: Any, checkpoint_id: str) -> dict[str, Any]:
     from langchain_core.messages import BaseMessage, messages_to_dict
 
+    from langgraph.types import Interrupt
+
     if channel == MESSAGES or (isinstance(value, list) and value and all(isinstance(m, BaseMessage) for m in value)):
         return {"type": "messages", "value": messages_to_dict(list(value or ()))}
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if items and all(isinstance(item, Interrupt) for item in items):
+        where = f"an interrupt of checkpoint {checkpoint_id!r}"
+        return {"type": "interrupts", "value": [{"id": i.id, "value": _json(i.value, where)} for i in items]}
     return {"type": "json", "value": _json(value, f"channel {channel!r} of checkpoint {checkpoint_id!r}")}
 
 
@@ -361,11 +370,28 @@ def _load_messages(value: Any, where: str, types: frozenset[str] = MESSAGE_TYPES
 def _decode_value(value: ChannelValue, where: str, types: frozenset[str] = MESSAGE_TYPES) -> Any:
     if value.type == "messages":
         return _load_messages(value.value, where, types)
+    if value.type == "interrupts":
+        return _load_interrupts(value.value, where)
     try:
         json.dumps(value.value, allow_nan=False)
     except (TypeError, ValueError):
         raise _invalid(f"{where} must be plain JSON") from None
     return value.value
+
+
+def _load_interrupts(value: Any, where: str) -> list[Any]:
+    from langgraph.types import Interrupt
+
+    if not isinstance(value, list) or not all(
+        isinstance(item, Mapping) and set(item) == {"id", "value"} and isinstance(item["id"], str) and item["id"]
+        for item in value
+    ):
+        raise _invalid(f"{where} must be a list of {{\"id\", \"value\"}} interrupts")
+    try:
+        json.dumps([item["value"] for item in value], allow_nan=False)
+    except (TypeError, ValueError):
+        raise _invalid(f"{where}: an interrupt's value must be plain JSON") from None
+    return [Interrupt(value=item["value"], id=item["id"]) for item in value]
 
 
 def _checkpoint_id(name: str, value: str) -> None:

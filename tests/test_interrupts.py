@@ -1,0 +1,225 @@
+"""Human in the loop: a graph's `interrupt()` over `predict`, `predict_stream` and their async twins, on
+Postgres and SQLite: the question, the answer (`custom_inputs.resume`), the refusals (nothing written),
+and time travel through interrupted checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from langchain_core.messages import AIMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import interrupt
+
+from agent import InterruptPending, InvalidRequest, ThreadNotFound
+from agent.graph import call_model
+from agent.models import OfflineChatModel
+from tests.helpers.scenario import outputs, request, text_of
+
+BOOK = 'use book_trip {"destination": "Tokyo"}'
+
+
+@tool
+def book_trip(destination: str) -> str:
+    """Book a trip; the user approves it first."""
+    answer = interrupt({"question": f"Book {destination}?"})
+    return f"booked {destination}" if answer == "yes" else f"not booked: {answer}"
+
+
+def approval_graph() -> StateGraph:
+    model = OfflineChatModel().bind_tools([book_trip])
+
+    def agent_node(state: MessagesState, config: RunnableConfig) -> dict:
+        return call_model(model, state, config)
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent_node)
+    builder.add_node("tools", ToolNode([book_trip]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition, ["tools", END])
+    builder.add_edge("tools", "agent")
+    return builder
+
+
+def two_questions_graph() -> StateGraph:
+    """Two nodes in one superstep, each asking its own question."""
+
+    def ask(name: str):
+        def node(state: MessagesState) -> dict:
+            return {"messages": [AIMessage(f"{name}: {interrupt(name + '?')}", id=f"answer-{name}")]}
+
+        return node
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("hotel", ask("hotel"))
+    builder.add_node("flight", ask("flight"))
+    builder.add_edge(START, "hotel")
+    builder.add_edge(START, "flight")
+    builder.add_edge("hotel", END)
+    builder.add_edge("flight", END)
+    return builder
+
+
+@pytest.fixture
+def approvals(backend_url, make_agent):
+    return make_agent(backend_url, graph=approval_graph())
+
+
+def head_and_count(agent, thread_id: str, user_id: str | None = None) -> tuple[str, int]:
+    history = agent.get_checkpoint_history(thread_id, limit=100, user_id=user_id)
+    return next(e["checkpoint_id"] for e in history if e["is_head"]), len(history)
+
+
+def test_a_turn_stops_at_the_interrupt_and_resume_runs_the_tool(approvals):
+    asked = approvals.predict(request(BOOK))
+    custom = outputs(asked)
+    items = [item.model_dump() for item in asked.output]
+    assert [item["type"] for item in items] == ["function_call", "mcp_approval_request"]
+    [pending] = custom["interrupts"]
+    assert pending["value"] == {"question": "Book Tokyo?"} and pending["node"] == "tools"
+    assert items[1]["id"] == pending["id"] and json.loads(items[1]["arguments"]) == pending["value"]
+    thread_id = custom["thread_id"]
+    head = approvals.get_checkpoint_history(thread_id, limit=1)[0]
+    assert head["checkpoint_id"] == custom["checkpoint_id"] and head["next_nodes"] == ["tools"]
+
+    done = approvals.predict(request(None, thread_id=thread_id, resume="yes"))
+    assert [item.type for item in done.output] == ["function_call_output", "message"]
+    assert done.output[0].model_dump()["output"] == "booked Tokyo"
+    assert "booked Tokyo" in text_of(done)
+    assert "interrupts" not in outputs(done) and outputs(done)["parent_checkpoint_id"] == custom["checkpoint_id"]
+    assert approvals.get_checkpoint_history(thread_id, limit=1)[0]["next_nodes"] == []
+
+
+def test_streamed_and_async_turns_carry_the_question_and_take_the_answer(approvals):
+    events = list(approvals.predict_stream(request(BOOK)))
+    done_items = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [item["type"] for item in done_items] == ["function_call", "mcp_approval_request"]
+    last_done = [e for e in events if e.type == "response.output_item.done"][-1]
+    custom = last_done.custom_outputs
+    assert custom["interrupts"][0]["id"] == done_items[-1]["id"]
+    assert events[-1].type == "response.completed"
+    assert [item["type"] for item in events[-1].response["output"]] == ["function_call", "mcp_approval_request"]
+
+    async def resume() -> list:
+        return [event async for event in approvals.apredict_stream(request(None, thread_id=custom["thread_id"], resume="no"))]
+
+    resumed = asyncio.run(resume())
+    outputs_seen = [e.item.get("output") for e in resumed if e.type == "response.output_item.done"]
+    assert "not booked: no" in outputs_seen
+
+    again = asyncio.run(approvals.apredict(request(BOOK, thread_id=custom["thread_id"])))
+    assert outputs(again)["interrupts"][0]["value"] == {"question": "Book Tokyo?"}
+
+
+def test_refusals_write_nothing(approvals, backend_url, make_agent):
+    asked = approvals.predict(request(BOOK, user_id="alice"))
+    thread_id = outputs(asked)["thread_id"]
+    before = head_and_count(approvals, thread_id, 'alice')
+
+    with pytest.raises(InterruptPending, match="cancel_interrupts"):
+        approvals.predict(request("never mind", thread_id=thread_id, user_id="alice"))
+    with pytest.raises(InvalidRequest, match="not pending"):
+        approvals.predict(request(None, thread_id=thread_id, user_id="alice", resume={"0" * 32: "yes"}))
+    with pytest.raises(ThreadNotFound):
+        approvals.predict(request(None, thread_id=thread_id, user_id="mallory", resume="yes"))
+    with pytest.raises(InvalidRequest, match="empty input"):
+        approvals.predict(request("yes", thread_id=thread_id, user_id="alice", resume="yes"))
+    with pytest.raises(InvalidRequest, match="thread_id"):
+        approvals.predict(request(None, user_id="alice", resume="yes"))
+    assert head_and_count(approvals, thread_id, 'alice') == before
+
+    root = outputs(asked)["parent_checkpoint_id"]
+    with pytest.raises(InvalidRequest, match="has none"):
+        approvals.predict(request(None, thread_id=thread_id, checkpoint_id=root, user_id="alice", resume="yes"))
+    assert head_and_count(approvals, thread_id, 'alice') == before
+
+
+def test_cancel_interrupts_sends_the_message_and_names_what_it_left(approvals):
+    asked = approvals.predict(request(BOOK))
+    custom = outputs(asked)
+    moved_on = approvals.predict(request("Actually, no trip.", thread_id=custom["thread_id"], cancel_interrupts=True))
+    assert outputs(moved_on)["cancelled_interrupts"] == [custom["interrupts"][0]["id"]]
+    assert "Actually, no trip." in text_of(moved_on)
+    # The open tool call is answered for the model (the pairing repair), never left dangling.
+    assert approvals.get_checkpoint_history(custom["thread_id"], limit=1)[0]["next_nodes"] == []
+
+
+def test_time_travel_through_an_interrupt(approvals):
+    asked = approvals.predict(request(BOOK))
+    custom = outputs(asked)
+    thread_id, waiting, root = custom["thread_id"], custom["checkpoint_id"], custom["parent_checkpoint_id"]
+    yes = approvals.predict(request(None, thread_id=thread_id, resume="yes"))
+    # Resume the same interrupted checkpoint again with another answer: a sibling branch.
+    no = approvals.predict(request(None, thread_id=thread_id, checkpoint_id=waiting, resume="later"))
+    assert outputs(no)["parent_checkpoint_id"] == outputs(yes)["parent_checkpoint_id"] == waiting
+    assert "not booked: later" in text_of(no) and "booked Tokyo" in text_of(yes)
+    assert sorted(b["checkpoint_id"] for b in approvals.list_branches(thread_id)) == sorted(
+        [outputs(yes)["checkpoint_id"], outputs(no)["checkpoint_id"]]
+    )
+    # Branching from before the interrupt reruns to it: a new question at a new checkpoint.
+    rerun = approvals.predict(request(BOOK, thread_id=thread_id, checkpoint_id=root))
+    assert outputs(rerun)["interrupts"] and outputs(rerun)["checkpoint_id"] not in (waiting,)
+    # Editing the user message across it behaves as on any checkpoint: the edit reruns to the question.
+    first = approvals.get_checkpoint_state(thread_id, outputs(yes)["checkpoint_id"])["messages"][0]
+    edited = approvals.predict(
+        request(
+            'use book_trip {"destination": "Oslo"}',
+            thread_id=thread_id,
+            checkpoint_id=outputs(yes)["checkpoint_id"],
+            edit_message_id=first["id"],
+        )
+    )
+    assert outputs(edited)["interrupts"][0]["value"] == {"question": "Book Oslo?"}
+
+
+def test_several_pending_interrupts_are_answered_by_id(backend_url, make_agent):
+    agent = make_agent(backend_url, graph=two_questions_graph())
+    asked = agent.predict(request("plan it"))
+    custom = outputs(asked)
+    by_value = {pending["value"]: pending["id"] for pending in custom["interrupts"]}
+    assert set(by_value) == {"hotel?", "flight?"}
+    with pytest.raises(InvalidRequest, match="answer them by id"):
+        agent.predict(request(None, thread_id=custom["thread_id"], resume="yes"))
+    done = agent.predict(
+        request(None, thread_id=custom["thread_id"], resume={by_value["hotel?"]: "Ritz", by_value["flight?"]: "LH 400"})
+    )
+    texts = sorted(m["content"][0]["text"] for m in agent.get_checkpoint_state(custom["thread_id"])["messages"][1:])
+    assert texts == ["flight: LH 400", "hotel: Ritz"]
+
+
+def test_a_resume_with_an_idempotency_key_is_answered_once(approvals):
+    asked = approvals.predict(request(BOOK))
+    thread_id = outputs(asked)["thread_id"]
+    first = approvals.predict(request(None, thread_id=thread_id, resume="yes", idempotency_key="resume-1"))
+    again = approvals.predict(request(None, thread_id=thread_id, resume="yes", idempotency_key="resume-1"))
+    assert outputs(again)["checkpoint_id"] == outputs(first)["checkpoint_id"]
+    assert len(approvals.get_checkpoint_history(thread_id, limit=100)) == 3  # root, question, answer: once
+
+
+def test_resume_by_previous_response_id_and_export_import_keep_the_question(approvals):
+    asked = approvals.predict(request(BOOK))
+    custom = outputs(asked)
+    document = approvals.export_thread(custom["thread_id"])
+    writes = [w for c in document["checkpoints"] for w in c["pending_writes"] if w["channel"] == "__interrupt__"]
+    assert writes and writes[0]["value"] == {"type": "interrupts", "value": [{"id": custom["interrupts"][0]["id"], "value": {"question": "Book Tokyo?"}}]}
+    copy = approvals.import_thread(document, thread_id="imported-" + custom["thread_id"][:8])
+    resumed_copy = approvals.predict(request(None, thread_id=copy["thread_id"], resume="yes"))
+    assert "booked Tokyo" in text_of(resumed_copy)
+    # The OpenAI way: previous_response_id names the interrupted checkpoint.
+    resumed = approvals.predict({"input": [], "previous_response_id": asked.id, "custom_inputs": {"resume": "no"}})
+    assert "not booked: no" in text_of(resumed) and outputs(resumed)["thread_id"] == custom["thread_id"]
+
+
+def test_the_checkpoint_state_shows_the_pending_question_to_a_client_that_reloads(approvals):
+    asked = approvals.predict(request(BOOK))
+    custom = outputs(asked)
+    state = approvals.get_checkpoint_state(custom["thread_id"])
+    assert state["interrupts"] == custom["interrupts"]
+    done = approvals.predict(request(None, thread_id=custom["thread_id"], resume="yes"))
+    assert "interrupts" not in approvals.get_checkpoint_state(custom["thread_id"])
+    assert approvals.get_checkpoint_state(custom["thread_id"], custom["checkpoint_id"])["interrupts"] == custom["interrupts"]
+    assert outputs(done)["checkpoint_id"] != custom["checkpoint_id"]
