@@ -40,8 +40,8 @@ def kernel_name(tmp_path_factory) -> str:
         yield KERNEL_NAME
 
 
-def test_the_four_notebooks_exist_and_are_stored_without_outputs():
-    assert {path.stem for path in NOTEBOOKS} == {"short_term_memory", "time_travel", "serving", "long_term_memory"}
+def test_the_five_notebooks_exist_and_are_stored_without_outputs():
+    assert {path.stem for path in NOTEBOOKS} == {"short_term_memory", "time_travel", "serving", "long_term_memory", "own_agent"}
     for path in NOTEBOOKS:
         notebook = nbformat.read(path, as_version=4)
         for cell in notebook.cells:
@@ -65,6 +65,22 @@ def assert_named(outputs: list[str], store: str) -> None:
     assert any(f"store: {store}" in text for text in outputs), outputs
 
 
+def assert_own_agent_kept_its_interrupts(outputs: list[str], database_url: str) -> None:
+    """own_agent.ipynb: the thread it printed holds, in the store, the interrupted checkpoint (waiting at
+    `tools`) with its two answers (booked, declined), and the Paris question left waiting on its branch."""
+    from agent import create_agent
+
+    [thread_id] = [text.split("thread:", 1)[1].split()[0] for text in outputs if "thread:" in text]
+    assert any("waiting at 'tools' for an answer to 'Book a trip to Tokyo?'" in text for text in outputs), outputs
+    with create_agent(database_url, model="offline") as reader:
+        entries = reader.get_checkpoint_history(thread_id, limit=100)
+    waiting = [e for e in entries if e["next_nodes"] == ["tools"]]
+    assert sorted(e["last_user_message"] for e in waiting) == ['use book_trip {"destination": "Paris"}', 'use book_trip {"destination": "Tokyo"}']
+    tokyo = next(e for e in waiting if "Tokyo" in e["last_user_message"])
+    answers = sorted(e["last_message"] for e in entries if e["parent_checkpoint_id"] == tokyo["checkpoint_id"])
+    assert [("Booked: a trip to Tokyo" in a, "declined the trip to Tokyo" in a) for a in answers] == [(True, False), (False, True)], answers
+
+
 def assert_quiet(outputs: list[str]) -> None:
     """No MLflow INFO line in the outputs (with nothing configured, as a new user runs them)."""
     assert not [text for text in outputs if "INFO mlflow" in text], outputs
@@ -78,6 +94,8 @@ def test_notebook_runs_on_the_embedded_default_store(path, kernel_name, tmp_path
     assert (tmp_path / ".agent" / "checkpoints.sqlite").is_file()
     assert_named(outputs, str(tmp_path / ".agent" / "checkpoints.sqlite"))
     assert_quiet(outputs)
+    if path.stem == "own_agent":
+        assert_own_agent_kept_its_interrupts(outputs, f"sqlite:///{tmp_path / '.agent' / 'checkpoints.sqlite'}")
     # Only logging a model writes an MLflow store, and then under .agent/; nothing lands in the current directory.
     assert (tmp_path / ".agent" / "mlflow.db").is_file() == (path.stem == "serving")
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
@@ -93,6 +111,8 @@ def test_notebook_runs_on_postgres_from_agent_database_url(path, kernel_name, tm
     outputs = run(path, kernel_name, tmp_path)
     assert _thread_count(pg_url) > threads_before
     assert_named(outputs, pg_url)  # no password in the test URL, so masking leaves it as is
+    if path.stem == "own_agent":
+        assert_own_agent_kept_its_interrupts(outputs, pg_url)
     # Not assert_quiet: with MLFLOW_TRACKING_URI set, tracing is on and MLflow announces the
     # tracking store it creates; its messages are then the user's to tune (MLFLOW_LOGGING_LEVEL).
     assert not (tmp_path / ".agent" / "checkpoints.sqlite").exists()
