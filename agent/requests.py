@@ -17,6 +17,11 @@ Envelope `custom_inputs` keys (all optional):
 | `idempotency_key` | str | a retry with the same key returns the first result instead of running again (turns and `update_checkpoint_state`; other actions ignore it) |
 | `action` | str | one of `agent.operations.ACTIONS`; absent: a turn |
 
+A turn also takes `resume` (the answer to the graph's pending `interrupt()`s; empty input) and
+`cancel_interrupts` (send the input although a question waits): `agent.operations.interrupts`.
+OpenAI's `mcp_approval_response` input items (`approval_request_id`, `approve`, `reason`) are
+the same answer: `resume = {approval_request_id: {"approve": ..., "reason": ...}}`.
+
 Each action adds its own keys (for example `limit` and `before` for
 `get_checkpoint_history`). Any other key is refused, so a misspelt
 `thread_id` cannot silently start a new conversation.
@@ -46,6 +51,7 @@ together with `conversation` (or with `custom_inputs.thread_id` /
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,6 +268,8 @@ def parse_request(
         raise InvalidRequest("input must be a list of items or a string")
     if len(items) > settings.max_input_items:
         raise InvalidRequest(f"input has {len(items)} items; the limit is {settings.max_input_items}")
+    if name == "turn":
+        items, custom = _approval_responses(items, custom)
     messages = to_langchain(items)
     if action.input == "required" and not messages:
         raise InvalidRequest(f"input is empty: the {name} action needs at least one message")
@@ -296,6 +304,36 @@ def parse_request(
     if action.needs_user and envelope.user_id is None:
         raise InvalidRequest(f"The {name} action needs a user_id")
     return ParsedRequest(action=action, envelope=envelope, args=action.parse(envelope, custom))
+
+
+def _approval_responses(items: list[Any], custom: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """OpenAI's answer to an `mcp_approval_request` item, `{"type": "mcp_approval_response",
+    "approval_request_id", "approve", "reason"?}`, as `custom_inputs.resume`: the graph's interrupt with
+    that id gets `{"approve": bool, "reason": str}` (`agent.operations.interrupts`)."""
+    answers = [item for item in items if isinstance(item, dict) and item.get("type") == "mcp_approval_response"]
+    if not answers:
+        return items, custom
+    if "resume" in custom:
+        raise InvalidRequest("Send either mcp_approval_response items or custom_inputs.resume, not both")
+    resume: dict[str, Any] = {}
+    for index, item in enumerate(answers):
+        where = f"mcp_approval_response item {index}"
+        request_id, approve, reason = item.get("approval_request_id"), item.get("approve"), item.get("reason")
+        unknown = sorted(set(item) - {"type", "id", "approval_request_id", "approve", "reason"})
+        if unknown:
+            raise InvalidRequest(f"{where} has unknown fields {unknown}")
+        # An interrupt id, as LangGraph writes them, so the answer is always taken by id (never as a plain value).
+        if not isinstance(request_id, str) or not re.fullmatch(r"[0-9a-f]{32}", request_id):
+            raise InvalidRequest(
+                f"{where}.approval_request_id must be the id of an mcp_approval_request item, got {request_id!r}"
+            )
+        if not isinstance(approve, bool):
+            raise InvalidRequest(f"{where}.approve must be true or false, got {approve!r}")
+        if reason is not None and not isinstance(reason, str):
+            raise InvalidRequest(f"{where}.reason must be a string")
+        resume[request_id] = {"approve": approve, **({"reason": reason} if reason is not None else {})}
+    rest = [item for item in items if not (isinstance(item, dict) and item.get("type") == "mcp_approval_response")]
+    return rest, {**custom, "resume": resume}
 
 
 def _idempotency_key(custom: Mapping[str, Any], header: str | None) -> str | None:

@@ -223,3 +223,18 @@ def test_the_checkpoint_state_shows_the_pending_question_to_a_client_that_reload
     assert "interrupts" not in approvals.get_checkpoint_state(custom["thread_id"])
     assert approvals.get_checkpoint_state(custom["thread_id"], custom["checkpoint_id"])["interrupts"] == custom["interrupts"]
     assert outputs(done)["checkpoint_id"] != custom["checkpoint_id"]
+
+
+def test_openai_mcp_approval_response_items_answer_the_question(approvals):
+    asked = approvals.predict(request(BOOK))
+    custom = outputs(asked)
+    answer = {"type": "mcp_approval_response", "approval_request_id": custom["interrupts"][0]["id"], "approve": False, "reason": "too far"}
+    declined = approvals.predict({"input": [answer], "custom_inputs": {"thread_id": custom["thread_id"]}})
+    assert "not booked: {'approve': False, 'reason': 'too far'}" in text_of(declined)
+    before = head_and_count(approvals, custom["thread_id"])
+    wrong = {**answer, "approval_request_id": "f" * 32}
+    with pytest.raises(InvalidRequest, match="not pending|has none"):
+        approvals.predict({"input": [wrong], "custom_inputs": {"thread_id": custom["thread_id"], "checkpoint_id": custom["checkpoint_id"]}})
+    with pytest.raises(InvalidRequest, match="approval_request_id"):
+        approvals.predict({"input": [{**answer, "approval_request_id": "nope"}], "custom_inputs": {"thread_id": custom["thread_id"]}})
+    assert head_and_count(approvals, custom["thread_id"]) == before
