@@ -568,6 +568,9 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
             # statements join the write transaction's batch, sent with its commit.
             yield batch
             return
+        if batch is None:
+            # Used directly as a LangGraph checkpointer, the saver may be the first to touch the database.
+            self._storage.setup()
         # langgraph#7259: the base class holds `self.lock` here even with a
         # pool; a pooled (or the transaction's) connection is not shared, so no lock.
         with nullcontext(batch.connection()) if batch is not None else self._storage.connection() as conn:
