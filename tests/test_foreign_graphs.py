@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command, Interrupt, interrupt
@@ -232,7 +233,7 @@ def test_caller_metadata_named_like_our_summary_fields_is_kept(our_saver):
     # Written by the caller straight into put: every key survives, next to our own one.
     written = our_saver.put(
         latest.config,
-        {**latest.checkpoint, "id": "1f000000-0000-6000-8000-000000000001"},
+        {**latest.checkpoint, "id": str(uuid6())},
         {**CALLER_METADATA, "source": "update", "step": 9, "parents": {}},
         {},
     )

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from agent.errors import InvalidRequest, ThreadBusy, ThreadExists, ThreadNotFound
@@ -143,21 +145,21 @@ def test_delete_thread_removes_every_row_and_the_record(backend_url, make_agent)
 def test_copy_thread_copies_the_tree_and_the_record_and_the_copy_diverges_alone(backend_url, make_agent):
     agent = make_agent(backend_url)
     ids = branched_trip(agent)
-    source = ids["thread_id"]
-    asyncio.run(agent.storage.saver.acopy_thread(source, "the-copy"))
+    source, copy = ids["thread_id"], f"copy-of-{ids['thread_id']}"  # the Postgres database is the session's
+    asyncio.run(agent.storage.saver.acopy_thread(source, copy))
 
     cold = make_agent(backend_url)
-    assert history_ids(cold, "the-copy") == history_ids(cold, source)
-    assert conversation(cold, "the-copy") == conversation(cold, source)
-    assert conversation(cold, "the-copy", ids["new_york"]) == conversation(cold, source, ids["new_york"])
-    record = cold.get_thread("the-copy")
+    assert history_ids(cold, copy) == history_ids(cold, source)
+    assert conversation(cold, copy) == conversation(cold, source)
+    assert conversation(cold, copy, ids["new_york"]) == conversation(cold, source, ids["new_york"])
+    record = cold.get_thread(copy)
     assert record["checkpoint_id"] == ids["after_turn3"]
     assert record["forked_from"] == {"thread_id": source, "checkpoint_id": ids["after_turn3"]}
-    say(cold, "Only in the copy.", thread_id="the-copy")
-    assert len(history_ids(cold, "the-copy")) == len(history_ids(cold, source)) + 1
+    say(cold, "Only in the copy.", thread_id=copy)
+    assert len(history_ids(cold, copy)) == len(history_ids(cold, source)) + 1
 
     with pytest.raises(ThreadExists):
-        agent.storage.saver.copy_thread(source, "the-copy")
+        agent.storage.saver.copy_thread(source, copy)
     with pytest.raises(ThreadNotFound):
         agent.storage.saver.copy_thread("no-such-thread", "another-copy")
 
@@ -177,7 +179,7 @@ def chat_graph(checkpointer):
 def test_delete_for_runs_in_the_middle_of_a_thread_leaves_the_later_checkpoints_readable(backend_url, make_agent):
     agent = make_agent(backend_url)
     graph = chat_graph(agent.storage.saver)
-    thread = {"configurable": {"thread_id": "runs"}}
+    thread = {"configurable": {"thread_id": f"runs-{uuid.uuid4()}"}}
     for run, text in (("run-1", "one"), ("run-2", "two"), ("run-3", "three")):
         graph.invoke({"messages": [HumanMessage(text)]}, {**thread, "metadata": {"run_id": run}})
     before = {s.config["configurable"]["checkpoint_id"]: s for s in graph.get_state_history(thread)}
@@ -246,18 +248,18 @@ def test_delta_channel_history_is_resolved_and_the_same_sync_and_async(backend_u
     agent = make_agent(backend_url)
     saver = agent.storage.saver
     graph = chat_graph(saver)
-    thread = {"configurable": {"thread_id": "delta-history"}}
+    thread = {"configurable": {"thread_id": f"delta-history-{uuid.uuid4()}"}}
     graph.invoke({"messages": [HumanMessage("one")]}, thread)
     graph.invoke({"messages": [HumanMessage("two")]}, thread)
     # A channel stored as None in an ancestor: the seed the two walks disagreed about.
     latest = saver.get_tuple(thread)
     none_config = saver.put(
         latest.config,
-        {**latest.checkpoint, "id": "1f100000-0000-6000-8000-000000000001", "channel_values": {**latest.checkpoint["channel_values"], "note": None}},
+        {**latest.checkpoint, "id": str(uuid6()), "channel_values": {**latest.checkpoint["channel_values"], "note": None}},
         {"source": "update", "step": 9, "parents": {}},
         {},
     )
-    child = saver.put(none_config, {**latest.checkpoint, "id": "1f100000-0000-6000-8000-000000000002"}, {"source": "update", "step": 10, "parents": {}}, {})
+    child = saver.put(none_config, {**latest.checkpoint, "id": str(uuid6())}, {"source": "update", "step": 10, "parents": {}}, {})
     for config in (thread, child):
         sync = saver.get_delta_channel_history(config=config, channels=["messages", "note", "missing"])
         assert asyncio.run(saver.aget_delta_channel_history(config=config, channels=["messages", "note", "missing"])) == sync
