@@ -294,6 +294,40 @@ class Tx(ABC):
         """
 
 
+    # -- the saver's thread operations (`saver.TurnSaverMixin.prune`, `copy_thread`, `delete_for_runs`) --
+    @abstractmethod
+    def thread_record(self, thread_id: str) -> ThreadRecord | None:
+        """The thread's record, read in this transaction."""
+
+    @abstractmethod
+    def thread_has_rows(self, thread_id: str) -> bool:
+        """Whether the thread has a checkpoint (any namespace)."""
+
+    @abstractmethod
+    def busy_threads(self, thread_ids: Sequence[str]) -> list[str]:
+        """Those of `thread_ids` an unexpired claim holds (a turn is running on them)."""
+
+    @abstractmethod
+    def threads_of_runs(self, run_ids: Sequence[str]) -> list[str]:
+        """The threads (sorted) with a checkpoint whose metadata `run_id` is one of `run_ids`."""
+
+    @abstractmethod
+    def copy_thread_rows(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, blob and pending write of the source thread (same ids) to the target."""
+
+    @abstractmethod
+    def rewrite_checkpoint(
+        self, thread_id: str, tup: CheckpointTuple, *, parent_id: str | None, metadata: Mapping[str, Any]
+    ) -> None:
+        """Give a stored checkpoint (`tup`, messages resolved) a new parent and metadata (stored layout), and
+        store its messages whole (no longer a delta against an ancestor) when they are a list of messages."""
+
+    @abstractmethod
+    def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
+        """Delete every checkpoint of the thread but those in `keep` (`(checkpoint_ns, checkpoint_id)` pairs),
+        with their pending writes, and every blob no kept checkpoint points at. The record stays."""
+
+
 class ThreadStorage(ABC):
     """One database: the LangGraph saver the graph is compiled with, thread records, and turn claims.
 

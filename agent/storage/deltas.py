@@ -58,6 +58,18 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     return keep
 
 
+def is_message_list(value: Any) -> bool:
+    """Whether `value` is stored as a delta: a list of LangChain messages (an empty list included).
+
+    Anything else a graph keeps under `messages` (text, dicts, a tuple) is stored as LangGraph stores it.
+    """
+    if not isinstance(value, list):
+        return False
+    from langchain_core.messages import BaseMessage  # here: `agent.state` imports this module without LangChain
+
+    return all(isinstance(message, BaseMessage) for message in value)
+
+
 def is_delta(value: Any) -> bool:
     """Whether a stored `messages` value is a delta written by `encode`."""
     return isinstance(value, dict) and DELTA_KEY in value
@@ -236,6 +248,7 @@ def resolve_stored(target: str, stored: Mapping[str, Any], cache: MessageCache) 
         if is_delta(value):
             prefix = (*prefix[: value["keep"]], *value["add"])
         else:
-            prefix = tuple(value or ())
+            # No value, or one that is not a list of messages: no message is shared with it.
+            prefix = tuple(value) if is_message_list(value) else ()
         cache.put(checkpoint_id, prefix)
     return prefix

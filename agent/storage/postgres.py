@@ -87,7 +87,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.config import AgentSettings, mask_url
 from agent.errors import AgentError, InvalidRequest, LeaseExpired, StorageUnavailable
-from agent.storage import deltas
+from agent.storage import deltas, summaries
 from agent.storage.base import (
     CheckpointLink,
     Claim,
@@ -339,10 +339,26 @@ SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
 WHERE thread_id = %s AND checkpoint_ns = '' AND (%s::text IS NULL OR checkpoint_id < %s)
 ORDER BY checkpoint_id DESC LIMIT %s
 """
+# A summary field of a checkpoint's metadata in either layout (`summaries`: under SUMMARY_KEY by its short
+# name, or flat in checkpoints written before); `{path}` is a jsonb path of text.
+SUMMARY_FIELD = (
+    "(CASE WHEN jsonb_typeof(metadata -> '{key}') = 'object' THEN metadata #> '{{{key},{short}}}' "
+    "ELSE metadata #> '{{{long}}}' END)"
+)
+
+
+def summary_field(name: str, *, index: int | None = None) -> str:
+    """SQL for one summary field (jsonb); `index` picks input (0) or output (1) tokens of a usage field."""
+    short, long = summaries.SHORT_NAMES[name], name
+    if index is not None:  # packed usages are [input, output]; flat ones {"input_tokens", "output_tokens"}
+        short, long = f"{short},{index}", f"{long},{('input_tokens', 'output_tokens')[index]}"
+    return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long)
+
+
 # The thread's tree from the metadata summaries, without reading messages or whole metadata documents.
-CHECKPOINT_LINKS_SQL = """
-SELECT checkpoint_id, parent_checkpoint_id, COALESCE((metadata ->> 'message_count')::int, 0) AS message_count,
-    (metadata ->> 'kept_messages')::int AS kept_messages
+CHECKPOINT_LINKS_SQL = f"""
+SELECT checkpoint_id, parent_checkpoint_id, COALESCE(({summary_field("message_count")} #>> '{{}}')::int, 0) AS message_count,
+    ({summary_field("kept_messages")} #>> '{{}}')::int AS kept_messages
 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''
 """
 SET_HEAD_SQL = """
@@ -352,10 +368,11 @@ INSERT_THREAD_SQL = """
 INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, forked_from)
 VALUES (%s, %s, %s, %s, %s, %s, %s)
 """
-# Every checkpoint's stored `messages` value: the blob its channel version points at.
+# Every checkpoint's stored `messages` value: the blob its channel version points at. A LEFT JOIN: a
+# checkpoint with no messages yet (the input checkpoint of a plain MessagesState graph) is a base too.
 SELECT_THREAD_MESSAGES_SQL = """
 SELECT c.checkpoint_id, b.type, b.blob FROM checkpoints c
-JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+LEFT JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
   AND b.channel = 'messages' AND b.version = c.checkpoint -> 'channel_versions' ->> 'messages'
 WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
@@ -391,11 +408,11 @@ WHERE thread_id = %(thread_id)s AND user_id IS NOT DISTINCT FROM %(user_id)s
 RETURNING {THREAD_COLUMNS}
 """
 # A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
-TOKEN_USAGE_SQL = """
-SELECT coalesce(sum((metadata -> 'usage' ->> 'input_tokens')::bigint), 0) AS input_tokens,
-    coalesce(sum((metadata -> 'usage' ->> 'output_tokens')::bigint), 0) AS output_tokens,
+TOKEN_USAGE_SQL = f"""
+SELECT coalesce(sum(({summary_field("usage", index=0)} #>> '{{}}')::bigint), 0) AS input_tokens,
+    coalesce(sum(({summary_field("usage", index=1)} #>> '{{}}')::bigint), 0) AS output_tokens,
     coalesce(bool_or(checkpoint_id = %s), false) AS found,
-    (array_agg(metadata -> 'branch_usage') FILTER (WHERE checkpoint_id = %s))[1] AS branch_usage
+    (array_agg(metadata) FILTER (WHERE checkpoint_id = %s))[1] AS metadata
 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''
 """
 DELETE_THREAD_SQL = [
@@ -428,6 +445,44 @@ REWRITE_BLOB_SQL = """
 UPDATE checkpoint_blobs SET type = %s, blob = %s
 WHERE thread_id = %s AND checkpoint_ns = '' AND channel = 'messages' AND version = %s
 """
+# -- the saver's thread operations (`saver.TurnSaverMixin`: prune, copy_thread, delete_for_runs) --
+REWRITE_NS_BLOB_SQL = """
+UPDATE checkpoint_blobs SET type = %s, blob = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND channel = 'messages' AND version = %s
+"""
+REPARENT_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = %s, metadata = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
+"""
+THREAD_HAS_ROWS_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = %s LIMIT 1"
+BUSY_THREADS_SQL = """
+SELECT thread_id FROM agent_claims
+WHERE thread_id = ANY(%s) AND token <> '' AND expires_at >= clock_timestamp() ORDER BY thread_id
+"""
+THREADS_OF_RUNS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%s) ORDER BY thread_id"
+COPY_THREAD_SQL = [
+    """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+    FROM checkpoints WHERE thread_id = %(source)s""",
+    """INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT %(target)s, checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs WHERE thread_id = %(source)s""",
+    """INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
+    FROM checkpoint_writes WHERE thread_id = %(source)s""",
+]
+# `keep` is two arrays: namespaces and checkpoint ids, pairwise.
+KEPT_PAIRS = "(SELECT * FROM unnest(%(ns)s::text[], %(ids)s::text[]))"
+DELETE_UNKEPT_SQL = [
+    f"""DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s
+        AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
+    f"""DELETE FROM checkpoints WHERE thread_id = %(thread_id)s
+        AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
+    # Blobs are shared between checkpoints by (channel, version): keep exactly those a kept one points at.
+    """DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
+        SELECT 1 FROM checkpoints c
+        WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = b.checkpoint_ns
+          AND c.checkpoint -> 'channel_versions' ->> b.channel = b.version)""",
+]
 DELETE_OTHER_WRITES_SQL = """
 DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s
   AND NOT (checkpoint_ns = '' AND checkpoint_id = %(head)s)
@@ -445,8 +500,11 @@ WITH gone AS (
     RETURNING checkpoint_ns)
 SELECT count(*) FILTER (WHERE checkpoint_ns = '') AS removed FROM gone
 """
-MAKE_ROOT_SQL = """
-UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = metadata || '{"kept_messages": 0}'::jsonb
+MAKE_ROOT_SQL = f"""
+UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = CASE
+    WHEN jsonb_typeof(metadata -> '{summaries.SUMMARY_KEY}') = 'object'
+    THEN jsonb_set(metadata, '{{{summaries.SUMMARY_KEY},{summaries.SHORT_NAMES["kept_messages"]}}}', '0')
+    ELSE metadata || '{{"kept_messages": 0}}'::jsonb END
 WHERE thread_id = %(thread_id)s AND checkpoint_ns = '' AND checkpoint_id = %(head)s
 """
 # The claim row goes last and only if it is released: the deleting operation's own claim
@@ -492,7 +550,9 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
     """`PostgresSaver` with turn buffering, message deltas, summaries and no instance lock."""
 
     # LangGraph's statements, as calls of the functions that run them with cached plans (MIGRATIONS).
-    UPSERT_CHECKPOINT_BLOBS_SQL = "SELECT agent_put_blob(%s, %s, %s, %s, %s, %s)"
+    # The version as text: LangGraph's versions may be int or float (`langgraph.checkpoint.base.V`), which
+    # psycopg sends as numbers, and a function call has no implicit cast to TEXT (LangGraph's INSERT has).
+    UPSERT_CHECKPOINT_BLOBS_SQL = "SELECT agent_put_blob(%s, %s, %s, %s::text, %s, %s)"
     UPSERT_CHECKPOINTS_SQL = "SELECT agent_put_checkpoint(%s, %s, %s, %s, %s, %s)"
 
     def __init__(self, storage: PostgresThreadStorage, *, message_cache_size: int) -> None:
@@ -508,6 +568,9 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
             # statements join the write transaction's batch, sent with its commit.
             yield batch
             return
+        if batch is None:
+            # Used directly as a LangGraph checkpointer, the saver may be the first to touch the database.
+            self._storage.setup()
         # langgraph#7259: the base class holds `self.lock` here even with a
         # pool; a pooled (or the transaction's) connection is not shared, so no lock.
         with nullcontext(batch.connection()) if batch is not None else self._storage.connection() as conn:
@@ -539,8 +602,8 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         return self._resolve_tuple(PostgresSaver._load_checkpoint_tuple(self, value))
 
     def load_row(self, row: Mapping[str, Any]):
-        """A CheckpointTuple (messages resolved) from a row of `SELECT_CHECKPOINT_SQL`."""
-        return self._load_checkpoint_tuple(row)
+        """A CheckpointTuple (messages resolved, metadata as the agent reads it) from a row of `SELECT_CHECKPOINT_SQL`."""
+        return self.agent_tuple(self._load_checkpoint_tuple(row))
 
     def _backend_put(self, config, checkpoint, metadata, new_versions):
         return PostgresSaver.put(self, config, checkpoint, metadata, new_versions)
@@ -557,9 +620,13 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         for row in rows:
             key = (row["type"], bytes(row["blob"]) if row["blob"] is not None else None)
             if key not in decoded:
-                decoded[key] = None if row["type"] == "empty" else self.serde.loads_typed(key)
+                # No blob (the LEFT JOIN found none) or LangGraph's "empty" one: no messages.
+                decoded[key] = None if row["type"] in (None, "empty") else self.serde.loads_typed(key)
             stored[row["checkpoint_id"]] = decoded[key]
         return stored
+
+    def _dump_messages_whole(self, messages) -> tuple[str, bytes]:
+        return self.serde.dumps_typed(deltas.encode(list(messages), None, ()))
 
 
 class PostgresTx(Tx):
@@ -625,6 +692,37 @@ class PostgresTx(Tx):
         removed = self.batch.read(DELETE_OTHER_CHECKPOINTS_SQL, params).fetchone()["removed"]
         self.batch.execute(MAKE_ROOT_SQL, params)
         return int(removed)
+
+    def thread_record(self, thread_id: str) -> ThreadRecord | None:
+        return _record(self.batch.read(SELECT_THREAD_SQL, (thread_id,)).fetchone())
+
+    def thread_has_rows(self, thread_id: str) -> bool:
+        return self.batch.read(THREAD_HAS_ROWS_SQL, (thread_id,)).fetchone() is not None
+
+    def busy_threads(self, thread_ids: Sequence[str]) -> list[str]:
+        return [row["thread_id"] for row in self.batch.read(BUSY_THREADS_SQL, (list(thread_ids),)).fetchall()]
+
+    def threads_of_runs(self, run_ids: Sequence[str]) -> list[str]:
+        return [row["thread_id"] for row in self.batch.read(THREADS_OF_RUNS_SQL, (list(run_ids),)).fetchall()]
+
+    def copy_thread_rows(self, source_thread_id: str, target_thread_id: str) -> None:
+        for statement in COPY_THREAD_SQL:
+            self.batch.execute(statement, {"source": source_thread_id, "target": target_thread_id})
+
+    def rewrite_checkpoint(self, thread_id, tup, *, parent_id, metadata) -> None:
+        configurable = tup.config["configurable"]
+        ns, checkpoint_id = configurable.get("checkpoint_ns", ""), configurable["checkpoint_id"]
+        messages = tup.checkpoint["channel_values"].get("messages")
+        version = tup.checkpoint["channel_versions"].get("messages")
+        if deltas.is_message_list(messages) and version is not None:
+            blob = self.saver._dump_messages_whole(messages)
+            self.batch.execute(REWRITE_NS_BLOB_SQL, (*blob, thread_id, ns, str(version)))
+        self.batch.execute(REPARENT_SQL, (parent_id, Jsonb(dict(metadata)), thread_id, ns, checkpoint_id))
+
+    def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
+        params = {"thread_id": thread_id, "ns": [ns for ns, _ in keep], "ids": [cid for _, cid in keep]}
+        for statement in DELETE_UNKEPT_SQL:
+            self.batch.execute(statement, params)
 
 
 class CachedCredential:
@@ -1037,7 +1135,8 @@ class PostgresThreadStorage(ThreadStorage):
             return [self.saver.load_row(row) for row in sorted(rows, key=lambda row: row["checkpoint_id"])]
 
     def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
-        return self._read(thread_id, LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit))  # LIMIT NULL: all
+        rows = self._read(thread_id, LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit))  # LIMIT NULL: all
+        return [{**row, "metadata": summaries.agent_view(row["metadata"])} for row in rows]
 
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         return [CheckpointLink(**row) for row in self._read(thread_id, CHECKPOINT_LINKS_SQL, (thread_id,))]
@@ -1082,7 +1181,7 @@ class PostgresThreadStorage(ThreadStorage):
         if not row["found"]:
             return None
         thread = {"input_tokens": int(row["input_tokens"]), "output_tokens": int(row["output_tokens"])}
-        return thread, row["branch_usage"]
+        return thread, summaries.unpack(row["metadata"]).get("branch_usage")
 
     # -- errors --------------------------------------------------------------------------------
     @contextmanager

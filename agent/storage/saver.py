@@ -1,41 +1,74 @@
 """`TurnSaverMixin`: what the agent adds to LangGraph's savers (buffered turns, message deltas, summaries).
 
-Mixed into `PostgresSaver` and `SqliteSaver` by the backends, which provide the
-`_backend_*` hooks and `_fetch_thread_messages`:
+Mixed into `PostgresSaver` and `SqliteSaver` by the backends (`memory://` is the
+SQLite one on `:memory:`), which provide the `_backend_*` hooks,
+`_fetch_thread_messages` and the transaction statements (`base.Tx`):
 
 * **Buffered turns.** While a turn runs (`buffering`), `put`/`put_writes` for
   its thread go to the turn's buffer and `get_tuple` answers from what the
   claim read, so the graph runs without touching the database; the storage's
   commit writes the buffer (`write_turn`) in one transaction. LangGraph itself
   would write a failed step and make it the latest checkpoint even with
-  `durability="exit"`. The async methods (`aget_tuple`, `aput`, …) do the same
-  without I/O, so `graph.astream` runs on the event loop.
+  `durability="exit"`.
 * **Messages stored once** (`deltas.py`) and a **summary** in each checkpoint's
   metadata (`summaries.py`), with what the turn sent the model and the tokens it
   used (the run's turn report, `summaries.TURN_REPORT_KEY`).
-* **Unsafe inherited operations refused.** `prune` and `delete_thread` of the
-  LangGraph savers know neither `agent_threads` nor the delta encoding
-  (keep_latest would delete the checkpoints a head's delta points to); the
-  agent's own operations do both correctly, so these raise NotImplementedError.
+* **A LangGraph checkpointer for any graph.** Outside a turn the saver is an
+  ordinary checkpointer (`langgraph-checkpoint-conformance` passes on it, and
+  tests/test_foreign_graphs.py runs graphs of other shapes on it): a `messages`
+  value that is not a list of LangChain messages is stored as LangGraph would
+  store it (only a list of messages is a delta); the summary sits under one
+  metadata key (`summaries.SUMMARY_KEY`), so every key a caller wrote is kept;
+  channel versions may be int, float or str (`langgraph.checkpoint.base.V`);
+  `get_delta_channel_history` walks resolved checkpoints (LangGraph's default),
+  so it never returns a stored delta, and its sync and async forms agree.
+* **Thread operations that know the deltas and the thread records.**
+  LangGraph's own `delete_thread`/`prune`/`copy_thread` know neither
+  `agent_threads` nor the delta encoding (a `keep_latest` prune would delete the
+  checkpoints a kept delta points to), so they are replaced here: each runs in
+  one transaction and is refused (`ThreadBusy`, nothing written) while a turn
+  holds a thread. `prune(keep_latest)` stores each kept checkpoint's messages
+  whole before deleting its ancestors; `delete_for_runs` stores whole the
+  messages of each surviving checkpoint whose parent it deletes and hangs it
+  from its nearest surviving ancestor; `copy_thread` copies the rows (same
+  checkpoint ids, so every delta's base is copied with it) and the thread record.
+  For a thread the agent knows, the checkpoint `prune` keeps in the root
+  namespace is its head (LangGraph's "latest" is the newest id, which after a
+  branch switch is not the head).
+* **No blocking on the event loop.** Every async method either answers from
+  memory (a running turn's buffer) or runs the sync method in a worker thread
+  (`asyncio.to_thread`): both backends' drivers are synchronous, and the
+  conformance suite exercises only the async API, detecting a capability by
+  whether the async method is overridden.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from langgraph.checkpoint.base import CheckpointTuple, copy_checkpoint
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, copy_checkpoint
 
-from agent.storage import deltas
-from agent.storage.base import Turn
+from agent.errors import InvalidRequest, ThreadBusy, ThreadExists, ThreadNotFound
+from agent.storage import deltas, summaries
+from agent.storage.base import Turn, Tx
 from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary, summarize
+
+#: `prune` strategies, as LangGraph names them.
+PRUNE_STRATEGIES = ("keep_latest", "delete")
+
+#: Summary fields that describe a model call; kept when a checkpoint is rewritten (the rest is recomputed).
+_MODEL_FIELDS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage")
 
 
 class TurnSaverMixin:
     """Turn buffering, message deltas and summaries, mixed into a LangGraph saver."""
+
+    #: The storage this saver belongs to (set by the backend): its `transaction` runs the thread operations.
+    _storage: Any
 
     def _init_turns(self, message_cache_size: int) -> None:
         self._turns: dict[str, Turn] = {}
@@ -68,6 +101,10 @@ class TurnSaverMixin:
             self._write_checkpoint(config, checkpoint, metadata, new_versions, turn)
         for config, writes, task_id, task_path in turn.writes:
             self._backend_put_writes(config, writes, task_id, task_path)
+
+    def agent_tuple(self, tup: CheckpointTuple | None) -> CheckpointTuple | None:
+        """`tup` with its metadata as the agent's operations read it (`summaries.agent_view`)."""
+        return None if tup is None else tup._replace(metadata=summaries.agent_view(tup.metadata))
 
     # -- BaseCheckpointSaver ------------------------------------------------
     def get_tuple(self, config):
@@ -141,16 +178,193 @@ class TurnSaverMixin:
         for item in await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit))):
             yield item
 
-    def prune(self, thread_ids, *, strategy: str = "keep_latest") -> None:
-        raise NotImplementedError(
-            "LangGraph's prune does not know the agent's message deltas or thread records; "
-            "use the agent's retention (thread_ttl_seconds, sweep_expired_threads) instead."
-        )
+    # LangGraph's default walk reads resolved checkpoints through get_tuple. The backends' fast paths read
+    # stored channel values, which for `messages` would be deltas; and SqliteSaver's sync path and the base
+    # class's async one disagreed about a channel stored as None.
+    get_delta_channel_history = BaseCheckpointSaver.get_delta_channel_history
 
+    async def aget_delta_channel_history(self, *, config, channels):
+        return await asyncio.to_thread(lambda: self.get_delta_channel_history(config=config, channels=channels))
+
+    # -- thread operations ---------------------------------------------------
     def delete_thread(self, thread_id: str) -> None:
-        raise NotImplementedError(
-            "LangGraph's delete_thread does not know the agent's thread records; use agent.delete_thread(...) instead."
-        )
+        """Delete every checkpoint, pending write and blob of the thread (all namespaces) and its record.
+
+        Args:
+            thread_id: the thread; an unknown one is a no-op.
+
+        Raises:
+            ThreadBusy: a turn holds the thread; nothing was deleted.
+            StorageUnavailable: the database failed; nothing was deleted.
+        """
+        self.prune([thread_id], strategy="delete")
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """`delete_thread` in a worker thread."""
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune the threads, each in the same one transaction.
+
+        Args:
+            thread_ids: the threads (unknown ones are skipped).
+            strategy: `"keep_latest"` keeps, per namespace, the newest checkpoint (in the root namespace of
+                a thread the agent knows: its head) with its pending writes, its messages stored whole and
+                no parent, and deletes the rest; `"delete"` deletes every row of the threads and their records.
+
+        Raises:
+            InvalidRequest: `thread_ids` is a single string, or `strategy` is unknown; nothing was written.
+            ThreadBusy: a turn holds one of the threads; nothing was written.
+            StorageUnavailable: the database failed; nothing was written.
+        """
+        ids = _thread_ids(thread_ids)
+        if strategy not in PRUNE_STRATEGIES:
+            raise InvalidRequest(f"Unknown prune strategy {strategy!r}; use one of {', '.join(PRUNE_STRATEGIES)}.")
+        if not ids:
+            return
+
+        def apply(tx: Tx) -> None:
+            _refuse_busy(tx, ids)
+            for thread_id in ids:
+                if strategy == "delete":
+                    tx.delete_thread(thread_id)
+                else:
+                    self._keep_latest(tx, thread_id)
+
+        self._storage.transaction(apply)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """`prune` in a worker thread."""
+        await asyncio.to_thread(lambda: self.prune(thread_ids, strategy=strategy))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, pending write and blob of a thread (all namespaces, same checkpoint ids) and
+        its record (with `forked_from` naming the source's head) to a new thread.
+
+        Raises:
+            ThreadNotFound: the source has no checkpoint; nothing was written.
+            ThreadExists: the target has checkpoints or a record already; nothing was written.
+            InvalidRequest: source and target are the same thread.
+            StorageUnavailable: the database failed; nothing was written.
+        """
+        if source_thread_id == target_thread_id:
+            raise InvalidRequest(f"copy_thread needs two threads; got {source_thread_id!r} twice.")
+
+        def apply(tx: Tx) -> None:
+            if not tx.thread_has_rows(source_thread_id):
+                raise ThreadNotFound(f"Thread {source_thread_id!r} has no checkpoint to copy.", thread_id=source_thread_id)
+            if tx.thread_has_rows(target_thread_id) or tx.thread_record(target_thread_id) is not None:
+                raise ThreadExists(
+                    f"Thread {target_thread_id!r} already exists; nothing was copied.", thread_id=target_thread_id
+                )
+            tx.copy_thread_rows(source_thread_id, target_thread_id)
+            record = tx.thread_record(source_thread_id)
+            if record is not None:
+                tx.insert_thread(
+                    target_thread_id,
+                    user_id=record.user_id,
+                    head_checkpoint_id=record.head_checkpoint_id,
+                    message_count=record.message_count,
+                    title=record.title,
+                    metadata=record.metadata,
+                    forked_from={"thread_id": source_thread_id, "checkpoint_id": record.head_checkpoint_id},
+                )
+
+        self._storage.transaction(apply)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """`copy_thread` in a worker thread."""
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete every checkpoint whose metadata `run_id` is one of `run_ids` (any thread, any namespace),
+        with its pending writes, in one transaction.
+
+        A surviving checkpoint whose parent is deleted gets its nearest surviving ancestor as parent (or
+        none) and its messages stored whole; a thread record whose head is deleted moves to the head's
+        nearest surviving ancestor (else the thread's newest checkpoint; with none left, it is deleted).
+
+        Raises:
+            InvalidRequest: `run_ids` is a single string; nothing was written.
+            ThreadBusy: a turn holds one of the threads; nothing was written.
+            StorageUnavailable: the database failed; nothing was written.
+        """
+        runs = _thread_ids(run_ids, name="run_ids")
+        if not runs:
+            return
+
+        def apply(tx: Tx) -> None:
+            threads = tx.threads_of_runs(runs)
+            _refuse_busy(tx, threads)
+            for thread_id in threads:
+                self._delete_runs(tx, thread_id, set(runs))
+
+        self._storage.transaction(apply)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """`delete_for_runs` in a worker thread."""
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    def _thread_tuples(self, thread_id: str) -> list[CheckpointTuple]:
+        """Every checkpoint of the thread, every namespace, messages resolved (in the running transaction)."""
+        return list(self.list({"configurable": {"thread_id": thread_id}}))
+
+    def _keep_latest(self, tx: Tx, thread_id: str) -> None:
+        tuples = self._thread_tuples(thread_id)
+        if not tuples:
+            return
+        record = tx.thread_record(thread_id)
+        kept: dict[str, CheckpointTuple] = {}
+        for tup in tuples:
+            ns, checkpoint_id = _address(tup)
+            if ns not in kept or checkpoint_id > _address(kept[ns])[1]:
+                kept[ns] = tup
+        if record is not None:
+            head = next((t for t in tuples if _address(t) == ("", record.head_checkpoint_id)), None)
+            if head is not None:
+                kept[""] = head
+        for tup in kept.values():
+            tx.rewrite_checkpoint(thread_id, tup, parent_id=None, metadata=summaries.with_fields(tup.metadata, kept_messages=0))
+        tx.delete_checkpoints(thread_id, keep=[_address(t) for t in kept.values()])
+
+    def _delete_runs(self, tx: Tx, thread_id: str, runs: set[str]) -> None:
+        tuples = self._thread_tuples(thread_id)
+        by_address = {_address(t): t for t in tuples}
+        doomed = {a for a, t in by_address.items() if t.metadata.get("run_id") in runs}
+        if not doomed:
+            return
+
+        def surviving_ancestor(address: tuple[str, str]) -> str | None:
+            current = _parent_id(by_address[address])
+            while current is not None and (address[0], current) in doomed:
+                found = by_address.get((address[0], current))
+                current = _parent_id(found) if found is not None else None
+            return current
+
+        for address, tup in by_address.items():
+            parent = _parent_id(tup)
+            if address in doomed or parent is None or (address[0], parent) not in doomed:
+                continue
+            new_parent = surviving_ancestor(address)
+            messages = _message_list(tup)
+            base = _message_list(by_address[(address[0], new_parent)]) if new_parent is not None else None
+            kept = deltas.common_prefix(messages, base) if messages is not None and base is not None else 0
+            tx.rewrite_checkpoint(
+                thread_id, tup, parent_id=new_parent, metadata=summaries.with_fields(tup.metadata, kept_messages=kept)
+            )
+        tx.delete_checkpoints(thread_id, keep=[a for a in by_address if a not in doomed])
+        record = tx.thread_record(thread_id)
+        if record is None or ("", record.head_checkpoint_id) not in doomed:
+            return
+        head = surviving_ancestor(("", record.head_checkpoint_id))
+        if head is None:
+            roots = sorted(cid for ns, cid in by_address if ns == "" and (ns, cid) not in doomed)
+            head = roots[-1] if roots else None
+        if head is None:
+            tx.delete_thread(thread_id)
+            return
+        messages = _message_list(by_address[("", head)]) or ()
+        tx.set_head(thread_id, head, message_count=len(messages))
 
     # -- shared write / read paths -----------------------------------------
     def _write_checkpoint(self, config, checkpoint, metadata, new_versions, turn: Turn | None):
@@ -160,21 +374,31 @@ class TurnSaverMixin:
         parent_id = configurable.get("checkpoint_id")
         values = dict(checkpoint["channel_values"])
         messages = values.get("messages")
+        listed = deltas.is_message_list(messages)
         kept = 0
-        if messages is not None and not deltas.is_delta(messages):
+        if listed:
             base = self._parent_messages(thread_id, checkpoint_ns, parent_id, turn) if parent_id else ()
             values["messages"] = deltas.encode(messages, parent_id, base)
             kept = values["messages"]["keep"]
             self.message_cache.put(checkpoint["id"], messages)
-        parent_metadata = self._parent_metadata(config, parent_id, turn) if parent_id else None
+        parent_summary = summaries.unpack(self._parent_metadata(config, parent_id, turn)) if parent_id else None
         summary = {
-            **summarize(messages or [], checkpoint, self.node_triggers, kept_messages=kept),
-            **model_input_summary(configurable.get(TURN_REPORT_KEY), parent_id, parent_metadata),
+            **summarize(messages if listed else [], checkpoint, self.node_triggers, kept_messages=kept),
+            **model_input_summary(configurable.get(TURN_REPORT_KEY), parent_id, parent_summary),
         }
-        # The turn bookkeeping keys are not the user's metadata.
-        clean = {k: v for k, v in metadata.items() if not k.startswith("tt_")}
+        # The agent's own `tt_` configurable keys (the turn report) are not metadata, nor is a summary
+        # handed back in: the agent's copies (fork_thread, import_thread, inside a turn) pass the metadata
+        # they read, whose summary fields are recomputed here. A caller's keys are kept.
+        clean = {
+            key: value
+            for key, value in metadata.items()
+            if key != summaries.SUMMARY_KEY
+            and not (key.startswith("tt_") and key in configurable)
+            and not (turn is not None and key in summaries.SUMMARY_FIELDS)
+        }
         config = {**config, "configurable": {k: v for k, v in configurable.items() if not k.startswith("tt_")}}
-        return self._backend_put(config, {**checkpoint, "channel_values": values}, {**clean, **summary}, new_versions)
+        stored = {**checkpoint, "channel_values": values}
+        return self._backend_put(config, stored, {**clean, **summaries.pack(summary)}, new_versions)
 
     def _parent_metadata(self, config, parent_id: str, turn: Turn | None) -> Mapping[str, Any] | None:
         # A turn's parent is its start, which the claim read (or a root written in the same commit).
@@ -187,11 +411,13 @@ class TurnSaverMixin:
     def _parent_messages(self, thread_id: str, checkpoint_ns: str, parent_id: str, turn: Turn | None):
         # A parent written earlier in the same commit (a thread's root) is not stored yet.
         if turn is not None and turn.loaded.get(parent_id) is not None:
-            return turn.loaded[parent_id].checkpoint["channel_values"].get("messages") or ()
+            found = turn.loaded[parent_id].checkpoint["channel_values"].get("messages")
+            return found if deltas.is_message_list(found) else ()
         return self.messages_of(thread_id, checkpoint_ns, parent_id)
 
     def messages_of(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> tuple:
-        """The full message list of a stored checkpoint (cached; a miss reads the thread's deltas once)."""
+        """The full message list of a stored checkpoint (cached; a miss reads the thread's deltas once);
+        empty when the checkpoint holds no list of messages."""
         cached = self.message_cache.get(checkpoint_id)
         if cached is not None:
             return cached
@@ -230,5 +456,34 @@ class TurnSaverMixin:
         raise NotImplementedError
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:  # pragma: no cover
-        """Every stored `messages` value of a thread, keyed by checkpoint id."""
+        """Every stored `messages` value of a thread's namespace, keyed by checkpoint id (None where a
+        checkpoint has none: every checkpoint of the namespace is a key)."""
         raise NotImplementedError
+
+
+def _thread_ids(ids: Sequence[str], *, name: str = "thread_ids") -> list[str]:
+    if isinstance(ids, (str, bytes)):
+        raise InvalidRequest(f"{name} must be a sequence of ids, not one string: {ids!r:.60}")
+    return [str(i) for i in ids]
+
+
+def _refuse_busy(tx: Tx, thread_ids: Sequence[str]) -> None:
+    busy = tx.busy_threads(thread_ids)
+    if busy:
+        raise ThreadBusy(
+            f"A turn holds thread {busy[0]!r}; nothing was written. Retry once it has finished.", thread_id=busy[0]
+        )
+
+
+def _address(tup: CheckpointTuple) -> tuple[str, str]:
+    configurable = tup.config["configurable"]
+    return configurable.get("checkpoint_ns", ""), configurable["checkpoint_id"]
+
+
+def _parent_id(tup: CheckpointTuple) -> str | None:
+    return (tup.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+
+
+def _message_list(tup: CheckpointTuple) -> Sequence[Any] | None:
+    found = tup.checkpoint["channel_values"].get("messages")
+    return found if deltas.is_message_list(found) else None

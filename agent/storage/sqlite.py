@@ -43,7 +43,7 @@ from langgraph.store.sqlite.base import VECTOR_MIGRATIONS as STORE_VECTOR_MIGRAT
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
-from agent.storage import deltas, sqlite_reads
+from agent.storage import deltas, sqlite_reads, summaries
 from agent.storage.base import (
     CheckpointLink,
     Claim,
@@ -156,10 +156,26 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = excluded.head_checkpoint_id,
     message_count = excluded.message_count, updated_at = excluded.updated_at
 """
-# SqliteSaver stores metadata as a JSON blob; the cast lets json_extract read it.
-CHECKPOINT_LINKS_SQL = """
-SELECT checkpoint_id, parent_checkpoint_id, json_extract(CAST(metadata AS TEXT), '$.message_count'),
-    json_extract(CAST(metadata AS TEXT), '$.kept_messages')
+# A summary field of a checkpoint's metadata in either layout (`summaries`: under SUMMARY_KEY by its short
+# name, or flat in checkpoints written before). SqliteSaver stores metadata as a JSON blob: a BLOB, which
+# json_extract would read as binary JSONB, so it is cast to text.
+SUMMARY_FIELD = (
+    "(CASE WHEN json_type(CAST(metadata AS TEXT), '$.\"{key}\"') = 'object' "
+    "THEN json_extract(CAST(metadata AS TEXT), '$.\"{key}\".{short}') "
+    "ELSE json_extract(CAST(metadata AS TEXT), '$.{long}') END)"
+)
+
+
+def summary_field(name: str, *, index: int | None = None) -> str:
+    """SQL for one summary field; `index` picks input (0) or output (1) tokens of a usage field."""
+    short, long = summaries.SHORT_NAMES[name], name
+    if index is not None:  # packed usages are [input, output]; flat ones {"input_tokens", "output_tokens"}
+        short, long = f"{short}[{index}]", f"{long}.{('input_tokens', 'output_tokens')[index]}"
+    return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long)
+
+
+CHECKPOINT_LINKS_SQL = f"""
+SELECT checkpoint_id, parent_checkpoint_id, {summary_field("message_count")}, {summary_field("kept_messages")}
 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 """
 THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = ? AND checkpoint_ns = '' LIMIT 1"
@@ -180,13 +196,12 @@ SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkp
 THREADS_WITH_CHECKPOINTS_SQL = """
 SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id IN (SELECT value FROM json_each(?)) ORDER BY thread_id
 """
-# A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
-# SqliteSaver stores metadata as JSON bytes: a BLOB, which json_extract would read as binary JSONB.
-TOKEN_USAGE_SQL = """
-SELECT coalesce(sum(json_extract(CAST(metadata AS TEXT), '$.usage.input_tokens')), 0),
-    coalesce(sum(json_extract(CAST(metadata AS TEXT), '$.usage.output_tokens')), 0),
+# A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's metadata (its `branch_usage`).
+TOKEN_USAGE_SQL = f"""
+SELECT coalesce(sum({summary_field("usage", index=0)}), 0),
+    coalesce(sum({summary_field("usage", index=1)}), 0),
     coalesce(max(checkpoint_id = ?), 0),
-    max(CASE WHEN checkpoint_id = ? THEN json_extract(CAST(metadata AS TEXT), '$.branch_usage') END)
+    max(CASE WHEN checkpoint_id = ? THEN CAST(metadata AS TEXT) END)
 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 """
 DELETE_THREAD_SQL = [
@@ -225,6 +240,34 @@ WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
 DELETE_OTHER_WRITES_SQL = "DELETE FROM writes WHERE thread_id = ? AND NOT (checkpoint_ns = '' AND checkpoint_id = ?)"
 DELETE_OTHER_ROOT_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id <> ?"
 DELETE_NAMESPACED_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns <> ''"
+# -- the saver's thread operations (`saver.TurnSaverMixin`: prune, copy_thread, delete_for_runs) --
+SELECT_CHECKPOINT_ROW_SQL = """
+SELECT type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+REWRITE_CHECKPOINT_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = ?, type = ?, checkpoint = ?, metadata = ?
+WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+THREAD_HAS_ROWS_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = ? LIMIT 1"
+BUSY_THREAD_SQL = "SELECT 1 FROM agent_claims WHERE thread_id = ? AND token <> '' AND expires_at >= ?"
+THREADS_OF_RUNS_SQL = """
+SELECT DISTINCT thread_id FROM checkpoints
+WHERE json_extract(CAST(metadata AS TEXT), '$.run_id') IN (SELECT value FROM json_each(?)) ORDER BY thread_id
+"""
+COPY_THREAD_SQL = [
+    """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT :target, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+    FROM checkpoints WHERE thread_id = :source""",
+    """INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
+    SELECT :target, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
+    FROM writes WHERE thread_id = :source""",
+]
+# `keep` is a JSON array of [checkpoint_ns, checkpoint_id] pairs.
+KEPT_PAIRS = "(SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:keep))"
+DELETE_UNKEPT_SQL = [
+    f"DELETE FROM writes WHERE thread_id = :thread_id AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}",
+    f"DELETE FROM checkpoints WHERE thread_id = :thread_id AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}",
+]
 
 
 FIND_IDEMPOTENCY_SQL = """
@@ -245,8 +288,9 @@ SWEEP_IDEMPOTENCY_SQL = "DELETE FROM agent_idempotency WHERE expires_at <= ?"
 class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
     """`SqliteSaver` with turn buffering, message deltas and summaries."""
 
-    def __init__(self, conn: sqlite3.Connection, *, message_cache_size: int) -> None:
+    def __init__(self, conn: sqlite3.Connection, storage: SqliteThreadStorage, *, message_cache_size: int) -> None:
         SqliteSaver.__init__(self, conn)
+        self._storage = storage
         self._init_turns(message_cache_size)
         # Set while this OS thread holds `self.lock` inside an explicit transaction.
         self._in_transaction = threading.local()
@@ -372,7 +416,7 @@ class SqliteTx(Tx):
         messages = head.checkpoint["channel_values"].get("messages")
         if messages is not None and "messages" in checkpoint["channel_values"]:
             checkpoint["channel_values"]["messages"] = deltas.encode(list(messages), None, ())
-        summary = {**json.loads(metadata), "kept_messages": 0} if metadata is not None else {"kept_messages": 0}
+        summary = summaries.with_fields(json.loads(metadata) if metadata is not None else {}, kept_messages=0)
         type_, blob = self.saver.serde.dumps_typed(checkpoint)
         self.cur.execute(
             UPDATE_HEAD_ROW_SQL, (type_, blob, json.dumps(summary, ensure_ascii=False).encode(), thread_id, head_id)
@@ -381,6 +425,43 @@ class SqliteTx(Tx):
         removed = self.cur.execute(DELETE_OTHER_ROOT_CHECKPOINTS_SQL, (thread_id, head_id)).rowcount
         self.cur.execute(DELETE_NAMESPACED_CHECKPOINTS_SQL, (thread_id,))
         return removed
+
+    def thread_record(self, thread_id: str) -> ThreadRecord | None:
+        return sqlite_reads.get_thread(self.cur, thread_id)
+
+    def thread_has_rows(self, thread_id: str) -> bool:
+        return self.cur.execute(THREAD_HAS_ROWS_SQL, (thread_id,)).fetchone() is not None
+
+    def busy_threads(self, thread_ids: Sequence[str]) -> list[str]:
+        now = time.time()
+        return sorted(t for t in set(thread_ids) if self.cur.execute(BUSY_THREAD_SQL, (t, now)).fetchone())
+
+    def threads_of_runs(self, run_ids: Sequence[str]) -> list[str]:
+        return [row[0] for row in self.cur.execute(THREADS_OF_RUNS_SQL, (json.dumps(list(run_ids)),)).fetchall()]
+
+    def copy_thread_rows(self, source_thread_id: str, target_thread_id: str) -> None:
+        for statement in COPY_THREAD_SQL:
+            self.cur.execute(statement, {"source": source_thread_id, "target": target_thread_id})
+
+    def rewrite_checkpoint(self, thread_id, tup, *, parent_id, metadata) -> None:
+        configurable = tup.config["configurable"]
+        address = (thread_id, configurable.get("checkpoint_ns", ""), configurable["checkpoint_id"])
+        row = self.cur.execute(SELECT_CHECKPOINT_ROW_SQL, address).fetchone()
+        if row is None:
+            return
+        # SqliteSaver keeps channel values inside the serialized checkpoint.
+        checkpoint = self.saver.serde.loads_typed(row)
+        messages = tup.checkpoint["channel_values"].get("messages")
+        if deltas.is_message_list(messages) and "messages" in checkpoint["channel_values"]:
+            checkpoint["channel_values"]["messages"] = deltas.encode(list(messages), None, ())
+        type_, blob = self.saver.serde.dumps_typed(checkpoint)
+        encoded = json.dumps(dict(metadata), ensure_ascii=False).encode()
+        self.cur.execute(REWRITE_CHECKPOINT_SQL, (parent_id, type_, blob, encoded, *address))
+
+    def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
+        params = {"thread_id": thread_id, "keep": json.dumps([list(pair) for pair in keep])}
+        for statement in DELETE_UNKEPT_SQL:
+            self.cur.execute(statement, params)
 
 
 def _epoch(now: datetime | None) -> float:
@@ -403,7 +484,7 @@ class SqliteThreadStorage(ThreadStorage):
                 conn.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"Cannot open SQLite database {path!r}: {exc}") from None
-        self.saver = TurnSqliteSaver(conn, message_cache_size=settings.message_cache_size)
+        self.saver = TurnSqliteSaver(conn, self, message_cache_size=settings.message_cache_size)
         self._ready = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -500,7 +581,7 @@ class SqliteThreadStorage(ThreadStorage):
                 start_id = checkpoint_id or (record.head_checkpoint_id if record else None)
                 if fence_row is not None and start_id is not None and read_start:
                     config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": start_id}}
-                    start = self.saver._backend_get_tuple(config)
+                    start = self.saver.agent_tuple(self.saver._backend_get_tuple(config))
             return fence_row, record, start
 
         fence_row, record, start = self._repairing(attempt)
@@ -628,7 +709,7 @@ class SqliteThreadStorage(ThreadStorage):
 
     def get_checkpoint(self, thread_id: str, checkpoint_id: str):
         config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
-        return self._repairing(lambda: self.saver._backend_get_tuple(config))
+        return self._repairing(lambda: self.saver.agent_tuple(self.saver._backend_get_tuple(config)))
 
     def get_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]):
         return [found for found in (self.get_checkpoint(thread_id, c) for c in sorted(set(checkpoint_ids))) if found]
@@ -670,7 +751,8 @@ class SqliteThreadStorage(ThreadStorage):
         inputs, outputs, found, branch = self._read(lambda cur: cur.execute(TOKEN_USAGE_SQL, params).fetchone())
         if not found:
             return None
-        return {"input_tokens": int(inputs), "output_tokens": int(outputs)}, json.loads(branch) if branch else None
+        branch_usage = summaries.unpack(json.loads(branch)).get("branch_usage") if branch else None
+        return {"input_tokens": int(inputs), "output_tokens": int(outputs)}, branch_usage
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

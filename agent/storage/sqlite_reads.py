@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 from agent.errors import InvalidRequest, StorageUnavailable
+from agent.storage import summaries
 from agent.storage.base import ThreadRecord
 
 THREAD_COLUMNS = (
@@ -74,7 +75,7 @@ def list_checkpoints(cur: sqlite3.Cursor, thread_id: str, *, limit: int | None, 
     # A negative LIMIT is no limit in SQLite.
     rows = cur.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, -1 if limit is None else limit)).fetchall()
     return [
-        {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": json.loads(meta)}
+        {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": summaries.agent_view(json.loads(meta))}
         for cid, parent, meta in rows
     ]
 

@@ -24,6 +24,18 @@ own calls. Why not a state channel: a new channel value each turn is a blob row
 and an index entry, about 600 bytes per turn on Postgres, which took the
 storage benchmark over its target (3.2 times the message bytes instead of 2.6);
 metadata alone adds about 250.
+
+**Layout: one key of our own.** The summary is stored under one metadata key,
+`SUMMARY_KEY`, with short field names (`pack`), beside the caller's metadata,
+which is kept whole: a LangGraph graph run directly on our saver may write any
+key, `ts` and `message_count` included, and LangGraph's own savers keep every
+key a caller wrote. The short names make a checkpoint's metadata smaller than
+the flat layout it replaces (about 60 bytes less per checkpoint; the fixed cost
+of a turn is what the storage benchmark watches). Checkpoints written before
+this layout hold the same fields flat, beside LangGraph's keys; `unpack` reads
+both, so no migration rewrites stored rows. The agent's own operations read a
+checkpoint's metadata through `agent_view` (the caller's keys with the summary
+fields flat, as before), so nothing above `agent.storage` sees the layout.
 """
 
 from __future__ import annotations
@@ -39,6 +51,96 @@ LAST_MESSAGE_CHARS = 100
 
 #: The `configurable` key of a run's turn report (a dict; see the module docstring). `tt_` keys are not metadata.
 TURN_REPORT_KEY = "tt_turn_report"
+
+
+#: The metadata key holding the summary (see "Layout" above). A caller's own value under it is replaced.
+SUMMARY_KEY = "__tt__"
+
+#: Summary field -> its short name under `SUMMARY_KEY`.
+SHORT_NAMES = {
+    "message_count": "n",
+    "last_message": "m",
+    "last_user_message": "u",
+    "next_nodes": "x",
+    "ts": "t",
+    "kept_messages": "k",
+    "model_input_messages": "mi",
+    "model_input_tokens": "mt",
+    "summary_used": "s",
+    "usage": "us",
+    "branch_usage": "bu",
+}
+#: The summary fields, as the agent reads them (`agent_view`) and as the flat layout stored them.
+SUMMARY_FIELDS = frozenset(SHORT_NAMES)
+_LONG_NAMES = {short: name for name, short in SHORT_NAMES.items()}
+#: Fields holding a token usage `{"input_tokens", "output_tokens"}`, packed as `[input, output]`.
+_USAGE_FIELDS = frozenset({"usage", "branch_usage"})
+
+
+def pack(summary: Mapping[str, Any]) -> dict:
+    """`{SUMMARY_KEY: …}`: the summary fields under their short names, usages as `[input, output]`."""
+    packed = {}
+    for name, value in summary.items():
+        if name in _USAGE_FIELDS and isinstance(value, Mapping):
+            value = [int(value.get("input_tokens", 0)), int(value.get("output_tokens", 0))]
+        packed[SHORT_NAMES[name]] = value
+    return {SUMMARY_KEY: packed}
+
+
+def is_packed(metadata: Mapping[str, Any] | None) -> bool:
+    """Whether `metadata` holds its summary under `SUMMARY_KEY` (else it is the older flat layout, or none)."""
+    return bool(metadata) and isinstance(metadata.get(SUMMARY_KEY), Mapping)
+
+
+def unpack(metadata: Mapping[str, Any] | None) -> dict:
+    """The summary fields of a stored checkpoint's metadata, in either layout, under their long names.
+
+    Only fields that are stored are returned (a checkpoint written by a LangGraph saver has none).
+    """
+    if not metadata:
+        return {}
+    if not is_packed(metadata):  # the flat layout of checkpoints written before SUMMARY_KEY
+        return {name: metadata[name] for name in SUMMARY_FIELDS if name in metadata}
+    out = {}
+    for short, value in metadata[SUMMARY_KEY].items():
+        name = _LONG_NAMES.get(short)
+        if name is None:
+            continue
+        if name in _USAGE_FIELDS and isinstance(value, list) and len(value) == 2:
+            value = {"input_tokens": value[0], "output_tokens": value[1]}
+        out[name] = value
+    return out
+
+
+def caller_metadata(metadata: Mapping[str, Any] | None) -> dict:
+    """The metadata without the summary: what the caller (LangGraph, a graph's config) wrote.
+
+    For the flat layout, the summary fields are removed too (only the agent wrote checkpoints then).
+    """
+    if not metadata:
+        return {}
+    if is_packed(metadata):
+        return {key: value for key, value in metadata.items() if key != SUMMARY_KEY}
+    return {key: value for key, value in metadata.items() if key not in SUMMARY_FIELDS}
+
+
+def with_fields(metadata: Mapping[str, Any] | None, **fields: Any) -> dict:
+    """Stored metadata with some summary fields set, in its own layout (a flat one stays flat)."""
+    metadata = dict(metadata or {})
+    if is_packed(metadata):
+        return {**caller_metadata(metadata), **pack({**unpack(metadata), **fields})}
+    if "message_count" in metadata and "next_nodes" in metadata:  # the flat layout
+        return {**metadata, **fields}
+    return {**metadata, **pack(fields)}
+
+
+def agent_view(metadata: Mapping[str, Any] | None) -> dict:
+    """The metadata as the agent's operations read it: the caller's keys, then the summary fields flat.
+
+    A caller key named like a summary field is shadowed here (the agent's own graph writes none); the
+    stored metadata and LangGraph's reads (`get_tuple`, `list`) keep it.
+    """
+    return {**caller_metadata(metadata), **unpack(metadata)}
 
 
 def message_text(message: BaseMessage | None) -> str:
@@ -79,7 +181,7 @@ def summarize(
             for channel in triggers
         )
     ]
-    last_user = next((m for m in reversed(messages) if m.type == "human"), None)
+    last_user = next((m for m in reversed(messages) if getattr(m, "type", None) == "human"), None)
     return {
         "message_count": len(messages),
         "last_message": _clip(message_text(messages[-1] if messages else None)),
@@ -132,5 +234,9 @@ def _newer(version: Any, seen: Any) -> bool:
         return False
     if seen is None:
         return True
-    # Versions are zero-padded strings (or ints), so both compare in order.
-    return version > seen
+    # LangGraph's versions are zero-padded strings or numbers (`langgraph.checkpoint.base.V`), which compare
+    # in order among their own kind; a saver's caller may mix them, and then the text form decides.
+    try:
+        return version > seen
+    except TypeError:
+        return str(version) > str(seen)
