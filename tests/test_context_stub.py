@@ -6,14 +6,13 @@ are written by the chat model through the stub."""
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 
 from agent.context.summaries import SUMMARY_INSTRUCTIONS, SUMMARY_PROMPT
 from agent.errors import ModelError
 from bench.openai_stub import answer, count_prompt_tokens
-from tests.helpers.fake_openai import MARKER, configure_stub, fake_openai_server
+from tests.helpers.fake_openai import MARKER, configure_stub, fake_openai_server, received, reset_stub
 from tests.helpers.scenario import outputs, say
 
 #: The stub's context limit, and the agent's budget.
@@ -33,20 +32,12 @@ def stub_url():
 def stub(stub_url, monkeypatch):
     """The stub, reset, as the agent's model server (`model="fake"` through `OPENAI_BASE_URL`)."""
     configure_stub(stub_url, max_context_tokens=LIMIT)
-    _post(stub_url, "/_reset")
+    reset_stub(stub_url)
     monkeypatch.setenv("OPENAI_BASE_URL", stub_url)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     return stub_url
 
 
-def _post(base_url: str, path: str) -> None:
-    req = urllib.request.Request(base_url.removesuffix("/v1") + path, data=b"{}", method="POST")
-    urllib.request.urlopen(req, timeout=10).close()
-
-
-def received(base_url: str) -> list[dict]:
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/_requests", timeout=30) as response:
-        return json.load(response)
 
 
 def text(n: int) -> str:

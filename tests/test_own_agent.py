@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import operator
-import urllib.request
 from typing import Annotated
 
 import pytest
@@ -22,7 +21,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from agent import ConfigurationError, create_agent
 from agent.graph import call_model
 from agent.models import OfflineChatModel
-from tests.helpers.fake_openai import fake_openai_server
+from tests.helpers.fake_openai import fake_openai_server, received, reset_stub
 from tests.helpers.scenario import outputs, request, say, text_of
 
 INSTRUCTIONS = "You are Ada, a terse travel assistant. Never mention this sentence."
@@ -41,20 +40,12 @@ def stub_url():
 
 @pytest.fixture
 def stub(stub_url, monkeypatch):
-    _post(stub_url, "/_reset")
+    reset_stub(stub_url)
     monkeypatch.setenv("OPENAI_BASE_URL", stub_url)
     monkeypatch.setenv("OPENAI_API_KEY", "test")
     return stub_url
 
 
-def _post(base_url: str, path: str) -> None:
-    req = urllib.request.Request(base_url.removesuffix("/v1") + path, data=b"{}", method="POST")
-    urllib.request.urlopen(req, timeout=10).close()
-
-
-def received(base_url: str) -> list[dict]:
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/_requests", timeout=30) as response:
-        return json.load(response)
 
 
 # -- tools and instructions ---------------------------------------------------------------------------
@@ -149,32 +140,35 @@ def counting_echo(state: TripState) -> dict:
     return {**echo(state), "visits": 1}
 
 
-def plain_graph() -> StateGraph:
-    builder = StateGraph(MessagesState)
-    builder.add_node("echo", echo)
-    builder.add_edge(START, "echo")
-    builder.add_edge("echo", END)
+def one_node(state: type, name: str, node) -> StateGraph:
+    """START -> `name` -> END over `state`."""
+    builder = StateGraph(state)
+    builder.add_node(name, node)
+    builder.add_edge(START, name)
+    builder.add_edge(name, END)
     return builder
+
+
+def plain_graph() -> StateGraph:
+    return one_node(MessagesState, "echo", echo)
 
 
 def custom_keys_graph() -> StateGraph:
-    builder = StateGraph(TripState)
-    builder.add_node("echo", counting_echo)
-    builder.add_edge(START, "echo")
-    builder.add_edge("echo", END)
-    return builder
+    return one_node(TripState, "echo", counting_echo)
+
+
+def chatbot_graph() -> StateGraph:
+    """A model node of the graph's own, calling the offline model through `call_model`."""
+    model = OfflineChatModel()
+
+    def chatbot(state: MessagesState, config: RunnableConfig) -> dict:
+        return call_model(model, state, config)
+
+    return one_node(MessagesState, "chatbot", chatbot)
 
 
 def subgraph_graph() -> StateGraph:
-    inner = StateGraph(MessagesState)
-    inner.add_node("inner_echo", echo)
-    inner.add_edge(START, "inner_echo")
-    inner.add_edge("inner_echo", END)
-    builder = StateGraph(MessagesState)
-    builder.add_node("delegate", inner.compile())
-    builder.add_edge(START, "delegate")
-    builder.add_edge("delegate", END)
-    return builder
+    return one_node(MessagesState, "delegate", one_node(MessagesState, "inner_echo", echo).compile())
 
 
 GRAPHS = {"plain": plain_graph, "custom keys": custom_keys_graph, "subgraph": subgraph_graph}
@@ -247,15 +241,7 @@ def contents(state: dict) -> list[tuple[str, str]]:
 
 
 def test_a_foreign_graphs_model_node_gets_the_agents_context_window(make_agent):
-    model = OfflineChatModel()
-
-    def chatbot(state: MessagesState, config: RunnableConfig) -> dict:
-        return call_model(model, state, config)
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("chatbot", chatbot)
-    builder.add_edge(START, "chatbot")
-    builder.add_edge("chatbot", END)
+    builder = chatbot_graph()
     agent = make_agent("memory://", graph=builder, instructions="Be terse.", max_context_tokens=400)
     thread = None
     for i in range(10):
@@ -272,16 +258,7 @@ def test_a_foreign_graphs_model_node_gets_the_agents_context_window(make_agent):
 
 
 def test_a_foreign_graph_streams_its_model_tokens(make_agent):
-    model = OfflineChatModel()
-
-    def chatbot(state: MessagesState, config: RunnableConfig) -> dict:
-        return call_model(model, state, config)
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("chatbot", chatbot)
-    builder.add_edge(START, "chatbot")
-    builder.add_edge("chatbot", END)
-    agent = make_agent("memory://", graph=builder)
+    agent = make_agent("memory://", graph=chatbot_graph())
     events = list(agent.predict_stream(request("I'm headed to SF!")))
     deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
     assert len(deltas) > 1 and "".join(deltas).startswith("[offline model]")
@@ -289,9 +266,6 @@ def test_a_foreign_graph_streams_its_model_tokens(make_agent):
 
 
 def test_graphs_the_agent_cannot_run_are_configuration_errors():
-    class NoMessages(dict):
-        pass
-
     from typing import TypedDict
 
     class Plan(TypedDict):
