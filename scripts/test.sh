@@ -8,7 +8,10 @@
 # postgresql://postgres@127.0.0.1:5432/postgres; a local cluster that is down is
 # started with pg_ctlcluster), installs PgBouncer when it is missing and this is
 # a Debian/Ubuntu machine where we are root (its tests are skipped otherwise),
-# then runs `python -m pytest "$@"`.
+# then runs `python -m pytest "$@"` on $TEST_WORKERS pytest-xdist workers (default 4:
+# most of the suite's time is servers, subprocesses and databases waiting, so more
+# workers than the 2 CPUs of CI still shorten it; `-n 0` or `TEST_WORKERS=0` runs in
+# one process, and a `-n` among the arguments wins).
 # Exit code: pytest's, except that "no tests ran" (5) is a failure too.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -133,8 +136,16 @@ export AGENT_TEST_DATABASE_URL="${AGENT_TEST_DATABASE_URL:-$DEFAULT_TEST_DATABAS
 ensure_postgres
 ensure_pgbouncer
 
+workers=(-n "${TEST_WORKERS:-4}")
+for arg in "$@"; do
+    case "$arg" in -n | -n* | --numprocesses*) workers=() ;; esac
+done
+# A short temporary root of this run's own: xdist adds popen-gwN/ to every tmp_path, and the CLI
+# tests read paths in output that is wrapped at a fixed width when it is not a terminal.
+basetemp=$(mktemp -d "${TMPDIR:-/tmp}/tt-XXXXXX")
 status=0
-"$VENV/bin/python" -m pytest "$@" || status=$?
+"$VENV/bin/python" -m pytest "${workers[@]}" --basetemp="$basetemp/t" "$@" || status=$?
+[[ $status -ne 0 ]] || rm -rf "$basetemp"
 if [[ $status -eq 5 ]]; then
     echo "error: no tests ran (pytest exit code 5); check the paths and -k/-m filters" >&2
     exit 1

@@ -20,6 +20,12 @@ from tests.helpers.tcp_proxy import Proxy, tcp_proxy
 
 DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
+# pytest-xdist gives each worker the controller's terminal size as COLUMNS/LINES (80x24 without a
+# terminal); the CLI then wraps at 80 where a pipe gets its wide PIPE_WIDTH, which the CLI tests check.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 @pytest.fixture(scope="session")
 def pg_server_url() -> str:
