@@ -364,8 +364,11 @@ def _parse_turn(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOptions:
                 "resume answers the thread's pending interrupts and takes an empty input "
                 "(no messages, regenerate, edit_message_id or cancel_interrupts); nothing was written"
             )
-        if envelope.thread_id is None:
-            raise InvalidRequest("resume needs custom_inputs.thread_id (the thread whose interrupt it answers)")
+        # previous_response_id names the interrupted checkpoint; its thread is resolved before the turn.
+        if envelope.thread_id is None and not envelope.thread_of_checkpoint:
+            raise InvalidRequest(
+                "resume needs custom_inputs.thread_id or previous_response_id (the thread whose interrupt it answers)"
+            )
         return TurnOptions(resume=Resume(custom["resume"]), max_context_tokens=_budget(custom))
     edit_message_id = check_id("edit_message_id", custom.get("edit_message_id"))
     if regenerate and edit_message_id is not None:
