@@ -3,7 +3,10 @@
 
 Usage::
 
-    python scripts/log_model.py [--name agent] [--register-name NAME] [--experiment NAME]
+    python scripts/log_model.py [--agent FILE] [--name agent] [--register-name NAME] [--experiment NAME]
+
+`--agent FILE` logs your own models-from-code file (examples/my_agent.py) instead of the
+built-in agent; a file that is missing, raises or sets no agent is one "Error: ..." line and exit code 1.
 
 Then serve it (no streaming, mlflow issue 12439; `tt-agent serve` streams)::
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 # MLflow logs INFO lines (store creation, the input example check, the trace queue flushed at
 # exit) that would follow the URI in a terminal; it reads this variable when imported.
@@ -33,6 +37,7 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 import mlflow  # noqa: E402
 
+from agent.errors import AgentError  # noqa: E402
 from agent.serving import log_model  # noqa: E402
 
 
@@ -41,8 +46,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="agent", help="Logged model name (default: agent).")
     parser.add_argument("--register-name", default=None, help="Also register the model under this name.")
     parser.add_argument("--experiment", default=None, help="Experiment name (default: the active experiment).")
+    parser.add_argument(
+        "--agent", default=None, metavar="FILE", help="Your models-from-code file (default: the built-in agent)."
+    )
     args = parser.parse_args(argv)
-    uri = log_model(args.name, register_name=args.register_name, experiment=args.experiment)
+    try:
+        uri = log_model(args.name, register_name=args.register_name, experiment=args.experiment, agent_file=args.agent)
+    except AgentError as exc:
+        print(f"Error: {exc.message}", file=sys.stderr)
+        sys.exit(1)
     print(f"Logged the agent to {mlflow.get_tracking_uri()}")
     print(uri)
 

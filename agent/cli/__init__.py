@@ -160,6 +160,17 @@ Tracing = Annotated[
     bool,
     typer.Option("--tracing/--no-tracing", envvar="AGENT_TRACING", show_envvar=True, help="MLflow tracing of each turn."),
 ]
+AgentFile = Annotated[
+    str | None,
+    typer.Option(
+        "--agent",
+        envvar="AGENT_FILE",
+        show_envvar=True,
+        metavar="FILE",
+        help="Your agent: a models-from-code .py file that calls mlflow.models.set_model(agent) "
+        "(examples/my_agent.py). Unset: the built-in agent.",
+    ),
+]
 UserId = Annotated[
     str | None, typer.Option("--user-id", metavar="ID", help="The caller; threads are only visible to their owner.")
 ]
@@ -178,10 +189,20 @@ def main() -> None:
 
 @contextmanager
 def open_agent(
-    database_url: str | None, model: str | None, tracing: bool, *, read_only: bool = False, **settings: Any
+    database_url: str | None,
+    model: str | None,
+    tracing: bool,
+    *,
+    read_only: bool = False,
+    agent_file: str | None = None,
+    **settings: Any,
 ) -> Iterator[LangGraphResponsesAgent]:
     """An agent for one command (`settings`: more `AgentSettings` fields, None ones left to the
     environment), closed afterwards.
+
+    `agent_file`: the agent of that models-from-code file instead (`agent.serving.agent_file`).
+    Its `create_agent(...)` reads the environment, so `database_url`, `model` and `tracing` are
+    put there first (`settings` are not: use `AGENT_*` variables); then it is connected.
 
     `read_only` commands (listings, export) never create a store: a SQLite file
     that does not exist, `memory://`, or a Postgres database without the
@@ -191,6 +212,9 @@ def open_agent(
 
     from agent.storage import require_existing_store, require_tables
 
+    if agent_file is not None:
+        yield from _open_agent_file(agent_file, database_url, model, tracing)
+        return
     if read_only:
         require_existing_store(resolve_url(database_url))
     given = {name: value for name, value in settings.items() if value is not None}
@@ -198,6 +222,24 @@ def open_agent(
     try:
         if read_only:
             require_tables(agent.storage, resolve_url(database_url))
+        yield agent
+    finally:
+        agent.close()
+
+
+def _open_agent_file(
+    agent_file: str, database_url: str | None, model: str | None, tracing: bool
+) -> Iterator[LangGraphResponsesAgent]:
+    from agent.serving.agent_file import load_agent_file
+
+    # A command line is one process for one command: setting its environment is what the file reads.
+    if database_url is not None:
+        os.environ["AGENT_DATABASE_URL"] = database_url
+    if model is not None:
+        os.environ["AGENT_MODEL"] = model
+    os.environ["AGENT_TRACING"] = "true" if tracing else "false"
+    agent = load_agent_file(agent_file)
+    try:
         yield agent
     finally:
         agent.close()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -11,6 +12,7 @@ from rich.text import Text
 
 from agent.cli import (
     MAX_LISTED,
+    AgentFile,
     DatabaseUrl,
     Model,
     Tracing,
@@ -47,6 +49,9 @@ Commands:
   /history [N] [full]   the thread's last N checkpoints (default 10); "full" shows whole ids
   /tree                 the thread's checkpoints as a branch tree
   /branch <id>          start the next message from this checkpoint (full id or short id)
+  /resume <value>       answer the question the agent waits on (JSON, else plain text: /resume yes);
+                        with several waiting, /resume <interrupt id> <value> answers one
+  /cancel [text]        leave the question unanswered: send text (or your next message) past it
   /thread <id>          switch to another thread (a new id starts a new thread)
   /new                  start a new thread with the next message
   /help                 this help
@@ -63,11 +68,13 @@ def chat(
     ] = None,
     user_id: UserId = None,
     tracing: Tracing = False,
+    agent_file: AgentFile = None,
 ) -> None:
-    """Talk to the agent. Type /help for /show, /edit, /regen, /branches, /switch, /fork, /diff and more."""
+    """Talk to the agent. Type /help for /show, /edit, /regen, /branches, /switch, /fork, /diff, /resume and more."""
     store = store_label(database_url)
-    with agent_errors(store=store), open_agent(database_url, model, tracing) as agent:
-        _Chat(agent, thread_id=thread_id, user_id=user_id, store=store).run()
+    with agent_errors(store=store), open_agent(database_url, model, tracing, agent_file=agent_file) as agent:
+        # An agent file may choose its own store: name the one it opened.
+        _Chat(agent, thread_id=thread_id, user_id=user_id, store=agent.info().store).run()
 
 
 class _Chat:
@@ -81,6 +88,10 @@ class _Chat:
         self.thread_id = thread_id
         self.user_id = user_id
         self.branch_from: str | None = None
+        #: The graph's questions the last turn stopped at (custom_outputs.interrupts), for /resume.
+        self.pending: list[dict[str, Any]] = []
+        #: The next message goes past a pending question (/cancel).
+        self.cancel_next = False
         # Piped input is not shown by the terminal; echo it so the transcript reads like a session.
         self.echo = not sys.stdin.isatty()
 
@@ -108,6 +119,10 @@ class _Chat:
                     self.send(line)
 
     def send(self, text: str, **options) -> None:
+        from agent.errors import InterruptPending
+
+        if self.cancel_next and "resume" not in options:
+            options.setdefault("cancel_interrupts", True)
         try:
             result = send_turn(
                 self.agent, text, thread_id=self.thread_id, checkpoint_id=self.branch_from, user_id=self.user_id, **options
@@ -115,8 +130,17 @@ class _Chat:
         except KeyboardInterrupt:
             console.print("\n[yellow]Interrupted.[/]")
             return
+        except InterruptPending:
+            # The agent's message speaks of custom_inputs; here the answer is a command.
+            console.print(
+                "[red]The agent waits for your answer first:[/] /resume <value> answers its question; "
+                "/cancel <text> sends your message past it. Nothing was written."
+            )
+            return
         self.thread_id = result["thread_id"]
         self.branch_from = None
+        self.pending = list(result.get("interrupts") or [])
+        self.cancel_next = False
 
     def command(self, line: str) -> bool:
         """Run one /command; False means quit."""
@@ -126,7 +150,7 @@ class _Chat:
         if name == "/help":
             console.print(CHAT_HELP, markup=False)
         elif name == "/new":
-            self.thread_id, self.branch_from = None, None
+            self.thread_id, self.branch_from, self.pending = None, None, []
             console.print("Your next message starts a new thread.")
         elif name == "/thread":
             self.switch_thread(args)
@@ -138,6 +162,11 @@ class _Chat:
                 console.print(branch_tree(entries, notes=self.notes()))
         elif name == "/branch":
             self.branch(args)
+        elif name == "/resume":
+            if self.require_thread():
+                self.resume(line.split(maxsplit=1)[1] if " " in line else "")
+        elif name == "/cancel":
+            self.cancel(line.split(maxsplit=1)[1].strip() if " " in line else "")
         elif name in BRANCH_COMMANDS:
             if self.require_thread():
                 getattr(self, BRANCH_COMMANDS[name])(line.split(maxsplit=1)[1] if " " in line else "")
@@ -155,7 +184,7 @@ class _Chat:
             entries = self.agent.get_checkpoint_history(args[0], limit=1, user_id=self.user_id)
         except ThreadNotFound:
             entries = []
-        self.thread_id, self.branch_from = args[0], None
+        self.thread_id, self.branch_from, self.pending = args[0], None, []
         if entries:
             console.print(
                 f"Switched to thread {escape(args[0])}; its head is checkpoint {short_id(entries[0]['checkpoint_id'])} "
@@ -196,6 +225,28 @@ class _Chat:
             message.append(f" ({entry['message_count']} messages; last: {last_message(entry)!r})")
         console.print(message)
 
+    # -- answering the graph's interrupt() ------------------------------------------------------------
+    def resume(self, rest: str) -> None:
+        """`/resume <value>` or `/resume <interrupt id> <value>`: the value is JSON if it parses, else the text."""
+        rest = rest.strip()
+        if not rest:
+            console.print("[red]Usage: /resume <value>[/] (JSON such as true or {\"approve\": true}, or text such as yes)")
+            return
+        first, _, after = rest.partition(" ")
+        chosen = [p["id"] for p in self.pending if len(first) >= 4 and p["id"].startswith(first)] if after else []
+        if len(chosen) == 1:  # one of several, by (the start of) its id
+            self.send("", resume={chosen[0]: _json_or_text(after.strip())})
+        else:
+            self.send("", resume=_json_or_text(rest))
+
+    def cancel(self, text: str) -> None:
+        """`/cancel [text]`: send `text` (or the next message) with cancel_interrupts, leaving the question unanswered."""
+        self.cancel_next = True
+        if text:
+            self.send(text)
+        else:
+            console.print("Your next message goes past the question, which stays unanswered on its checkpoint.")
+
     # -- branch operations (the argument is the rest of the line) ------------------------------------
     def show(self, rest: str) -> None:
         checkpoint_id = self.checkpoint(rest) if rest else self.branch_from
@@ -233,7 +284,7 @@ class _Chat:
             f"You are now on thread {fork['thread_id']}, a fork of checkpoint "
             f"{short_id(fork['forked_from']['checkpoint_id'])} of thread {fork['forked_from']['thread_id']}."
         )
-        self.thread_id, self.branch_from = fork["thread_id"], None
+        self.thread_id, self.branch_from, self.pending = fork["thread_id"], None, []
 
     def diff(self, rest: str) -> None:
         refs = rest.split()
@@ -268,6 +319,14 @@ BRANCH_COMMANDS = {
     "/fork": "fork",
     "/diff": "diff",
 }
+
+
+def _json_or_text(value: str) -> Any:
+    """`/resume`'s value: JSON when it parses (`true`, `{"approve": true}`, `"yes"`), else the text itself."""
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def _resolve(entries: list[dict], thread_id: str, ref: str) -> str:

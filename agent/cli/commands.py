@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from agent.cli import MAX_LISTED, DatabaseUrl, Model, UserId, agent_errors, app, console, open_reads, store_label
+from agent.cli import MAX_LISTED, AgentFile, DatabaseUrl, Model, UserId, agent_errors, app, console, open_reads, store_label
 from agent.views import branch_tree, history_table
 
 
@@ -54,9 +54,12 @@ def serve(
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Worker processes on the one port (one core each).")
     ] = 1,
+    agent_file: AgentFile = None,
 ) -> None:
     """Start the MLflow Agent Server (POST /invocations, POST /responses, GET /health, GET /ready, GET /agent/info)."""
     with agent_errors():
         from agent.serving.app import run_agent_server
 
-        run_agent_server(host=host, port=port, database_url=database_url, model=model, workers=workers)
+        run_agent_server(
+            host=host, port=port, database_url=database_url, model=model, workers=workers, agent_file=agent_file
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
@@ -11,6 +12,9 @@ from agent.views import short_id
 
 if TYPE_CHECKING:
     from agent.responses import LangGraphResponsesAgent
+
+#: `send_turn(resume=...)` unset: a message, not an answer (None is an answer: JSON null).
+NO_RESUME: Any = object()
 
 
 def send_turn(
@@ -23,21 +27,37 @@ def send_turn(
     user_id: str | None = None,
     edit_message_id: str | None = None,
     regenerate: bool = False,
+    resume: Any = NO_RESUME,
+    cancel_interrupts: bool = False,
 ) -> dict[str, Any]:
-    """Send one user message with `predict_stream` (or, with `regenerate`, none), printing the reply as it arrives.
+    """Send one user message with `predict_stream` (with `regenerate` or `resume`, none), printing the reply as it
+    arrives, and any question the graph stops at (`interrupt()`) as a card.
 
-    `edit_message_id`: the message sends `text` in place of that one (a sibling branch).
+    `edit_message_id`: the message sends `text` in place of that one (a sibling branch). `resume`: answer the
+    thread's pending interrupt with this JSON value (`custom_inputs.resume`). `cancel_interrupts`: send the
+    message although an interrupt waits (it stays unanswered).
 
-    Returns `custom_outputs` (thread_id, checkpoint_id, parent_checkpoint_id) plus `text`, the reply.
+    Returns `custom_outputs` (thread_id, checkpoint_id, parent_checkpoint_id, and `interrupts` when the turn
+    stopped at one) plus `text`, the reply.
+
+    Raises:
+        AgentError: the agent refused the turn (for example `InterruptPending`); nothing was written.
     """
     if echo:
         console.print(Text.assemble(("  you › ", "bold cyan"), text))
-    custom = {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "user_id": user_id, "edit_message_id": edit_message_id}
+    custom: dict[str, Any] = {
+        "thread_id": thread_id, "checkpoint_id": checkpoint_id, "user_id": user_id, "edit_message_id": edit_message_id,
+    }  # fmt: skip
+    custom = {k: v for k, v in custom.items() if v is not None}
     if regenerate:
         custom["regenerate"] = True
+    if cancel_interrupts:
+        custom["cancel_interrupts"] = True
+    if resume is not NO_RESUME:
+        custom["resume"] = resume
     request = {
-        "input": [] if regenerate else [{"role": "user", "content": text}],
-        "custom_inputs": {k: v for k, v in custom.items() if v is not None},
+        "input": [] if regenerate or resume is not NO_RESUME else [{"role": "user", "content": text}],
+        "custom_inputs": custom,
     }
     out = _ReplyPrinter()
     outputs: dict[str, Any] = {}
@@ -83,6 +103,28 @@ class _ReplyPrinter:
             self.line(f"  ↳ tool call {item.get('name')}({item.get('arguments')})")
         elif kind == "function_call_output":
             self.line(f"  ↳ tool result {item.get('output')}")
+        elif kind == "mcp_approval_request":
+            self.question(item)
+
+    def question(self, item: dict[str, Any]) -> None:
+        """The card of a graph's `interrupt()` (an `mcp_approval_request` item): its question, how to answer."""
+        self.end()
+        try:
+            value = json.loads(item.get("arguments") or "null")
+        except ValueError:
+            value = item.get("arguments")
+        question = value.get("question") if isinstance(value, dict) else None
+        shown = question if isinstance(question, str) else json.dumps(value, ensure_ascii=False)
+        console.print(
+            Text.assemble(
+                ("  ? ", "bold yellow"),
+                (shown, "bold"),
+                (f"  (waiting at {item.get('name')}, interrupt {item.get('id')})", "dim"),
+            )
+        )
+        console.print(
+            Text("    answer with /resume <value> (e.g. /resume yes); /cancel leaves it unanswered", style="dim")
+        )
 
     def start(self) -> None:
         if self.open:

@@ -3,6 +3,8 @@
 * `mlflow_model`  `log_model()`: log the agent as an MLflow model from code (`model.py`);
                   `mlflow models serve` serves it (POST /invocations, no streaming: mlflow issue 12439).
 * `model`         the models-from-code file MLflow runs; it builds the agent without connecting.
+* `agent_file`    your own models-from-code file (`--agent FILE`, `log_model(agent_file=...)`), run with
+                  MLflow's loader and checked to set an agent.
 * `app`           lifecycle: build the agent and the app, run uvicorn (`tt-agent serve`).
 * `workers`       `--workers N`: uvicorn's supervisor, each worker on its own `SO_REUSEPORT` socket.
 * `agent_server`  the MLflow Agent Server's routes for one agent (POST /invocations and /responses,

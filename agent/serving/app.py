@@ -12,7 +12,8 @@ claims, the same database, so a thread's turns can land on any worker
 (claims keep each thread's chain linear across processes). uvicorn starts
 workers from an import string, so each worker calls the app factory
 `create_app`, which builds its agent from the `AGENT_*` environment: the
-command-line options reach the workers through that environment. Before any
+command-line options reach the workers through that environment (`--agent FILE`
+as `AGENT_FILE`, so every worker runs the same file: `serving.agent_file`). Before any
 worker starts, the parent process connects once and sets the tables up, so
 a wrong URL fails `tt-agent serve` at once instead of making every worker
 die at start-up. The parent also creates MLflow's tracking store, for the
@@ -51,7 +52,15 @@ if TYPE_CHECKING:
 KEEP_ALIVE_S = 75
 
 
-def run_agent_server(host: str, port: int, database_url: str | None, model: str | None, *, workers: int = 1) -> None:
+def run_agent_server(
+    host: str,
+    port: int,
+    database_url: str | None,
+    model: str | None,
+    *,
+    workers: int = 1,
+    agent_file: str | None = None,
+) -> None:
     """Serve an agent on `host`:`port` until interrupted (Ctrl-C or SIGTERM), then close it.
 
     Args:
@@ -65,22 +74,28 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
             own agent from the environment (`create_app`); a worker that dies is
             replaced, and one that fails while starting stops the command with
             exit status 3 (as does a port already in use).
+        agent_file: a models-from-code file whose agent to serve (`serving.agent_file`), run
+            after `database_url` and `model` are put in the environment it reads; None: the
+            built-in agent.
 
     Tracing is on unless `AGENT_TRACING` says otherwise.
 
     Raises:
-        ConfigurationError: from `create_agent`, or `workers` > 1 on `memory://` (each worker
-            would have a store of its own); before the port is bound.
+        ConfigurationError: from `create_agent` or the agent file (`serving.agent_file.load_agent_file`),
+            or `workers` > 1 on `memory://` (each worker would have a store of its own); before
+            the port is bound.
         StorageUnavailable: from `create_agent`, before the port is bound (the database is
             connected and set up first).
     """
-    from agent.factory import create_agent
+    from agent.serving.agent_file import AGENT_FILE_ENV, agent_file_path, agent_from_environment
 
-    # The workers read their settings from the environment, so the options go there.
+    # The workers (and an agent file's create_agent) read their settings from the environment, so the options go there.
     if database_url is not None:
         os.environ["AGENT_DATABASE_URL"] = database_url
     if model is not None:
         os.environ["AGENT_MODEL"] = model
+    if agent_file is not None:
+        os.environ[AGENT_FILE_ENV] = str(agent_file_path(agent_file))  # absolute: workers may start elsewhere
     os.environ.setdefault("AGENT_TRACING", "true")
     options: dict[str, Any] = {
         "host": host,
@@ -91,21 +106,14 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
     if workers == 1:
         from agent.serving.agent_server import build_app
 
-        with create_agent() as agent:
+        with agent_from_environment() as agent:
             print(startup_line(agent, host, port), file=sys.stderr, flush=True)
             app = build_app(agent)
             with_lifespan(app, agent, close_agent=False)
             uvicorn.run(app, **options)
         return
-    from agent.config import store_kind
     from agent.errors import ConfigurationError
 
-    if store_kind(os.environ.get("AGENT_DATABASE_URL") or "") == "memory":
-        # Each worker would get a store of its own: one thread would split into diverging conversations.
-        raise ConfigurationError(
-            "--workers needs a store the workers share (a SQLite file or Postgres); memory:// lives in one "
-            "process. Use --workers 1, or another --database-url."
-        )
     # Connect and set up once, here, so that a bad setting fails now and the workers never race on
     # setup: the agent's tables, and MLflow's tracking store (two workers migrating one new SQLite
     # store at once crash with "duplicate column name").
@@ -113,7 +121,13 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
 
     own_sockets = worker_processes.balances_connections()
     sockets = "one socket each (SO_REUSEPORT)" if own_sockets else "one shared socket (balancing needs Linux)"
-    with create_agent() as agent:
+    with agent_from_environment() as agent:
+        if agent.info().store_kind == "memory":
+            # Each worker would get a store of its own: one thread would split into diverging conversations.
+            raise ConfigurationError(
+                "--workers needs a store the workers share (a SQLite file or Postgres); memory:// lives in one "
+                "process. Use --workers 1, or another --database-url."
+            )
         print(f"{startup_line(agent, host, port)}, {workers} workers on {sockets}", file=sys.stderr, flush=True)
     if not own_sockets:
         uvicorn.run("agent.serving.app:create_app", factory=True, workers=workers, **options)
@@ -126,11 +140,15 @@ def run_agent_server(host: str, port: int, database_url: str | None, model: str 
 
 
 def startup_line(agent: Any, host: str, port: int) -> str:
-    """What `tt-agent serve` says first: the version, the store (an absolute path or a masked URL),
-    the model, tracing, where it listens, and the retention sweeper's interval when one runs."""
+    """What `tt-agent serve` says first: the version, the agent file (`AGENT_FILE`) when one is served,
+    the store (an absolute path or a masked URL), the model, tracing, where it listens, and the
+    retention sweeper's interval when one runs."""
+    from agent.serving.agent_file import AGENT_FILE_ENV
+
     info = agent.info()
+    served = f" {os.environ[AGENT_FILE_ENV]}" if os.environ.get(AGENT_FILE_ENV) else ""
     line = (
-        f"{info.name} {info.version} serving on http://{host}:{port}: store {info.store}, "
+        f"{info.name} {info.version} serving{served} on http://{host}:{port}: store {info.store}, "
         f"model {info.model}, tracing {'on' if info.tracing else 'off'}"
     )
     interval = agent.settings.sweep_interval_seconds
@@ -138,17 +156,18 @@ def startup_line(agent: Any, host: str, port: int) -> str:
 
 
 def create_app() -> FastAPI:
-    """The app of one worker process: an agent built from the `AGENT_*` environment, closed at shutdown.
+    """The app of one worker process: the agent of `AGENT_FILE` when set, else one built from the
+    `AGENT_*` environment (`serving.agent_file.agent_from_environment`); closed at shutdown.
 
     uvicorn's process manager calls this in each worker (`factory=True`).
 
     Raises:
-        ConfigurationError, StorageUnavailable: from `create_agent`.
+        ConfigurationError, StorageUnavailable: from `create_agent` or the agent file.
     """
-    from agent.factory import create_agent
+    from agent.serving.agent_file import agent_from_environment
     from agent.serving.agent_server import build_app
 
-    agent = create_agent()
+    agent = agent_from_environment()
     app = build_app(agent)
     with_lifespan(app, agent, close_agent=True)
     return app

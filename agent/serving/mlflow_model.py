@@ -2,6 +2,10 @@
 
 `model.py` is the file `mlflow.pyfunc.log_model(python_model=...)` points at; it
 builds the agent without connecting and calls `mlflow.models.set_model`.
+`log_model(agent_file=...)` logs a file of the user's instead (examples/my_agent.py),
+after running it once here with the same loader as `tt-agent serve --agent`
+(`serving.agent_file`), so that a broken file is one clear `ConfigurationError`
+rather than MLflow's traceback halfway through logging.
 `mlflow models serve` then serves it (POST /invocations, no streaming: mlflow issue 12439).
 """
 
@@ -35,10 +39,16 @@ INPUT_EXAMPLE = {"input": [{"role": "user", "content": "I'm headed to SF!"}]}
 LOGGING_ENVIRONMENT = {"AGENT_DATABASE_URL": "memory://", "AGENT_MODEL": "offline"}
 
 
-def log_model(name: str = "agent", *, register_name: str | None = None, experiment: str | None = None) -> str:
+def log_model(
+    name: str = "agent",
+    *,
+    register_name: str | None = None,
+    experiment: str | None = None,
+    agent_file: str | os.PathLike[str] | None = None,
+) -> str:
     """Log the agent as an MLflow model from code and return its model URI.
 
-    Logged: `model.py` as the model, the `agent` package as code (so the model
+    Logged: `model.py` (or `agent_file`) as the model, the `agent` package as code (so the model
     runs where this project is not installed), the project's runtime
     dependencies as `pip_requirements`, and `INPUT_EXAMPLE`. Nothing connects to
     the configured database: MLflow's check `predict` runs under
@@ -53,20 +63,32 @@ def log_model(name: str = "agent", *, register_name: str | None = None, experime
         name: the logged model's name.
         register_name: also register it in the model registry under this name.
         experiment: the experiment to log into (created if missing); None: the active one.
+        agent_file: your models-from-code file (it calls `mlflow.models.set_model(agent)` with an
+            agent from `agent.create_agent`; see examples/my_agent.py), logged as the model; None: the
+            built-in agent (`model.py`). Only the file is logged, with the `agent` package: modules
+            of your own that it imports must be installed where the model is served.
 
     Returns:
         `models:/<register_name>/<version>` if registered, else `models:/<model_id>`.
 
     Raises:
+        ConfigurationError: `agent_file` is missing, raises when run, or sets no agent
+            (`serving.agent_file.load_agent_file`); nothing is logged.
         mlflow.exceptions.MlflowException: the tracking store refused the model.
     """
+    from agent.serving.agent_file import agent_file_path, load_agent_file
+
+    model_code = MODEL_CODE_PATH if agent_file is None else agent_file_path(agent_file)
+    if agent_file is not None:
+        with _environment(LOGGING_ENVIRONMENT), mlflow_info_silenced():
+            load_agent_file(model_code, connect=False).close()
     use_default_tracking_uri()
     if experiment:
         mlflow.set_experiment(experiment)
     with _environment(LOGGING_ENVIRONMENT), mlflow_info_silenced():
         info = mlflow.pyfunc.log_model(
             name=name,
-            python_model=str(MODEL_CODE_PATH),
+            python_model=str(model_code),
             code_paths=[str(MODEL_CODE_PATH.parents[1])],  # the `agent` package
             input_example=INPUT_EXAMPLE,
             pip_requirements=runtime_requirements(),
