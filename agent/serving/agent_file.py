@@ -20,9 +20,10 @@ runs them at log time too), so `load_agent_file(..., connect=True)` connects
 and sets the tables up afterwards, as `create_agent(connect=True)` would: a
 wrong URL fails before a server listens or a chat starts.
 
-Every failure is a `ConfigurationError` naming the file (or the file's own
-`AgentError`, e.g. `StorageUnavailable`, unchanged), so the command line
-prints one red line instead of a traceback.
+Every failure is an `AgentError` naming the file: a `ConfigurationError`, or
+the class of the file's own `AgentError` (a `StorageUnavailable` stays one, so
+a server still answers 503 for it), so the command line prints one red line
+instead of a traceback.
 """
 
 from __future__ import annotations
