@@ -110,6 +110,12 @@ def create_agent(
         config.max_context_tokens = window.max_context_tokens
         if graph is None:
             remembering = memory_tools(memories) if config.memory_tools else []
+            taken = sorted({t.name for t in remembering} & {t.name for t in own_tools})
+            if taken:
+                raise ConfigurationError(
+                    f"tools has a tool named {taken[0]!r}, the name of a long-term memory tool; rename it, "
+                    "or set memory_tools=False."
+                )
             compiled = compile_graph(agent_graph(chat_model, window, [*own_tools, *remembering]), storage.saver)
         else:
             compiled = compile_graph(graph, storage.saver)
@@ -133,6 +139,25 @@ def create_agent(
     return LangGraphResponsesAgent(Threads(storage, compiled, config, memories, window, answer_node), config)
 
 
+def _with_sync_body(made: BaseTool, function: Callable[..., Any]) -> BaseTool:
+    """An async function's tool, also runnable on the sync path (`predict`, `mlflow models serve`): LangChain's
+    tool of a coroutine function has no sync body, so its sync call runs the coroutine on a loop of its own
+    (LangGraph's sync ToolNode calls tools on worker threads, where no loop runs)."""
+    import asyncio
+    import functools
+    import inspect
+
+    if not inspect.iscoroutinefunction(function) or getattr(made, "func", True) is not None:
+        return made
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(function(*args, **kwargs))
+
+    made.func = run
+    return made
+
+
 def _tools(tools: Sequence[Any] | None, graph: Any) -> list[BaseTool]:
     """The built-in graph's own tools: `tools` as LangChain tools (the example tools when None)."""
     from langchain_core.tools import BaseTool, tool
@@ -153,7 +178,7 @@ def _tools(tools: Sequence[Any] | None, graph: Any) -> list[BaseTool]:
             made.append(item)
         elif callable(item):
             try:
-                made.append(tool(item))
+                made.append(_with_sync_body(tool(item), item))
             except Exception as exc:  # LangChain says why (no docstring, untyped arguments, ...)
                 raise ConfigurationError(f"tools[{i}] ({getattr(item, '__name__', item)!r}) is not a tool: {exc}") from exc
         else:

@@ -126,7 +126,8 @@ def agent_graph(model: BaseChatModel, window: ContextWindow | None = None, tools
     builder.add_node(AGENT_NODE, RunnableLambda(agent, afunc=aagent, name=AGENT_NODE))
     builder.add_edge(START, AGENT_NODE)
     if tools:
-        builder.add_node("tools", ToolNode(tools))
+        # A tool that raises answers the model with the error (LangGraph's ToolNode), instead of failing the turn.
+        builder.add_node("tools", ToolNode(tools, handle_tool_errors=True))
         builder.add_conditional_edges(AGENT_NODE, tools_condition, ["tools", END])
         builder.add_edge("tools", AGENT_NODE)
     else:

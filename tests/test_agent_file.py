@@ -218,3 +218,12 @@ def test_every_worker_serves_the_agent_file(tmp_path):
     for request in sent:
         assert request["messages"][0] == {"role": "system", "content": INSTRUCTIONS}
         assert "calculator" not in {tool["function"]["name"] for tool in request["tools"]}
+
+
+def test_an_agent_file_that_exits_is_an_error_naming_it(tmp_path):
+    from agent.serving.agent_file import load_agent_file
+
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(ConfigurationError, match=r"exits.py' called sys.exit\(3\)"):
+        load_agent_file(exits)

@@ -238,3 +238,20 @@ def test_openai_mcp_approval_response_items_answer_the_question(approvals):
     with pytest.raises(InvalidRequest, match="approval_request_id"):
         approvals.predict({"input": [{**answer, "approval_request_id": "nope"}], "custom_inputs": {"thread_id": custom["thread_id"]}})
     assert head_and_count(approvals, custom["thread_id"]) == before
+
+
+def test_null_empty_and_partial_answers_are_refused_with_nothing_written(backend_url, make_agent, approvals):
+    asked = approvals.predict(request(BOOK))
+    thread_id = outputs(asked)["thread_id"]
+    before = head_and_count(approvals, thread_id)
+    for empty in (None, {}):
+        with pytest.raises(InvalidRequest, match="resume must be an answer"):
+            approvals.predict({"input": [], "custom_inputs": {"thread_id": thread_id, "resume": empty}})
+    assert head_and_count(approvals, thread_id) == before
+
+    two = make_agent(backend_url, graph=two_questions_graph())
+    custom = outputs(two.predict(request("plan it")))
+    first = custom["interrupts"][0]["id"]
+    with pytest.raises(InvalidRequest, match="answer all of them in one resume"):
+        two.predict(request(None, thread_id=custom["thread_id"], resume={first: "Ritz"}))
+    assert head_and_count(two, custom["thread_id"]) == (custom["checkpoint_id"], 2)

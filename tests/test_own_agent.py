@@ -291,3 +291,38 @@ def test_graphs_the_agent_cannot_run_are_configuration_errors():
         create_agent("memory://", model="offline", graph=plain_graph(), tools=[get_weather], tracing=False)
     with pytest.raises(ConfigurationError, match="context_summary"):
         create_agent("memory://", model="offline", graph=plain_graph(), context_strategy="summarize", tracing=False)
+
+
+def test_async_and_failing_tools_run_on_every_path_and_tool_names_cannot_shadow_memory_tools(make_agent):
+    async def forecast(city: str) -> str:
+        """The forecast, from an async function."""
+        return f"rain in {city}"
+
+    def broken(city: str) -> str:
+        """Always fails."""
+        raise ValueError("the weather service is down")
+
+    agent = make_agent("memory://", tools=[forecast, broken], memory_tools=False)
+    ran = agent.predict(request('use forecast {"city": "Rome"}'))
+    assert [i.model_dump().get("output") for i in ran.output if i.type == "function_call_output"] == ["rain in Rome"]
+    failed = agent.predict(request('use broken {"city": "Rome"}'))
+    [result] = [i.model_dump()["output"] for i in failed.output if i.type == "function_call_output"]
+    assert "the weather service is down" in result and "the weather service is down" in text_of(failed)
+
+    def save_memory(text: str) -> str:
+        """Mine."""
+        return text
+
+    with pytest.raises(ConfigurationError, match="long-term memory tool"):
+        create_agent("memory://", model="offline", tools=[save_memory], tracing=False)
+
+
+def test_a_node_returning_dict_messages_answers_with_the_stored_ids(make_agent):
+    graph = one_node(MessagesState, "n", lambda state: {"messages": [{"role": "assistant", "content": "dict reply"}]})
+    agent = make_agent("memory://", graph=graph)
+    reply = agent.predict(request("hi"))
+    assert text_of(reply) == "dict reply"
+    stored = agent.get_checkpoint_state(outputs(reply)["thread_id"])["messages"][-1]
+    assert stored["id"] == reply.output[-1].id
+    streamed = [e for e in agent.predict_stream(request("hi")) if e.type == "response.output_item.done"]
+    assert [e.item["content"][0]["text"] for e in streamed] == ["dict reply"]

@@ -9,9 +9,12 @@ and an `mcp_approval_request` output item on the wire).
 The next turn from that checkpoint either
 
 * **resumes** (`custom_inputs.resume`): the graph runs on LangGraph's
-  `Command(resume=value)`. One pending interrupt takes any JSON value; several
-  are answered by id, `{interrupt_id: value, ...}` (LangGraph's own form: a
-  mapping whose keys are all interrupt ids), some or all of them;
+  `Command(resume=value)`. One pending interrupt takes any JSON value but null
+  and `{}` (LangGraph cannot tell them from no answer); several are answered by
+  id, `{interrupt_id: value, ...}` (LangGraph's own form: a mapping whose keys
+  are all interrupt ids), all of them in one request: answering some of the
+  interrupts of one superstep makes LangGraph write no new checkpoint, only
+  pending writes on the interrupted one, and stored checkpoints never change;
 * or sends new messages with `custom_inputs.cancel_interrupts: true`: LangGraph
   drops a checkpoint's pending tasks when new input arrives there, so the
   questions stay unanswered on that checkpoint (which stays in the history, and
@@ -96,7 +99,7 @@ def answer(
         if not pending or cancel:
             return None, tuple(ids) if cancel else ()
         raise InterruptPending(
-            f"Thread {thread_id!r} waits for an answer at {where} (interrupt ids {ids}): answer with "
+            f"The graph waits for an answer at {where} (interrupt ids {ids}): answer with "
             "custom_inputs.resume, or send the message with custom_inputs.cancel_interrupts: true to leave the "
             "question unanswered. Nothing was written.",
             thread_id=thread_id,
@@ -109,12 +112,30 @@ def answer(
             checkpoint_id=checkpoint_id,
         )
     value = resume.value
+    if value is None or (isinstance(value, Mapping) and not value):
+        # LangGraph reads Command(resume=None) as no resume at all, and an empty mapping as answering no id.
+        raise InvalidRequest(
+            f"resume must be an answer: got {value!r}, which LangGraph cannot tell from no answer; send a value "
+            "(for example true, \"yes\" or {\"approve\": false}). Nothing was written.",
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+        )
     if _is_by_id(value):
         unknown = sorted(set(value) - set(ids))
         if unknown:
             raise InvalidRequest(
                 f"resume names interrupt {unknown[0]!r}, which is not pending at {where} (pending: {ids}); "
                 "nothing was written.",
+                thread_id=thread_id,
+                checkpoint_id=checkpoint_id,
+            )
+        missing = [i for i in ids if i not in value]
+        if missing:
+            # A partial answer of interrupts in one superstep makes LangGraph write no checkpoint, only pending
+            # writes on the interrupted one, which would change a stored checkpoint: answer them together.
+            raise InvalidRequest(
+                f"resume answers {len(value)} of the {len(ids)} interrupts waiting at {where}; answer all of them in "
+                f"one resume (missing: {missing}). Nothing was written.",
                 thread_id=thread_id,
                 checkpoint_id=checkpoint_id,
             )

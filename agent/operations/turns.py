@@ -153,6 +153,7 @@ class _Progress:
     produced: list[BaseMessage] = field(default_factory=list)
     partial: dict[str, str] = field(default_factory=dict)  # streamed text of messages not finished yet, by id
     interrupts: list[Any] = field(default_factory=list)  # LangGraph `Interrupt`s the run stopped at
+    unconverted: bool = False  # a node returned messages as dicts or tuples (add_messages converts them)
 
     def events(self, mode: str, chunk: Any, stream_tokens: bool) -> Iterator[TextDelta | NewMessages]:
         if mode == "messages":
@@ -170,13 +171,27 @@ class _Progress:
             if not isinstance(update, Mapping) or not update.get("messages"):
                 continue
             messages = update["messages"]
-            # A node may return one message rather than a list (add_messages takes both).
-            messages = [m for m in (messages if isinstance(messages, list) else [messages]) if isinstance(m, BaseMessage)]
+            # A node may return one message rather than a list, and dicts (add_messages takes all of them).
+            given = messages if isinstance(messages, list) else [messages]
+            messages = [m for m in given if isinstance(m, BaseMessage)]
+            self.unconverted = self.unconverted or len(messages) < len(given)
             if messages:
                 for message in messages:
                     self.partial.pop(message.id, None)
                 self.produced.extend(messages)
                 yield NewMessages(messages)
+
+    def stored_events(self, turn: Turn, start: str) -> Iterator[NewMessages]:
+        """The new messages of the turn's last checkpoint that the stream gave in another form (a node's dict
+        messages, which add_messages converted and gave ids): reported as stored, so the client gets their ids."""
+        if not self.unconverted or not turn.puts:
+            return
+        known = {m.id for m in _messages_of(turn, start)} | {m.id for m in self.produced}
+        head = turn.puts[-1][1]["channel_values"].get("messages") or []
+        missing = [m for m in head if isinstance(m, BaseMessage) and m.id not in known]
+        if missing:
+            self.produced.extend(missing)
+            yield NewMessages(missing)
 
     def kept(self) -> list[BaseMessage]:
         """The finished messages, and the unfinished reply's text so far as a message marked interrupted."""
@@ -281,6 +296,7 @@ class TurnRunner:
                     pass  # `_finish` does what the stop asked for
                 finally:
                     stream.close()
+            yield from progress.stored_events(turn, start)
             result = self._finish(claim, turn, start, args, begun, progress)
             done = True
             yield result
@@ -413,6 +429,8 @@ class TurnRunner:
                             yield event
                 finally:
                     await stream.aclose()
+            for event in progress.stored_events(turn, start):
+                yield event
             result = await self.in_io(self._finish, claim, turn, start, args, begun, progress)
             done = True
             yield result

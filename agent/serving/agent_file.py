@@ -115,11 +115,13 @@ def load_agent_file(path: str | os.PathLike[str], *, connect: bool = True) -> La
                 "with an agent made by agent.create_agent(...)."
             ) from None
         raise ConfigurationError(f"Agent file {str(path)!r} failed{_where(cause, resolved)}: {_describe(cause)}") from None
+    except SystemExit as exc:  # MLflow's loader catches Exception only; a file's sys.exit() would end the command
+        raise ConfigurationError(f"Agent file {str(path)!r} called sys.exit({exc.code!r}) instead of setting a model") from None
     finally:
         mlflow.models.model.__mlflow_model__ = None
     if not isinstance(loaded, LangGraphResponsesAgent):
         raise ConfigurationError(
-            f"Agent file {str(path)!r} set a {type(loaded).__module__}.{type(loaded).__qualname__} with "
+            f"Agent file {str(path)!r} set a {_type_name(loaded, resolved)} with "
             "mlflow.models.set_model; it must set an agent made by agent.create_agent(...)."
         )
     if connect:
@@ -142,3 +144,10 @@ def _where(exc: BaseException, file: Path) -> str:
         return f" at line {exc.lineno}"
     lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if Path(frame.filename) == file]
     return f" at line {lines[-1]}" if lines else ""
+
+
+def _type_name(value: object, file: Path) -> str:
+    # MLflow runs the file as a module named code_model_<hex>; a class defined in it is the file's own.
+    module = type(value).__module__
+    module = file.stem if module.startswith("code_model_") else module
+    return f"{module}.{type(value).__qualname__}"
