@@ -143,8 +143,24 @@ done
 # A short temporary root of this run's own: xdist adds popen-gwN/ to every tmp_path, and the CLI
 # tests read paths in output that is wrapped at a fixed width when it is not a terminal.
 basetemp=$(mktemp -d "${TMPDIR:-/tmp}/tt-XXXXXX")
+# Tests marked `serial` restart shared services (the Postgres server), which would cut every other
+# worker's connections: with workers, they run first, alone; then the rest in parallel. A run that
+# selects its own markers (-m) runs as asked.
+chooses_markers=0
+for arg in "$@"; do
+    case "$arg" in -m | -m*) chooses_markers=1 ;; esac
+done
 status=0
-"$VENV/bin/python" -m pytest "${workers[@]}" --basetemp="$basetemp/t" "$@" || status=$?
+if [[ ${#workers[@]} -gt 0 && $chooses_markers -eq 0 ]]; then
+    serial=0
+    "$VENV/bin/python" -m pytest -p no:xdist -m serial --basetemp="$basetemp/serial" "$@" || serial=$?
+    "$VENV/bin/python" -m pytest "${workers[@]}" -m "not serial" --basetemp="$basetemp/t" "$@" || status=$?
+    # Exit 5 (nothing selected) of one phase is fine when the other ran tests.
+    if [[ $status -eq 5 && $serial -ne 5 ]]; then status=$serial; fi
+    if [[ $status -eq 0 && $serial -ne 5 ]]; then status=$serial; fi
+else
+    "$VENV/bin/python" -m pytest "${workers[@]}" --basetemp="$basetemp/t" "$@" || status=$?
+fi
 [[ $status -ne 0 ]] || rm -rf "$basetemp"
 if [[ $status -eq 5 ]]; then
     echo "error: no tests ran (pytest exit code 5); check the paths and -k/-m filters" >&2

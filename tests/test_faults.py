@@ -130,6 +130,7 @@ def test_connections_killed_while_the_model_runs_the_turn_commits_on_a_fresh_con
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.skipif(
     os.environ.get(RESTART_OPT_OUT) == "0",
     reason=f"{RESTART_OPT_OUT}=0: this run may not restart the Postgres server",
