@@ -3,7 +3,9 @@
 Layout (one responsibility per module; data flows one way, from the edges inwards):
 
 * `config`       settings (`AgentSettings`, `AGENT_*` environment), URL masking
-* `errors`       the error types (plain Python; `serving.errors` maps them to HTTP)
+* `version`      the package version (a leaf)
+* `errors`       the error types (plain Python); `error_answers`: the one table of what each answers
+  (HTTP status, MLflow code, OpenAI type)
 * `types`        typed results crossing layers (`TurnResult`, `CheckpointSummary`)
 * `validation`   checks of single request values
 * `storage/`     short-term memory: checkpoints, thread records, the claim/commit turn protocol
@@ -14,9 +16,11 @@ Layout (one responsibility per module; data flows one way, from the edges inward
 * `context/`     what the model is sent: token budgets, summaries, tool-call repair
 * `graph`        the LangGraph graph
 * `messages`     Responses items <-> LangChain messages
-* `operations/`  what you can do to a thread, and the `custom_inputs.action` table
+* `operations/`  what you can do to a thread: each operation declared once (`operations.registry`)
+* `agent`        `Agent`, the Python API: one method per registered operation, no MLflow
 * `requests`     request parsing and validation, at the edge
-* `responses`    the MLflow `ResponsesAgent` adapter
+* `responses`    `LangGraphResponsesAgent`: `Agent` plus MLflow's `ResponsesAgent` interface;
+  `response_events` the Responses objects and stream events; `mlflow_errors` MLflow's error twins
 * `factory`      `create_agent`
 * `serving/`     models-from-code entry, the HTTP server, the error mapping
 * `cli`          the `tt-agent` command
@@ -57,19 +61,22 @@ from agent.errors import (
 )
 
 if TYPE_CHECKING:
+    from agent.agent import Agent
     from agent.config import AgentSettings
     from agent.factory import create_agent
     from agent.responses import LangGraphResponsesAgent
 
-__version__ = "0.2.0"
+from agent.version import __version__
 
 _LAZY = {
     "create_agent": "agent.factory",
     "AgentSettings": "agent.config",
     "LangGraphResponsesAgent": "agent.responses",
+    "Agent": "agent.agent",
 }
 
 __all__ = [
+    "Agent",
     "AgentError",
     "AgentSettings",
     "CheckpointNotFound",

@@ -79,7 +79,8 @@ def create_agent(
     from agent.memory.service import Memories
     from agent.memory.tools import memory_tools
     from agent.models import make_chat_model, model_name_of
-    from agent.operations import Threads
+    from agent.operations.context import OperationContext
+    from agent.operations.turns import TurnRunner
     from agent.responses import LangGraphResponsesAgent
     from agent.storage import open_storage
     from agent.tracing import configure_tracing
@@ -136,7 +137,9 @@ def create_agent(
     # State updates (edits, update_checkpoint_state) are written as the built-in graph's answering node;
     # on a user's graph, as the node LangGraph infers.
     answer_node = AGENT_NODE if graph is None else None
-    return LangGraphResponsesAgent(Threads(storage, compiled, config, memories, window, answer_node), config)
+    turns = TurnRunner(storage, compiled, config, memories, window, answer_node)
+    context = OperationContext(storage=storage, settings=config, graph=compiled, turns=turns, memories=memories)
+    return LangGraphResponsesAgent(context)
 
 
 def _with_sync_body(made: BaseTool, function: Callable[..., Any]) -> BaseTool:

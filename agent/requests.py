@@ -1,8 +1,8 @@
 """Requests parsed once, at the edge, into one typed object.
 
 `parse_request` turns a Responses API request (an MLflow `ResponsesAgentRequest`
-or a plain dict) into a `ParsedRequest`: the `Action` it asks for (see
-`agent.operations.ACTIONS`), the `Envelope` every action shares (thread, user,
+or a plain dict) into a `ParsedRequest`: the operation it asks for (see
+`agent.operations.registry.ACTIONS`), the `Envelope` every action shares (thread, user,
 checkpoint, policy, input messages) and the action's own arguments. Inner
 layers never look at raw dicts again.
 
@@ -15,7 +15,7 @@ Envelope `custom_inputs` keys (all optional):
 | `user_id` | str | the caller; else `context.user_id` (both given: they must be equal) |
 | `multitask_strategy` | `reject` / `enqueue` / `interrupt` / `rollback` | overrides the agent's policy |
 | `idempotency_key` | str | a retry with the same key returns the first result instead of running again (turns and `update_checkpoint_state`; other actions ignore it) |
-| `action` | str | one of `agent.operations.ACTIONS`; absent: a turn |
+| `action` | str | one of `agent.operations.registry.ACTIONS`; absent: a turn |
 
 A turn also takes `resume` (the answer to the graph's pending `interrupt()`s; empty input) and
 `cancel_interrupts` (send the input although a question waits): `agent.operations.interrupts`.
@@ -63,8 +63,11 @@ from pydantic import PrivateAttr
 from agent.config import AgentSettings
 from agent.errors import InvalidRequest
 from agent.messages import to_langchain
-from agent.operations import ACTIONS, Action
+from agent.operations.envelope import Envelope
 from agent.operations.idempotency import request_fingerprint
+from agent.operations.operation import Operation, from_request
+from agent.operations.registry import ACTION_NAMES, ACTIONS, TURN
+from agent.operations.turn_options import TURN_KEYS, parse_turn_options
 from agent.validation import check_id, check_strategy, check_user_id, encoded_size
 
 #: `custom_inputs` keys every action takes.
@@ -161,35 +164,20 @@ def keeping_item_ids(raw: dict[str, Any]) -> ResponsesAgentRequest:
 
 
 @dataclass(frozen=True)
-class Envelope:
-    """What every request carries, validated. `thread_id` is None only for a turn that starts a new thread."""
-
-    thread_id: str | None = None
-    user_id: str | None = None
-    checkpoint_id: str | None = None
-    multitask_strategy: str | None = None
-    idempotency_key: str | None = None
-    messages: list[BaseMessage] = field(default_factory=list)
-    request_hash: str | None = None
-    """What the request asks for, hashed (`idempotency.request_fingerprint`); set when `idempotency_key` is."""
-    thread_of_checkpoint: bool = False
-    """`previous_response_id` named `checkpoint_id` and no thread: the caller finds its thread
-    (`LangGraphResponsesAgent` asks storage) before the turn runs."""
-    existing_thread: bool = False
-    """The thread was named as a `conversation`: it must exist (a turn would otherwise create it)."""
-    instructions: str | None = None
-    """A system message for this turn only (not stored)."""
-    store: bool = True
-    """False: the turn writes nothing (OpenAI's `store: false`)."""
-
-
-@dataclass(frozen=True)
 class ParsedRequest:
-    """One request: its action, the envelope, and the action's own arguments."""
+    """One request: its action, the envelope, and the action's own arguments.
 
-    action: Action
+    `operation` is None for a turn (the default action); `args` is then its `TurnOptions`,
+    else the operation's checked arguments.
+    """
+
+    operation: Operation | None
     envelope: Envelope
     args: Any = None
+
+    @property
+    def is_turn(self) -> bool:
+        return self.operation is None
 
 
 def parse_request(
@@ -245,10 +233,12 @@ def parse_request(
     if not isinstance(context, dict):
         raise InvalidRequest("context must be an object")
 
-    name = custom.get("action", "turn")
-    if not isinstance(name, str) or name not in ACTIONS:
-        raise InvalidRequest(f"Unknown action {name!r}; known: {sorted(ACTIONS)}")
-    action = ACTIONS[name]
+    name = custom.get("action", TURN)
+    if not isinstance(name, str) or name not in ACTION_NAMES:
+        raise InvalidRequest(f"Unknown action {name!r}; known: {sorted(ACTION_NAMES)}")
+    operation = ACTIONS.get(name)
+    keys = TURN_KEYS if operation is None else operation.keys
+    input_rule = "optional" if operation is None else operation.input
     dialect = _openai_fields(raw, custom, turn=name == "turn")
     if name == "turn":
         custom = {key: value for key, value in custom.items() if key not in OPENAI_CUSTOM_KEYS}
@@ -256,10 +246,10 @@ def parse_request(
             if "metadata" in custom and custom["metadata"] != dialect["metadata"]:
                 raise InvalidRequest("metadata and custom_inputs.metadata disagree; send one")
             custom["metadata"] = dialect["metadata"]
-    unknown = sorted(set(custom) - ENVELOPE_KEYS - action.keys)
+    unknown = sorted(set(custom) - ENVELOPE_KEYS - keys)
     if unknown:
         raise InvalidRequest(
-            f"Unknown custom_inputs {unknown} for the {name} action; known: {sorted(ENVELOPE_KEYS | action.keys)}"
+            f"Unknown custom_inputs {unknown} for the {name} action; known: {sorted(ENVELOPE_KEYS | keys)}"
         )
     items = raw.get("input")
     if isinstance(items, str):
@@ -271,9 +261,9 @@ def parse_request(
     if name == "turn":
         items, custom = _approval_responses(items, custom)
     messages = to_langchain(items)
-    if action.input == "required" and not messages:
+    if input_rule == "required" and not messages:
         raise InvalidRequest(f"input is empty: the {name} action needs at least one message")
-    if action.input == "none" and messages:
+    if input_rule == "none" and messages:
         raise InvalidRequest(f"The {name} action takes no input items")
 
     thread_id = check_id("thread_id", custom.get("thread_id", context.get("conversation_id")))
@@ -283,7 +273,7 @@ def parse_request(
     key = _idempotency_key(custom, idempotency_key)
     if key is not None and not store:
         raise InvalidRequest("store: false writes nothing, so it cannot be combined with an idempotency key")
-    options = {k: custom[k] for k in action.keys if k in custom}
+    options = {k: custom[k] for k in keys if k in custom}
     if dialect.get("instructions") is not None:
         options["instructions"] = dialect["instructions"]
     envelope = Envelope(
@@ -299,11 +289,13 @@ def parse_request(
         instructions=dialect.get("instructions"),
         store=store,
     )
-    if action.needs_thread and envelope.thread_id is None and not envelope.thread_of_checkpoint:
+    if operation is None:
+        return ParsedRequest(operation=None, envelope=envelope, args=parse_turn_options(envelope, custom))
+    if operation.needs_thread and envelope.thread_id is None:
         raise InvalidRequest(f"The {name} action needs custom_inputs.thread_id")
-    if action.needs_user and envelope.user_id is None:
+    if operation.needs_user and envelope.user_id is None:
         raise InvalidRequest(f"The {name} action needs a user_id")
-    return ParsedRequest(action=action, envelope=envelope, args=action.parse(envelope, custom))
+    return ParsedRequest(operation=operation, envelope=envelope, args=from_request(operation, envelope, custom, settings))
 
 
 def _approval_responses(items: list[Any], custom: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

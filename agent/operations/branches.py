@@ -33,8 +33,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import InvalidRequest, ThreadBusy, ThreadNotFound
+from agent.operations import checks
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.interrupts import pending_interrupts
+from agent.operations.operation import Operation, param
 from agent.operations.tree import ThreadTree, places_of, read_tree
 from agent.storage import ThreadStorage, Turn
 from agent.storage.deltas import common_prefix
@@ -44,8 +46,7 @@ from agent.validation import check_id
 if TYPE_CHECKING:
     from langgraph.checkpoint.base import CheckpointTuple
 
-    from agent.operations import Threads
-    from agent.requests import Envelope
+    from agent.operations.context import OperationContext
 
 
 def get_checkpoint_state(
@@ -255,54 +256,161 @@ def _writes_by_task(pending: Sequence[tuple]) -> dict[str, list[tuple[str, Any]]
     return grouped
 
 
-# -- the actions (see agent.operations.ACTIONS) ------------------------------------------------------
-@dataclass(frozen=True)
-class ForkArgs:
-    new_thread_id: str | None
-
-
-@dataclass(frozen=True)
-class CompareArgs:
-    checkpoint_a: str
-    checkpoint_b: str
-
-
-def parse_set_head(envelope: Envelope, custom: Mapping[str, Any]) -> None:
-    if envelope.checkpoint_id is None:
-        raise InvalidRequest("The set_head action needs custom_inputs.checkpoint_id (the checkpoint to switch to)")
-
-
-def parse_fork(envelope: Envelope, custom: Mapping[str, Any]) -> ForkArgs:
-    return ForkArgs(new_thread_id=check_id("new_thread_id", custom.get("new_thread_id")))
-
-
-def parse_compare(envelope: Envelope, custom: Mapping[str, Any]) -> CompareArgs:
-    a, b = check_id("checkpoint_a", custom.get("checkpoint_a")), check_id("checkpoint_b", custom.get("checkpoint_b"))
-    if a is None or b is None:
-        raise InvalidRequest("The compare_checkpoints action needs custom_inputs.checkpoint_a and checkpoint_b")
-    return CompareArgs(a, b)
-
-
-def run_get_state(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
-    return threads.get_checkpoint_state(envelope.thread_id, envelope.checkpoint_id, user_id=envelope.user_id).as_dict()
-
-
-def run_list_branches(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
-    branches = threads.list_branches(envelope.thread_id, user_id=envelope.user_id)
-    return {"thread_id": envelope.thread_id, "branches": [branch.as_dict() for branch in branches]}
-
-
-def run_set_head(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
-    return threads.set_head(envelope.thread_id, envelope.checkpoint_id, user_id=envelope.user_id).as_dict()
-
-
-def run_fork(threads: Threads, envelope: Envelope, args: ForkArgs) -> dict[str, Any]:
-    result = threads.fork_thread(
-        envelope.thread_id, envelope.checkpoint_id, new_thread_id=args.new_thread_id, user_id=envelope.user_id
+# -- the operations ------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class StateArgs:
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    checkpoint_id: str | None = param(
+        None, source="checkpoint", check=checks.check_id, cli={"metavar": "CHECKPOINT_ID", "help": "Default: the head."}
     )
-    return result.as_dict()
+    user_id: str | None = param(None, source="user")
 
 
-def run_compare(threads: Threads, envelope: Envelope, args: CompareArgs) -> dict[str, Any]:
-    diff = threads.compare_checkpoints(envelope.thread_id, args.checkpoint_a, args.checkpoint_b, user_id=envelope.user_id)
-    return diff.as_dict()
+def get_state(context: OperationContext, args: StateArgs) -> CheckpointState:
+    """The head (or `checkpoint_id`) with its messages: what a chat UI renders.
+
+    Out: the history entry's fields (`checkpoint_id`, `parent_checkpoint_id`,
+    `message_count`, `last_user_message`, `is_head`, …) and `messages`, the whole
+    list as Responses items (`message`, `function_call`, `function_call_output`),
+    oldest first, each with its `id` and: `checkpoint_id` (where the message first
+    appeared), `branch_checkpoint_id` (the checkpoint before it: where an edit or a
+    regeneration of it branches from; the thread's root for the first message) and
+    `siblings` (`{"index", "count", "checkpoint_ids"}`: every alternative at that
+    position, this one included, oldest first). At the root: no messages. A checkpoint
+    where the graph waits on `interrupt()` also has `interrupts` (`[{"id", "value", "node"}]`:
+    what `custom_inputs.resume` answers).
+
+    Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`.
+    """
+    return get_checkpoint_state(context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThreadArgs:
+    """A thread, and the caller."""
+
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    user_id: str | None = param(None, source="user")
+
+
+def branches_of(context: OperationContext, args: ThreadArgs) -> list[BranchSummary]:
+    """One entry per branch (a leaf of the checkpoint tree), newest first.
+
+    Each: the leaf's history-entry fields (`checkpoint_id`, `message_count`,
+    `last_user_message`, `is_head`, …), `fork_checkpoint_id` (where the branch leaves
+    its nearest other branch; None for a thread without branches) and `updated_at`
+    (the leaf's timestamp, ISO 8601 UTC).
+
+    Raises: `InvalidRequest` (bad ids), `ThreadNotFound`.
+    """
+    return list_branches(context.storage, args.thread_id, user_id=args.user_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetHeadArgs:
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    checkpoint_id: str = param(
+        source="checkpoint", check=checks.required_id, cli={"argument": True, "help": "The checkpoint to switch to."}
+    )
+    user_id: str | None = param(None, source="user")
+
+
+def switch_head(context: OperationContext, args: SetHeadArgs) -> HeadMove:
+    """Switch the thread to another branch: `checkpoint_id` (any checkpoint of it) becomes the head,
+    without writing a checkpoint; the next turn continues there.
+
+    Returns `thread_id`, `checkpoint_id` and `previous_checkpoint_id` (the head before).
+
+    Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`, `ThreadBusy`.
+    """
+    return set_head(context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForkArgs:
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread to fork."})
+    checkpoint_id: str | None = param(
+        None, source="checkpoint", check=checks.check_id, cli={"metavar": "CHECKPOINT_ID", "help": "Default: the head."}
+    )
+    new_thread_id: str | None = param(None, check=checks.check_id, cli={"metavar": "THREAD_ID", "help": "Default: a new id."})
+    user_id: str | None = param(None, source="user")
+
+
+def fork(context: OperationContext, args: ForkArgs) -> ForkResult:
+    """A new thread, owned by the same user, whose history is the ancestor chain of `checkpoint_id`
+    (default: the head), with the same messages; independent of the source afterwards.
+
+    Returns `thread_id` and `checkpoint_id` (the new thread and its head) and
+    `forked_from` (`{"thread_id", "checkpoint_id"}`, also kept in the new thread's record).
+
+    Raises: `InvalidRequest` (bad ids, or `new_thread_id` in use), `ThreadNotFound`, `CheckpointNotFound`.
+    """
+    return fork_thread(
+        context.storage, args.thread_id, args.checkpoint_id, new_thread_id=args.new_thread_id, user_id=args.user_id
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareArgs:
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    checkpoint_a: str = param(check=checks.required_id, cli={"argument": True, "help": "One checkpoint."})
+    checkpoint_b: str = param(check=checks.required_id, cli={"argument": True, "help": "The other."})
+    user_id: str | None = param(None, source="user")
+
+
+def compare(context: OperationContext, args: CompareArgs) -> CheckpointDiff:
+    """Two checkpoints of a thread side by side.
+
+    Returns `thread_id`, `checkpoint_a`, `checkpoint_b`, `common_ancestor_checkpoint_id` and
+    `only_a` / `only_b`: the messages (items as in `get_checkpoint_state`) each side has after
+    the leading messages both share.
+
+    Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`.
+    """
+    return compare_checkpoints(context.storage, args.thread_id, args.checkpoint_a, args.checkpoint_b, user_id=args.user_id)
+
+
+GET_CHECKPOINT_STATE = Operation(
+    name="get_checkpoint_state",
+    summary="The head (or checkpoint_id): its history entry and its messages, each placed in the tree.",
+    args=StateArgs,
+    run=get_state,
+    positional=2,
+    cli="state",
+)
+LIST_BRANCHES = Operation(
+    name="list_branches",
+    summary="One entry per leaf of the thread's checkpoint tree, newest first.",
+    args=ThreadArgs,
+    run=branches_of,
+    outputs=lambda found, args: {"thread_id": args.thread_id, "branches": [branch.as_dict() for branch in found]},
+    returns="list[dict[str, Any]]",
+    cli="branches",
+)
+SET_HEAD = Operation(
+    name="set_head",
+    summary="Switch the thread to checkpoint_id without writing a checkpoint.",
+    args=SetHeadArgs,
+    run=switch_head,
+    positional=2,
+    writes=True,
+    returns="dict[str, str]",
+    cli="switch",
+)
+FORK_THREAD = Operation(
+    name="fork_thread",
+    summary="A new thread whose history is the ancestor chain of checkpoint_id (default: the head).",
+    args=ForkArgs,
+    run=fork,
+    positional=2,
+    writes=True,
+    cli="fork",
+)
+COMPARE_CHECKPOINTS = Operation(
+    name="compare_checkpoints",
+    summary="The common ancestor of checkpoint_a and checkpoint_b and the messages only each has.",
+    args=CompareArgs,
+    run=compare,
+    positional=3,
+    cli="compare",
+)

@@ -57,15 +57,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import InvalidRequest
+from agent.operations import checks
 from agent.operations.access import authorize, thread_not_found
+from agent.operations.operation import Operation, param
 from agent.storage import ThreadRecord, owned_by
 from agent.validation import MAX_ID_CHARS, check_id, check_limit, check_unicode
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-    from agent.operations import Threads
-    from agent.requests import Envelope
+    from agent.operations.context import OperationContext
 
     from agent.storage import ThreadReads, ThreadStorage
 
@@ -316,58 +317,127 @@ def _position(storage: ThreadReads, before: Any, user_id: str | None) -> tuple[s
     return position
 
 
-# -- actions (`operations.ACTIONS`) -----------------------------------------------------------------
-@dataclass(frozen=True)
+# -- the operations ------------------------------------------------------------------------------
+def _cursor(name: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+_JSON = {"help": "Print JSON instead of a table."}
+
+
+@dataclass(frozen=True, kw_only=True)
 class ListArgs:
-    limit: int
-    before: str | None
-    metadata: dict[str, str] | None
-
-
-def parse_list(envelope: Envelope, custom: Mapping[str, Any]) -> ListArgs:
-    before = custom.get("before")
-    if before is not None and not isinstance(before, str):
-        raise InvalidRequest(f"before must be a string, got {type(before).__name__}")
-    return ListArgs(
-        limit=check_limit(custom.get("limit", DEFAULT_THREAD_LIMIT), maximum=MAX_THREAD_LIMIT),
-        before=before,
-        metadata=check_metadata(custom.get("metadata")),
+    user_id: str | None = param(None, source="user")
+    limit: int = param(
+        DEFAULT_THREAD_LIMIT, check=checks.limit(MAX_THREAD_LIMIT), cli={"metavar": "N", "help": "Most threads to show."}
+    )
+    before: str | None = param(
+        None,
+        check=_cursor,
+        cli={"metavar": "CURSOR", "help": "The next page: the cursor the previous page printed (or a thread id)."},
+    )
+    metadata: dict[str, str] | None = param(
+        None,
+        check=checks.named(check_metadata),
+        cli={"metavar": "KEY=VALUE", "help": "Only threads with this metadata (repeatable)."},
     )
 
 
-def run_list(threads: Threads, envelope: Envelope, args: ListArgs) -> dict[str, Any]:
-    found, next_before = list_page(
-        threads.storage, user_id=envelope.user_id, limit=args.limit, before=args.before, metadata=args.metadata
-    )
-    return {"threads": found, "next_before": next_before}
+def list_threads_page(context: OperationContext, args: ListArgs) -> tuple[list[dict[str, Any]], str | None]:
+    """The caller's threads, newest activity first (`updated_at` DESC, then `thread_id` DESC).
+
+    Each: `thread_id`, `user_id`, `title` (default: the first user message, shortened to 60
+    characters), `created_at`, `updated_at` (last activity; ISO 8601, UTC), `checkpoint_id` (the
+    head), `message_count`, `metadata`, `forked_from`, `ttl_seconds`, and `cursor`: pass the last
+    thread's as `before` for the next page (an empty page: no more). Paging neither repeats nor
+    skips a thread while others write, except that a thread given new activity meanwhile moves to
+    the top of a fresh first page (see `agent.operations.catalogue`). `limit`: 1 to 100.
+    `metadata`: only threads whose metadata holds all these pairs.
+
+    Raises: `InvalidRequest` (bad limit, cursor or metadata), `ThreadNotFound` (`before` is a
+    thread id the caller does not own).
+    """
+    return list_page(context.storage, user_id=args.user_id, limit=args.limit, before=args.before, metadata=args.metadata)
 
 
-def run_get(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
-    return {"thread": get_thread(threads.storage, envelope.thread_id, user_id=envelope.user_id)}
+@dataclass(frozen=True, kw_only=True)
+class GetThreadArgs:
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    user_id: str | None = param(None, source="user")
 
 
-@dataclass(frozen=True)
+def get_thread_record(context: OperationContext, args: GetThreadArgs) -> dict[str, Any]:
+    """One thread, as `list_threads` lists it (without `cursor`).
+
+    Raises: `InvalidRequest` (bad ids), `ThreadNotFound` (unknown, or not the caller's).
+    """
+    return get_thread(context.storage, args.thread_id, user_id=args.user_id)
+
+
+@dataclass(frozen=True, kw_only=True)
 class UpdateThreadArgs:
-    title: str | None
-    metadata: dict[str, str] | None
-    ttl_seconds: float | None
-
-
-def parse_update(envelope: Envelope, custom: Mapping[str, Any]) -> UpdateThreadArgs:
-    return UpdateThreadArgs(
-        title=check_title(custom.get("title")),
-        metadata=check_metadata(custom.get("metadata")),
-        ttl_seconds=check_ttl(custom.get("ttl_seconds")),
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    title: str | None = param(None, check=checks.value_only(check_title), cli={"metavar": "TEXT", "help": "A new title."})
+    metadata: dict[str, str] | None = param(
+        None,
+        check=checks.named(check_metadata),
+        cli={"metavar": "KEY=VALUE", "help": "The new metadata (repeatable; replaces all of it)."},
     )
+    ttl_seconds: float | None = param(
+        None,
+        check=checks.value_only(check_ttl),
+        cli={"metavar": "SECONDS", "help": "Idle time before retention may remove it."},
+    )
+    user_id: str | None = param(None, source="user")
 
 
-def run_update(threads: Threads, envelope: Envelope, args: UpdateThreadArgs) -> dict[str, Any]:
-    thread = update_thread(
-        threads.storage,
-        envelope.thread_id,
-        user_id=envelope.user_id,
+def update_thread_record(context: OperationContext, args: UpdateThreadArgs) -> dict[str, Any]:
+    """Set the thread's `title` (1 to 256 characters), `metadata` (replaces the whole object: at most
+    16 pairs, string keys up to 64 characters, string values up to 512, as OpenAI's) and/or
+    `ttl_seconds` (idle seconds before retention may remove it); None leaves a field as it is.
+    `updated_at` (the last activity) does not change. Returns the thread as `get_thread` does.
+
+    Raises: `InvalidRequest` (a value out of bounds; nothing is written), `ThreadNotFound`.
+    """
+    return update_thread(
+        context.storage,
+        args.thread_id,
+        user_id=args.user_id,
         title=args.title,
         metadata=args.metadata,
         ttl_seconds=args.ttl_seconds,
     )
-    return {"thread": thread}
+
+
+LIST_THREADS = Operation(
+    name="list_threads",
+    summary="The user's threads, newest activity first; `before`: the previous page's `next_before`.",
+    args=ListArgs,
+    run=list_threads_page,
+    positional=0,
+    python=lambda page: page[0],
+    outputs=lambda page, args: {"threads": page[0], "next_before": page[1]},
+    returns="list[dict[str, Any]]",
+    reads_only=True,
+    cli="threads",
+)
+GET_THREAD = Operation(
+    name="get_thread",
+    summary="The thread: title, metadata, head checkpoint_id, message_count, timestamps.",
+    args=GetThreadArgs,
+    run=get_thread_record,
+    outputs=lambda thread, args: {"thread": thread},
+    reads_only=True,
+    cli="threads show",
+)
+UPDATE_THREAD = Operation(
+    name="update_thread",
+    summary="Set the thread's title, metadata (replaced) and/or ttl_seconds.",
+    args=UpdateThreadArgs,
+    run=update_thread_record,
+    outputs=lambda thread, args: {"thread": thread},
+    writes=True,
+    cli="threads update",
+)

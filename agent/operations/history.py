@@ -8,10 +8,18 @@ after a branch switch it differs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from agent.errors import CheckpointNotFound, InvalidRequest
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.operation import Operation, param
 from agent.storage import ThreadReads, ThreadStorage
 from agent.types import CheckpointSummary
+from agent.operations import checks
+
+if TYPE_CHECKING:
+    from agent.operations.context import OperationContext
 
 
 def history(
@@ -68,3 +76,42 @@ def resolve_checkpoint_ref(entries: list[dict], thread_id: str, ref: str) -> str
     if len(matches) > 1:
         raise InvalidRequest(f"Short id {ref!r} matches {len(matches)} checkpoints; give more characters.")
     return matches[0]
+
+
+# -- the operation ------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class HistoryArgs:
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread to list."})
+    limit: int = param(10, check=checks.limit(), cli={"metavar": "N", "help": "Most checkpoints to show."})
+    before: str | None = param(
+        None, check=checks.check_id, cli={"metavar": "CHECKPOINT_ID", "help": "Only checkpoints older than this one (full or short id)."}
+    )
+    user_id: str | None = param(None, source="user")
+
+
+def get_checkpoint_history(context: OperationContext, args: HistoryArgs) -> list[CheckpointSummary]:
+    """The thread's checkpoints, newest first, all branches interleaved.
+
+    Each entry: `checkpoint_id`, `parent_checkpoint_id`, `thread_id`,
+    `timestamp` (ISO 8601, UTC), `next_nodes` (node names), `message_count`,
+    `last_message` and `last_user_message` (at most 100 characters each),
+    `source` (`root` for the thread's empty first checkpoint, `loop` for a
+    turn, `update` for a state update), `step` and `is_head`. `before` (a
+    checkpoint_id) pages backwards.
+
+    Raises: `InvalidRequest` (bad ids or limit), `ThreadNotFound`, `CheckpointNotFound` (`before`).
+    """
+    return history(context.storage, args.thread_id, user_id=args.user_id, limit=args.limit, before=args.before)
+
+
+GET_CHECKPOINT_HISTORY = Operation(
+    name="get_checkpoint_history",
+    summary="The thread's checkpoints, newest first (all branches interleaved).",
+    args=HistoryArgs,
+    run=get_checkpoint_history,
+    positional=3,
+    outputs=lambda entries, args: {"thread_id": args.thread_id, "history": [entry.as_dict() for entry in entries]},
+    returns="list[dict[str, Any]]",
+    reads_only=True,
+    cli="history",
+)

@@ -42,7 +42,7 @@ from agent.types import PendingInterrupt
 if TYPE_CHECKING:
     from langgraph.checkpoint.base import CheckpointTuple
 
-    from agent.operations import Resume
+    from agent.operations.turn_options import Resume
 
 #: The pending-writes channel where LangGraph keeps a task's interrupts.
 INTERRUPT_CHANNEL = "__interrupt__"

@@ -8,14 +8,18 @@ memories the thread's turns wrote (under `user` scope they outlive the thread).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.errors import ThreadNotFound
+from agent.operations import checks
 from agent.operations.access import authorize
+from agent.operations.operation import Operation, param
 from agent.storage import ThreadStorage, Tx
 
 if TYPE_CHECKING:
     from agent.memory.service import Memories
+    from agent.operations.context import OperationContext
 
 
 def delete_thread(
@@ -57,3 +61,49 @@ def delete_user_data(storage: ThreadStorage, user_id: str, *, memories: Memories
     if memories is not None:
         memories.delete_user(user_id)
     return deleted
+
+
+# -- the operations ------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class DeleteThreadArgs:
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    user_id: str | None = param(None, source="user")
+
+
+def delete_one_thread(context: OperationContext, args: DeleteThreadArgs) -> None:
+    """Delete every checkpoint, write and the ownership record of a thread.
+
+    Raises: `InvalidRequest`, `ThreadNotFound` (unknown, or not the caller's).
+    """
+    delete_thread(context.storage, args.thread_id, user_id=args.user_id, memories=context.memories)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UserArgs:
+    user_id: str = param(source="user", check=checks.required_id, cli={"argument": True, "help": "The user."})
+
+
+def delete_all_user_data(context: OperationContext, args: UserArgs) -> list[str]:
+    """Delete every thread `user_id` owns and all the user's long-term memories; returns the deleted
+    thread ids, sorted."""
+    return delete_user_data(context.storage, args.user_id, memories=context.memories)
+
+
+DELETE_THREAD = Operation(
+    name="delete_thread",
+    summary="Delete the thread and all its checkpoints.",
+    args=DeleteThreadArgs,
+    run=delete_one_thread,
+    outputs=lambda _, args: {"thread_id": args.thread_id, "deleted": True},
+    returns="None",
+    writes=True,
+)
+DELETE_USER_DATA = Operation(
+    name="delete_user_data",
+    summary="Delete every thread of the user, and all the user's long-term memories.",
+    args=UserArgs,
+    run=delete_all_user_data,
+    outputs=lambda deleted, args: {"user_id": args.user_id, "deleted_thread_ids": deleted},
+    returns="list[str]",
+    writes=True,
+)

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import InvalidRequest, MemoryNotFound
-from agent.validation import check_limit, check_unicode, required_id
+from agent.operations import checks
+from agent.operations.operation import Operation, param
+from agent.validation import check_unicode
 from agent.types import Memory
 
 if TYPE_CHECKING:
     from agent.memory.service import Memories
-    from agent.operations import Threads
-    from agent.requests import Envelope
+    from agent.operations.context import OperationContext
 
 #: Most memories one listing returns.
 MAX_MEMORY_LIMIT = 1000
@@ -57,34 +58,59 @@ def check_query(value: Any) -> str | None:
     return value
 
 
-# -- the actions ------------------------------------------------------------------------------
-@dataclass(frozen=True)
+# -- the operations ------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
 class ListMemoriesArgs:
-    query: str | None
-    limit: int
-
-
-@dataclass(frozen=True)
-class DeleteMemoryArgs:
-    memory_id: str
-
-
-def parse_list(envelope: Envelope, custom: Mapping[str, Any]) -> ListMemoriesArgs:
-    return ListMemoriesArgs(
-        query=check_query(custom.get("query")),
-        limit=check_limit(custom.get("limit", 20), maximum=MAX_MEMORY_LIMIT),
+    user_id: str = param(source="user", check=checks.required_id, cli={"argument": True, "help": "The user."})
+    query: str | None = param(
+        None, check=checks.value_only(check_query), cli={"metavar": "TEXT", "help": "Most relevant first for this text."}
     )
+    limit: int = param(20, check=checks.limit(MAX_MEMORY_LIMIT), cli={"metavar": "N", "help": "Most memories to show."})
 
 
-def run_list(threads: Threads, envelope: Envelope, args: ListMemoriesArgs) -> dict[str, Any]:
-    found = threads.list_memories(envelope.user_id, args.query, args.limit)
-    return {"user_id": envelope.user_id, "memories": [memory.as_dict() for memory in found]}
+def list_user_memories(context: OperationContext, args: ListMemoriesArgs) -> list[Memory]:
+    """The user's long-term memories, in every `memory_scope`: newest first, or most relevant first
+    for `query` (keyword search: only memories sharing a word with it; semantic: all, by similarity).
+
+    Each entry: `memory_id`, `content`, `thread_id` and `checkpoint_id` (the turn that saved it),
+    `created_at` (ISO 8601, UTC). `limit`: 1 to 1000.
+
+    Raises: `InvalidRequest` (bad user_id, query or limit).
+    """
+    return list_memories(context.memories, args.user_id, query=args.query, limit=args.limit)
 
 
-def parse_delete(envelope: Envelope, custom: Mapping[str, Any]) -> DeleteMemoryArgs:
-    return DeleteMemoryArgs(memory_id=required_id("memory_id", custom.get("memory_id")))
+@dataclass(frozen=True, kw_only=True)
+class DeleteMemoryArgs:
+    user_id: str = param(source="user", check=checks.required_id, cli={"argument": True, "help": "The user."})
+    memory_id: str = param(check=checks.required_id, cli={"argument": True, "help": "The memory."})
 
 
-def run_delete(threads: Threads, envelope: Envelope, args: DeleteMemoryArgs) -> dict[str, Any]:
-    threads.delete_memory(envelope.user_id, args.memory_id)
-    return {"user_id": envelope.user_id, "memory_id": args.memory_id, "deleted": True}
+def delete_user_memory(context: OperationContext, args: DeleteMemoryArgs) -> None:
+    """Delete one of the user's long-term memories.
+
+    Raises: `InvalidRequest` (bad ids), `MemoryNotFound` (no such memory among the user's; another
+    user's memory answers the same, and is not deleted).
+    """
+    delete_memory(context.memories, args.user_id, args.memory_id)
+
+
+LIST_MEMORIES = Operation(
+    name="list_memories",
+    summary="The user's long-term memories: newest first, or best first for `query`.",
+    args=ListMemoriesArgs,
+    run=list_user_memories,
+    positional=3,
+    outputs=lambda found, args: {"user_id": args.user_id, "memories": [memory.as_dict() for memory in found]},
+    returns="list[dict[str, Any]]",
+)
+DELETE_MEMORY = Operation(
+    name="delete_memory",
+    summary="Delete one of the user's long-term memories (`memory_id`).",
+    args=DeleteMemoryArgs,
+    run=delete_user_memory,
+    positional=2,
+    outputs=lambda _, args: {"user_id": args.user_id, "memory_id": args.memory_id, "deleted": True},
+    returns="None",
+    writes=True,
+)

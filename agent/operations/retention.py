@@ -44,17 +44,20 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.config import AgentSettings, ThreadTtlStrategy
 from agent.errors import InvalidRequest, ThreadBusy, ThreadNotFound
 from agent.operations.lifecycle import delete_rows
+from agent.operations.operation import Operation, param
 from agent.storage import ExpiredThread, ThreadStorage, Tx
 from agent.types import SweepResult, TrimmedThread
 
 if TYPE_CHECKING:
     from agent.memory.service import Memories
+    from agent.operations.context import OperationContext
 
 logger = logging.getLogger(__name__)
 
@@ -163,3 +166,49 @@ def _expire(
         # Held by a turn or another sweeper; or (LeaseExpired) taken over mid-commit, nothing written.
         return None
     return outcome[0]
+
+
+# -- the operation ------------------------------------------------------------------------------
+def _aware(name: str, value: Any) -> datetime | None:
+    if value is not None and (not isinstance(value, datetime) or value.utcoffset() is None):
+        raise InvalidRequest(f"{name} must be a timezone-aware datetime (e.g. datetime.now(timezone.utc))")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepArgs:
+    now: datetime | None = param(None, check=_aware)
+    stop: threading.Event | None = param(None)
+
+
+def sweep(context: OperationContext, args: SweepArgs) -> SweepResult:
+    """Delete, or trim to their head, the threads idle longer than their time to live.
+
+    A thread expires `ttl_seconds` (its own, set with `update_thread`, else the
+    `thread_ttl_seconds` setting; neither: never) after its last write (`updated_at`).
+    `thread_ttl_strategy` says what happens: `delete` (the whole thread, as `delete_thread`)
+    or `keep_latest` (only the head checkpoint stays, its messages whole; the thread stays usable).
+    A thread busy with a turn is skipped; replicas sweeping at once handle each thread once.
+
+    Args:
+        now: judge expiry as of this timezone-aware time instead of the database's clock
+            (Postgres) or this machine's (SQLite); for tests.
+
+    Returns:
+        `{"deleted_thread_ids": [str], "trimmed": [{"thread_id": str, "removed_checkpoints": int}]}`,
+        oldest activity first.
+
+    Raises: `InvalidRequest` (a naive `now`), `StorageUnavailable`.
+    """
+    return sweep_expired_threads(context.storage, context.settings, now=args.now, memories=context.memories, stop=args.stop)
+
+
+SWEEP_EXPIRED_THREADS = Operation(
+    name="sweep_expired_threads",
+    summary="Delete, or trim to their head, the threads idle longer than their time to live.",
+    args=SweepArgs,
+    run=sweep,
+    positional=0,
+    action=False,
+    writes=True,
+)

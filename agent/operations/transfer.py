@@ -76,8 +76,6 @@ from agent.validation import check_id, encoded_size
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-    from agent.operations import Threads
-    from agent.requests import Envelope
 
 #: The `format` of a thread document.
 FORMAT = "timetravel-agent.thread"
@@ -604,27 +602,6 @@ def _normalized(value: ChannelValue, types: frozenset[str] = MESSAGE_TYPES) -> A
 
         return messages_to_dict(_load_messages(value.value, "", types))
     return value.value
-
-
-# -- the actions (see agent.operations.ACTIONS) ------------------------------------------------------
-@dataclass(frozen=True)
-class ImportArgs:
-    document: Mapping[str, Any]
-
-
-def parse_import(envelope: Envelope, custom: Mapping[str, Any]) -> ImportArgs:
-    document = custom.get("document")
-    if not isinstance(document, dict):
-        raise InvalidRequest("The import_thread action needs custom_inputs.document (a thread document object)")
-    return ImportArgs(document)
-
-
-def run_export(threads: Threads, envelope: Envelope, args: None) -> dict[str, Any]:
-    return {"thread_id": envelope.thread_id, "document": threads.export_thread(envelope.thread_id, user_id=envelope.user_id)}
-
-
-def run_import(threads: Threads, envelope: Envelope, args: ImportArgs) -> dict[str, Any]:
-    return {"thread": threads.import_thread(args.document, user_id=envelope.user_id, thread_id=envelope.thread_id)}
 
 
 __all__ = [

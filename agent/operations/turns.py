@@ -80,7 +80,7 @@ from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
 if TYPE_CHECKING:
     from agent.context.window import ContextWindow
     from agent.memory.service import Memories
-    from agent.operations import Resume
+    from agent.operations.turn_options import Resume
 
 TurnEvent = TextDelta | NewMessages | TurnResult | StoredResponse
 

@@ -10,9 +10,17 @@ Turns that failed or were rolled back wrote nothing, so they count nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agent.operations import checks
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.operation import Operation, param
 from agent.storage import ThreadStorage
 from agent.types import TokenUsage
+
+if TYPE_CHECKING:
+    from agent.operations.context import OperationContext
 
 
 def token_usage(storage: ThreadStorage, thread_id: str, *, user_id: str | None, checkpoint_id: str | None) -> TokenUsage:
@@ -29,3 +37,33 @@ def token_usage(storage: ThreadStorage, thread_id: str, *, user_id: str | None, 
         raise checkpoint_not_found(thread_id, target)
     thread_usage, branch_usage = found
     return TokenUsage(thread_id, target, thread_usage, branch_usage or {"input_tokens": 0, "output_tokens": 0})
+
+
+# -- the operation ------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class UsageArgs:
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    checkpoint_id: str | None = param(
+        None, source="checkpoint", check=checks.check_id, cli={"metavar": "CHECKPOINT_ID", "help": "Default: the head."}
+    )
+    user_id: str | None = param(None, source="user")
+
+
+def get_usage(context: OperationContext, args: UsageArgs) -> TokenUsage:
+    """Tokens the model used, as it reported them: `thread_usage` (every branch of the thread) and
+    `branch_usage` (from the root to `checkpoint_id`, default the head), each `{"input_tokens",
+    "output_tokens"}`, with `thread_id` and `checkpoint_id`.
+
+    Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`.
+    """
+    return token_usage(context.storage, args.thread_id, user_id=args.user_id, checkpoint_id=args.checkpoint_id)
+
+
+GET_USAGE = Operation(
+    name="get_usage",
+    summary="Tokens the model used: the thread's total and the branch's up to checkpoint_id (default: the head).",
+    args=UsageArgs,
+    run=get_usage,
+    positional=2,
+    cli="usage",
+)

@@ -259,7 +259,7 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         """200 when the database answers, 503 otherwise (for load balancers' readiness probes)."""
-        up = await agent.threads.in_io(agent.threads.storage.ready)
+        up = await agent.operation_context.in_io(agent.storage.ready)
         return JSONResponse({"status": "ready" if up else "database unreachable"}, status_code=200 if up else 503)
 
     return app

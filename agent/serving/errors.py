@@ -25,61 +25,20 @@ body, with the `error_code` of their status (`status_error_body`):
 | 503 | `TEMPORARILY_UNAVAILABLE` |
 | 500 and any other 5xx | `INTERNAL_ERROR` |
 
-`mlflow models serve` only knows `MlflowException`: anything else becomes a 500.
-`as_mlflow_exception` therefore gives an error a twin class that derives from
-both its own class and `MlflowException`, so the scoring server answers with
-the status above while in-process callers can still `except CheckpointNotFound`.
+The table itself is `agent.error_answers` (below every caller); MLflow's error
+twins, for `mlflow models serve`, are `agent.mlflow_errors`.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from agent.error_answers import ERROR_ANSWERS, INTERNAL, ErrorAnswer, answer_for, http_status
+from agent.errors import AgentError
 
-from agent.errors import (
-    AgentError,
-    ConfigurationError,
-    Conflict,
-    InvalidRequest,
-    NotFound,
-    Unavailable,
-)
-
-
-@dataclass(frozen=True)
-class ErrorAnswer:
-    """How a server answers one class of error."""
-
-    status: int
-    mlflow_code: str
-    openai_type: str
-    openai_code: str
+__all__ = ["ERROR_ANSWERS", "INTERNAL", "ErrorAnswer", "answer_for", "error_body", "http_status", "log_error_answer"]
 
 
 logger = logging.getLogger("agent.serving")
-
-# Checked in order: the first class the error is an instance of wins.
-ERROR_ANSWERS: tuple[tuple[type[AgentError], ErrorAnswer], ...] = (
-    (InvalidRequest, ErrorAnswer(400, "INVALID_PARAMETER_VALUE", "invalid_request_error", "invalid_request")),
-    (ConfigurationError, ErrorAnswer(400, "INVALID_PARAMETER_VALUE", "invalid_request_error", "invalid_request")),
-    (NotFound, ErrorAnswer(404, "RESOURCE_DOES_NOT_EXIST", "invalid_request_error", "not_found")),
-    (Conflict, ErrorAnswer(409, "RESOURCE_CONFLICT", "invalid_request_error", "conflict")),
-    (Unavailable, ErrorAnswer(503, "TEMPORARILY_UNAVAILABLE", "server_error", "unavailable")),
-)
-INTERNAL = ErrorAnswer(500, "INTERNAL_ERROR", "server_error", "internal_error")
-
-
-def answer_for(error: BaseException) -> ErrorAnswer:
-    """The answer for `error`: from the table above; `INTERNAL` (500) for anything else."""
-    for cls, answer in ERROR_ANSWERS:
-        if isinstance(error, cls):
-            return answer
-    return INTERNAL
-
-
-def http_status(error: BaseException) -> int:
-    """The HTTP status for `error` (400, 404, 409, 503, or 500 for anything else)."""
-    return answer_for(error).status
 
 
 def error_body(error: AgentError) -> dict[str, str]:
@@ -107,41 +66,6 @@ def openai_error_body(error: AgentError, *, param: str | None = None) -> dict[st
     """`{"error": {"message", "type", "code", "param"}}`, the body the OpenAI API (and its client) uses."""
     answer = answer_for(error)
     return {"error": {"message": error.message, "type": answer.openai_type, "code": answer.openai_code, "param": param}}
-
-
-_TWINS: dict[type[AgentError], type] = {}
-
-
-def as_mlflow_exception(error: AgentError) -> AgentError:
-    """`error` as an instance of a class deriving from both its class and `MlflowException`.
-
-    MLflow's scoring server turns an `MlflowException` into the HTTP status of its
-    `error_code` (the table above) and any other exception into a 500; the twin
-    keeps `isinstance(err, type(error))`, `err.message` and `err.ids`.
-    """
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos import databricks_pb2
-
-    if isinstance(error, MlflowException):
-        return error
-    cls = type(error)
-    twin = _TWINS.get(cls)
-    if twin is None:
-        twin = type(cls.__name__, (cls, MlflowException), {"__module__": cls.__module__, "__reduce__": _reduce_twin})
-        _TWINS[cls] = twin
-    instance = twin.__new__(twin)
-    MlflowException.__init__(instance, error.message, error_code=getattr(databricks_pb2, answer_for(error).mlflow_code))
-    instance.ids = dict(error.ids)
-    instance.__cause__ = error.__cause__
-    return instance
-
-
-def _reduce_twin(self):
-    return (_rebuild_twin, (type(self).__mro__[1], self.message, self.ids))
-
-
-def _rebuild_twin(cls: type[AgentError], message: str, ids: dict) -> AgentError:
-    return as_mlflow_exception(cls(message, **ids))
 
 
 def log_error_answer(method: str, path: str, status: int, body: dict[str, str], error: BaseException | None = None) -> None:

@@ -44,6 +44,7 @@ from fastapi.responses import JSONResponse
 
 from agent.errors import AgentError, InvalidRequest
 from agent.operations import conversations as ops
+from agent.operations.branches import get_checkpoint_state
 from agent.operations.catalogue import check_metadata
 from agent.serving.errors import http_status, log_error_answer, openai_error_body
 from agent.messages import to_langchain
@@ -67,7 +68,8 @@ def caller(agent: LangGraphResponsesAgent, request: Request) -> str | None:
 def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
     """The routes of the module docstring, bound to `agent`. `build_app` mounts it on every server."""
     router = APIRouter()
-    storage = agent.threads.storage
+    context = agent.operation_context
+    storage = context.storage
 
     async def answer(request: Request, work: Callable[[str | None, dict[str, Any]], Any]) -> JSONResponse:
         """Run `work(user_id, body)` on the storage pool; an AgentError answers in OpenAI's shape."""
@@ -75,7 +77,7 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
         try:
             user_id = caller(agent, request)
             body = _json_object(raw) if request.method == "POST" else {}
-            return JSONResponse(await agent.threads.in_io(work, user_id, body))
+            return JSONResponse(await context.in_io(work, user_id, body))
         except AgentError as exc:
             code = http_status(exc)
             body = openai_error_body(exc)
@@ -112,7 +114,7 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             metadata = _metadata(body.get("metadata"))
             thread_id = str(uuid.uuid4())
             encoded_size("items", items)  # refuses lone surrogates, as turns do
-            agent.threads.update_state(
+            context.turns.update_state(
                 thread_id, None, to_langchain(items), user_id=user, new_thread=True, metadata=metadata or None
             )
             return ops.conversation_object(ops.get_conversation(storage, thread_id, user_id=user))
@@ -169,7 +171,7 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
                 raise InvalidRequest("items must hold at least one item")
             ops.get_conversation(storage, conversation_id, user_id=user)  # unknown: 404, not a new thread
             result = agent.update_checkpoint_state(conversation_id, None, items, user_id=user)
-            state = agent.threads.get_checkpoint_state(conversation_id, result["checkpoint_id"], user_id=user)
+            state = get_checkpoint_state(storage, conversation_id, result["checkpoint_id"], user_id=user)
             return ops.added_items(state)
 
         return await answer(request, add)

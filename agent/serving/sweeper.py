@@ -24,6 +24,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from agent.errors import AgentError
+from agent.operations.retention import sweep_expired_threads
 
 if TYPE_CHECKING:
     from agent.responses import LangGraphResponsesAgent
@@ -59,7 +60,8 @@ class Sweeper:
     def sweep_once(self) -> SweepResult | None:
         """One sweep; logs one line when it removed something. Never raises: returns None when it failed."""
         try:
-            result = self.agent.threads.sweep_expired_threads(stop=self._stop)
+            context = self.agent.operation_context
+            result = sweep_expired_threads(context.storage, context.settings, memories=context.memories, stop=self._stop)
             self.agent.storage.sweep_idempotency()
         except AgentError as exc:
             logger.warning("Retention sweep failed (retried in %s s): %s", self.interval, exc)

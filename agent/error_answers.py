@@ -1,0 +1,45 @@
+"""How each error answers: its HTTP status, MLflow error code and OpenAI error type, in one table.
+
+Below every caller (the MLflow adapter's error twins, the HTTP servers, the
+OpenAI routes), so that none of them reaches up into another for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.errors import AgentError, ConfigurationError, Conflict, InvalidRequest, NotFound, Unavailable
+
+
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """How a server answers one class of error."""
+
+    status: int
+    mlflow_code: str
+    openai_type: str
+    openai_code: str
+
+
+# Checked in order: the first class the error is an instance of wins.
+ERROR_ANSWERS: tuple[tuple[type[AgentError], ErrorAnswer], ...] = (
+    (InvalidRequest, ErrorAnswer(400, "INVALID_PARAMETER_VALUE", "invalid_request_error", "invalid_request")),
+    (ConfigurationError, ErrorAnswer(400, "INVALID_PARAMETER_VALUE", "invalid_request_error", "invalid_request")),
+    (NotFound, ErrorAnswer(404, "RESOURCE_DOES_NOT_EXIST", "invalid_request_error", "not_found")),
+    (Conflict, ErrorAnswer(409, "RESOURCE_CONFLICT", "invalid_request_error", "conflict")),
+    (Unavailable, ErrorAnswer(503, "TEMPORARILY_UNAVAILABLE", "server_error", "unavailable")),
+)
+INTERNAL = ErrorAnswer(500, "INTERNAL_ERROR", "server_error", "internal_error")
+
+
+def answer_for(error: BaseException) -> ErrorAnswer:
+    """The answer for `error`: from the table above; `INTERNAL` (500) for anything else."""
+    for cls, answer in ERROR_ANSWERS:
+        if isinstance(error, cls):
+            return answer
+    return INTERNAL
+
+
+def http_status(error: BaseException) -> int:
+    """The HTTP status for `error` (400, 404, 409, 503, or 500 for anything else)."""
+    return answer_for(error).status

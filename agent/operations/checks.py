@@ -1,0 +1,65 @@
+"""Argument checkers for `param(check=...)`: each is `check(name, value) -> value`, raising InvalidRequest.
+
+The checks themselves live with what they check (`agent.validation` for ids and
+limits, `catalogue` for titles and metadata, `memories` for queries); these adapt
+them to the one form the operation door calls, so the same words refuse a bad
+value from Python, a request and the command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agent.errors import InvalidRequest
+from agent.validation import MAX_HISTORY_LIMIT, check_id, check_limit, encoded_size, required_id
+
+Check = Callable[[str, Any], Any]
+
+__all__ = ["Check", "check_id", "limit", "messages", "document", "id_list", "named", "required_id", "value_only"]
+
+
+def limit(maximum: int = MAX_HISTORY_LIMIT) -> Check:
+    """An integer page size from 1 to `maximum`."""
+    return lambda name, value: check_limit(value, name=name, maximum=maximum)
+
+
+def named(function: Callable[..., Any]) -> Check:
+    """`function(value, name=name)`: a check that takes the field's name as a keyword."""
+    return lambda name, value: function(value, name=name)
+
+
+def value_only(function: Callable[[Any], Any]) -> Check:
+    """`function(value)`: a check that names its field itself."""
+    return lambda name, value: function(value)
+
+
+def id_list(name: str, value: Any) -> tuple[str, ...]:
+    """None or a list of ids, as a tuple."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise InvalidRequest(f"{name} must be a list of message ids")
+    return tuple(required_id(f"{name}[{i}]", item) for i, item in enumerate(value))
+
+
+def messages(name: str, value: Any) -> list[Any]:
+    """Input messages: LangChain messages as parsed from a request, or Responses-style item dicts
+    (a Python caller's `[{"role": "user", "content": "..."}]`), as LangChain messages."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise InvalidRequest(f"{name} must be a list of Responses message items")
+    if all(hasattr(item, "type") and hasattr(item, "content") for item in value):
+        return list(value)
+    from agent.messages import to_langchain
+
+    encoded_size(name, value)  # refuses lone surrogates, as requests do
+    return to_langchain(list(value))
+
+
+def document(name: str, value: Any) -> dict[str, Any]:
+    """A thread document (an object, from `export_thread`); its content is checked on import."""
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{name} must be a thread document object (from export_thread), got {type(value).__name__}")
+    return value

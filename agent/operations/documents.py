@@ -1,0 +1,75 @@
+"""The export and import operations: a thread as a versioned JSON document and back (`agent.operations.transfer`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent.operations import catalogue, checks, transfer
+from agent.operations.operation import Operation, param
+
+if TYPE_CHECKING:
+    from agent.operations.context import OperationContext
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportArgs:
+    thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    user_id: str | None = param(None, source="user")
+
+
+def export_thread(context: OperationContext, args: ExportArgs) -> dict[str, Any]:
+    """The whole thread as a versioned, JSON-serializable document (`agent.operations.transfer`).
+
+    Out: `{"format": "timetravel-agent.thread", "version": 1, "exported_at", "thread": {thread_id,
+    title, metadata, checkpoint_id (the head), forked_from, ttl_seconds, message_count, created_at,
+    updated_at}, "checkpoints": [...]}`: every checkpoint, the root included, oldest first, with
+    `checkpoint_id`, `parent_checkpoint_id`, `ts`, `metadata` and its channel values (`messages` as
+    LangChain message dicts). The owner is not in it.
+
+    Raises: `InvalidRequest` (bad ids), `ThreadNotFound` (unknown, or not the caller's).
+    """
+    return transfer.export_thread(context.storage, args.thread_id, user_id=args.user_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportArgs:
+    document: dict[str, Any] = param(check=checks.document)
+    user_id: str | None = param(None, source="user")
+    thread_id: str | None = param(None, source="thread", check=checks.check_id)
+
+
+def import_thread(context: OperationContext, args: ImportArgs) -> dict[str, Any]:
+    """Restore a document from `export_thread` (from any backend) as a thread owned by `user_id`.
+
+    Under the document's thread id: the same checkpoint ids, parents, timestamps and messages, the
+    same head, title, metadata and `forked_from`. Under `thread_id`: a copy with new checkpoint ids
+    (in the same order). Returns the thread: `thread_id`, `user_id`, `title`, `created_at`,
+    `updated_at`, `checkpoint_id` (the head), `message_count`, `metadata`, `forked_from`,
+    `ttl_seconds`. Importing the same document again returns the thread and writes nothing.
+
+    Raises: `InvalidRequest` (a malformed document: nothing written), `ThreadExists` (the thread id
+    is in use with other content or by another user, or another thread holds its checkpoint ids),
+    `ThreadBusy`.
+    """
+    record = transfer.import_thread(context.storage, args.document, user_id=args.user_id, thread_id=args.thread_id)
+    return catalogue.thread_dict(record)
+
+
+EXPORT_THREAD = Operation(
+    name="export_thread",
+    summary="The whole thread (every checkpoint, its messages and the record) as a versioned JSON document, "
+    "in custom_outputs.document.",
+    args=ExportArgs,
+    run=export_thread,
+    outputs=lambda document, args: {"thread_id": args.thread_id, "document": document},
+)
+IMPORT_THREAD = Operation(
+    name="import_thread",
+    summary="Restore custom_inputs.document as a thread of the caller (under custom_inputs.thread_id if given: "
+    "a copy with new checkpoint ids); the same document again is a no-op.",
+    args=ImportArgs,
+    run=import_thread,
+    outputs=lambda thread, args: {"thread": thread},
+    writes=True,
+)

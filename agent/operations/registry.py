@@ -1,0 +1,43 @@
+"""The registry: every operation of the agent, in the order the reference lists them.
+
+Adding an operation is its module (arguments, handler, `Operation`) and one line
+here. From this tuple come the methods of `agent.Agent`, the
+`custom_inputs.action`s (`ACTIONS`; a turn, the default action, is not an
+`Operation` because it streams: `agent.operations.turn_options`), the
+`tt-agent` commands of the operations that declare one, and the reference page.
+"""
+
+from __future__ import annotations
+
+from agent.operations import branches, catalogue, documents, history, lifecycle, memories, retention, state, usage
+from agent.operations.operation import Operation
+
+OPERATIONS: tuple[Operation, ...] = (
+    history.GET_CHECKPOINT_HISTORY,
+    state.UPDATE_CHECKPOINT_STATE,
+    branches.GET_CHECKPOINT_STATE,
+    branches.LIST_BRANCHES,
+    branches.SET_HEAD,
+    branches.FORK_THREAD,
+    branches.COMPARE_CHECKPOINTS,
+    usage.GET_USAGE,
+    lifecycle.DELETE_THREAD,
+    lifecycle.DELETE_USER_DATA,
+    catalogue.LIST_THREADS,
+    catalogue.GET_THREAD,
+    catalogue.UPDATE_THREAD,
+    documents.EXPORT_THREAD,
+    documents.IMPORT_THREAD,
+    retention.SWEEP_EXPIRED_THREADS,
+    memories.LIST_MEMORIES,
+    memories.DELETE_MEMORY,
+)
+
+#: The name of the action a request without `custom_inputs.action` runs.
+TURN = "turn"
+
+#: Each `custom_inputs.action` but the turn, by name.
+ACTIONS: dict[str, Operation] = {operation.name: operation for operation in OPERATIONS if operation.action}
+
+#: Every action a request may name, the turn first.
+ACTION_NAMES: tuple[str, ...] = (TURN, *ACTIONS)
