@@ -103,7 +103,7 @@ def seed(agent: Any, user_id: str, count: int) -> None:
 
     from agent.memory.scopes import namespace
 
-    memories = agent.threads.memories
+    memories = agent.operation_context.memories
     texts = [memory_text(n) for n in range(count)]
     if memories.embeddings is not None:
         memories.embeddings.prime(texts)
@@ -145,7 +145,7 @@ def measure(url: str, sizes: Sizes, **settings: Any) -> dict[str, Any]:
                 wall, used = turn(kind, n)
                 times[kind].append(wall)
                 cpu[kind].append(used)
-        kind_of_search = agent.threads.memories.search_kind
+        kind_of_search = agent.operation_context.memories.search_kind
     with_ms, without_ms = (statistics.median(times[k]) * 1000 for k in ("with", "without"))
     with_cpu, without_cpu = (statistics.median(cpu[k]) for k in ("with", "without"))
     return {

@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 
+from agent.operations.branches import get_checkpoint_state
 from tests.helpers.scenario import outputs, request, run_trip, say, text_of
 from tests.test_properties import _expected_reply
 
@@ -274,7 +275,7 @@ def test_removing_a_function_call_removes_its_output_too(agent):
 def test_removing_an_assistant_message_that_called_a_tool_removes_the_tool_result(agent):
     first = say(agent, "calculate 2+2")
     thread_id = outputs(first)["thread_id"]
-    messages = agent.threads.get_checkpoint_state(thread_id, None, user_id=None).messages
+    messages = get_checkpoint_state(agent.storage, thread_id, None, user_id=None).messages
     caller = next(m for m in messages if m.type == "ai" and m.tool_calls)
     agent.update_checkpoint_state(thread_id, None, remove_message_ids=[caller.id])
     kinds = [item["type"] for item in agent.get_checkpoint_state(thread_id)["messages"]]

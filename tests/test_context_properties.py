@@ -124,7 +124,7 @@ def apply(agent, model: RecordingOfflineModel, tree: Tree, op: tuple) -> None:
         config = {"configurable": {"thread_id": tree.thread_id, "checkpoint_ns": "", "checkpoint_id": start}}
         target = agent.graph.get_state(config).values["messages"][position]
         cls = HumanMessage if isinstance(target, HumanMessage) else AIMessage
-        result = agent.threads.update_state(tree.thread_id, start, [cls(content=op[3], id=target.id)], user_id=None)
+        result = agent.operation_context.turns.update_state(tree.thread_id, start, [cls(content=op[3], id=target.id)], user_id=None)
         edited = list(current)
         edited[position] = (current[position][0], op[3])
         tree.add(result.checkpoint_id, edited)

@@ -212,7 +212,7 @@ def test_editing_a_summarized_message_retires_the_summary_and_the_next_summary_r
     state = stored(agent, thread_id)
     first_user = state["messages"][0]
     assert state["context_summary"]["count"] > 0
-    edited = agent.threads.update_state(
+    edited = agent.operation_context.turns.update_state(
         thread_id, None, [type(first_user)(content="I'm going to Lisbon.", id=first_user.id)], user_id=None
     )
     assert stored(agent, thread_id, edited.checkpoint_id).get("context_summary") is None

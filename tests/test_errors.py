@@ -24,7 +24,8 @@ from agent import (
     ThreadBusy,
     ThreadNotFound,
 )
-from agent.serving.errors import as_mlflow_exception, http_status
+from agent.mlflow_errors import as_mlflow_exception
+from agent.serving.errors import http_status
 from agent.storage.postgres import PostgresThreadStorage
 from tests.helpers.scenario import request, run_trip, text_of
 

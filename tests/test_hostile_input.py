@@ -19,12 +19,13 @@ from langchain_core.messages import HumanMessage
 from agent import create_agent
 from agent.errors import AgentError, CheckpointNotFound, InvalidRequest, ThreadNotFound
 from agent.config import load_settings
-from agent.operations import ACTIONS as ACTION_TABLE
+from agent.operations.registry import ACTIONS as ACTION_TABLE
+from agent.operations.turn_options import TURN_KEYS
 from agent.requests import ENVELOPE_KEYS, ParsedRequest, parse_request
 from agent.serving.errors import http_status
 
 ACTIONS = sorted(name for name in ACTION_TABLE if name != "turn")
-CUSTOM_INPUT_KEYS = ENVELOPE_KEYS.union(*(action.keys for action in ACTION_TABLE.values()))
+CUSTOM_INPUT_KEYS = ENVELOPE_KEYS.union(TURN_KEYS, *(action.keys for action in ACTION_TABLE.values()))
 
 
 def parse(raw, *, max_request_bytes: int):

@@ -241,7 +241,7 @@ def test_two_requests_with_one_key_that_both_run_commit_once(backend_url, make_a
     # the key's primary key lets only one commit, and the other answers with its result.
     model = gated_model()
     agent = make_agent(backend_url, model=model)
-    agent.threads.turns.idempotency.lookup = lambda user_id, key, request_hash: None
+    agent.operation_context.turns.idempotency.lookup = lambda user_id, key, request_hash: None
     body = request("block: at once", idempotency_key="race-1", user_id="alice")
     with ThreadPoolExecutor(2) as pool:
         runs = [pool.submit(send, agent, body) for _ in range(2)]

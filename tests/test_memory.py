@@ -144,7 +144,7 @@ def test_under_branch_scope_a_memory_of_another_branch_cannot_be_forgotten_from_
     agent = make_agent(backend_url, memory_scope="branch")
     trip = trip_with_a_fact_on_the_sf_branch(agent, alice)
     [memory] = agent.list_memories(alice)
-    forget = {tool.name: tool for tool in memory_tools(agent.threads.memories)}["forget_memory"]
+    forget = {tool.name: tool for tool in memory_tools(agent.operation_context.memories)}["forget_memory"]
     config = {"configurable": {TURN_CONTEXT_KEY: TurnContext(thread_id=trip["thread_id"], user_id=alice)}}
     new_york_state = {"messages": []}  # the New York branch holds no save_memory result
     call = {"name": "forget_memory", "args": {"memory_id": memory["memory_id"], "state": new_york_state}, "id": "c1", "type": "tool_call"}
@@ -255,7 +255,7 @@ def embedding_requests(base_url: str) -> list[dict]:
 def test_with_an_embeddings_model_memories_are_ranked_by_similarity_on_sqlite(embeddings_stub, make_agent, tmp_path, alice):
     url = f"sqlite:///{tmp_path / 'memory.sqlite'}"
     agent = make_agent(url, embedding_model="fake-embed")
-    assert agent.threads.memories.search_kind.startswith("semantic")
+    assert agent.operation_context.memories.search_kind.startswith("semantic")
     for fact in ("I live in Porto", "My sister Ana lives in Lisbon", "I like green tea"):
         say(agent, f"Remember that {fact}", user_id=alice)
     assert store_rows(url, alice) == {"store": 3, "store_vectors": 3}
@@ -270,7 +270,7 @@ def test_with_an_embeddings_model_memories_are_ranked_by_similarity_on_sqlite(em
 def test_an_embeddings_model_on_postgres_is_reported_and_keyword_search_is_used(embeddings_stub, pg_url, make_agent, caplog):
     with caplog.at_level(logging.WARNING, logger="agent.memory.service"):
         agent = make_agent(pg_url, embedding_model="fake-embed")
-    assert agent.threads.memories.search_kind == "keyword"
+    assert agent.operation_context.memories.search_kind == "keyword"
     assert "semantic memory search needs sqlite-vec" in caplog.text
     say(agent, "Remember that I collect stamps", user_id="stamp-collector")
     assert [m["content"] for m in agent.list_memories("stamp-collector", query="stamps")] == ["I collect stamps"]
@@ -286,7 +286,7 @@ def test_memories_expire_after_memory_ttl_seconds_and_the_sweep_deletes_them(bac
     assert agent.list_memories(alice) == []
     assert remembered(say(agent, "hello", user_id=alice)) == ""
     assert store_rows(backend_url, alice)["store"] == 1  # expired, not yet swept
-    agent.threads.memories.store.sweep_ttl()
+    agent.operation_context.memories.store.sweep_ttl()
     assert store_rows(backend_url, alice)["store"] == 0
 
 

@@ -40,6 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
+from agent.operations.branches import get_checkpoint_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
@@ -443,7 +444,7 @@ def test_random_trees_read_back_with_the_message_cache_off(backend_url, make_age
 
 
 def _stored(agent, thread_id: str, checkpoint_id: str) -> list:
-    return agent.threads.get_checkpoint_state(thread_id, checkpoint_id, user_id=None).messages
+    return get_checkpoint_state(agent.storage, thread_id, checkpoint_id, user_id=None).messages
 
 
 def test_replacing_a_message_in_the_middle_keeps_both_branches(agent):
@@ -452,7 +453,7 @@ def test_replacing_a_message_in_the_middle_keeps_both_branches(agent):
     second = say(agent, "two", thread_id=thread_id)
     head = outputs(second)["checkpoint_id"]
     original = _stored(agent, thread_id, head)
-    ids = agent.threads.update_state(thread_id, head, [HumanMessage(content="ONE", id=original[0].id)], user_id=None)
+    ids = agent.operation_context.turns.update_state(thread_id, head, [HumanMessage(content="ONE", id=original[0].id)], user_id=None)
     agent.storage.saver.message_cache.clear()
     edited = [(m.type, m.text) for m in _stored(agent, thread_id, ids.checkpoint_id)]
     assert edited == [("human", "ONE"), *[(m.type, m.text) for m in original][1:]]

@@ -9,6 +9,7 @@ they load no LangGraph and still go through the same door as the agent.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,9 +48,10 @@ class OperationContext:
         return cls(storage=storage, settings=settings)
 
     async def in_io(self, function: Callable[..., Any], *args: Any) -> Any:
-        """`function(*args)` on the storage thread pool, awaited (see `TurnRunner.in_io`)."""
+        """`function(*args)` on the storage thread pool, awaited (see `TurnRunner.in_io`), in a copy of
+        the caller's context (as `asyncio.to_thread` does), so that it tags the caller's trace."""
         assert self.turns is not None, "a read-only context runs nothing on the event loop"
-        return await self.turns.in_io(function, *args)
+        return await self.turns.in_io(contextvars.copy_context().run, function, *args)
 
     def close(self) -> None:
         """Release the turn runner's threads, the memories and the storage's connections."""
