@@ -53,10 +53,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import BaseMessage
 from mlflow.types.responses import ResponsesAgentRequest
 from pydantic import PrivateAttr
 

@@ -48,7 +48,7 @@ from agent.operations.conversations import thread_of_response
 from agent.operations.history import head
 from agent.operations.turns import TurnArgs
 from agent.requests import ParsedRequest, keeping_item_ids, parse_request, with_string_input
-from agent.response_events import StreamEvents, completed_event, custom_outputs, replay_events, response
+from agent.response_events import StreamEvents, completed_event, custom_outputs, response
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.messages import to_output_items
 from agent.types import NewMessages, StoredResponse, TurnResult
