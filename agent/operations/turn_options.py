@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import InvalidRequest
-from agent.operations import catalogue
+from agent.operations.thread_values import check_metadata
 from agent.validation import check_id
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def parse_turn_options(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOpt
         )
     if (regenerate or edit_message_id is not None) and envelope.thread_id is None and not envelope.thread_of_checkpoint:
         raise InvalidRequest("edit_message_id and regenerate need custom_inputs.thread_id (the thread to change)")
-    metadata = catalogue.check_metadata(custom.get("metadata"))
+    metadata = check_metadata(custom.get("metadata"))
     return TurnOptions(
         edit_message_id=edit_message_id,
         regenerate=regenerate,

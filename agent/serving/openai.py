@@ -45,7 +45,7 @@ from fastapi.responses import JSONResponse
 from agent.errors import AgentError, InvalidRequest
 from agent.operations import conversations as ops
 from agent.operations.branches import get_checkpoint_state
-from agent.operations.catalogue import check_metadata
+from agent.operations.thread_values import check_metadata
 from agent.serving.errors import http_status, log_error_answer, openai_error_body
 from agent.messages import to_langchain
 from agent.validation import check_id, encoded_size
