@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from agent.types import CheckpointState
 
-#: The prefix of a response id (`agent.requests.RESPONSE_ID_PREFIX`).
+#: The prefix of a response id (`agent.dialect.RESPONSE_ID_PREFIX`).
 RESPONSE_PREFIX = "resp_"
 
 #: Page size bounds of the list endpoints (OpenAI's: 1 to 100, default 20).
