@@ -21,7 +21,7 @@ from agent.errors import InvalidRequest
 from agent.storage import summaries
 from agent.storage.postgres import sql
 from agent.storage.postgres.saver import TurnPostgresSaver
-from agent.storage.postgres.transaction import record
+from agent.storage.postgres.transaction import to_record
 from agent.storage.records import CheckpointLink, ExpiredThread, IdempotencyState, ThreadRecord
 
 
@@ -43,7 +43,7 @@ class PostgresReads:
 
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
         rows = self._read(thread_id, sql.SELECT_THREAD_SQL, (thread_id,))
-        return record(rows[0]) if rows else None
+        return to_record(rows[0]) if rows else None
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
         return bool(self._read(thread_id, sql.CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)))
@@ -91,7 +91,7 @@ class PostgresReads:
                 raise InvalidRequest(f"before is not a cursor of this store: {params['activity'][:40]!r}") from None
         rows = self._read(None, sql.LIST_THREADS_SQLS[user_id is None, before is not None], params)
         # updated_at is already the exact text of the stored timestamp (THREAD_COLUMNS).
-        return [(record(row), (row["updated_at"], row["thread_id"])) for row in rows]
+        return [(to_record(row), (row["updated_at"], row["thread_id"])) for row in rows]
 
     def thread_position(self, thread_id: str) -> tuple[str, str] | None:
         rows = self._read(thread_id, sql.THREAD_POSITION_SQL, (thread_id,))

@@ -28,7 +28,7 @@ from agent.storage.postgres.batch import StatementBatch, running, running_batch
 from agent.storage.postgres.connections import ROLLED_BACK, SCHEMA_MISSING, PostgresConnections, first_line
 from agent.storage.postgres.reads import PostgresReads, prefixed
 from agent.storage.postgres.saver import TurnPostgresSaver
-from agent.storage.postgres.transaction import PostgresTx, record
+from agent.storage.postgres.transaction import PostgresTx, to_record
 from agent.storage.records import IdempotencyKeyTaken
 from agent.storage.transaction import Tx
 
@@ -190,7 +190,7 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
             return row["claim_fence"], record_row, prefixed(row, "s_")
 
         fence, record_row, start_row = self._run("claim the thread", attempt, thread_id)
-        record = record(record_row)
+        record = to_record(record_row)
         if fence is None:
             return None, record
         with self._faults("read the thread", thread_id):

@@ -23,7 +23,7 @@ from agent.storage.records import ThreadRecord, Turn
 from agent.storage.transaction import Tx
 
 
-def record(row: Mapping[str, Any] | None) -> ThreadRecord | None:
+def to_record(row: Mapping[str, Any] | None) -> ThreadRecord | None:
     """A `ThreadRecord` from a row of `sql.THREAD_COLUMNS`, or None."""
     return ThreadRecord(**row) if row else None
 
@@ -51,7 +51,7 @@ class PostgresTx(Tx):
             "metadata": Jsonb(dict(metadata)) if metadata is not None else None,
             "ttl_seconds": ttl_seconds,
         }
-        return record(self.batch.read(sql.UPDATE_THREAD_SQL, params).fetchone())
+        return to_record(self.batch.read(sql.UPDATE_THREAD_SQL, params).fetchone())
 
     def delete_thread(self, thread_id: str) -> None:
         for statement in sql.DELETE_THREAD_SQL:
@@ -92,7 +92,7 @@ class PostgresTx(Tx):
         return int(removed)
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
-        return record(self.batch.read(sql.SELECT_THREAD_SQL, (thread_id,)).fetchone())
+        return to_record(self.batch.read(sql.SELECT_THREAD_SQL, (thread_id,)).fetchone())
 
     def thread_has_rows(self, thread_id: str) -> bool:
         return self.batch.read(sql.THREAD_HAS_ROWS_SQL, (thread_id,)).fetchone() is not None
