@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import psycopg
@@ -96,7 +96,7 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         self.connections.close()
 
     # -- connections -----------------------------------------------------------------------
-    def connection(self):
+    def connection(self) -> AbstractContextManager[psycopg.Connection]:
         """A pooled connection for one short piece of work (never across a model call), as a context manager.
 
         Every connection this storage and its saver use outside a write transaction comes from here.
@@ -166,7 +166,7 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                     self.setup()
         raise AssertionError("unreachable")
 
-    def _faults(self, action: str, thread_id: str | None = None):
+    def _faults(self, action: str, thread_id: str | None = None) -> AbstractContextManager[None]:
         """`PostgresConnections.faults`; a missing table makes the next request run setup again."""
         return self.connections.faults(action, thread_id, on_schema_missing=self._forget_setup)
 
@@ -288,7 +288,6 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
 
     def sweep_idempotency(self) -> int:
         return self._run("delete expired idempotency keys", lambda conn: conn.execute(sql.SWEEP_IDEMPOTENCY_SQL).rowcount)
-
 
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()
