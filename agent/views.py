@@ -25,6 +25,11 @@ from rich.tree import Tree
 #: Characters of a checkpoint id shown as its short form (the random end of the UUID).
 SHORT_ID_CHARS = 8
 
+#: Characters of a message's text a table or tree shows; a longer text is cut there and ends with "…".
+#: Fewer than the history keeps of each text (100 characters), so a text the history cut is always
+#: marked as cut, without this module knowing how much the history keeps.
+SHOWN_TEXT_CHARS = 80
+
 def history_table(
     entries: list[dict[str, Any]],
     *,
@@ -126,11 +131,7 @@ def led_to(entry: dict[str, Any]) -> Text:
     """What led to a checkpoint: the user message of its turn, or that it is the thread's empty root."""
     if entry.get("source") == "root":
         return Text("(root: empty, before the first message)", style="dim")
-    from agent.storage.summaries import LAST_MESSAGE_CHARS  # imported on use: it loads LangGraph
-
-    said = entry.get("last_user_message") or ""
-    if len(said) >= LAST_MESSAGE_CHARS:
-        said += "…"
+    said = clipped(entry.get("last_user_message") or "")
     prefix = "update: " if entry.get("source") == "update" else ""
     return Text(f'{prefix}you: "{said}"' if said else f"{prefix}(no user message)")
 
@@ -218,11 +219,12 @@ def short_id(checkpoint_id: str | None) -> str:
 
 
 def last_message(entry: dict[str, Any]) -> str:
-    from agent.storage.summaries import LAST_MESSAGE_CHARS
+    return clipped(entry["last_message"] or "")
 
-    text = entry["last_message"] or ""
-    # The history keeps the first LAST_MESSAGE_CHARS characters; show that the text was cut.
-    return text + "…" if len(text) >= LAST_MESSAGE_CHARS else text
+
+def clipped(text: str) -> str:
+    """`text`, or its first `SHOWN_TEXT_CHARS` characters and "…" when it is longer."""
+    return text[:SHOWN_TEXT_CHARS] + "…" if len(text) > SHOWN_TEXT_CHARS else text
 
 
 def nodes_text(nodes: list[str]) -> str:

@@ -70,7 +70,7 @@ def test_history_on_the_sqlite_default_imports_neither_mlflow_langchain_nor_lang
     result, modules = imported_modules(["-m", "agent", "history", thread_id, "--tree"], cwd)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "I'm headed to SF!" in result.stdout and "branch" not in result.stdout  # it did read the thread
-    assert "agent.storage.sqlite_reads" in modules
+    assert "agent.storage.sqlite.reads" in modules
     assert loaded(modules, HEAVY) == []
 
 

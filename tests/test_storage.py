@@ -181,7 +181,7 @@ def test_stored_bytes_for_a_branch_do_not_copy_the_shared_prefix(agent, edit):
 
 
 def test_text_that_means_something_to_sql_is_stored_and_read_back_exactly(agent, make_agent, backend_url):
-    # On Postgres a commit's statements are bound on the client and sent as one query (`postgres_batch`):
+    # On Postgres a commit's statements are bound on the client and sent as one query (`postgres.batch`):
     # quoting must survive every character SQL, psycopg or JSON give a meaning to.
     hazards = [
         "it's O'Brien's; --",

@@ -210,13 +210,13 @@ def open_agent(
     """
     from agent import create_agent
 
-    from agent.storage import require_existing_store, require_tables
+    from agent.storage import require_existing_database, require_tables
 
     if agent_file is not None:
         yield from _open_agent_file(agent_file, database_url, model, tracing)
         return
     if read_only:
-        require_existing_store(resolve_url(database_url))
+        require_existing_database(resolve_url(database_url))
     given = {name: value for name, value in settings.items() if value is not None}
     agent = create_agent(database_url, model, tracing=tracing, connect=not read_only, **given)
     try:

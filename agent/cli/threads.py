@@ -149,10 +149,10 @@ def _pairs(values: list[str]) -> dict[str, str]:
 def _storage(database_url: str | None) -> Iterator[ThreadStorage]:
     """The storage of an existing store, for a write that needs no model; never creates a store."""
     from agent.config import load_settings
-    from agent.storage import open_storage, require_existing_store, require_tables
+    from agent.storage import open_storage, require_existing_database, require_tables
 
     url = resolve_url(database_url)
-    require_existing_store(url)
+    require_existing_database(url)
     storage = open_storage(url, load_settings(database_url=database_url, model="offline"))
     try:
         require_tables(storage, url)

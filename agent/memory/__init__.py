@@ -4,9 +4,10 @@ Short-term memory is a thread's checkpoints (`agent.storage`); long-term memory
 is a LangGraph store beside them, in the same database, namespaced
 `("user_memories", <user_id>)` as in the Databricks long-term-memory template.
 
-Modules: `store` (LangGraph's `PostgresStore` / `SqliteStore` on the storage's
-own connections, and the queries the agent adds), `postgres`, `sqlite` (one
-per backend), `index` (the in-process copy searches rank over), `embeddings`
+Modules: `store` (what the agent asks of LangGraph's `PostgresStore` /
+`SqliteStore` on the storage's own connections, and why), `postgres`, `sqlite`
+(one per backend, opened by `open_store` here by URL, as
+`agent.storage.open_storage` opens the storage), `index` (the in-process copy searches rank over), `embeddings`
 (semantic search's model, called outside transactions), `scopes` (the
 namespace and the branch rule), `service` (`Memories`), `tools` (what the
 model calls), `retrieval` (what the model is given before a turn).
@@ -45,7 +46,30 @@ Design, and where it departs from the suggestions it started from:
 
 from __future__ import annotations
 
+from typing import Any
+
 #: The names of the memory tools (the offline model calls them by name).
 SAVE_MEMORY_TOOL = "save_memory"
 SEARCH_MEMORIES_TOOL = "search_memories"
 FORGET_MEMORY_TOOL = "forget_memory"
+
+
+def open_store(url: str, storage: Any, *, embeddings: Any = None, ttl_minutes: float | None = None) -> Any:
+    """LangGraph's store for `storage` (the `ThreadStorage` opened on `url`), on its connections (see `store`).
+
+    `embeddings` (SQLite only) indexes each memory's `content` for semantic search;
+    `ttl_minutes` is the default time to live of new memories (None: forever).
+    The backend is imported here, when used: this package's names load nothing.
+    """
+    from langgraph.store.base import TTLConfig
+
+    from agent.config import is_postgres_url
+
+    ttl = TTLConfig(default_ttl=ttl_minutes, refresh_on_read=False) if ttl_minutes else None
+    if is_postgres_url(url):
+        from agent.memory.postgres import PostgresMemoryStore
+
+        return PostgresMemoryStore(storage, ttl=ttl)
+    from agent.memory.sqlite import SqliteMemoryStore
+
+    return SqliteMemoryStore(storage, embeddings=embeddings, ttl=ttl)

@@ -1,19 +1,23 @@
-"""LangGraph's `PostgresStore` on the storage's pool: keyword search, deletion and TTL refresh (see `store`)."""
+"""LangGraph's `PostgresStore` on the storage's pool: keyword search, deletion and TTL refresh (see `store`).
+
+Every statement goes through the storage's hook for running inside the commit
+(`PostgresThreadStorage.cursor` for LangGraph's own queries, `.run` for the
+agent's): a memory written by a turn lands in the turn's commit.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from langgraph.store.base import TTLConfig
 from langgraph.store.postgres import PostgresStore
-from psycopg.rows import dict_row
 
-from agent.storage.postgres import PostgresThreadStorage, transaction_connection
-from agent.types import Memory
 from agent.memory.store import to_memory
+from agent.storage.postgres import PostgresThreadStorage
+from agent.types import Memory
 
 LIVE_KEYS_SQL = """
 SELECT coalesce(string_agg(key, ',' ORDER BY key), '') AS keys FROM store
@@ -44,20 +48,13 @@ class PostgresMemoryStore(PostgresStore):
 
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[psycopg.Cursor]:
-        # As TurnPostgresSaver._cursor: the write transaction's connection if one is open on this
-        # thread, else a pooled one; no instance lock (langgraph#7259).
-        tx_conn = transaction_connection()
-        self.storage.setup()
-        with nullcontext(tx_conn) if tx_conn is not None else self.storage.connection() as conn:
-            nested = pipeline and conn.info.pipeline_status == psycopg.pq.PipelineStatus.OFF
-            with conn.pipeline() if nested else nullcontext(), conn.cursor(binary=True, row_factory=dict_row) as cur:
-                yield cur
+        # As the saver's: the write transaction's connection if one is open on this thread, else a
+        # pooled one; no instance lock (langgraph#7259).
+        with self.storage.cursor(pipeline=pipeline) as cur:
+            yield cur
 
     def _execute(self, action: str, work: Callable[[psycopg.Connection], Any]) -> Any:
-        conn = transaction_connection()
-        if conn is not None:
-            return work(conn)
-        return self.storage._run(action, work)  # retried once on a dead connection; errors as StorageUnavailable
+        return self.storage.run(action, work)
 
     # -- the agent's queries ------------------------------------------------------------------
     def live_keys(self, prefix: str) -> str:

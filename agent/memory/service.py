@@ -15,11 +15,12 @@ from langgraph.store.base import PutOp
 
 from agent.config import AgentSettings, is_postgres_url
 from agent.errors import MemoryNotFound
+from agent.memory import open_store
 from agent.memory.embeddings import PrecomputedEmbeddings, make_embeddings
 from agent.memory.index import MemoryIndex, rank
 from agent.memory.retrieval import MAX_QUERY_CHARS, recall_query
 from agent.memory.scopes import ARTIFACT_KIND, memory_artifact, namespace, prefix, saved_on_branch
-from agent.memory.store import keywords, open_store
+from agent.memory.store import keywords
 from agent.types import Memory
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class Memories:
             else:
                 self.embeddings = make_embeddings(settings.embedding_model)
         ttl = settings.memory_ttl_seconds
-        self.store = open_store(storage, embeddings=self.embeddings, ttl_minutes=ttl / 60 if ttl else None)
+        self.store = open_store(settings.database_url, storage, embeddings=self.embeddings, ttl_minutes=ttl / 60 if ttl else None)
         self.index = MemoryIndex(self.store)
         if ttl:
             self.store.start_ttl_sweeper(SWEEP_INTERVAL_MINUTES)

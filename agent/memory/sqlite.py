@@ -1,4 +1,9 @@
-"""LangGraph's `SqliteStore` on the storage's one connection: reads by key, deletion, TTL (see `store`)."""
+"""LangGraph's `SqliteStore` on the storage's one connection: reads by key, deletion, TTL (see `store`).
+
+Every statement goes through the storage's hook for running inside the commit
+(`SqliteThreadStorage.cursor`): a memory written by a turn lands in the turn's
+transaction, and one connection serves checkpoints and memories under one lock.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from langgraph.store.sqlite import SqliteStore
 
 from agent.memory.embeddings import PrecomputedEmbeddings
 from agent.memory.store import to_memory
-from agent.storage.sqlite import SqliteThreadStorage
+from agent.storage.sqlite.storage import SqliteThreadStorage
 from agent.types import Memory
 
 # group_concat keeps the subquery's order in practice; if it did not, a listing would only look changed.
@@ -75,17 +80,9 @@ class SqliteMemoryStore(SqliteStore):
 
     @contextmanager
     def _cursor(self, *, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
-        # One connection for checkpoints and memories: its saver's lock and transactions
-        # (a write inside a commit joins it: TurnSqliteSaver.cursor sees the open transaction).
-        self.storage.setup()
-        saver = self.storage.saver
-        with self.storage._errors():
-            if transaction and not getattr(saver._in_transaction, "active", False):
-                with saver.transaction() as cur:
-                    yield cur
-            else:
-                with saver.cursor(transaction=False) as cur:
-                    yield cur
+        # LangGraph's `transaction=True` is a write: it joins the commit running on this thread, if any.
+        with self.storage.cursor(write=transaction) as cur:
+            yield cur
 
     # -- the agent's queries ------------------------------------------------------------------
     def live_keys(self, prefix: str) -> str:

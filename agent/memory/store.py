@@ -1,19 +1,22 @@
-"""The LangGraph store beside the checkpointer, on the same connections, and the queries the agent adds to it.
+"""The LangGraph store beside the checkpointer, on the same connections: what the agent asks of it, and why.
 
-`open_store(storage, ...)` gives LangGraph's `PostgresStore` on the storage's
-pool, or `SqliteStore` on the storage's one SQLite connection (also for
-`memory://`, which is SQLite `:memory:`: one code path, and memory writes share
-the checkpoints' transaction, which `InMemoryStore` could not). Its tables
+`agent.memory.open_store(url, storage, ...)` gives LangGraph's `PostgresStore`
+on the storage's pool (`postgres`), or `SqliteStore` on the storage's one
+SQLite connection (`sqlite`; also for `memory://`, which is SQLite `:memory:`:
+one code path, and memory writes share the checkpoints' transaction, which
+`InMemoryStore` could not). Its tables
 (`store`, `store_vectors` on SQLite) are created by the storage's own setup,
 with the checkpoint tables, in its one migration transaction.
 
 What the agent changes in LangGraph's stores, and why:
 
-* **Connections.** `_cursor` is overridden as the saver's is: a pooled
-  connection (Postgres) or the saver's lock (SQLite), or the connection of the
-  write transaction in progress, so memory writes commit or roll back with the
-  turn. No instance lock (langgraph#7259), no prepared statements (the pool's
-  `prepare_threshold`), no session state.
+* **Connections.** `_cursor` is overridden as the saver's is, through the
+  storage's public hook for running inside the commit
+  (`PostgresThreadStorage.cursor` / `.run`, `SqliteThreadStorage.cursor`): the
+  connection of the write transaction in progress, so memory writes commit or
+  roll back with the turn, else a pooled connection (Postgres) or the saver's
+  lock (SQLite). No instance lock (langgraph#7259), no prepared statements
+  (the pool's `prepare_threshold`), no session state.
 * **Search.** LangGraph's `search` ignores `query` without a vector index,
   cannot restrict a search to a set of keys (the branch rule), embeds the
   query while it holds a connection, and ranks in SQL by reading every memory
@@ -111,23 +114,3 @@ def to_memory(key: str, value: Mapping[str, Any], created_at: Any, score: Any) -
         created_at=created_at,
         score=None if score is None else float(score),
     )
-
-
-def open_store(storage: Any, *, embeddings: Any = None, ttl_minutes: float | None = None) -> Any:
-    """LangGraph's store for `storage` (a `ThreadStorage`), on its connections (see the module docstring).
-
-    `embeddings` (SQLite only) indexes each memory's `content` for semantic search;
-    `ttl_minutes` is the default time to live of new memories (None: forever).
-    """
-    from langgraph.store.base import TTLConfig
-
-    from agent.storage.sqlite import SqliteThreadStorage
-
-    ttl = TTLConfig(default_ttl=ttl_minutes, refresh_on_read=False) if ttl_minutes else None
-    if isinstance(storage, SqliteThreadStorage):
-        from agent.memory.sqlite import SqliteMemoryStore
-
-        return SqliteMemoryStore(storage, embeddings=embeddings, ttl=ttl)
-    from agent.memory.postgres import PostgresMemoryStore
-
-    return PostgresMemoryStore(storage, ttl=ttl)

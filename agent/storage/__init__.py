@@ -6,15 +6,29 @@
 | `sqlite:///path` | `sqlite.SqliteThreadStorage` on a file | the embedded default |
 | `memory://` | `sqlite.SqliteThreadStorage` on `:memory:` | notebooks, tests, benchmark lower bound |
 
-Modules: `base` (the interface and the turn protocol: claim, run, commit),
-`claims` (lease renewal), `saver` (what the agent adds to LangGraph's savers),
-`deltas` (messages stored once), `summaries` (history summaries in checkpoint
-metadata), and one module per backend (`sqlite_reads` holds the SQLite reads,
-which need no LangGraph).
+Modules, from the values up:
 
-Read-only commands (`tt-agent history`, listings, export) open a store with
-`open_reader` or check it with `require_existing_store`: neither ever creates
-a store. This package and `base` import no LangGraph; the backends do.
+* `records` (thread records and the other values storage hands out),
+  `claims` (a turn's claim and the keeper that renews it), `transaction`
+  (`Tx`, the statements of one write transaction), `turns` (the turn
+  protocol, written once: why a turn is two short transactions and a lease),
+  `base` (`ThreadStorage`, the whole interface, and `ThreadReads`);
+* `saver` (what the agent adds to LangGraph's savers: buffered turns, deltas,
+  summaries) and `saver_threads` (its thread operations: prune, copy, delete);
+  `deltas` (messages stored once), `summaries` (history summaries in
+  checkpoint metadata);
+* one package per backend, each cut as langgraph-checkpoint-postgres cuts its
+  own: `schema` (migrations, a migration's position its version), `sql`
+  (statements as named constants), `saver`, `transaction`, `storage`, and
+  Postgres's `connections` (pool, credentials, faults) and `batch` (the
+  commit's one round trip); `sqlite.reads` holds the SQLite reads, which need
+  no LangGraph.
+
+`open_storage` picks the backend by URL and hands it its claim keeper.
+Read-only commands (`tt-agent history`, listings, export) open a database with
+`open_reader` or check it with `require_existing_database`: neither ever
+creates one. This package, `base` and `sqlite.reads` import no LangGraph; the
+backends' storages and savers do.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ from urllib.parse import urlsplit
 from agent.config import AgentSettings, is_postgres_url, mask_secret_fragments, mask_url, store_label
 from agent.errors import ConfigurationError
 from agent.storage.base import CheckpointLink, Claim, ExpiredThread, ThreadReads, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
+from agent.storage.claims import ClaimKeeper
 
 __all__ = [
     "CheckpointLink",
@@ -38,16 +53,17 @@ __all__ = [
     "open_reader",
     "open_storage",
     "owned_by",
-    "require_existing_store",
+    "require_existing_database",
     "require_tables",
 ]
 
-#: How a message about a missing store says to choose another (the same setting in Python and on the command line).
+#: How a message about a missing database says to choose another (the same setting in Python and on the command line).
 CHOOSE_ANOTHER = "Choose another store with --database-url or AGENT_DATABASE_URL."
 
 
 def open_storage(url: str, settings: AgentSettings) -> ThreadStorage:
-    """The storage for `url`. Does not connect yet; the first read or turn does (and runs setup).
+    """The storage for `url`, with a claim keeper of its own. Does not connect yet; the first read or
+    turn does (and runs setup).
 
     Raises:
         ConfigurationError: the scheme is not one of postgresql, postgres, sqlite, memory; a sqlite
@@ -67,7 +83,7 @@ def open_storage(url: str, settings: AgentSettings) -> ThreadStorage:
             ) from None
         from agent.storage.postgres import PostgresThreadStorage
 
-        return PostgresThreadStorage(conninfo, settings)
+        return PostgresThreadStorage(conninfo, settings, keeper=_keeper(settings))
     scheme = urlsplit(url).scheme.lower()
     if scheme == "sqlite":
         path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
@@ -75,18 +91,22 @@ def open_storage(url: str, settings: AgentSettings) -> ThreadStorage:
             raise ConfigurationError(f"A sqlite URL needs a path, like sqlite:///.agent/memory.sqlite; got {mask_url(url)}")
         from agent.storage.sqlite import SqliteThreadStorage
 
-        return SqliteThreadStorage(path, settings)
+        return SqliteThreadStorage(path, settings, keeper=_keeper(settings))
     if scheme == "memory":
         from agent.storage.sqlite import SqliteThreadStorage
 
-        return SqliteThreadStorage(":memory:", settings)
+        return SqliteThreadStorage(":memory:", settings, keeper=_keeper(settings))
     raise ConfigurationError(
         f"Unknown database URL scheme {scheme!r} in {mask_url(url)}; use postgresql://, sqlite:/// or memory://"
     )
 
 
-def require_existing_store(url: str) -> None:
-    """Check, without creating anything, that the store at `url` can exist outside this process.
+def _keeper(settings: AgentSettings) -> ClaimKeeper:
+    return ClaimKeeper(lease_seconds=settings.lease_seconds)
+
+
+def require_existing_database(url: str) -> None:
+    """Check, without creating anything, that the database at `url` can exist outside this process.
 
     A SQLite URL must name an existing file; `memory://` is refused (its threads
     live only in the process that wrote them). Postgres is checked by
@@ -94,7 +114,7 @@ def require_existing_store(url: str) -> None:
 
     Raises:
         ConfigurationError: no such file, or `memory://`; the message names the absolute path
-            and how to choose another store.
+            and how to choose another database.
     """
     scheme = "postgres" if is_postgres_url(url) else urlsplit(url).scheme.lower()
     if scheme == "memory":
@@ -109,21 +129,21 @@ def require_existing_store(url: str) -> None:
 
 
 def open_reader(url: str, settings: AgentSettings) -> ThreadReads:
-    """The reads of an existing store, for read-only commands; never creates a store or a table.
+    """The reads of an existing database, for read-only commands; never creates a database or a table.
 
-    SQLite: a `sqlite_reads.SqliteReader` on a read-only connection, which loads
+    SQLite: a `sqlite.reads.SqliteReader` on a read-only connection, which loads
     no LangGraph (a file of an older version is opened as full storage instead,
     which migrates it). Postgres: the full storage, once its tables are found.
     Close the result with `close()`.
 
     Raises:
-        ConfigurationError: there is no store at `url` (see `require_existing_store`), or a Postgres
-            database without the agent's tables; the message names the store.
+        ConfigurationError: there is no database at `url` (see `require_existing_database`), or a
+            Postgres database without the agent's tables; the message names it.
         StorageUnavailable: the database cannot be reached or read.
     """
-    require_existing_store(url)
+    require_existing_database(url)
     if url.startswith("sqlite:///"):
-        from agent.storage.sqlite_reads import SqliteReader
+        from agent.storage.sqlite.reads import SqliteReader
 
         reader = SqliteReader.open(Path(url[len("sqlite:///") :]))
         if reader is not None:
@@ -142,7 +162,7 @@ def require_tables(storage: ThreadStorage, url: str) -> None:
 
     Raises:
         ConfigurationError: its tables do not exist (a Postgres database the agent never used);
-            the message names the store and how to choose another.
+            the message names the database and how to choose another.
         StorageUnavailable: the database cannot be reached.
     """
     if not storage.exists():

@@ -1,4 +1,8 @@
-"""`ClaimKeeper`: renews the claims of the turns running in this process, and passes on cancel requests.
+"""A turn's `Claim` on its thread, and the `ClaimKeeper` that renews the claims of this process's running turns.
+
+The keeper knows the database only as `Leases` (renew, poll, release), and
+`open_storage` builds it and hands it to the storage it opens: so this module
+needs nothing of `base`, and a test can give a storage a keeper of its own.
 
 One daemon thread per storage, alive only while a turn runs. Every
 `lease_seconds / 3` it extends every held claim's lease in one statement;
@@ -20,10 +24,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:
-    from agent.storage.base import Claim, ThreadStorage
+from agent.storage.records import ThreadRecord
+
+if TYPE_CHECKING:  # LangGraph is imported by the backends; read-only commands never load it
+    from langgraph.checkpoint.base import CheckpointTuple
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +39,68 @@ logger = logging.getLogger(__name__)
 CANCEL_POLL_SECONDS = 0.5
 
 
-class ClaimKeeper:
-    """Keeps this process's claims alive. Thread-safe; the thread starts with the first claim."""
+@dataclass(eq=False)
+class Claim:
+    """A turn's hold on one thread, from its claim to its commit or release.
 
-    def __init__(self, storage: ThreadStorage, *, lease_seconds: float) -> None:
-        self._storage = storage
+    `record` and `start` were read in the claim's round trip: the thread (None
+    for a new one) and the checkpoint the turn starts from (the requested one,
+    else the head; None when that checkpoint is not in the thread).
+    """
+
+    thread_id: str
+    user_id: str | None
+    token: str
+    fence: int
+    record: ThreadRecord | None
+    start: CheckpointTuple | None
+    idempotency_key: str | None = None
+    #: Set by `ClaimKeeper` when a newer turn asked this one to stop: "interrupt" or "rollback".
+    cancel: str | None = None
+    #: Set when renewing found the claim gone (expired and taken over): the commit will fail.
+    lost: bool = False
+    #: Set together with `cancel` or `lost`, so a running turn can stop early.
+    stop: threading.Event = field(default_factory=threading.Event)
+    _on_stop: list[Callable[[], None]] = field(default_factory=list)
+
+    def signal(self, *, cancel: str | None = None, lost: bool = False) -> None:
+        """Record a cancel request or a lost claim and wake whoever waits on `stop`. Thread-safe."""
+        if cancel and self.cancel is None:
+            self.cancel = cancel
+        self.lost = self.lost or lost
+        if not self.stop.is_set():
+            self.stop.set()
+            for callback in list(self._on_stop):
+                callback()
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from any OS thread) when the claim is signalled; at once if it already was."""
+        self._on_stop.append(callback)
+        if self.stop.is_set():
+            callback()
+
+
+class Leases(Protocol):
+    """What the keeper asks of the database: the three statements of a lease (`ThreadStorage` has them)."""
+
+    def renew(self, claims: Sequence[Claim]) -> dict[str, str | None]:
+        """Extend the claims' leases; {thread_id: cancel request or None} for the claims still held."""
+
+    def poll_cancels(self, claims: Sequence[Claim]) -> dict[str, str]:
+        """{thread_id: "interrupt" | "rollback"} for the claims a newer turn asked to stop."""
+
+    def try_release(self, claim: Claim) -> None:
+        """Release `claim` once; raises when the database cannot be reached."""
+
+
+class ClaimKeeper:
+    """Keeps this process's claims alive. Thread-safe; the thread starts with the first claim.
+
+    Built by `open_storage` with the storage's `lease_seconds`; the storage binds itself with `keep_for`.
+    """
+
+    def __init__(self, *, lease_seconds: float) -> None:
+        self._leases: Leases | None = None
         self._renew_every = lease_seconds / 3
         self._claims: dict[str, Claim] = {}
         self._unreleased: list[Claim] = []
@@ -43,6 +108,16 @@ class ClaimKeeper:
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._closed = False
+
+    def keep_for(self, leases: Leases) -> None:
+        """Renew and release through `leases` (the storage this keeper serves); once, before the first claim.
+
+        Raises:
+            RuntimeError: the keeper already serves another storage.
+        """
+        if self._leases is not None and self._leases is not leases:
+            raise RuntimeError("a ClaimKeeper serves one storage")
+        self._leases = leases
 
     def add(self, claim: Claim) -> None:
         # No wake-up: nothing is due for a claim just taken, and polling at once cost every turn a query.
@@ -108,7 +183,7 @@ class ClaimKeeper:
                 continue
             try:
                 if time.monotonic() >= next_renewal:
-                    held = self._storage.renew(claims)
+                    held = self._leases.renew(claims)
                     next_renewal = time.monotonic() + self._renew_every
                     for claim in claims:
                         if claim.thread_id not in held:
@@ -117,7 +192,7 @@ class ClaimKeeper:
                         elif held[claim.thread_id]:
                             claim.signal(cancel=held[claim.thread_id])
                 else:
-                    for thread_id, mode in self._storage.poll_cancels(claims).items():
+                    for thread_id, mode in self._leases.poll_cancels(claims).items():
                         claim = self.local(thread_id)
                         if claim is not None:
                             claim.signal(cancel=mode)
@@ -128,7 +203,7 @@ class ClaimKeeper:
         failed = []
         for claim in claims:
             try:
-                self._storage._release(claim)
+                self._leases.try_release(claim)
             except Exception:  # noqa: BLE001 - still unreachable: next cycle
                 failed.append(claim)
         if failed:

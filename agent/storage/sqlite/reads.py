@@ -1,7 +1,7 @@
 """The SQLite backend's reads (thread records, checkpoint summaries), and a read-only reader that needs no LangGraph.
 
 The statements and row mappings here are the backend's only copy: the full
-storage (`sqlite.SqliteThreadStorage`) runs them on its connection, inside its
+storage (`storage.SqliteThreadStorage`) runs them on its connection, inside its
 lock, and `SqliteReader` runs them on a read-only connection of its own.
 
 Why a second way in: `tt-agent history` reads only `agent_threads` and the
@@ -12,7 +12,7 @@ the agent, MLflow: seconds before the first row. `SqliteReader` imports only
 so a read-only command can neither create a missing store nor change one, and
 it checks that the columns its statements read exist; a store written by an
 older version fails that check, and the caller opens the full storage, which
-migrates it (`storage.open_reader`).
+migrates it (`agent.storage.open_reader`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from urllib.parse import quote
 
 from agent.errors import InvalidRequest, StorageUnavailable
 from agent.storage import summaries
-from agent.storage.base import ThreadRecord
+from agent.storage.records import ThreadRecord
 
 THREAD_COLUMNS = (
     "thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds, "
@@ -135,7 +135,7 @@ def _iso(epoch: float | None) -> str | None:
 
 
 class SqliteReader:
-    """Reads of an existing SQLite store on a read-only connection (`storage.ThreadReads`).
+    """Reads of an existing SQLite database on a read-only connection (`agent.storage.ThreadReads`).
 
     Build it with `SqliteReader.open(path)`; close it with `close()` or `with`.
     Every method raises `StorageUnavailable` when SQLite fails (a locked or

@@ -20,11 +20,18 @@ import does not build one huge string.
 
 No prepared statement can come of it (`prepare=False`): each batch's text is
 new, and a transaction-mode pooler (PgBouncer) must not see any.
+
+`running(batch)` marks the batch as the write transaction of this thread (a
+context variable), so that the saver's queries and long-term memory's, made
+deep inside LangGraph, join it (`running_batch`) instead of taking a pooled
+connection of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import psycopg
@@ -88,3 +95,22 @@ class StatementBatch:
         sql = ";\n".join(self._pending)
         self._pending, self._size = [], 0
         self._conn.execute(sql, prepare=False)
+
+
+# The batch of the write transaction running on this thread (a commit, `PostgresThreadStorage.transaction`).
+_RUNNING: ContextVar[StatementBatch | None] = ContextVar("tt_tx_batch", default=None)
+
+
+def running_batch() -> StatementBatch | None:
+    """The batch of the write transaction running on this thread, if any."""
+    return _RUNNING.get()
+
+
+@contextmanager
+def running(batch: StatementBatch) -> Iterator[None]:
+    """Make `batch` this thread's running write transaction for the block (see the module docstring)."""
+    token = _RUNNING.set(batch)
+    try:
+        yield
+    finally:
+        _RUNNING.reset(token)

@@ -1,0 +1,110 @@
+"""`TurnPostgresSaver`: LangGraph's `PostgresSaver` with the agent's turns (`storage.saver`), and no instance lock.
+
+What it changes in `PostgresSaver`, and why:
+
+* **No saver-wide lock.** `PostgresSaver` serializes every query of an
+  instance behind one lock even when it is given a pool (langgraph#7259), so
+  `_cursor` takes a pooled connection (or the running write transaction's,
+  `PostgresThreadStorage.cursor`) without it.
+* **Writes join the commit.** Inside a write transaction LangGraph's
+  pipelined writes (`put`, `put_writes`) are added to the transaction's
+  statement batch (`batch`), sent with its commit in one round trip.
+* **Cached plans.** Its upserts call the plpgsql functions of the migrations
+  (`sql.PUT_BLOB_SQL`, `sql.PUT_CHECKPOINT_SQL`) with LangGraph's parameters.
+* **Rows read by the storage's own statements** (the claim's start, a
+  checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+from langgraph.checkpoint.postgres import PostgresSaver
+from psycopg_pool import ConnectionPool
+
+from agent.storage import deltas
+from agent.storage.postgres import sql
+from agent.storage.postgres.batch import running_batch
+from agent.storage.saver import TurnSaverMixin
+
+
+class SaverStorage(Protocol):
+    """What the saver uses of its storage (`storage.PostgresThreadStorage`, which imports this module)."""
+
+    pool: ConnectionPool
+
+    def cursor(self, *, pipeline: bool = False) -> AbstractContextManager[Any]: ...
+
+    def transaction(self, apply: Callable[[Any], Any]) -> Any: ...
+
+
+class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
+    """`PostgresSaver` with turn buffering, message deltas, summaries and no instance lock."""
+
+    # LangGraph's statements, as calls of the functions that run them with cached plans (see `sql`).
+    UPSERT_CHECKPOINT_BLOBS_SQL = sql.PUT_BLOB_SQL
+    UPSERT_CHECKPOINTS_SQL = sql.PUT_CHECKPOINT_SQL
+
+    def __init__(self, storage: SaverStorage, *, message_cache_size: int) -> None:
+        PostgresSaver.__init__(self, storage.pool)
+        self._storage = storage
+        self._init_turns(message_cache_size)
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
+        batch = running_batch()
+        if batch is not None and pipeline:
+            # LangGraph asks for a pipeline exactly where it only writes (put, put_writes): those
+            # statements join the write transaction's batch, sent with its commit.
+            yield batch
+            return
+        # langgraph#7259: the base class holds `self.lock` here even with a pool; a pooled (or the
+        # transaction's) connection is not shared, so no lock. Used directly as a LangGraph
+        # checkpointer, the saver may be the first to touch the database: the storage sets up first.
+        with self._storage.cursor(pipeline=pipeline) as cur:
+            yield cur
+
+    def _backend_get_tuple(self, config):
+        return PostgresSaver.get_tuple(self, config)
+
+    def _load_checkpoint_tuple(self, value):
+        # With the checkpoint's messages cached, its stored messages value would be decoded only for
+        # `_resolve_tuple` to replace it by the cached list: it is left out instead.
+        cached = self.message_cache.get_list(value["checkpoint_id"]) if value["channel_values"] else None
+        if cached is not None:
+            others = [blob for blob in value["channel_values"] if bytes(blob[0]) != b"messages"]
+            if len(others) < len(value["channel_values"]):
+                tup = PostgresSaver._load_checkpoint_tuple(self, {**value, "channel_values": others})
+                values = {**tup.checkpoint["channel_values"], "messages": cached}
+                return tup._replace(checkpoint={**tup.checkpoint, "channel_values": values})
+        return self._resolve_tuple(PostgresSaver._load_checkpoint_tuple(self, value))
+
+    def load_row(self, row: Mapping[str, Any]):
+        """A CheckpointTuple (messages resolved, metadata as the agent reads it) from a row of `sql.SELECT_CHECKPOINT_SQL`."""
+        return self.agent_tuple(self._load_checkpoint_tuple(row))
+
+    def _backend_put(self, config, checkpoint, metadata, new_versions):
+        return PostgresSaver.put(self, config, checkpoint, metadata, new_versions)
+
+    def _backend_put_writes(self, config, writes, task_id, task_path):
+        return PostgresSaver.put_writes(self, config, writes, task_id, task_path)
+
+    def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:
+        with self._cursor() as cur:
+            cur.execute(sql.SELECT_THREAD_MESSAGES_SQL, (thread_id, checkpoint_ns))
+            rows = cur.fetchall()
+        decoded: dict[tuple, Any] = {}
+        stored = {}
+        for row in rows:
+            key = (row["type"], bytes(row["blob"]) if row["blob"] is not None else None)
+            if key not in decoded:
+                # No blob (the LEFT JOIN found none) or LangGraph's "empty" one: no messages.
+                decoded[key] = None if row["type"] in (None, "empty") else self.serde.loads_typed(key)
+            stored[row["checkpoint_id"]] = decoded[key]
+        return stored
+
+    def dump_messages_whole(self, messages) -> tuple[str, bytes]:
+        """The typed blob of `messages` stored whole (no longer a delta against an ancestor)."""
+        return self.serde.dumps_typed(deltas.encode(list(messages), None, ()))

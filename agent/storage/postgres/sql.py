@@ -1,0 +1,277 @@
+"""The Postgres backend's statements, as named constants (the way langgraph-checkpoint-postgres keeps its own).
+
+In order: the claim and the reads of a thread and its checkpoints, the rest
+of the turn protocol (commit, release, lease), the catalogue and the write
+transaction's statements (`transaction.PostgresTx`), the retention sweep, the
+saver's thread operations, idempotency. A statement is
+never assembled inside a method: where one varies (`LIST_THREADS_SQLS`), every
+variant is built here, once, at import. The commit's writes and the claim call
+plpgsql functions the migrations create (`schema`), for their cached plans.
+"""
+
+from __future__ import annotations
+
+from agent.storage import summaries
+
+BEGIN_TURN_SQL = "SELECT * FROM agent_begin_turn(%s, %s, %s, %s, %s, %s, %s)"
+THREAD_COLUMNS = """thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds,
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS created_at,
+    to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS updated_at"""
+SELECT_THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM agent_threads WHERE thread_id = %s"
+# Checkpoints in the shape of PostgresSaver.SELECT_SQL. The blobs are fetched
+# by one primary-key lookup per channel (OFFSET 0 keeps the planner from
+# flattening it): on a young table without statistics the planner otherwise
+# hashes every blob of the thread, a cost that grows with the thread.
+SELECT_CHECKPOINTS_COLUMNS = """
+SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
+    (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+     FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+     CROSS JOIN LATERAL (
+        SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
+        WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+          AND b.channel = v.channel AND b.version = v.version
+        OFFSET 0) AS bl
+    ) AS channel_values,
+    (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                            convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+     FROM checkpoint_writes cw
+     WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns AND cw.checkpoint_id = c.checkpoint_id
+    ) AS pending_writes
+FROM checkpoints c
+"""
+# The turn's start: the requested checkpoint, else the thread head.
+SELECT_CHECKPOINT_SQL = SELECT_CHECKPOINTS_COLUMNS + """
+WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = COALESCE(
+    %s, (SELECT head_checkpoint_id FROM agent_threads WHERE thread_id = %s))
+"""
+SELECT_SOME_CHECKPOINTS_SQL = SELECT_CHECKPOINTS_COLUMNS + """
+WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = ANY(%s)
+"""
+END_CLAIM_SQL = "SELECT agent_end_claim(%s, %s)"
+RELEASE_CLAIM_SQL = """
+UPDATE agent_claims SET token = '', expires_at = '-infinity', cancel = NULL, idempotency_key = NULL
+WHERE thread_id = %s AND token = %s
+"""
+# A claim on a thread that was never written leaves nothing behind when released.
+DROP_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = %s AND token = %s"
+CLAIM_STATE_SQL = "SELECT token, fence FROM agent_claims WHERE thread_id = %s"
+REQUEST_CANCEL_SQL = """
+UPDATE agent_claims SET cancel = %s WHERE thread_id = %s AND token <> '' AND expires_at >= clock_timestamp()
+"""
+RENEW_CLAIMS_SQL = """
+UPDATE agent_claims c SET expires_at = clock_timestamp() + make_interval(secs => %s)
+FROM unnest(%s::text[], %s::text[]) AS held(thread_id, token)
+WHERE c.thread_id = held.thread_id AND c.token = held.token
+RETURNING c.thread_id, c.cancel
+"""
+POLL_CANCELS_SQL = """
+SELECT c.thread_id, c.cancel FROM agent_claims c
+JOIN unnest(%s::text[], %s::text[]) AS held(thread_id, token) ON c.thread_id = held.thread_id AND c.token = held.token
+WHERE c.cancel IS NOT NULL
+"""
+UPSERT_THREAD_SQL = "SELECT agent_upsert_thread(%s, %s, %s, %s, %s, %s)"
+# LangGraph's UPSERT_CHECKPOINT_BLOBS_SQL and UPSERT_CHECKPOINTS_SQL as calls of the functions that run them with
+# cached plans (`schema`). The version as text: LangGraph's versions may be int or float
+# (`langgraph.checkpoint.base.V`), which psycopg sends as numbers, and a function call has no implicit cast to
+# TEXT (LangGraph's INSERT has).
+PUT_BLOB_SQL = "SELECT agent_put_blob(%s, %s, %s, %s::text, %s, %s)"
+PUT_CHECKPOINT_SQL = "SELECT agent_put_checkpoint(%s, %s, %s, %s, %s, %s)"
+CHECKPOINT_IN_THREAD_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s"
+LIST_CHECKPOINTS_SQL = """
+SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
+WHERE thread_id = %s AND checkpoint_ns = '' AND (%s::text IS NULL OR checkpoint_id < %s)
+ORDER BY checkpoint_id DESC LIMIT %s
+"""
+# A summary field of a checkpoint's metadata in either layout (`summaries`: under SUMMARY_KEY by its short
+# name, or flat in checkpoints written before); `{path}` is a jsonb path of text.
+SUMMARY_FIELD = (
+    "(CASE WHEN jsonb_typeof(metadata -> '{key}') = 'object' THEN metadata #> '{{{key},{short}}}' "
+    "ELSE metadata #> '{{{long}}}' END)"
+)
+
+
+def summary_field(name: str, *, index: int | None = None) -> str:
+    """SQL for one summary field (jsonb); `index` picks input (0) or output (1) tokens of a usage field."""
+    short, long = summaries.SHORT_NAMES[name], name
+    if index is not None:  # packed usages are [input, output]; flat ones {"input_tokens", "output_tokens"}
+        short, long = f"{short},{index}", f"{long},{('input_tokens', 'output_tokens')[index]}"
+    return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long)
+
+
+# The thread's tree from the metadata summaries, without reading messages or whole metadata documents.
+CHECKPOINT_LINKS_SQL = f"""
+SELECT checkpoint_id, parent_checkpoint_id, COALESCE(({summary_field("message_count")} #>> '{{}}')::int, 0) AS message_count,
+    ({summary_field("kept_messages")} #>> '{{}}')::int AS kept_messages
+FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''
+"""
+SET_HEAD_SQL = """
+UPDATE agent_threads SET head_checkpoint_id = %s, message_count = %s, updated_at = now() WHERE thread_id = %s
+"""
+INSERT_THREAD_SQL = """
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, forked_from)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+"""
+# Every checkpoint's stored `messages` value: the blob its channel version points at. A LEFT JOIN: a
+# checkpoint with no messages yet (the input checkpoint of a plain MessagesState graph) is a base too.
+SELECT_THREAD_MESSAGES_SQL = """
+SELECT c.checkpoint_id, b.type, b.blob FROM checkpoints c
+LEFT JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+  AND b.channel = 'messages' AND b.version = c.checkpoint -> 'channel_versions' ->> 'messages'
+WHERE c.thread_id = %s AND c.checkpoint_ns = %s
+"""
+SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
+THREADS_WITH_CHECKPOINTS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id = ANY(%s) ORDER BY thread_id"
+THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = %s AND checkpoint_ns = '' LIMIT 1"
+# The catalogue (`operations.catalogue`): one range scan of agent_threads_activity_idx per page. The
+# position is the row's (updated_at, thread_id); `activity` is updated_at as exact text (microseconds).
+# Qualified columns: a bare `updated_at` in ORDER BY would name the output column (text), not the index's.
+LIST_THREADS_SQL = f"""
+SELECT {THREAD_COLUMNS} FROM agent_threads t
+WHERE {{owner}} AND t.metadata @> %(metadata)s {{after}}
+ORDER BY t.updated_at DESC, t.thread_id DESC LIMIT %(limit)s
+"""
+LIST_THREADS_AFTER = "AND (t.updated_at, t.thread_id) < (%(activity)s::timestamptz, %(thread_id)s)"
+#: One statement per (anonymous caller?, next page?): `user_id = NULL` would match nothing.
+LIST_THREADS_SQLS = {
+    (anonymous, paging): LIST_THREADS_SQL.format(
+        owner="t.user_id IS NULL" if anonymous else "t.user_id = %(user_id)s", after=LIST_THREADS_AFTER if paging else ""
+    )
+    for anonymous in (False, True)
+    for paging in (False, True)
+}
+THREAD_POSITION_SQL = """
+SELECT to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS activity, thread_id
+FROM agent_threads WHERE thread_id = %s
+"""
+# Leaves updated_at alone: it is the conversation's last activity (see operations.catalogue).
+UPDATE_THREAD_SQL = f"""
+UPDATE agent_threads SET title = COALESCE(%(title)s, title), metadata = COALESCE(%(metadata)s, metadata),
+    ttl_seconds = COALESCE(%(ttl_seconds)s, ttl_seconds)
+WHERE thread_id = %(thread_id)s AND user_id IS NOT DISTINCT FROM %(user_id)s
+RETURNING {THREAD_COLUMNS}
+"""
+# A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's `branch_usage`.
+TOKEN_USAGE_SQL = f"""
+SELECT coalesce(sum(({summary_field("usage", index=0)} #>> '{{}}')::bigint), 0) AS input_tokens,
+    coalesce(sum(({summary_field("usage", index=1)} #>> '{{}}')::bigint), 0) AS output_tokens,
+    coalesce(bool_or(checkpoint_id = %s), false) AS found,
+    (array_agg(metadata) FILTER (WHERE checkpoint_id = %s))[1] AS metadata
+FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''
+"""
+DELETE_THREAD_SQL = [
+    "DELETE FROM checkpoint_writes WHERE thread_id = %s",
+    "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
+    "DELETE FROM checkpoints WHERE thread_id = %s",
+    "DELETE FROM agent_idempotency WHERE thread_id = %s",
+    "DELETE FROM agent_threads WHERE thread_id = %s",
+]
+# -- retention (`operations.retention`) --
+# A thread's expiry: its own ttl_seconds, else the agent's thread_ttl_seconds (NULL: never).
+EXPIRED_CONDITION = """COALESCE(t.ttl_seconds, %(ttl)s::float8) IS NOT NULL
+    AND t.updated_at + make_interval(secs => COALESCE(t.ttl_seconds, %(ttl)s::float8))
+        <= COALESCE(%(now)s::timestamptz, now())"""
+# Candidates only (the sweep claims each one and checks again); a thread a turn holds is left out.
+EXPIRED_THREADS_SQL = f"""
+SELECT t.thread_id, t.user_id, t.updated_at FROM agent_threads t
+WHERE {EXPIRED_CONDITION}
+  AND (%(after_ts)s::timestamptz IS NULL OR (t.updated_at, t.thread_id) > (%(after_ts)s::timestamptz, %(after_id)s::text))
+  AND NOT EXISTS (SELECT 1 FROM agent_claims c
+                  WHERE c.thread_id = t.thread_id AND c.token <> '' AND c.expires_at >= clock_timestamp())
+  AND (NOT %(trimmable)s OR EXISTS (SELECT 1 FROM checkpoints k
+                                    WHERE k.thread_id = t.thread_id AND k.checkpoint_id <> t.head_checkpoint_id))
+ORDER BY t.updated_at, t.thread_id
+LIMIT %(limit)s
+"""
+IS_EXPIRED_SQL = f"SELECT 1 FROM agent_threads t WHERE t.thread_id = %(thread_id)s AND {EXPIRED_CONDITION}"
+# keep_latest: the head's `messages` blob rewritten whole, everything else of the thread deleted.
+REWRITE_BLOB_SQL = """
+UPDATE checkpoint_blobs SET type = %s, blob = %s
+WHERE thread_id = %s AND checkpoint_ns = '' AND channel = 'messages' AND version = %s
+"""
+# -- the saver's thread operations (`saver_threads.SaverThreadOperations`: prune, copy_thread, delete_for_runs) --
+REWRITE_NS_BLOB_SQL = """
+UPDATE checkpoint_blobs SET type = %s, blob = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND channel = 'messages' AND version = %s
+"""
+REPARENT_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = %s, metadata = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
+"""
+THREAD_HAS_ROWS_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = %s LIMIT 1"
+BUSY_THREADS_SQL = """
+SELECT thread_id FROM agent_claims
+WHERE thread_id = ANY(%s) AND token <> '' AND expires_at >= clock_timestamp() ORDER BY thread_id
+"""
+THREADS_OF_RUNS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%s) ORDER BY thread_id"
+COPY_THREAD_SQL = [
+    """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+    FROM checkpoints WHERE thread_id = %(source)s""",
+    """INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT %(target)s, checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs WHERE thread_id = %(source)s""",
+    """INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
+    FROM checkpoint_writes WHERE thread_id = %(source)s""",
+]
+# `keep` is two arrays: namespaces and checkpoint ids, pairwise.
+KEPT_PAIRS = "(SELECT * FROM unnest(%(ns)s::text[], %(ids)s::text[]))"
+DELETE_UNKEPT_SQL = [
+    f"""DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s
+        AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
+    f"""DELETE FROM checkpoints WHERE thread_id = %(thread_id)s
+        AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
+    # Blobs are shared between checkpoints by (channel, version): keep exactly those a kept one points at.
+    """DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
+        SELECT 1 FROM checkpoints c
+        WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = b.checkpoint_ns
+          AND c.checkpoint -> 'channel_versions' ->> b.channel = b.version)""",
+]
+DELETE_OTHER_WRITES_SQL = """
+DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s
+  AND NOT (checkpoint_ns = '' AND checkpoint_id = %(head)s)
+"""
+# Blobs are shared between checkpoints by (channel, version): keep exactly those the head points at.
+DELETE_OTHER_BLOBS_SQL = """
+DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
+    SELECT 1 FROM checkpoints h
+    WHERE h.thread_id = %(thread_id)s AND h.checkpoint_ns = '' AND h.checkpoint_id = %(head)s
+      AND b.checkpoint_ns = '' AND h.checkpoint -> 'channel_versions' ->> b.channel = b.version)
+"""
+DELETE_OTHER_CHECKPOINTS_SQL = """
+WITH gone AS (
+    DELETE FROM checkpoints WHERE thread_id = %(thread_id)s AND NOT (checkpoint_ns = '' AND checkpoint_id = %(head)s)
+    RETURNING checkpoint_ns)
+SELECT count(*) FILTER (WHERE checkpoint_ns = '') AS removed FROM gone
+"""
+MAKE_ROOT_SQL = f"""
+UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = CASE
+    WHEN jsonb_typeof(metadata -> '{summaries.SUMMARY_KEY}') = 'object'
+    THEN jsonb_set(metadata, '{{{summaries.SUMMARY_KEY},{summaries.SHORT_NAMES["kept_messages"]}}}', '0')
+    ELSE metadata || '{{"kept_messages": 0}}'::jsonb END
+WHERE thread_id = %(thread_id)s AND checkpoint_ns = '' AND checkpoint_id = %(head)s
+"""
+# The claim row goes last and only if it is released: the deleting operation's own claim
+# is released by its commit, which runs agent_end_claim first.
+DELETE_RELEASED_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = %s AND token = ''"
+
+FIND_IDEMPOTENCY_SQL = """
+SELECT request_hash, thread_id, response FROM agent_idempotency
+WHERE user_key = %s AND key = %s AND expires_at > now()
+"""
+RUNNING_WITH_KEY_SQL = """
+SELECT thread_id FROM agent_claims
+WHERE idempotency_key = %s AND token <> '' AND expires_at >= clock_timestamp() LIMIT 1
+"""
+DELETE_EXPIRED_KEY_SQL = "DELETE FROM agent_idempotency WHERE user_key = %s AND key = %s AND expires_at <= now()"
+# A plain INSERT: an unexpired row with the same key fails the commit (UniqueViolation).
+STORE_RESPONSE_SQL = """
+INSERT INTO agent_idempotency (user_key, key, request_hash, thread_id, response, created_at, expires_at)
+VALUES (%s, %s, %s, %s, %s, now(), now() + make_interval(secs => %s))
+"""
+SWEEP_IDEMPOTENCY_SQL = "DELETE FROM agent_idempotency WHERE expires_at <= now()"
+IDEMPOTENCY_PKEY = "agent_idempotency_pkey"
+
+#: SQLSTATE raised by `agent_end_claim` when the claim is gone.
+CLAIM_LOST_SQLSTATE = "TT001"
+
+READY_SQL = "SELECT 1"

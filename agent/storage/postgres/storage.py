@@ -1,0 +1,299 @@
+"""`PostgresThreadStorage`: the storage on Postgres: setup, connections, the turn protocol's hooks, the commit.
+
+The reads live in `reads.PostgresReads` (a base class of this one), the pool
+and the fault mapping in `connections`, the statements in `sql` and `schema`;
+what is left here is what writes, and the two doors other code uses to run
+inside the write transaction (`run`, `cursor`: long-term memory's statements
+and the saver's queries join the commit that way). The why of each choice is
+in the package docstring.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from agent.config import AgentSettings
+from agent.errors import AgentError, LeaseExpired, StorageUnavailable
+from agent.storage.base import ThreadStorage
+from agent.storage.claims import Claim, ClaimKeeper
+from agent.storage.postgres import schema, sql
+from agent.storage.postgres.batch import StatementBatch, running, running_batch
+from agent.storage.postgres.connections import ROLLED_BACK, SCHEMA_MISSING, PostgresConnections, first_line
+from agent.storage.postgres.reads import PostgresReads, prefixed
+from agent.storage.postgres.saver import TurnPostgresSaver
+from agent.storage.postgres.transaction import PostgresTx, to_record
+from agent.storage.records import IdempotencyKeyTaken
+from agent.storage.transaction import Tx
+
+logger = logging.getLogger(__name__)
+
+
+class PostgresThreadStorage(PostgresReads, ThreadStorage):
+    """Postgres storage for one agent. Connects on first use; `setup()` runs then.
+
+    `conninfo` is a `postgresql://` URL or a libpq `key=value` string; `keeper` renews its claims
+    (`agent.storage.open_storage` builds both).
+    """
+
+    def __init__(self, conninfo: str, settings: AgentSettings, *, keeper: ClaimKeeper) -> None:
+        super().__init__(settings, keeper=keeper)
+        self.conninfo = conninfo
+        self.connections = PostgresConnections(conninfo, settings)
+        self.masked = self.connections.masked
+        self.pool = self.connections.pool
+        self.saver = TurnPostgresSaver(self, message_cache_size=settings.message_cache_size)
+        self._setup_lock = threading.Lock()
+        self._ready = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def setup(self) -> None:
+        if self._ready:  # every claim calls this; only the first does the work
+            return
+        with self._setup_lock:
+            if self._ready:
+                return
+            with self._faults("set up the database"):
+                if not self.connections.reachable():
+                    raise StorageUnavailable(f"{self.connections.unreachable()}; nothing was written.")
+                self.pool.open(wait=False)
+                with self.connection() as conn:
+                    if schema.missing_tables(conn) or not schema.migrations_current(conn):
+                        try:
+                            schema.migrate(conn, where=self.masked)
+                        except ROLLED_BACK:  # chosen as a deadlock's victim by turns running meanwhile
+                            schema.migrate(conn, where=self.masked)
+                        missing = schema.missing_tables(conn)
+                        if missing:
+                            raise StorageUnavailable(f"Could not create the tables {missing} in {self.masked}.")
+            self._ready = True
+
+    def exists(self) -> bool:
+        if self._ready:
+            return True
+        with self._faults("check the database"):
+            if not self.connections.reachable():
+                raise StorageUnavailable(f"{self.connections.unreachable()}.")
+            self.pool.open(wait=False)  # does nothing if it is open
+            with self.connection() as conn:
+                return not schema.missing_tables(conn)
+
+    def ready(self) -> bool:
+        """Whether the database answers a query now (for readiness probes). Never raises."""
+        try:
+            self._run("check the database", lambda conn: conn.execute(sql.READY_SQL).fetchone())
+        except AgentError:
+            return False
+        return True
+
+    def _close(self) -> None:
+        self.connections.close()
+
+    # -- connections -----------------------------------------------------------------------
+    def connection(self) -> AbstractContextManager[psycopg.Connection]:
+        """A pooled connection for one short piece of work (never across a model call), as a context manager.
+
+        Every connection this storage and its saver use outside a write transaction comes from here.
+        """
+        return self.connections.connection()
+
+    def run(self, action: str, work: Callable[[psycopg.Connection], Any], thread_id: str | None = None) -> Any:
+        """`work(conn)` inside the write transaction running on this thread (a commit's `apply`, `transaction`),
+        so its statements commit or roll back with it; else on a pooled connection of its own (`_run`: once
+        more if that one was found dead). For code that keeps rows beside the checkpoints (long-term memory).
+
+        `action` says what the work does, for the error ("Could not {action} at …").
+
+        Raises:
+            StorageUnavailable: outside a transaction, the database failed. Inside one, psycopg's error
+                propagates, and the commit that runs it says what was written.
+        """
+        batch = running_batch()
+        if batch is not None:
+            return work(batch.connection())
+        return self._run(action, work, thread_id)
+
+    @contextmanager
+    def cursor(self, *, pipeline: bool = False) -> Iterator[psycopg.Cursor]:
+        """A cursor (binary, dict rows) on the running write transaction's connection, its batch sent so far
+        (see `run`), else on a pooled connection after setup; in a pipeline if `pipeline` and none is open.
+
+        For LangGraph's `_cursor` of the saver and the memory store.
+        """
+        batch = running_batch()
+        if batch is None:
+            self.setup()
+        with nullcontext(batch.connection()) if batch is not None else self.connection() as conn:
+            nested = pipeline and conn.info.pipeline_status == psycopg.pq.PipelineStatus.OFF
+            with conn.pipeline() if nested else nullcontext(), conn.cursor(binary=True, row_factory=dict_row) as cur:
+                yield cur
+
+    def _run(self, action: str, work: Callable[[psycopg.Connection], Any], thread_id: str | None = None) -> Any:
+        """`work(conn)` on a pooled connection; run once more if the first was found dead (on a fresh
+        one), or if a table was missing (after re-creating it).
+
+        Only for work that is safe to repeat (reads, claims with their token).
+        """
+        self.setup()
+        with self._faults(action, thread_id):
+            for attempt in (1, 2):
+                repair = False
+                with self.connection() as conn:
+                    try:
+                        return work(conn)
+                    except ROLLED_BACK:
+                        # A deadlock or serialization failure (with a concurrent setup's DDL): rolled back, retry.
+                        if attempt == 2:
+                            raise
+                    except psycopg.OperationalError:
+                        if attempt == 2 or not conn.closed:
+                            raise
+                        # The server restarted or ended the session: drop every dead idle connection.
+                        self.connections.discard_dead()
+                    except SCHEMA_MISSING as exc:
+                        if attempt == 2:
+                            raise
+                        logger.warning("%s at %s; re-creating the agent's tables", first_line(exc), self.masked)
+                        repair = True
+                if repair:
+                    self._ready = False
+                    self.setup()
+        raise AssertionError("unreachable")
+
+    def _faults(self, action: str, thread_id: str | None = None) -> AbstractContextManager[None]:
+        """`PostgresConnections.faults`; a missing table makes the next request run setup again."""
+        return self.connections.faults(action, thread_id, on_schema_missing=self._forget_setup)
+
+    def _forget_setup(self) -> None:
+        self._ready = False
+
+    # -- the turn protocol -----------------------------------------------------------------
+    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True):
+        def attempt(conn: psycopg.Connection):
+            row = conn.cursor(binary=True).execute(sql.BEGIN_TURN_SQL, (
+                thread_id, token, user_id, self.settings.lease_seconds, idempotency_key, checkpoint_id, read_start,
+            )).fetchone()  # fmt: skip
+            record_row = prefixed(row, "t_")
+            if row["claim_fence"] is not None and row["missing_privileges"]:
+                # Given up as `try_release` would: a new thread's claim leaves no row behind.
+                conn.execute(sql.DROP_CLAIM_SQL if record_row is None else sql.RELEASE_CLAIM_SQL, (thread_id, token))
+                raise StorageUnavailable(
+                    f"The database role may not write the conversation ({', '.join(row['missing_privileges'])}) "
+                    f"at {self.connections.masked}; nothing was written and the model was not called."
+                )
+            return row["claim_fence"], record_row, prefixed(row, "s_")
+
+        fence, record_row, start_row = self._run("claim the thread", attempt, thread_id)
+        record = to_record(record_row)
+        if fence is None:
+            return None, record
+        with self._faults("read the thread", thread_id):
+            start = self.saver.load_row(start_row) if start_row else None
+        claim = Claim(
+            thread_id=thread_id,
+            user_id=user_id,
+            token=token,
+            fence=fence,
+            record=record,
+            start=start,
+            idempotency_key=idempotency_key,
+        )
+        return claim, record
+
+    def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
+        thread_id = claim.thread_id
+        self.setup()
+        for attempt in (1, 2):
+            with self._faults("commit the turn", thread_id):
+                conn = self.connections.checkout_live()
+            try:
+                batch = StatementBatch(conn)
+                batch.execute(sql.END_CLAIM_SQL, (thread_id, claim.token))
+                with running(batch):
+                    apply(PostgresTx(batch, self.saver))
+                batch.commit()
+                return
+            except psycopg.Error as exc:
+                if exc.sqlstate == sql.CLAIM_LOST_SQLSTATE:
+                    raise LeaseExpired(
+                        f"The turn's claim on thread {thread_id!r} expired and another turn took the thread; "
+                        "nothing was written.",
+                        thread_id=thread_id,
+                    ) from None
+                if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == sql.IDEMPOTENCY_PKEY:
+                    raise IdempotencyKeyTaken(thread_id) from None
+                if not isinstance(exc, psycopg.OperationalError):
+                    with self._faults("commit the turn", thread_id):
+                        raise
+                self.connections.suspect_down = True
+                landed = self._commit_landed(claim)
+                if landed:
+                    return
+                if landed is False and attempt == 1:
+                    self.pool.check()
+                    continue  # nothing was written and the claim is still ours: commit again
+                outcome = (
+                    "nothing was written; the request can be retried"
+                    if landed is False
+                    else "the database could not be asked whether the turn was saved; "
+                    "list the thread's history before retrying"
+                )
+                raise StorageUnavailable(
+                    f"Lost the connection to {self.connections.masked} while committing: {first_line(exc)}; {outcome}.",
+                    thread_id=thread_id,
+                ) from None
+            finally:
+                self.connections.checkin(conn)
+
+    def _commit_landed(self, claim: Claim) -> bool | None:
+        """After a commit's connection failed: True if it committed, False if not, None if that cannot be known.
+
+        Asks on a new connection of its own: the pool's idle connections may be as dead as the one that failed.
+        """
+        try:
+            with self.connections.connect() as conn:
+                row = conn.execute(sql.CLAIM_STATE_SQL, (claim.thread_id,)).fetchone()
+        except psycopg.Error:
+            return None
+        if row is None:
+            return None
+        if row["token"] == claim.token:
+            return False  # still claimed by this turn: the commit did not happen
+        if row["token"] == "" and row["fence"] == claim.fence:
+            return True  # released by this turn's commit, and nobody claimed it since
+        return None
+
+    def try_release(self, claim: Claim) -> None:
+        statement = sql.DROP_CLAIM_SQL if claim.record is None else sql.RELEASE_CLAIM_SQL
+        self._run("release the thread", lambda conn: conn.execute(statement, (claim.thread_id, claim.token)))
+
+    def _request_cancel(self, thread_id: str, mode: str) -> None:
+        self._run("ask the running turn to stop", lambda conn: conn.execute(sql.REQUEST_CANCEL_SQL, (mode, thread_id)))
+
+    def renew(self, claims: Sequence[Claim]) -> dict[str, str | None]:
+        params = (self.settings.lease_seconds, [c.thread_id for c in claims], [c.token for c in claims])
+        rows = self._run("renew claims", lambda conn: conn.execute(sql.RENEW_CLAIMS_SQL, params).fetchall())
+        return {row["thread_id"]: row["cancel"] for row in rows}
+
+    def poll_cancels(self, claims: Sequence[Claim]) -> dict[str, str]:
+        params = ([c.thread_id for c in claims], [c.token for c in claims])
+        rows = self._run("poll cancel requests", lambda conn: conn.execute(sql.POLL_CANCELS_SQL, params).fetchall())
+        return {row["thread_id"]: row["cancel"] for row in rows}
+
+    def sweep_idempotency(self) -> int:
+        return self._run("delete expired idempotency keys", lambda conn: conn.execute(sql.SWEEP_IDEMPOTENCY_SQL).rowcount)
+
+    def transaction(self, apply: Callable[[Tx], Any]) -> Any:
+        self.setup()
+        with self._faults("write to the database"), self.connection() as conn:
+            batch = StatementBatch(conn)
+            with running(batch):
+                result = apply(PostgresTx(batch, self.saver))
+            batch.commit()
+            return result

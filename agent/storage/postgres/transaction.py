@@ -1,0 +1,123 @@
+"""`PostgresTx`: the statements of one Postgres write transaction (`transaction.Tx`), on its statement batch.
+
+Writes are added to the batch (`batch.StatementBatch`) and sent with the
+commit, in its one round trip; a statement whose result is needed
+(`update_thread`, `is_expired`, the saver's thread operations' reads) sends
+what is pending first, inside the same transaction, so statements run in the
+order they were given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Json, Jsonb
+
+from agent.storage import deltas
+from agent.storage.postgres import sql
+from agent.storage.postgres.batch import StatementBatch
+from agent.storage.postgres.saver import TurnPostgresSaver
+from agent.storage.records import ThreadRecord, Turn
+from agent.storage.transaction import Tx
+
+
+def to_record(row: Mapping[str, Any] | None) -> ThreadRecord | None:
+    """A `ThreadRecord` from a row of `sql.THREAD_COLUMNS`, or None."""
+    return ThreadRecord(**row) if row else None
+
+
+class PostgresTx(Tx):
+    """The statements of one write transaction: writes join its batch, reads send the batch first."""
+
+    def __init__(self, batch: StatementBatch, saver: TurnPostgresSaver) -> None:
+        self.batch = batch
+        self.saver = saver
+
+    def write_turn(self, turn: Turn) -> None:
+        self.saver.write_turn(turn)
+
+    def upsert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title=None, metadata=None) -> None:
+        self.batch.execute(
+            sql.UPSERT_THREAD_SQL, (thread_id, user_id, head_checkpoint_id, message_count, title, Jsonb(dict(metadata or {})))
+        )
+
+    def update_thread(self, thread_id, *, user_id, title, metadata, ttl_seconds) -> ThreadRecord | None:
+        params = {
+            "thread_id": thread_id,
+            "user_id": user_id,
+            "title": title,
+            "metadata": Jsonb(dict(metadata)) if metadata is not None else None,
+            "ttl_seconds": ttl_seconds,
+        }
+        return to_record(self.batch.read(sql.UPDATE_THREAD_SQL, params).fetchone())
+
+    def delete_thread(self, thread_id: str) -> None:
+        for statement in sql.DELETE_THREAD_SQL:
+            self.batch.execute(statement, (thread_id,))
+        self.batch.execute(sql.DELETE_RELEASED_CLAIM_SQL, (thread_id,))
+
+    def store_response(self, user_key, key, *, request_hash, thread_id, response, ttl_seconds) -> None:
+        self.batch.execute(sql.DELETE_EXPIRED_KEY_SQL, (user_key, key))
+        self.batch.execute(sql.STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, Json(response), ttl_seconds))
+
+    def set_head(self, thread_id: str, head_checkpoint_id: str, *, message_count: int) -> None:
+        self.batch.execute(sql.SET_HEAD_SQL, (head_checkpoint_id, message_count, thread_id))
+
+    def insert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title, metadata, forked_from):
+        forked = Jsonb(dict(forked_from)) if forked_from is not None else None
+        self.batch.execute(
+            sql.INSERT_THREAD_SQL,
+            (thread_id, user_id, head_checkpoint_id, message_count, title, Jsonb(dict(metadata)), forked),
+        )
+
+    def is_expired(self, thread_id: str, *, default_ttl: float | None, now: datetime | None) -> bool:
+        params = {"thread_id": thread_id, "ttl": default_ttl, "now": now}
+        return self.batch.read(sql.IS_EXPIRED_SQL, params).fetchone() is not None
+
+    def keep_only_head(self, thread_id: str, head) -> int:
+        head_id = head.config["configurable"]["checkpoint_id"]
+        messages = head.checkpoint["channel_values"].get("messages")
+        version = head.checkpoint["channel_versions"].get("messages")
+        if messages is not None and version is not None:
+            # Whole: its base checkpoints are about to go (see `deltas`).
+            blob = self.saver.dump_messages_whole(messages)
+            self.batch.execute(sql.REWRITE_BLOB_SQL, (*blob, thread_id, str(version)))
+        params = {"thread_id": thread_id, "head": head_id}
+        self.batch.execute(sql.DELETE_OTHER_WRITES_SQL, params)
+        self.batch.execute(sql.DELETE_OTHER_BLOBS_SQL, params)
+        removed = self.batch.read(sql.DELETE_OTHER_CHECKPOINTS_SQL, params).fetchone()["removed"]
+        self.batch.execute(sql.MAKE_ROOT_SQL, params)
+        return int(removed)
+
+    def thread_record(self, thread_id: str) -> ThreadRecord | None:
+        return to_record(self.batch.read(sql.SELECT_THREAD_SQL, (thread_id,)).fetchone())
+
+    def thread_has_rows(self, thread_id: str) -> bool:
+        return self.batch.read(sql.THREAD_HAS_ROWS_SQL, (thread_id,)).fetchone() is not None
+
+    def busy_threads(self, thread_ids: Sequence[str]) -> list[str]:
+        return [row["thread_id"] for row in self.batch.read(sql.BUSY_THREADS_SQL, (list(thread_ids),)).fetchall()]
+
+    def threads_of_runs(self, run_ids: Sequence[str]) -> list[str]:
+        return [row["thread_id"] for row in self.batch.read(sql.THREADS_OF_RUNS_SQL, (list(run_ids),)).fetchall()]
+
+    def copy_thread_rows(self, source_thread_id: str, target_thread_id: str) -> None:
+        for statement in sql.COPY_THREAD_SQL:
+            self.batch.execute(statement, {"source": source_thread_id, "target": target_thread_id})
+
+    def rewrite_checkpoint(self, thread_id, tup, *, parent_id, metadata) -> None:
+        configurable = tup.config["configurable"]
+        ns, checkpoint_id = configurable.get("checkpoint_ns", ""), configurable["checkpoint_id"]
+        messages = tup.checkpoint["channel_values"].get("messages")
+        version = tup.checkpoint["channel_versions"].get("messages")
+        if deltas.is_message_list(messages) and version is not None:
+            blob = self.saver.dump_messages_whole(messages)
+            self.batch.execute(sql.REWRITE_NS_BLOB_SQL, (*blob, thread_id, ns, str(version)))
+        self.batch.execute(sql.REPARENT_SQL, (parent_id, Jsonb(dict(metadata)), thread_id, ns, checkpoint_id))
+
+    def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
+        params = {"thread_id": thread_id, "ns": [ns for ns, _ in keep], "ids": [cid for _, cid in keep]}
+        for statement in sql.DELETE_UNKEPT_SQL:
+            self.batch.execute(statement, params)

@@ -1,0 +1,166 @@
+"""The SQLite backend's statements, as named constants (the reads shared with the light reader are in `reads`).
+
+In order: the turn protocol (claim, release, lease), the write transaction's
+statements (`transaction.SqliteTx`) and the reads of the full storage, the
+retention sweep, the saver's thread operations, idempotency. Timestamps are
+REAL epoch seconds of this machine's clock, passed in as parameters.
+"""
+
+from __future__ import annotations
+
+from agent.storage import summaries
+from agent.storage.sqlite.reads import THREAD_COLUMNS
+
+# Claims the thread unless an unexpired claim holds it or the thread belongs to another user
+# (the rule of `records.owned_by`); `changes()` tells whether it did.
+CLAIM_SQL = """
+INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
+SELECT :thread_id, :token, 1, :expires_at, :key, NULL
+WHERE NOT EXISTS (SELECT 1 FROM agent_threads t WHERE t.thread_id = :thread_id AND t.user_id IS NOT :user_id)
+ON CONFLICT (thread_id) DO UPDATE
+SET token = excluded.token, fence = c.fence + 1, expires_at = excluded.expires_at,
+    idempotency_key = excluded.idempotency_key, cancel = NULL
+WHERE c.expires_at < :now OR c.token = excluded.token
+"""
+CLAIM_FENCE_SQL = "SELECT fence FROM agent_claims WHERE thread_id = ? AND token = ?"
+RELEASE_CLAIM_SQL = """
+UPDATE agent_claims SET token = '', expires_at = -1, cancel = NULL, idempotency_key = NULL
+WHERE thread_id = ? AND token = ?
+"""
+DROP_CLAIM_SQL = "DELETE FROM agent_claims WHERE thread_id = ? AND token = ?"
+REQUEST_CANCEL_SQL = "UPDATE agent_claims SET cancel = ? WHERE thread_id = ? AND token <> '' AND expires_at >= ?"
+RENEW_CLAIM_SQL = "UPDATE agent_claims SET expires_at = ? WHERE thread_id = ? AND token = ? RETURNING thread_id, cancel"
+CANCEL_OF_SQL = "SELECT cancel FROM agent_claims WHERE thread_id = ? AND token = ? AND cancel IS NOT NULL"
+UPSERT_THREAD_SQL = """
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = excluded.head_checkpoint_id,
+    message_count = excluded.message_count, updated_at = excluded.updated_at
+"""
+# A summary field of a checkpoint's metadata in either layout (`summaries`: under SUMMARY_KEY by its short
+# name, or flat in checkpoints written before). SqliteSaver stores metadata as a JSON blob: a BLOB, which
+# json_extract would read as binary JSONB, so it is cast to text.
+SUMMARY_FIELD = (
+    "(CASE WHEN json_type(CAST(metadata AS TEXT), '$.\"{key}\"') = 'object' "
+    "THEN json_extract(CAST(metadata AS TEXT), '$.\"{key}\".{short}') "
+    "ELSE json_extract(CAST(metadata AS TEXT), '$.{long}') END)"
+)
+
+
+def summary_field(name: str, *, index: int | None = None) -> str:
+    """SQL for one summary field; `index` picks input (0) or output (1) tokens of a usage field."""
+    short, long = summaries.SHORT_NAMES[name], name
+    if index is not None:  # packed usages are [input, output]; flat ones {"input_tokens", "output_tokens"}
+        short, long = f"{short}[{index}]", f"{long}.{('input_tokens', 'output_tokens')[index]}"
+    return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long)
+
+
+CHECKPOINT_LINKS_SQL = f"""
+SELECT checkpoint_id, parent_checkpoint_id, {summary_field("message_count")}, {summary_field("kept_messages")}
+FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
+"""
+THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = ? AND checkpoint_ns = '' LIMIT 1"
+# Leaves updated_at alone: it is the conversation's last activity (see operations.catalogue).
+UPDATE_THREAD_SQL = f"""
+UPDATE agent_threads SET title = COALESCE(:title, title), metadata = COALESCE(:metadata, metadata),
+    ttl_seconds = COALESCE(:ttl_seconds, ttl_seconds)
+WHERE thread_id = :thread_id AND user_id IS :user_id
+RETURNING {THREAD_COLUMNS}
+"""
+SET_HEAD_SQL = "UPDATE agent_threads SET head_checkpoint_id = ?, message_count = ?, updated_at = ? WHERE thread_id = ?"
+INSERT_THREAD_SQL = """
+INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, forked_from,
+    created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
+THREADS_WITH_CHECKPOINTS_SQL = """
+SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id IN (SELECT value FROM json_each(?)) ORDER BY thread_id
+"""
+# A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's metadata (its `branch_usage`).
+TOKEN_USAGE_SQL = f"""
+SELECT coalesce(sum({summary_field("usage", index=0)}), 0),
+    coalesce(sum({summary_field("usage", index=1)}), 0),
+    coalesce(max(checkpoint_id = ?), 0),
+    max(CASE WHEN checkpoint_id = ? THEN CAST(metadata AS TEXT) END)
+FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
+"""
+DELETE_THREAD_SQL = [
+    "DELETE FROM writes WHERE thread_id = ?",
+    "DELETE FROM checkpoints WHERE thread_id = ?",
+    "DELETE FROM agent_idempotency WHERE thread_id = ?",
+    "DELETE FROM agent_threads WHERE thread_id = ?",
+    # Only a released claim: the deleting operation's own claim is released by its commit first.
+    "DELETE FROM agent_claims WHERE thread_id = ? AND token = ''",
+]
+
+# -- retention (`operations.retention`) --
+# A thread's expiry: its own ttl_seconds, else the agent's thread_ttl_seconds (NULL: never); epoch seconds.
+EXPIRED_CONDITION = """COALESCE(t.ttl_seconds, :ttl) IS NOT NULL
+    AND t.updated_at + COALESCE(t.ttl_seconds, :ttl) <= :now"""
+# Candidates only (the sweep claims each one and checks again); a thread a turn holds is left out.
+EXPIRED_THREADS_SQL = f"""
+SELECT t.thread_id, t.user_id, t.updated_at FROM agent_threads t
+WHERE {EXPIRED_CONDITION}
+  AND (:after_ts IS NULL OR t.updated_at > :after_ts OR (t.updated_at = :after_ts AND t.thread_id > :after_id))
+  AND NOT EXISTS (SELECT 1 FROM agent_claims c
+                  WHERE c.thread_id = t.thread_id AND c.token <> '' AND c.expires_at >= :clock)
+  AND (NOT :trimmable OR EXISTS (SELECT 1 FROM checkpoints k
+                                 WHERE k.thread_id = t.thread_id AND k.checkpoint_id <> t.head_checkpoint_id))
+ORDER BY t.updated_at, t.thread_id
+LIMIT :limit
+"""
+IS_EXPIRED_SQL = f"SELECT 1 FROM agent_threads t WHERE t.thread_id = :thread_id AND {EXPIRED_CONDITION}"
+SELECT_HEAD_ROW_SQL = """
+SELECT type, checkpoint, metadata FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
+"""
+UPDATE_HEAD_ROW_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = NULL, type = ?, checkpoint = ?, metadata = ?
+WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
+"""
+DELETE_OTHER_WRITES_SQL = "DELETE FROM writes WHERE thread_id = ? AND NOT (checkpoint_ns = '' AND checkpoint_id = ?)"
+DELETE_OTHER_ROOT_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id <> ?"
+DELETE_NAMESPACED_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns <> ''"
+# -- the saver's thread operations (`saver_threads.SaverThreadOperations`: prune, copy_thread, delete_for_runs) --
+SELECT_CHECKPOINT_ROW_SQL = """
+SELECT type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+REWRITE_CHECKPOINT_SQL = """
+UPDATE checkpoints SET parent_checkpoint_id = ?, type = ?, checkpoint = ?, metadata = ?
+WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
+"""
+THREAD_HAS_ROWS_SQL = "SELECT 1 FROM checkpoints WHERE thread_id = ? LIMIT 1"
+BUSY_THREAD_SQL = "SELECT 1 FROM agent_claims WHERE thread_id = ? AND token <> '' AND expires_at >= ?"
+THREADS_OF_RUNS_SQL = """
+SELECT DISTINCT thread_id FROM checkpoints
+WHERE json_extract(CAST(metadata AS TEXT), '$.run_id') IN (SELECT value FROM json_each(?)) ORDER BY thread_id
+"""
+COPY_THREAD_SQL = [
+    """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT :target, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+    FROM checkpoints WHERE thread_id = :source""",
+    """INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
+    SELECT :target, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
+    FROM writes WHERE thread_id = :source""",
+]
+# `keep` is a JSON array of [checkpoint_ns, checkpoint_id] pairs.
+KEPT_PAIRS = "(SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:keep))"
+DELETE_UNKEPT_SQL = [
+    f"DELETE FROM writes WHERE thread_id = :thread_id AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}",
+    f"DELETE FROM checkpoints WHERE thread_id = :thread_id AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}",
+]
+
+
+FIND_IDEMPOTENCY_SQL = """
+SELECT request_hash, thread_id, response FROM agent_idempotency WHERE user_key = ? AND key = ? AND expires_at > ?
+"""
+RUNNING_WITH_KEY_SQL = """
+SELECT thread_id FROM agent_claims WHERE idempotency_key = ? AND token <> '' AND expires_at >= ? LIMIT 1
+"""
+DELETE_EXPIRED_KEY_SQL = "DELETE FROM agent_idempotency WHERE user_key = ? AND key = ? AND expires_at <= ?"
+# A plain INSERT: an unexpired row with the same key fails the commit (IntegrityError).
+STORE_RESPONSE_SQL = """
+INSERT INTO agent_idempotency (user_key, key, request_hash, thread_id, response, created_at, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+"""
+SWEEP_IDEMPOTENCY_SQL = "DELETE FROM agent_idempotency WHERE expires_at <= ?"
