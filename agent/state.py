@@ -15,9 +15,8 @@ metadata, not state: `agent.storage.summaries`.)
 Why `append_messages` instead of `add_messages` itself: a turn merges into the
 message list three times (the input, the reply, and LangGraph's re-read for
 the conditional edge), and `add_messages` builds an id index of the whole list
-each time. Measured here: 3.5 ms per merge at 10,000 messages, so a small turn
-on a long thread cost ten times one on a short thread even when the model saw
-only its newest turns. `append_messages` gives the same result: it appends in
+each time, so a small turn on a long thread cost many times one on a short
+thread even when the model saw only its newest turns (docs/performance.md). `append_messages` gives the same result: it appends in
 O(new messages) when none of the new messages replaces or removes one already
 there (every turn), and otherwise calls `add_messages`. The list it returns,
 `agent.storage.deltas.MessageList`, knows the ids it holds, and the message

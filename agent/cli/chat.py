@@ -10,19 +10,8 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from agent.cli import (
-    MAX_LISTED,
-    AgentFile,
-    DatabaseUrl,
-    Model,
-    Tracing,
-    UserId,
-    agent_errors,
-    app,
-    console,
-    open_agent,
-    store_label,
-)
+from agent.cli.app import MAX_LISTED, AgentFile, DatabaseUrl, Model, Tracing, UserId, agent_errors, app, console
+from agent.cli.stores import open_agent, store_label
 from agent.cli.printing import send_turn
 from agent.views import (
     branch_tree,

@@ -10,18 +10,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from agent.cli import (
-    MAX_LISTED,
-    DatabaseUrl,
-    Model,
-    Tracing,
-    agent_errors,
-    app,
-    console,
-    open_agent,
-    rerun_command,
-    store_label,
-)
+from agent.cli.app import MAX_LISTED, DatabaseUrl, Model, Tracing, agent_errors, app, console, rerun_command
+from agent.cli.stores import open_agent, store_label
 from agent.cli.printing import send_turn
 from agent.views import branch_tree, history_table, nodes_text, short_id
 

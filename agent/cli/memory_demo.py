@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from agent.cli import console, rerun_command
+from agent.cli.app import console, rerun_command
 from agent.cli.printing import send_turn
 from agent.views import memories_table, short_id
 

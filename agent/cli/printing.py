@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from agent.cli import console
+from agent.cli.app import console
 from agent.views import short_id
 
 if TYPE_CHECKING:

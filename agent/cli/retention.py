@@ -7,10 +7,11 @@ from typing import Annotated, Literal
 
 import typer
 
-from agent.cli import DatabaseUrl, agent_errors, app, console, open_agent, store_label
+from agent.cli.app import DatabaseUrl, agent_errors, app, console
+from agent.cli.stores import open_agent, store_label
 
 #: `agent.config.ThreadTtlStrategy`, spelled out: importing agent.config (pydantic-settings) here would
-#: add 150 ms to every `tt-agent --help`.
+#: slow every `tt-agent --help` (docs/performance.md).
 ThreadTtlStrategy = Literal["delete", "keep_latest"]
 
 

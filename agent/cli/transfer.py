@@ -20,7 +20,8 @@ from typing import Annotated, Any
 
 import typer
 
-from agent.cli import DatabaseUrl, UserId, agent_errors, app, console, open_agent, store_label
+from agent.cli.app import DatabaseUrl, UserId, agent_errors, app, console
+from agent.cli.stores import open_agent, store_label
 
 
 @app.command("export")
@@ -43,9 +44,7 @@ def export(
                 text = json.dumps(agent.export_thread(thread_id, user_id=user_id), ensure_ascii=False, indent=2) + "\n"
                 _write(output, [text])
             else:
-                from agent.operations.transfer import export_user_threads
-
-                lines = (json.dumps(doc, ensure_ascii=False) + "\n" for doc in export_user_threads(agent.storage, user_id))
+                lines = (json.dumps(doc, ensure_ascii=False) + "\n" for doc in _user_documents(agent, user_id))
                 count = _write(output, lines)
                 if output is not None:
                     console.print(f"Exported {count} thread(s) of {user_id} to {output}", markup=False)
@@ -83,6 +82,23 @@ def import_(
                     f"{thread['checkpoint_id']})",
                     markup=False,
                 )
+
+
+def _user_documents(agent, user_id: str) -> Iterator[dict[str, Any]]:
+    """A document per thread of `user_id`, in thread id order, each exported when it is written (a
+    thread deleted meanwhile is left out)."""
+    from agent.errors import ThreadNotFound
+
+    thread_ids: list[str] = []
+    before = None
+    while page := agent.list_threads(user_id=user_id, limit=100, before=before):
+        thread_ids += [thread["thread_id"] for thread in page]
+        before = page[-1]["cursor"]
+    for thread_id in sorted(thread_ids):
+        try:
+            yield agent.export_thread(thread_id, user_id=user_id)
+        except ThreadNotFound:
+            continue
 
 
 def _thread_id_of(document: object) -> str | None:

@@ -220,8 +220,8 @@ def switch_head(context: OperationContext, args: SetHeadArgs) -> HeadMove:
 @dataclass(frozen=True, kw_only=True)
 class CompareArgs:
     thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
-    checkpoint_a: str = param(check=checks.required_id, cli={"argument": True, "help": "One checkpoint."})
-    checkpoint_b: str = param(check=checks.required_id, cli={"argument": True, "help": "The other."})
+    checkpoint_a: str = param(check=checks.required_id, cli={"argument": True, "help": "One checkpoint.", "checkpoint": True})
+    checkpoint_b: str = param(check=checks.required_id, cli={"argument": True, "help": "The other.", "checkpoint": True})
     user_id: str | None = param(None, source="user")
 
 

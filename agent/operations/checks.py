@@ -20,8 +20,13 @@ __all__ = ["Check", "check_id", "limit", "messages", "document", "id_list", "nam
 
 
 def limit(maximum: int = MAX_HISTORY_LIMIT) -> Check:
-    """An integer page size from 1 to `maximum`."""
-    return lambda name, value: check_limit(value, name=name, maximum=maximum)
+    """An integer page size from 1 to `maximum`; the check's `bounds` say so to the command line's help."""
+
+    def check(name: str, value: Any) -> int:
+        return check_limit(value, name=name, maximum=maximum)
+
+    check.bounds = (1, maximum)  # type: ignore[attr-defined]
+    return check
 
 
 def named(function: Callable[..., Any]) -> Check:

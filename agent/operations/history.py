@@ -84,7 +84,7 @@ class HistoryArgs:
     thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread to list."})
     limit: int = param(10, check=checks.limit(), cli={"metavar": "N", "help": "Most checkpoints to show."})
     before: str | None = param(
-        None, check=checks.check_id, cli={"metavar": "CHECKPOINT_ID", "help": "Only checkpoints older than this one (full or short id)."}
+        None, check=checks.check_id, cli={"metavar": "CHECKPOINT_ID", "help": "Only checkpoints older than this one (full or short id).", "checkpoint": True}
     )
     user_id: str | None = param(None, source="user")
 

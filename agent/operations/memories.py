@@ -102,6 +102,7 @@ LIST_MEMORIES = Operation(
     positional=3,
     outputs=lambda found, args: {"user_id": args.user_id, "memories": [memory.as_dict() for memory in found]},
     returns="list[dict[str, Any]]",
+    cli="memories",
 )
 DELETE_MEMORY = Operation(
     name="delete_memory",

@@ -66,8 +66,9 @@ def param(
         python: False: not a parameter of the Python method (request-only, such as the idempotency key).
         python_required: the Python method requires it although None is a valid value (the
             `checkpoint_id` of `update_checkpoint_state`, which a request may leave out: the head).
-        cli: options for the `tt-agent` command's parameter (`help`, `metavar`, `min`, `max`,
-            `argument: True` for a positional one).
+        cli: options for the `tt-agent` command's parameter (`agent.cli.specs`): `help`, `metavar`,
+            `argument: True` for a positional one, `checkpoint: True` for a checkpoint of the thread
+            that the command line also takes as a short id (implied by `source="checkpoint"`).
     """
     metadata = {"check": check, "source": source, "python": python, "python_required": python_required, "cli": dict(cli or {})}
     if default is _REQUIRED:

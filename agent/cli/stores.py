@@ -1,0 +1,110 @@
+"""Opening what a command works on: an agent, or only a store's reads, and naming the store for people.
+
+Options left unset come from the environment (`AGENT_DATABASE_URL`, `AGENT_MODEL`,
+`AGENT_TRACING`, and `OPENAI_API_KEY` / `OPENAI_BASE_URL` for a real model).
+With nothing set, the store is `.agent/checkpoints.sqlite` under the current
+directory. Commands on existing threads never create a store: a command that
+only reads runs on `agent.storage.open_reader` (on SQLite without LangGraph,
+LangChain or MLflow: `open_reads`); the others open the whole agent on a store
+that must exist (`open_agent(read_only=True)`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.operations.context import OperationContext
+    from agent.responses import LangGraphResponsesAgent
+
+
+@contextmanager
+def open_agent(
+    database_url: str | None,
+    model: str | None,
+    tracing: bool,
+    *,
+    read_only: bool = False,
+    agent_file: str | None = None,
+    **settings: Any,
+) -> Iterator[LangGraphResponsesAgent]:
+    """An agent for one command (`settings`: more `AgentSettings` fields, None ones left to the
+    environment), closed afterwards.
+
+    `agent_file`: the agent of that models-from-code file instead (`agent.serving.agent_file`).
+    Its `create_agent(...)` reads the environment, so `database_url`, `model` and `tracing` are
+    put there first (`settings` are not: use `AGENT_*` variables); then it is connected.
+
+    `read_only`: the command works on what is there (listings, export, the operations on existing
+    threads) and never creates a store: a SQLite file that does not exist, `memory://`, or a
+    Postgres database without the agent's tables is a `ConfigurationError` naming the store and
+    how to choose another.
+    """
+    from agent import create_agent
+    from agent.storage import require_existing_database, require_tables
+
+    if agent_file is not None:
+        yield from _open_agent_file(agent_file, database_url, model, tracing)
+        return
+    if read_only:
+        require_existing_database(resolve_url(database_url))
+    given = {name: value for name, value in settings.items() if value is not None}
+    agent = create_agent(database_url, model, tracing=tracing, connect=not read_only, **given)
+    try:
+        if read_only:
+            require_tables(agent.storage, resolve_url(database_url))
+        yield agent
+    finally:
+        agent.close()
+
+
+def _open_agent_file(
+    agent_file: str, database_url: str | None, model: str | None, tracing: bool
+) -> Iterator[LangGraphResponsesAgent]:
+    from agent.serving.agent_file import load_agent_file
+
+    # A command line is one process for one command: setting its environment is what the file reads.
+    if database_url is not None:
+        os.environ["AGENT_DATABASE_URL"] = database_url
+    if model is not None:
+        os.environ["AGENT_MODEL"] = model
+    os.environ["AGENT_TRACING"] = "true" if tracing else "false"
+    agent = load_agent_file(agent_file)
+    try:
+        yield agent
+    finally:
+        agent.close()
+
+
+@contextmanager
+def open_reads(database_url: str | None) -> Iterator[OperationContext]:
+    """An operation context over the reads of an existing store (`agent.storage.open_reader`: on
+    SQLite without loading LangGraph, LangChain or MLflow), for the operations declared
+    `reads_only`; closed afterwards. Never creates a store."""
+    from agent.config import load_settings
+    from agent.operations.context import OperationContext
+    from agent.storage import open_reader
+
+    settings = load_settings(database_url=database_url, model="offline")
+    context = OperationContext.reads(open_reader(resolve_url(database_url), settings), settings)
+    try:
+        yield context
+    finally:
+        context.close()
+
+
+def resolve_url(database_url: str | None) -> str:
+    """The store a command uses: `--database-url`, else `AGENT_DATABASE_URL`, else the embedded default."""
+    from agent.config import resolve_database_url
+
+    return resolve_database_url(database_url or os.environ.get("AGENT_DATABASE_URL"))
+
+
+def store_label(database_url: str | None) -> str:
+    """The store a command uses, for people: an absolute path, a masked URL, or memory://."""
+    from agent.config import store_label as label
+
+    return label(resolve_url(database_url))

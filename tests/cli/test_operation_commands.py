@@ -1,0 +1,99 @@
+"""The `tt-agent` commands made from the operation registry: the manifest is current, and each runs
+through the operations' door (one check, short ids, tables or JSON).
+
+In process (typer's runner): tests/test_cli.py runs the command line as a user does, in subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from agent import create_agent
+from agent.cli import app
+from agent.cli.manifest import COMMANDS
+from agent.cli.specs import registry_commands, render
+from agent.operations.registry import OPERATIONS
+from tests.helpers.scenario import TRIP
+
+
+def test_the_manifest_is_the_registry_s_commands():
+    # If this fails: python -m agent.cli.specs rewrites agent/cli/manifest.py from the registry.
+    assert COMMANDS == registry_commands()
+    from agent.cli import specs
+
+    assert specs.MANIFEST.read_text(encoding="utf-8") == render(registry_commands())
+
+
+def test_every_operation_that_declares_a_command_has_one():
+    names = {spec["command"] for spec in COMMANDS}
+    assert names == {operation.cli for operation in OPERATIONS if operation.cli}
+    help_text = CliRunner().invoke(app, ["--help"]).stdout
+    for name in {command.split()[0] for command in names}:
+        assert re.search(rf"^│ {name}\s", help_text, flags=re.MULTILINE), name
+
+
+@pytest.fixture()
+def branched(tmp_path, monkeypatch):
+    """A SQLite store with one thread of two turns and a branch from the first; (url, thread, checkpoints)."""
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with create_agent(url, model="offline", tracing=False) as agent:
+        first = agent.predict({"input": [{"role": "user", "content": TRIP[0]}]}).custom_outputs
+        thread_id = first["thread_id"]
+        second = agent.predict({"input": [{"role": "user", "content": TRIP[1]}], "custom_inputs": {"thread_id": thread_id}})
+        other = agent.predict(
+            {"input": [{"role": "user", "content": "I'm headed to New York!"}],
+             "custom_inputs": {"thread_id": thread_id, "checkpoint_id": first["checkpoint_id"]}}
+        )  # fmt: skip
+    return url, thread_id, (first["checkpoint_id"], second.custom_outputs["checkpoint_id"], other.custom_outputs["checkpoint_id"])
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_switch_fork_state_compare_branches_and_usage_take_short_ids(branched):
+    url, thread_id, (first, sf, new_york) = branched
+    moved = run("switch", thread_id, sf[-8:], "--database-url", url, "--json")
+    assert moved.exit_code == 0, moved.output
+    assert json.loads(moved.stdout) == {"thread_id": thread_id, "checkpoint_id": sf, "previous_checkpoint_id": new_york}
+
+    state = run("state", thread_id, "--database-url", url, "--json")
+    assert json.loads(state.stdout)["checkpoint_id"] == sf
+    shown = run("state", thread_id, "--checkpoint-id", new_york[-8:], "--database-url", url)
+    assert shown.exit_code == 0 and "New York" in shown.stdout
+
+    branches = run("branches", thread_id, "--database-url", url)
+    assert sf[-8:] in branches.stdout and new_york[-8:] in branches.stdout and "[head]" in branches.stdout
+
+    diff = run("compare", thread_id, sf[-8:], new_york[-8:], "--database-url", url)
+    assert diff.exit_code == 0 and f"common ancestor: {first[-8:]}" in diff.stdout
+
+    usage = run("usage", thread_id, "--database-url", url, "--json")
+    assert json.loads(usage.stdout)["checkpoint_id"] == sf
+
+    fork = run("fork", thread_id, "--checkpoint-id", first[-8:], "--database-url", url, "--json")
+    forked = json.loads(fork.stdout)
+    assert forked["forked_from"] == {"thread_id": thread_id, "checkpoint_id": first}
+    with create_agent(url, model="offline", tracing=False) as agent:
+        assert agent.get_thread(forked["thread_id"])["message_count"] == 2
+
+
+def test_a_value_the_door_refuses_is_one_error_with_exit_code_1(branched):
+    url, thread_id, _ = branched
+    result = run("history", thread_id, "--limit", "0", "--database-url", url)
+    assert result.exit_code == 1 and "limit must be an integer from 1 to 1000, got 0" in result.output
+    unknown = run("switch", thread_id, "zzzzzzzz", "--database-url", url)
+    assert unknown.exit_code == 1 and "has the id or short id 'zzzzzzzz'" in " ".join(unknown.output.split())
+
+
+def test_history_json_is_what_the_agent_method_returns(branched):
+    url, thread_id, (_, _, new_york) = branched
+    result = run("history", thread_id, "--limit", "1", "--json", "--database-url", url)
+    assert result.exit_code == 0, result.output
+    [entry] = json.loads(result.stdout)
+    assert entry["checkpoint_id"] == new_york and entry["is_head"]
