@@ -6,7 +6,10 @@ runner's own (`bridge.LoopThreads`), so both paths yield the same events,
 raise the same errors and stop the same way: a newer turn's `interrupt` or
 `rollback` cancels the pending graph step at once (model request included),
 and a caller that leaves (a closed sync generator, a cancelled task) ends the
-turn with nothing written and the thread released.
+turn with nothing written and the thread released. On the sync path the loop
+computes events ahead of the caller's reading, but the turn commits only once
+the caller has read them all and asked for the next (`bridge.caught_up`), as
+an async caller's `anext` asks.
 
 The two paths differ only in where they wait:
 
@@ -37,9 +40,9 @@ from langgraph.graph.state import CompiledStateGraph
 
 from agent.config import AgentSettings, MultitaskStrategy
 from agent.operations.idempotency import Idempotency
+from agent.operations.turns.args import TurnArgs, TurnEvent
 from agent.operations.turns.bridge import LoopThreads, caught_up, in_current_thread
 from agent.operations.turns.commit import finish
-from agent.operations.turns.args import TurnArgs, TurnEvent
 from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.progress import Progress, modes, until
 from agent.operations.turns.start import begin, check_budget, prepare, recall
@@ -81,11 +84,22 @@ class TurnRunner:
         # The sync path's event loops (`bridge`), started on the first sync turn.
         self._loops = LoopThreads()
 
-    storage = property(lambda self: self.parts.storage, doc="The agent's thread storage.")
-    graph = property(lambda self: self.parts.graph, doc="The agent's compiled graph.")
-    settings = property(lambda self: self.parts.settings, doc="The agent's settings.")
-    idempotency = property(lambda self: self.parts.idempotency, doc="Results by idempotency key (`idempotency`).")
-    memories = property(lambda self: self.parts.memories, doc="The users' long-term memories, or None.")
+    @property
+    def storage(self) -> ThreadStorage:
+        return self.parts.storage
+
+    @property
+    def graph(self) -> CompiledStateGraph:
+        return self.parts.graph
+
+    @property
+    def settings(self) -> AgentSettings:
+        return self.parts.settings
+
+    @property
+    def idempotency(self) -> Idempotency:
+        """Results stored by idempotency key (`agent.operations.idempotency`)."""
+        return self.parts.idempotency
 
     def close(self) -> None:
         """Stop the storage thread pool and the sync path's loop threads (a running sync turn's when it ends)."""
@@ -206,7 +220,7 @@ class TurnRunner:
             progress = Progress()
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
-            claim.on_stop(lambda: loop.call_soon_threadsafe(stop.set))
+            claim.on_stop(functools.partial(_wake, loop, stop))
             with parts.storage.saver.buffering(turn):
                 stream = parts.graph.astream(begun.graph_input(), config, stream_mode=modes(stream_tokens), durability="exit")
                 try:
@@ -225,3 +239,10 @@ class TurnRunner:
         finally:
             if not done:
                 await asyncio.shield(self.in_io(parts.storage.release, claim))
+
+
+def _wake(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """Set `stop` on its loop, from the claim keeper's thread."""
+    # A signal that comes after the turn ended may find a bridged turn's loop already closed.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(stop.set)
