@@ -11,7 +11,7 @@ branching logic; the time-travel methods are `Agent`'s.
   on its event loop: the model call is awaited and no thread is held while it
   runs) iterate it; `predict` / `predict_stream` (MLflow's interface for
   in-process callers and `mlflow models serve`) iterate the same body through
-  the turn runner's bridge (`agent.operations.bridge`).
+  the turn runner's bridge (`agent.operations.turns.bridge`).
 * A request's `previous_response_id` is resolved to its thread here
   (`_resolved`), once, before the turn (see `agent.requests` for the OpenAI fields).
 * Errors: everything raised is an `AgentError`. From `predict`/`predict_stream`
@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 
 import mlflow
@@ -43,10 +43,10 @@ from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse
 from agent.agent import Agent, agent_errors
 from agent.errors import AgentError, InvalidRequest
 from agent.mlflow_errors import as_mlflow_exception
-from agent.operations.bridge import LoopThread
 from agent.operations.conversations import thread_of_response
 from agent.operations.history import head
 from agent.operations.turns import TurnArgs
+from agent.operations.turns.bridge import LoopThreads
 from agent.requests import ParsedRequest, keeping_item_ids, parse_request, with_string_input
 from agent.response_events import StreamEvents, completed_event, custom_outputs, response
 from agent.tracing import scrub_trace_inputs, tag_trace
@@ -104,7 +104,8 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         """
         with _mlflow_errors():
             parsed = self._parse(request)
-            return self._bridge().run(self._aresponse(parsed))
+            (answer,) = self._bridge().iterate(_one(self._aresponse(parsed)))
+            return answer
 
     def _predict_stream(self, request: ResponsesAgentRequest) -> Generator[ResponsesAgentStreamEvent, None, None]:
         """Run one turn and yield events as they happen; the last event carries `custom_outputs`.
@@ -182,8 +183,8 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                 yield out
 
     # -- internals -------------------------------------------------------------------------
-    def _bridge(self) -> LoopThread:
-        return self.operation_context.bridge
+    def _bridge(self) -> LoopThreads:
+        return self.operation_context.turns.bridge
 
     def _parse(
         self, request: Any, *, user_id: str | None = None, idempotency_key: str | None = None, trusted_user: bool = False
@@ -256,6 +257,11 @@ def _turn_args(parsed: ParsedRequest) -> TurnArgs:
         cancel_interrupts=options.cancel_interrupts if options else False,
     )
 
+
+
+async def _one(result: Awaitable[Any]) -> AsyncIterator[Any]:
+    """`result` as an async iterator of one item, for the bridge (which iterates)."""
+    yield await result
 
 
 class _mlflow_errors:

@@ -71,6 +71,9 @@ class Hangs(OfflineChatModel):
         print(json.dumps("ready"), flush=True)
         time.sleep(3600)
 
+    async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
+        return self._generate(messages, stop, run_manager, **kwargs)
+
 url, thread_id, lease = sys.argv[1:]
 agent = create_agent(url, model=Hangs(), tracing=False, lease_seconds=float(lease))
 agent.predict({"input": [{"role": "user", "content": "killed before it was stored"}], "custom_inputs": {"thread_id": thread_id}})

@@ -67,6 +67,14 @@ def run_turn(agent, body: dict, path: str) -> tuple[dict, str]:
     return events[-1].custom_outputs, "".join(e.delta for e in events if e.type == "response.output_text.delta")
 
 
+def wait_for_cancel_request(agent, thread_id: str) -> None:
+    """Wait until this process's running turn on `thread_id` was asked to stop (or has already ended)."""
+    deadline = time.monotonic() + HANG_TIMEOUT
+    while (claim := agent.storage.keeper.local(thread_id)) is not None and claim.cancel is None:
+        assert time.monotonic() < deadline, "the running turn was never asked to stop"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("where", ["setting", "custom_inputs"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("path", PATHS)
@@ -86,8 +94,11 @@ def test_a_newer_turn_stops_the_running_one_in_process(backend_url, make_agent, 
         try:
             assert model.entered.wait(HANG_TIMEOUT)
             newer = pool.submit(say, agent, "the second text", thread_id=thread_id, **custom)
-            # Every path runs the one async turn body (the sync ones through a bridge), so each stops with the
-            # gate still shut: the pending model call is cancelled.
+            if path.startswith("predict"):
+                # Opened only once the request to stop arrived: the sync turn stops with its model call pending.
+                wait_for_cancel_request(agent, thread_id)
+                model.gate.set()
+            # The async turns stop with the gate still shut: the pending model call is cancelled.
             second = outputs(newer.result(timeout=HANG_TIMEOUT))
         finally:
             model.gate.set()
@@ -118,7 +129,8 @@ def test_a_newer_turn_stops_the_running_one_in_process(backend_url, make_agent, 
     kept = head_messages_at(agent, thread_id, first["checkpoint_id"])
     assert isinstance(kept[2], HumanMessage) and kept[2].text == "block: the first text"
     if path in ("apredict", "predict"):
-        assert len(kept) == 3  # stopped before the model answered: the input alone
+        # Stopped before the model answered: the input alone (the sync path runs the same async turn).
+        assert len(kept) == 3
     else:
         partial = kept[3]
         assert isinstance(partial, AIMessage) and partial.response_metadata["interrupted"] is True

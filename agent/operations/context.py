@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from agent.operations.bridge import LoopThread
 
 if TYPE_CHECKING:
     from langgraph.graph.state import CompiledStateGraph
@@ -39,8 +37,6 @@ class OperationContext:
     turns: TurnRunner | None = None
     memories: Memories | None = None
     """The users' long-term memories (`agent.memory`); None: the agent keeps none."""
-    bridge: LoopThread = field(default_factory=LoopThread)
-    """The event loop the sync path runs the async turn body on (`agent.operations.bridge`)."""
 
     @classmethod
     def reads(cls, storage: Any, settings: AgentSettings) -> OperationContext:
@@ -55,7 +51,6 @@ class OperationContext:
 
     def close(self) -> None:
         """Release the turn runner's threads, the memories and the storage's connections."""
-        self.bridge.close()
         if self.turns is not None:
             self.turns.close()
         if self.memories is not None:

@@ -1,0 +1,117 @@
+"""The thread document's schema: its constants and the pydantic models a document is parsed into.
+
+Apart from the code that writes (`export`) and reads (`parse`, `restore`)
+documents, so that the format is read top to bottom in one place. The
+models are strict and closed (`extra="forbid"`): a document with a field this
+version does not know is refused rather than half-understood.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
+
+#: The `format` of a thread document.
+FORMAT = "timetravel-agent.thread"
+#: The document version this code writes and reads.
+VERSION = 1
+#: The channel that holds the branch's messages (LangChain dicts in a document).
+MESSAGES = "messages"
+#: A NUL character in JSON text: the escape backslash-u0000 after an even number of backslashes
+#: (`json.dumps` writes a backslash as two, so after an odd number it is a literal backslash and "u0000").
+NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+#: Message types a stored thread holds; `messages_from_dict` builds nothing else from a document.
+MESSAGE_TYPES = frozenset({"human", "ai", "system", "tool"})
+#: A pending write may also remove messages (`update_checkpoint_state` with `remove_message_ids`).
+WRITE_MESSAGE_TYPES = MESSAGE_TYPES | {"remove"}
+#: Metadata the saver derives again from the checkpoint when it writes it (`storage.summaries`).
+DERIVED_METADATA = frozenset(
+    {"message_count", "last_message", "last_user_message", "next_nodes", "ts", "kept_messages", "branch_usage"}
+)
+
+Version = str | int | float
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ChannelValue(_Model):
+    """One channel's value: `messages` (a list of LangChain message dicts), `interrupts` (a graph's pending
+    LangGraph `Interrupt`s: `[{"id", "value"}]`, the value plain JSON) or `json` (plain JSON)."""
+
+    type: Literal["messages", "interrupts", "json"]
+    value: Any
+
+
+class PendingWrite(_Model):
+    task_id: str
+    channel: str
+    value: ChannelValue
+
+
+class CheckpointDoc(_Model):
+    """One checkpoint of the document."""
+
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    ts: str
+    metadata: dict[str, Any]
+    v: int
+    channel_versions: dict[str, Version]
+    versions_seen: dict[str, dict[str, Version]]
+    updated_channels: list[str] | None = None
+    channel_values: dict[str, ChannelValue]
+    pending_writes: list[PendingWrite] = Field(default_factory=list)
+
+    @field_validator("ts")
+    @classmethod
+    def _iso_timestamp(cls, value: str) -> str:
+        try:
+            datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"not an ISO 8601 timestamp: {value!r}") from None
+        return value
+
+
+class ThreadDoc(_Model):
+    """The thread record of the document (no owner: the importer decides)."""
+
+    thread_id: str
+    checkpoint_id: str
+    title: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    forked_from: dict[str, str] | None = None
+    ttl_seconds: float | None = None
+    message_count: int | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+
+
+class ThreadDocument(_Model):
+    """A whole thread: see `agent.operations.transfer`."""
+
+    format: Literal["timetravel-agent.thread"]
+    version: Literal[1]
+    exported_at: str | None = None
+    thread: ThreadDoc
+    checkpoints: list[CheckpointDoc] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A document, validated and ready to write: its checkpoints parents first, messages loaded."""
+
+    document: ThreadDocument
+    order: tuple[CheckpointDoc, ...]
+    messages: Mapping[str, list[BaseMessage]]
+    """Each checkpoint's messages (checkpoint id -> list), for those whose state holds messages."""

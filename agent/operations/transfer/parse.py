@@ -1,0 +1,192 @@
+"""Validation of a document, whole, before anything is read from or written to the database.
+
+`parse_document` checks what pydantic cannot say in a model: canonical ids,
+one root, every parent present and no cycle, the head among the checkpoints,
+messages LangChain can load (and only the four message classes a thread
+stores: nothing is built from a class path), and values Postgres text and
+jsonb can hold (no NUL, no NaN), so that both backends refuse the same documents.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from agent.errors import InvalidRequest
+from agent.operations.thread_values import check_metadata, check_title, check_ttl
+from agent.operations.transfer.document import (
+    FORMAT,
+    MESSAGE_TYPES,
+    MESSAGES,
+    NUL_ESCAPE,
+    VERSION,
+    WRITE_MESSAGE_TYPES,
+    ChannelValue,
+    CheckpointDoc,
+    Restored,
+    ThreadDocument,
+)
+from agent.validation import check_id, encoded_size
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
+
+def parse_document(document: Any) -> Restored:
+    """`document` validated whole, before anything is written (see `agent.operations.transfer`).
+
+    Raises:
+        InvalidRequest: what is wrong, naming the field; nothing was written.
+    """
+    if not isinstance(document, Mapping):
+        raise InvalidRequest(f"A thread document must be a JSON object, got {type(document).__name__}")
+    encoded_size("document", document)  # refuses lone surrogates and absurd nesting first
+    try:
+        parsed = ThreadDocument.model_validate(dict(document))
+    except ValidationError as exc:
+        raise InvalidRequest(f"Not a {FORMAT} version {VERSION} document: {_first_errors(exc)}; nothing was written.") from None
+    thread = parsed.thread
+    check_id("thread.thread_id", thread.thread_id)
+    check_id("thread.checkpoint_id", thread.checkpoint_id)
+    _storable_json("thread", thread.model_dump())
+    try:  # the limits `update_thread` holds (OpenAI's for metadata), so an import cannot bring in more
+        check_title(thread.title)
+        check_metadata(thread.metadata, name="thread.metadata")
+        check_ttl(thread.ttl_seconds)
+    except InvalidRequest as exc:
+        raise invalid(f"thread: {exc.message}") from None
+    by_id: dict[str, CheckpointDoc] = {}
+    for index, checkpoint in enumerate(parsed.checkpoints):
+        where = f"checkpoints[{index}]"
+        _checkpoint_id(f"{where}.checkpoint_id", checkpoint.checkpoint_id)
+        if checkpoint.parent_checkpoint_id is not None:
+            _checkpoint_id(f"{where}.parent_checkpoint_id", checkpoint.parent_checkpoint_id)
+        if checkpoint.checkpoint_id in by_id:
+            raise invalid(f"checkpoint {checkpoint.checkpoint_id!r} appears twice")
+        by_id[checkpoint.checkpoint_id] = checkpoint
+        _storable_json(f"{where}.metadata", checkpoint.metadata)
+        unversioned = sorted(set(checkpoint.channel_values) - set(checkpoint.channel_versions))
+        if unversioned:
+            raise invalid(f"{where}.channel_values has channels without a version: {unversioned}")
+    order = _parents_first(by_id)
+    if thread.checkpoint_id not in by_id:
+        raise invalid(f"the head {thread.checkpoint_id!r} (thread.checkpoint_id) is not among the checkpoints")
+    messages: dict[str, list[BaseMessage]] = {}
+    for checkpoint in order:
+        for channel, value in checkpoint.channel_values.items():
+            where = f"checkpoint {checkpoint.checkpoint_id!r}, channel {channel!r}"
+            if channel == MESSAGES:
+                if value.type != "messages":
+                    raise invalid(f"{where} must have type 'messages'")
+                messages[checkpoint.checkpoint_id] = load_messages(value.value, where)
+            else:
+                decode_value(value, where)
+        for write in checkpoint.pending_writes:
+            decode_value(write.value, f"a pending write of checkpoint {checkpoint.checkpoint_id!r}", WRITE_MESSAGE_TYPES)
+    return Restored(parsed, tuple(order), messages)
+
+
+def _parents_first(by_id: Mapping[str, CheckpointDoc]) -> list[CheckpointDoc]:
+    """The checkpoints, each after its parent (siblings by id); refuses a missing parent, several roots, a cycle."""
+    children: dict[str | None, list[str]] = {}
+    for checkpoint in by_id.values():
+        parent = checkpoint.parent_checkpoint_id
+        if parent is not None and parent not in by_id:
+            raise invalid(f"the parent {parent!r} of checkpoint {checkpoint.checkpoint_id!r} is not in the document")
+        children.setdefault(parent, []).append(checkpoint.checkpoint_id)
+    roots = children.get(None, [])
+    if len(roots) != 1:
+        raise invalid(f"a thread has exactly one root checkpoint (no parent), the document has {len(roots)}")
+    order: list[CheckpointDoc] = []
+    stack = [roots[0]]
+    while stack:  # iterative: a long thread is a deep tree
+        current = stack.pop()
+        order.append(by_id[current])
+        stack.extend(sorted(children.get(current, ()), reverse=True))
+    if len(order) != len(by_id):  # what the root does not reach hangs in a cycle of parents
+        unreached = sorted(set(by_id) - {c.checkpoint_id for c in order})
+        raise invalid(f"checkpoints {unreached[:3]} form a cycle of parents, unreachable from the root")
+    return order
+
+
+def load_messages(value: Any, where: str, types: frozenset[str] = MESSAGE_TYPES) -> list[BaseMessage]:
+    from langchain_core.messages import messages_from_dict
+
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise invalid(f"{where} must be a list of message objects")
+    for index, message in enumerate(value):
+        if message.get("type") not in types or not isinstance(message.get("data"), dict):
+            raise invalid(f"{where}[{index}] must be {{'type': one of {sorted(types)}, 'data': {{...}}}}")
+    try:
+        loaded = messages_from_dict(value)
+    except (TypeError, ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+        raise invalid(f"{where} holds a message LangChain cannot load: {' '.join(str(exc).split())[:300]}") from None
+    ids = [m.id for m in loaded]
+    if not all(isinstance(i, str) and i for i in ids) or len(set(ids)) != len(ids):
+        raise invalid(f"{where}: every message needs its own id (a non-empty string)")
+    return loaded
+
+
+def decode_value(value: ChannelValue, where: str, types: frozenset[str] = MESSAGE_TYPES) -> Any:
+    if value.type == "messages":
+        return load_messages(value.value, where, types)
+    if value.type == "interrupts":
+        return _load_interrupts(value.value, where)
+    try:
+        json.dumps(value.value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise invalid(f"{where} must be plain JSON") from None
+    return value.value
+
+
+def _load_interrupts(value: Any, where: str) -> list[Any]:
+    from langgraph.types import Interrupt
+
+    if not isinstance(value, list) or not all(
+        isinstance(item, Mapping) and set(item) == {"id", "value"} and isinstance(item["id"], str) and item["id"]
+        for item in value
+    ):
+        raise invalid(f"{where} must be a list of {{\"id\", \"value\"}} interrupts")
+    try:
+        json.dumps([item["value"] for item in value], allow_nan=False)
+    except (TypeError, ValueError):
+        raise invalid(f"{where}: an interrupt's value must be plain JSON") from None
+    return [Interrupt(value=item["value"], id=item["id"]) for item in value]
+
+
+def _checkpoint_id(name: str, value: str) -> None:
+    check_id(name, value)
+    try:
+        canonical = str(uuid.UUID(value))
+    except ValueError:
+        canonical = None
+    if canonical != value:
+        raise invalid(f"{name} must be a UUID in canonical form (as LangGraph writes them), got {value!r}")
+
+
+def _storable_json(name: str, value: Any) -> None:
+    """Refuse what Postgres text and jsonb cannot hold, so the backends behave alike: a NUL character
+    in any string or key (a literal backslash-u0000 is text, not a NUL), or NaN and Infinity."""
+    try:
+        dumped = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise invalid(f"{name} must be plain JSON (no NaN or Infinity)") from None
+    if NUL_ESCAPE.search(dumped):
+        raise invalid(f"{name} holds a NUL character")
+
+
+def invalid(reason: str) -> InvalidRequest:
+    return InvalidRequest(f"Invalid thread document: {reason}; nothing was written.")
+
+
+def _first_errors(exc: ValidationError, limit: int = 3) -> str:
+    parts = []
+    for error in exc.errors()[:limit]:
+        location = ".".join(str(p) for p in error["loc"]) or "(document)"
+        parts.append(f"{location}: {error['msg']}")
+    more = exc.error_count() - limit
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")

@@ -1,0 +1,208 @@
+"""Import: a validated document written as a thread in one commit, idempotently (see `agent.operations.transfer`).
+
+The checkpoints are written through the saver into a turn's buffer, parents
+first, as `fork_thread` does, so the importing database re-encodes the
+messages as its own deltas and derives the summaries again; the buffer, the
+thread record and its head are then one commit of the thread's claim. A copy
+under another thread id gets new checkpoint ids (`_renewed`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from agent.errors import ThreadExists, ThreadNotFound
+from agent.operations.transfer.document import (
+    DERIVED_METADATA,
+    MESSAGE_TYPES,
+    MESSAGES,
+    WRITE_MESSAGE_TYPES,
+    ChannelValue,
+    CheckpointDoc,
+    Restored,
+)
+from agent.operations.transfer.export import document_of
+from agent.operations.transfer.parse import decode_value, load_messages, parse_document
+from agent.storage import ThreadRecord, ThreadStorage, Turn
+from agent.storage.summaries import TURN_REPORT_KEY
+from agent.validation import check_id
+
+
+def import_thread(
+    storage: ThreadStorage, document: Any, *, user_id: str | None, thread_id: str | None
+) -> ThreadRecord:
+    """Restore a document as a thread owned by `user_id`, under its own thread id or `thread_id`.
+
+    Under the document's id, checkpoint ids, parents, timestamps, metadata and
+    messages are kept; under another `thread_id` the checkpoint ids are renewed
+    (see `agent.operations.transfer`). Title, metadata, `forked_from` and the head are
+    restored. Written in one commit; an import that fails writes nothing.
+
+    Returns:
+        The thread's record (the existing one when the same content was imported before).
+
+    Raises:
+        InvalidRequest: a malformed document (nothing was read from or written to the database).
+        ThreadExists: the thread id is in use with other content or by another user, or another
+            thread holds one of the checkpoint ids.
+        ThreadBusy: a turn holds the thread.
+    """
+    restored = parse_document(document)
+    target = check_id("thread_id", thread_id) or restored.document.thread.thread_id
+    if target != restored.document.thread.thread_id:
+        restored = _renewed(restored, target)
+    ids = [c.checkpoint_id for c in restored.order]
+    others = [t for t in storage.threads_with_checkpoints(ids) if t != target]
+    if others:
+        raise ThreadExists(
+            "Another thread already holds checkpoints of this document; import it under another thread_id "
+            "(a copy with new checkpoint ids). Nothing was written.",
+            thread_id=target,
+        )
+    in_use = ThreadExists(
+        f"Thread {target!r} already exists with other content (or belongs to another user); import under another "
+        "thread_id. Nothing was written.",
+        thread_id=target,
+    )
+    try:
+        claim = storage.claim(target, user_id=user_id, checkpoint_id=None, strategy="reject", timeout=0)
+    except ThreadNotFound:  # another user's thread: the id is taken
+        raise in_use from None
+    try:
+        if claim.record is not None:
+            if _same_content(storage, claim.record, restored):
+                storage.release(claim)
+                return claim.record
+            raise in_use
+        _write(storage, claim, restored, user_id=user_id)
+    except BaseException:
+        storage.release(claim)  # does nothing after a commit
+        raise
+    record = storage.get_thread(target)
+    if record is None:  # pragma: no cover - deleted between the commit and this read
+        raise ThreadNotFound(f"Thread {target!r} was not found.", thread_id=target)
+    return record
+
+
+def _write(storage: ThreadStorage, claim: Any, restored: Restored, *, user_id: str | None) -> None:
+    saver = storage.saver
+    thread = restored.document.thread
+    turn = Turn(thread_id=claim.thread_id)
+    with saver.buffering(turn):
+        for checkpoint in restored.order:
+            configurable: dict[str, Any] = {"thread_id": turn.thread_id, "checkpoint_ns": ""}
+            if checkpoint.parent_checkpoint_id is not None:
+                configurable["checkpoint_id"] = checkpoint.parent_checkpoint_id
+                # The saver derives the model-input summary and branch totals from a turn report, as for a turn.
+                configurable[TURN_REPORT_KEY] = _turn_report(checkpoint)
+            values = {
+                channel: restored.messages[checkpoint.checkpoint_id] if channel == MESSAGES else decode_value(value, "")
+                for channel, value in checkpoint.channel_values.items()
+            }
+            state = {
+                "v": checkpoint.v,
+                "id": checkpoint.checkpoint_id,
+                "ts": checkpoint.ts,
+                "channel_values": values,
+                "channel_versions": dict(checkpoint.channel_versions),
+                "versions_seen": {node: dict(seen) for node, seen in checkpoint.versions_seen.items()},
+                "pending_sends": [],
+                "updated_channels": list(checkpoint.updated_channels) if checkpoint.updated_channels is not None else None,
+            }
+            # Every channel's value is written anew, as fork_thread does: the new thread has no blobs to point at.
+            saver.put({"configurable": configurable}, state, dict(checkpoint.metadata), dict(checkpoint.channel_versions))
+            address = {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint.checkpoint_id}}
+            by_task: dict[str, list[tuple[str, Any]]] = {}
+            for write in checkpoint.pending_writes:
+                by_task.setdefault(write.task_id, []).append((write.channel, decode_value(write.value, "", WRITE_MESSAGE_TYPES)))
+            for task_id, writes in by_task.items():
+                saver.put_writes(address, writes, task_id)
+    head_count = len(restored.messages.get(thread.checkpoint_id, ()))
+
+    def apply(tx) -> None:
+        tx.write_turn(turn)
+        tx.insert_thread(
+            claim.thread_id,
+            user_id=user_id,
+            head_checkpoint_id=thread.checkpoint_id,
+            message_count=head_count,
+            title=thread.title,
+            metadata=thread.metadata,
+            forked_from=thread.forked_from,
+        )
+
+    storage.commit(claim, apply)
+
+
+def _turn_report(checkpoint: CheckpointDoc) -> dict[str, Any] | None:
+    metadata = checkpoint.metadata
+    if not all(key in metadata for key in ("model_input_messages", "model_input_tokens", "summary_used")):
+        return None
+    return {
+        "start": checkpoint.parent_checkpoint_id,
+        "messages": metadata["model_input_messages"],
+        "tokens": metadata["model_input_tokens"],
+        "summary_used": metadata["summary_used"],
+        "usage": metadata.get("usage"),
+    }
+
+
+def _renewed(restored: Restored, thread_id: str) -> Restored:
+    """The document as a copy under `thread_id`: every checkpoint id renewed (see `agent.operations.transfer`)."""
+    mapping: dict[str, str] = {}
+    previous = -1
+    for old in sorted(c.checkpoint_id for c in restored.order):
+        high = max(uuid.UUID(old).int >> 64, previous + 1)  # the time part; kept strictly increasing
+        digest = int.from_bytes(hashlib.sha256(f"{thread_id}\x00{old}".encode()).digest()[:8], "big")
+        low = (digest & ~(0b11 << 62)) | (0b10 << 62)  # the RFC 4122 variant, like LangGraph's uuid6
+        mapping[old] = str(uuid.UUID(int=(high << 64) | low))
+        previous = high
+
+    def renew(checkpoint: CheckpointDoc) -> CheckpointDoc:
+        parent = checkpoint.parent_checkpoint_id
+        return checkpoint.model_copy(
+            update={"checkpoint_id": mapping[checkpoint.checkpoint_id], "parent_checkpoint_id": mapping.get(parent)}
+        )
+
+    document = restored.document
+    thread = document.thread.model_copy(update={"thread_id": thread_id, "checkpoint_id": mapping[document.thread.checkpoint_id]})
+    checkpoints = [renew(c) for c in document.checkpoints]
+    return Restored(
+        document.model_copy(update={"thread": thread, "checkpoints": checkpoints}),
+        tuple(renew(c) for c in restored.order),
+        {mapping[old]: messages for old, messages in restored.messages.items()},
+    )
+
+
+def _same_content(storage: ThreadStorage, record: ThreadRecord, restored: Restored) -> bool:
+    """Whether the stored thread is what importing `restored` would write (see `agent.operations.transfer`)."""
+    stored = parse_document(document_of(storage, record))
+    return _comparable(stored) == _comparable(restored)
+
+
+def _comparable(restored: Restored) -> tuple:
+    thread = restored.document.thread
+    record = (thread.thread_id, thread.checkpoint_id, thread.title, thread.metadata, thread.forked_from)
+    checkpoints = []
+    for checkpoint in sorted(restored.order, key=lambda c: c.checkpoint_id):
+        dumped = checkpoint.model_dump()
+        dumped["metadata"] = {k: v for k, v in dumped["metadata"].items() if k not in DERIVED_METADATA and not k.startswith("tt_")}
+        dumped["channel_values"] = {
+            channel: _normalized(value) for channel, value in checkpoint.channel_values.items()
+        }
+        dumped["pending_writes"] = [
+            (w.task_id, w.channel, _normalized(w.value, WRITE_MESSAGE_TYPES)) for w in checkpoint.pending_writes
+        ]
+        checkpoints.append(json.dumps(dumped, sort_keys=True, default=str))
+    return record, checkpoints
+
+
+def _normalized(value: ChannelValue, types: frozenset[str] = MESSAGE_TYPES) -> Any:
+    if value.type == "messages":
+        from langchain_core.messages import messages_to_dict
+
+        return messages_to_dict(load_messages(value.value, "", types))
+    return value.value

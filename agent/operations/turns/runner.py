@@ -1,0 +1,254 @@
+"""`TurnRunner`: one turn body, async, with the sync path a bridge over it.
+
+`arun` is the turn (`_turn`, steps 1 to 4 of `agent.operations.turns`); `run`
+drives the same generator from the caller's thread on a loop thread of the
+runner's own (`bridge.LoopThreads`), so both paths yield the same events,
+raise the same errors and stop the same way: a newer turn's `interrupt` or
+`rollback` cancels the pending graph step at once (model request included),
+and a caller that leaves (a closed sync generator, a cancelled task) ends the
+turn with nothing written and the thread released. On the sync path the loop
+computes events ahead of the caller's reading, but the turn commits only once
+the caller has read them all and asked for the next (`bridge.caught_up`), as
+an async caller's `anext` asks.
+
+The two paths differ only in where they wait:
+
+* **Storage calls** are short but blocking (both backends' drivers are
+  synchronous). An async turn runs them on the runner's storage thread pool
+  (`in_io`), so the caller's event loop never blocks; a bridged sync turn runs
+  them on its own loop thread, which serves that turn alone.
+* **The idempotency lookup** before the claim may wait for a turn that runs
+  with the same key right now: `run` waits in the caller's thread, as the
+  caller of a sync call expects, and `arun` awaits without holding a thread.
+
+State updates (`update_state`, `updates.py`) stay synchronous: they stream
+nothing and call no model, so they are storage work from end to end, and the
+async callers run them whole on the storage thread pool (`in_io`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from langgraph.graph.state import CompiledStateGraph
+
+from agent.config import AgentSettings, MultitaskStrategy
+from agent.operations.idempotency import Idempotency
+from agent.operations.turns.args import TurnArgs, TurnEvent
+from agent.operations.turns.bridge import LoopThreads, caught_up, in_current_thread
+from agent.operations.turns.commit import finish
+from agent.operations.turns.parts import TurnParts
+from agent.operations.turns.progress import Progress, modes, until
+from agent.operations.turns.start import begin, check_budget, prepare, recall
+from agent.operations.turns.updates import update_state
+from agent.storage import ThreadStorage
+from agent.types import TurnResult
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
+    from agent.context.window import ContextWindow
+    from agent.memory.service import Memories
+
+
+class TurnRunner:
+    """Runs turns and state updates on one agent's storage and graph."""
+
+    def __init__(
+        self,
+        storage: ThreadStorage,
+        graph: CompiledStateGraph,
+        settings: AgentSettings,
+        memories: Memories | None = None,
+        window: ContextWindow | None = None,
+        answer_node: str | None = None,
+    ) -> None:
+        self.parts = TurnParts(
+            storage=storage,
+            graph=graph,
+            settings=settings,
+            idempotency=Idempotency(storage, settings),
+            memories=memories,
+            window=window,
+            answer_node=answer_node,
+        )
+        # Storage calls of the async path: short, but blocking. Sized so that
+        # waiting for a pooled connection never starves other work.
+        self._io = ThreadPoolExecutor(max_workers=2 * settings.pool_max_size + 4, thread_name_prefix="tt-storage")
+        # The sync path's event loops (`bridge`), started on the first sync turn.
+        self._loops = LoopThreads()
+
+    @property
+    def storage(self) -> ThreadStorage:
+        return self.parts.storage
+
+    @property
+    def graph(self) -> CompiledStateGraph:
+        return self.parts.graph
+
+    @property
+    def settings(self) -> AgentSettings:
+        return self.parts.settings
+
+    @property
+    def idempotency(self) -> Idempotency:
+        """Results stored by idempotency key (`agent.operations.idempotency`)."""
+        return self.parts.idempotency
+
+    @property
+    def bridge(self) -> LoopThreads:
+        """The sync path's event loops: `bridge.iterate(async_iterator)` consumes an async body from sync code
+        (`predict` iterates the Responses events through it)."""
+        return self._loops
+
+    def close(self) -> None:
+        """Stop the storage thread pool and the sync path's loop threads (a running sync turn's when it ends)."""
+        self._io.shutdown(wait=False, cancel_futures=True)
+        self._loops.close()
+
+    def run(self, args: TurnArgs, *, stream_tokens: bool) -> Iterator[TurnEvent]:
+        """Run one turn; yields text deltas (if `stream_tokens`), new messages, and last a `TurnResult`.
+
+        Nothing is written unless the turn finishes: the `TurnResult` comes after the commit.
+        A request whose idempotency key already has a stored result yields only that
+        `StoredResponse` (the model is not called). Closing the iterator early ends the
+        turn with nothing written and the thread released. Works inside a running event
+        loop too (a notebook): the turn runs on a loop thread of its own.
+
+        Raises:
+            ThreadNotFound: the thread belongs to someone else, or has no checkpoints while
+                `checkpoint_id` is given.
+            CheckpointNotFound: `checkpoint_id` is not a checkpoint of this thread.
+            ThreadBusy: another turn holds the thread (see `multitask_strategy`).
+            TurnCancelled: a newer turn rolled this one back (`rollback`).
+            InvalidRequest: the idempotency key was used for a different request; `edit_message_id` is not in
+                the start checkpoint, or `regenerate` finds no user message; `max_context_tokens` is above the
+                agent's (nothing is claimed or written).
+            LeaseExpired, ModelError, StorageUnavailable: the claim, the model or the database failed.
+        """
+        check_budget(self.settings, args)
+        if args.idempotency_key is not None:
+            stored = self.idempotency.lookup(args.user_id, args.idempotency_key, args.request_hash)
+            if stored is not None:
+                yield stored
+                return
+        yield from self._loops.iterate(self._turn(args, stream_tokens))
+
+    async def arun(self, args: TurnArgs, *, stream_tokens: bool) -> AsyncIterator[TurnEvent]:
+        """`run` on the event loop: the same events, errors and guarantees.
+
+        Cancelling the task (a client that left) stops the model request and releases the thread at once.
+        """
+        check_budget(self.settings, args)
+        if args.idempotency_key is not None:
+            stored = await self.idempotency.alookup(args.user_id, args.idempotency_key, args.request_hash, self.in_io)
+            if stored is not None:
+                yield stored
+                return
+        async with contextlib.aclosing(self._turn(args, stream_tokens)) as events:
+            async for event in events:
+                yield event
+
+    def update_state(
+        self,
+        thread_id: str,
+        checkpoint_id: str | None,
+        messages: Sequence[BaseMessage],
+        *,
+        user_id: str | None,
+        strategy: MultitaskStrategy | None = None,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+        remove_message_ids: Sequence[str] = (),
+        edit_message_id: str | None = None,
+        new_thread: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> TurnResult:
+        """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
+
+        `new_thread`: `thread_id` is a new id, and the thread is created (owned by `user_id`, with
+        `metadata`) with its root and, when `messages` are given, one checkpoint holding them (a
+        Conversations API create), in one transaction.
+
+        It becomes the thread head. Messages are applied with LangGraph's
+        `add_messages` as if the agent node had returned them: appended, and a
+        message whose `id` is already in the state replaces that message.
+        With an `idempotency_key` (and the request's `request_hash`), a retry
+        returns the first result and writes nothing. `remove_message_ids` are
+        removed first (`edits.removals`: a tool call's results go with it).
+        `edit_message_id`: the one message of `messages` takes that message's id,
+        so it replaces it in place (the way to edit in place when the request's
+        items lost their ids; see `requests.ItemIdsRequest`).
+        Replacing or removing a message the branch's context summary stands for
+        retires the summary (`agent.context.summaries.edit_keeps_summary`).
+
+        Raises:
+            ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
+            InvalidRequest: nothing to apply (no messages, no removals); the idempotency key was used for a
+                different request; a `remove_message_ids` or `edit_message_id` id is not in the checkpoint, an
+                edit changes the message's role, or removing leaves no message.
+        """
+        return update_state(
+            self.parts,
+            thread_id,
+            checkpoint_id,
+            messages,
+            user_id=user_id,
+            strategy=strategy,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            remove_message_ids=remove_message_ids,
+            edit_message_id=edit_message_id,
+            new_thread=new_thread,
+            metadata=metadata,
+        )
+
+    async def in_io(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`function(*args)` on the storage thread pool, awaited (on a bridged sync turn's loop: called in place)."""
+        if in_current_thread():
+            return function(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._io, functools.partial(function, *args))
+
+    async def _turn(self, args: TurnArgs, stream_tokens: bool) -> AsyncIterator[TurnEvent]:
+        """The turn after its idempotency lookup: claim, prepare, run, commit (the one body of `run` and `arun`)."""
+        parts = self.parts
+        claim, begun = await self.in_io(begin, parts, args.thread_id or str(uuid.uuid4()), args)
+        done = False
+        try:
+            turn, start_id, config = prepare(parts, claim, args, begun)
+            await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config)
+            progress = Progress()
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            claim.on_stop(functools.partial(_wake, loop, stop))
+            with parts.storage.saver.buffering(turn):
+                stream = parts.graph.astream(begun.graph_input(), config, stream_mode=modes(stream_tokens), durability="exit")
+                try:
+                    async with contextlib.aclosing(until(stream, stop)) as chunks:
+                        async for mode, chunk in chunks:
+                            for event in progress.events(mode, chunk, stream_tokens):
+                                yield event
+                finally:
+                    await stream.aclose()
+            for event in progress.stored_events(turn, start_id):
+                yield event
+            await caught_up()  # a sync caller that stops reading now stops the turn before it writes
+            result = await self.in_io(finish, parts, claim, turn, start_id, args, begun, progress)
+            done = True
+            yield result
+        finally:
+            if not done:
+                await asyncio.shield(self.in_io(parts.storage.release, claim))
+
+
+def _wake(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """Set `stop` on its loop, from the claim keeper's thread."""
+    # A signal that comes after the turn ended may find a bridged turn's loop already closed.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(stop.set)

@@ -1,0 +1,190 @@
+"""Before a turn runs: claim the thread, decide where the turn starts and what it sends, set up its buffer.
+
+Steps 1 and 2 of a turn (`agent.operations.turns`): `begin` claims the thread
+and plans the start (authorizing the caller on the way), `prepare` makes the
+turn's buffer and the graph config that starts there (a new thread first gets
+its root checkpoint, buffered like every write, so a first turn that fails
+leaves nothing), and `recall` reads the user's long-term memories for it.
+Everything here is synchronous storage work: the async path runs it on the
+storage thread pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+from langgraph.checkpoint.base import empty_checkpoint
+
+from agent.config import AgentSettings
+from agent.context import TURN_CONTEXT_KEY, TurnContext
+from agent.errors import InvalidRequest
+from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.edits import plan_edit, plan_regenerate
+from agent.operations.idempotency import claim_key
+from agent.operations.interrupts import answer, pending_interrupts
+from agent.operations.tree import fill_kept, read_tree
+from agent.operations.turns.args import Start, TurnArgs
+from agent.operations.turns.parts import TurnParts
+from agent.storage import Claim, Turn
+from agent.storage.summaries import TURN_REPORT_KEY
+
+#: The metadata `source` of a thread's root checkpoint.
+ROOT_SOURCE = "root"
+
+
+def check_budget(settings: AgentSettings, args: TurnArgs) -> None:
+    """A turn may ask for a smaller token budget than the agent's `max_context_tokens`, never a larger one.
+
+    Raises:
+        InvalidRequest: `args.max_context_tokens` is above the agent's (nothing is claimed or written).
+    """
+    limit = settings.max_context_tokens
+    if args.max_context_tokens is not None and limit is not None and args.max_context_tokens > limit:
+        raise InvalidRequest(
+            f"max_context_tokens {args.max_context_tokens} is above this agent's max_context_tokens ({limit}); "
+            f"ask for at most {limit}."
+        )
+
+
+def claim(parts: TurnParts, thread_id: str, args: TurnArgs) -> Claim:
+    """Claim `thread_id` for the turn `args` asks for, by its strategy (`ThreadStorage.claim` raises)."""
+    return parts.storage.claim(
+        thread_id,
+        user_id=args.user_id,
+        checkpoint_id=args.checkpoint_id,
+        strategy=args.strategy or parts.settings.multitask_strategy,
+        timeout=parts.settings.enqueue_timeout,
+        idempotency_key=None if args.idempotency_key is None else claim_key(args.user_id, args.idempotency_key),
+    )
+
+
+def begin(parts: TurnParts, thread_id: str, args: TurnArgs) -> tuple[Claim, Start]:
+    """Claim the thread and decide where the turn starts; the claim is released if that fails."""
+    held = claim(parts, thread_id, args)
+    try:
+        return held, plan_start(parts, held, args)
+    except BaseException:
+        parts.storage.release(held)
+        raise
+
+
+def plan_start(parts: TurnParts, claim: Claim, args: TurnArgs) -> Start:
+    """Where the turn starts and what it sends (authorizing the caller on the way).
+
+    An edit or a regeneration may start at an earlier checkpoint than the requested one
+    (`agent.operations.edits` decides, from the thread's tree of checkpoint summaries).
+    """
+    editing = args.edit_message_id is not None or args.regenerate
+    resuming = args.resume is not None
+    start = start_of(claim, args.user_id, args.checkpoint_id, new_thread_allowed=not (editing or resuming))
+    if not editing:
+        return answering(Start(start, list(args.messages), claim.start), args)
+    storage, thread_id = parts.storage, claim.thread_id
+    messages = claim.start.checkpoint["channel_values"].get("messages") or ()
+    tree = read_tree(storage, thread_id)
+    chain = tree.chain(start)
+    fill_kept(storage, tree, chain)
+    if args.regenerate:
+        plan = plan_regenerate(tree, chain, messages)
+    else:
+        plan = plan_edit(tree, chain, messages, args.edit_message_id, args.messages)
+    if plan.checkpoint_id == start:
+        return answering(Start(start, plan.messages, claim.start), args)
+    loaded = storage.get_checkpoint(thread_id, plan.checkpoint_id)
+    if loaded is None:  # the thread was deleted meanwhile
+        raise checkpoint_not_found(thread_id, plan.checkpoint_id)
+    return answering(Start(plan.checkpoint_id, plan.messages, loaded), args)
+
+
+def answering(begun: Start, args: TurnArgs) -> Start:
+    """`begun` with what the turn does about the interrupts its start waits on (`interrupts.answer`)."""
+    pending = pending_interrupts(begun.loaded)
+    thread_id = begun.loaded.config["configurable"]["thread_id"] if begun.loaded is not None else args.thread_id
+    resume, cancelled = answer(pending, args.resume, args.cancel_interrupts, thread_id, begun.checkpoint_id)
+    return dataclasses.replace(begun, resume=resume, cancelled=cancelled)
+
+
+def start_of(claim: Claim, user_id: str | None, checkpoint_id: str | None, *, new_thread_allowed: bool = True) -> str | None:
+    """The checkpoint a turn starts from; the one owner of the "head unless branching" rule.
+
+    None for a new thread (it starts from a root checkpoint written with its first turn).
+
+    Raises:
+        ThreadNotFound: the thread is someone else's, or has no checkpoints while `checkpoint_id` is given.
+        CheckpointNotFound: `checkpoint_id` is not a checkpoint of this thread.
+    """
+    record, thread_id = claim.record, claim.thread_id
+    if record is None and checkpoint_id is None and new_thread_allowed:
+        return None
+    # Also for a thread without checkpoints: worded as for someone else's thread.
+    authorize(record, thread_id, user_id)
+    if checkpoint_id is None:
+        return record.head_checkpoint_id
+    if claim.start is None:
+        raise checkpoint_not_found(thread_id, checkpoint_id)
+    return checkpoint_id
+
+
+def prepare(parts: TurnParts, claim: Claim, args: TurnArgs, begun: Start) -> tuple[Turn, str, dict]:
+    """The turn's buffer, its start checkpoint id, and the graph config that starts there."""
+    turn = Turn(thread_id=claim.thread_id, record=claim.record)
+    start = begun.checkpoint_id
+    if start is None:
+        start = add_root(parts.storage.saver, turn)
+    else:
+        turn.loaded[start] = begun.loaded
+    config = graph_config(claim.thread_id, start)
+    context = TurnContext(
+        thread_id=claim.thread_id,
+        user_id=args.user_id,
+        start_checkpoint_id=start,
+        instructions=args.instructions,
+        max_context_tokens=args.max_context_tokens,
+        window=parts.window,
+    )
+    config["configurable"][TURN_CONTEXT_KEY] = context
+    # The same dict, for the saver: it copies what the model was sent into the turn's checkpoint metadata.
+    config["configurable"][TURN_REPORT_KEY] = context.report
+    return turn, start, config
+
+
+def recall(parts: TurnParts, turn: Turn, start: str, user_id: str | None, sent: list[BaseMessage], config: dict) -> None:
+    """Put the user's long-term memories for this turn into its TurnContext (a read; no connection kept)."""
+    if parts.memories is None or user_id is None:
+        return
+    memories = parts.memories.recall(user_id, sent, messages_of(turn, start))
+    if memories:
+        configurable = config["configurable"]
+        configurable[TURN_CONTEXT_KEY] = dataclasses.replace(configurable[TURN_CONTEXT_KEY], memories=memories)
+
+
+def add_root(saver: Any, turn: Turn) -> str:
+    """Buffer a new thread's root: an empty checkpoint before its first message (source `root`, step -1).
+
+    Buffered like every write of the turn, so a first turn that fails leaves nothing, not even its root.
+    """
+    checkpoint = empty_checkpoint()
+    with saver.buffering(turn):
+        saver.put(
+            {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": ""}},
+            checkpoint,
+            {"source": ROOT_SOURCE, "step": -1, "parents": {}},
+            {},
+        )
+    return checkpoint["id"]
+
+
+def graph_config(thread_id: str, checkpoint_id: str) -> dict:
+    """The graph config that runs (or updates the state) from `checkpoint_id` of `thread_id`."""
+    # checkpoint_ns is explicit: SqliteSaver.put_writes needs it (KeyError otherwise).
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
+
+
+def messages_of(turn: Turn, checkpoint_id: str) -> list[BaseMessage]:
+    """The messages of a checkpoint the turn loaded (or buffered, as a new thread's root)."""
+    loaded = turn.loaded.get(checkpoint_id)
+    if loaded is None:
+        return []
+    return list(loaded.checkpoint["channel_values"].get("messages") or ())
