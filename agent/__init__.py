@@ -55,13 +55,13 @@ from agent.errors import (
     ThreadNotFound,
     TurnCancelled,
 )
+from agent.version import __version__
 
 if TYPE_CHECKING:
     from agent.config import AgentSettings
     from agent.factory import create_agent
     from agent.responses import LangGraphResponsesAgent
 
-__version__ = "0.2.0"
 
 _LAZY = {
     "create_agent": "agent.factory",

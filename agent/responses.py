@@ -74,7 +74,7 @@ class LangGraphResponsesAgent(ResponsesAgent):
     def info(self) -> AgentInfo:
         """What is running: name, version, the store (`store`: an absolute SQLite path or a masked
         Postgres URL; `store_kind`), the model's name, and whether tracing is on."""
-        from agent import __version__
+        from agent.version import __version__
         from agent.config import store_kind, store_label
 
         url = self.settings.database_url

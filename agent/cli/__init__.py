@@ -120,7 +120,7 @@ err_console = _make_console(stderr=True)
 
 def _print_version(value: bool) -> None:
     if value:
-        from agent import __version__
+        from agent.version import __version__
 
         console.print(f"tt-agent {__version__}", markup=False)
         raise typer.Exit()
