@@ -35,6 +35,17 @@ the writing process 20 to 40 ms of CPU (mlflow 3.17's SQLAlchemy store:
 `start_trace` and `log_spans`, whatever the trace holds); sent to a tracking
 server, a trace costs the serving process a few ms (docs/performance.md).
 
+**MLflow is imported when something records.** Importing it costs about two
+seconds of CPU, so this module does not: `enable_tracing` and
+`use_default_tracking_uri` import it (they set up recording), while the helpers
+called on every turn (`model_call_span`, `tag_trace`, `scrub_trace_inputs`)
+look for an MLflow that is already imported and do nothing without one, since
+no span can be active in a process that never imported MLflow.
+`disable_tracing` switches off an imported MLflow and, without one, has
+nothing to switch off: MLflow starts with tracing on when it is imported, but
+what MLflow traces on its own (`ResponsesAgent.predict`) imports it when its
+class is defined, before `create_agent` configures tracing.
+
 What a trace carries (`tag_trace`), so the MLflow UI groups a thread's turns:
 
 | trace metadata key | value |
@@ -49,17 +60,18 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import mlflow
-from langchain_core.messages import BaseMessage
-from mlflow.entities import SpanType
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
-from agent.config import AgentSettings
+    from agent.config import AgentSettings
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +84,19 @@ SAMPLING_RATIO_ENV = "MLFLOW_TRACE_SAMPLING_RATIO"
 
 _lock = threading.Lock()
 _applied_ratio: float | None = None
+
+
+def _imported_mlflow() -> ModuleType | None:
+    """The `mlflow` module if this process imported it (whole), else None; never imports it."""
+    module = sys.modules.get("mlflow")
+    # A module that is still being imported has no `get_current_active_span` yet.
+    return module if module is not None and hasattr(module, "get_current_active_span") else None
+
+
+def _active_span() -> Any:
+    """MLflow's active span, or None (also when MLflow is not imported: then no span can be active)."""
+    mlflow = _imported_mlflow()
+    return None if mlflow is None else mlflow.get_current_active_span()
 
 
 def configure_tracing(settings: AgentSettings) -> None:
@@ -97,6 +122,8 @@ def enable_tracing(sample_ratio: float = 1.0) -> None:
     global _applied_ratio
     if not 0.0 <= sample_ratio <= 1.0:
         raise ValueError(f"sample_ratio must be between 0 and 1, got {sample_ratio}")
+    import mlflow
+
     with _lock:
         use_default_tracking_uri()
         if sample_ratio != _applied_ratio:
@@ -107,7 +134,11 @@ def enable_tracing(sample_ratio: float = 1.0) -> None:
 
 
 def disable_tracing() -> None:
-    """Turn MLflow tracing off for this process."""
+    """Turn MLflow tracing off for this process; without an imported MLflow there is nothing to turn off
+    (see the module docstring), and MLflow is not imported for it."""
+    mlflow = _imported_mlflow()
+    if mlflow is None:
+        return
     with _lock:
         mlflow.tracing.disable()
 
@@ -122,6 +153,8 @@ def use_default_tracking_uri() -> str:
     Returns:
         The tracking URI MLflow uses from now on.
     """
+    import mlflow
+
     if mlflow.is_tracking_uri_set():
         return mlflow.get_tracking_uri()
     database = DEFAULT_TRACKING_DB.resolve()
@@ -174,8 +207,10 @@ def tag_trace(
     left out. Does nothing when no trace is active (tracing off, or a call
     outside `predict`). Never raises: a tracing problem must not fail a turn.
     """
-    if mlflow.get_current_active_span() is None:
+    if _active_span() is None:
         return
+    import mlflow
+
     metadata = {
         key: value
         for key, value in (("checkpoint_id", checkpoint_id), ("parent_checkpoint_id", parent_checkpoint_id))
@@ -198,7 +233,7 @@ def scrub_trace_inputs() -> None:
     `PREVIEW_CHARS`, lists to `PREVIEW_ITEMS`, surrogates become `\\udXXX`
     text. Does nothing without an active span; never raises.
     """
-    span = mlflow.get_current_active_span()
+    span = _active_span()
     if span is None:
         return
     try:
@@ -277,12 +312,16 @@ def model_call_span(messages: Sequence[BaseMessage], *, name: str = "chat_model"
     `.reply(message)` on what it yields to record the answer as its outputs. An
     exception inside marks the span as failed and propagates.
 
-    Outside a traced turn (tracing off, the turn not sampled, or no turn span)
-    no span is made and `.reply` does nothing: the cost is one context lookup.
+    Outside a traced turn (tracing off, the turn not sampled, no turn span, or
+    MLflow not imported) no span is made and `.reply` does nothing: the cost is
+    one context lookup.
     """
-    if mlflow.get_current_active_span() is None:
+    if _active_span() is None:
         yield ModelCallSpan(None, messages)
         return
+    import mlflow
+    from mlflow.entities import SpanType
+
     with mlflow.start_span(name=name, span_type=SpanType.CHAT_MODEL) as span:
         try:
             span.set_inputs({"message_count": len(messages), "last_user_message": _last_user_text(messages)})
