@@ -13,10 +13,9 @@ of type `CHAT_MODEL` per model call. Its inputs are a bounded summary of what
 the model was sent (message count, the last user message cut to
 `PREVIEW_CHARS`, the input token count), its outputs the reply. LangChain
 autolog (`mlflow.langchain.autolog()`, used before) recorded a span per
-runnable with the whole message list as inputs and outputs: about 50 ms of
-CPU per turn more than no tracing, growing with the thread, so a turn with
-tracing on took three times longer after 200 turns. The summary costs the
-same on the first turn of a thread and on the thousandth.
+runnable with the whole message list as inputs and outputs, so a traced turn
+cost more the longer its thread (figures: docs/performance.md, "Tracing").
+The summary costs the same on the first turn of a thread and on the thousandth.
 
 **Sampling.** `trace_sample_ratio` (0 to 1) is MLflow's own trace sampling
 (`MLFLOW_TRACE_SAMPLING_RATIO`, mlflow >= 3.x: a `ParentBased` ratio sampler
@@ -31,12 +30,12 @@ Where traces go: MLflow's tracking URI. When neither `MLFLOW_TRACKING_URI` nor
 `sqlite:///<cwd>/.agent/mlflow.db` (next to the embedded checkpoint store),
 instead of MLflow's own default, a `mlflow.db` and an `mlruns/` directory in
 whatever the current directory is. Writing a trace into a SQLite store costs
-the writing process 20 to 40 ms of CPU (mlflow 3.17's SQLAlchemy store:
-`start_trace` and `log_spans`, whatever the trace holds); sent to a tracking
-server, a trace costs the serving process a few ms (docs/performance.md).
+the writing process several times what sending it to a tracking server costs
+(MLflow's SQLAlchemy store: `start_trace` and `log_spans`, whatever the trace
+holds; figures: docs/performance.md, "Tracing").
 
-**MLflow is imported when something records.** Importing it costs about two
-seconds of CPU, so this module does not: `enable_tracing` and
+**MLflow is imported when something records.** Importing it costs more CPU
+than importing LangGraph (docs/performance.md, "Start-up"), so this module does not: `enable_tracing` and
 `use_default_tracking_uri` import it (they set up recording), while the helpers
 called on every turn (`model_call_span`, `tag_trace`, `scrub_trace_inputs`)
 look for an MLflow that is already imported and do nothing without one, since

@@ -18,8 +18,8 @@ Two counters:
 
 `token_counter(model)` picks one once per agent; its `name` says which, and
 the agent logs it at start-up (`agent.context.window`). It imports neither
-`langchain_openai` nor tiktoken to find out (together about a second of CPU): a
-model of `langchain_openai`'s classes exists only once that library is
+`langchain_openai` nor tiktoken to find out (they would be most of a cold
+agent's start-up after LangGraph): a model of `langchain_openai`'s classes exists only once that library is
 imported, so a process that has not imported it has no OpenAI model to count
 for, and the offline model loads no tokenizer library.
 

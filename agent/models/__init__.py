@@ -3,8 +3,8 @@
 `make_chat_model` turns the setting into a model: `"offline"` gives
 `offline.OfflineChatModel` (deterministic, no network: tests and demos see
 memory at work), any other name an OpenAI-compatible `ChatOpenAI`, imported
-only then (it costs about a second of start-up, and the offline model needs
-none of it).
+only then (`langchain_openai` and the `openai` client weigh more than the
+rest of the agent, and the offline model needs none of it).
 
 Modules: `offline` (the offline model), `markers` (the words the offline
 model recognises in its input and marks its output with, shared with
