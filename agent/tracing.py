@@ -111,9 +111,13 @@ def enable_tracing(sample_ratio: float = 1.0) -> None:
 
     Also applies `use_default_tracking_uri()`, so traces never land in a stray
     `mlflow.db` in the current directory. The ratio goes to MLflow's
-    `MLFLOW_TRACE_SAMPLING_RATIO`; when it differs from the one MLflow's tracer
-    provider was built with, the provider is rebuilt (`mlflow.tracing.disable()`
-    then `enable()`), because MLflow reads the variable only then.
+    `MLFLOW_TRACE_SAMPLING_RATIO`, which MLflow reads when it builds its tracer
+    provider; when the ratio changes, or tracing was off, the provider is reset
+    (`mlflow.tracing.reset()`), and MLflow builds it again on the first span.
+    Building it opens the tracking store (for a SQLite store, SQLAlchemy and
+    its migrations check) and reads the git and Databricks environment, which
+    is most of what tracing costs a server's start-up: it is paid by the first
+    traced turn, not by a process that never traces.
 
     Raises:
         ValueError: `sample_ratio` is not between 0 and 1.
@@ -122,14 +126,16 @@ def enable_tracing(sample_ratio: float = 1.0) -> None:
     if not 0.0 <= sample_ratio <= 1.0:
         raise ValueError(f"sample_ratio must be between 0 and 1, got {sample_ratio}")
     import mlflow
+    from mlflow.tracing.provider import is_tracing_enabled
 
     with _lock:
         use_default_tracking_uri()
         if sample_ratio != _applied_ratio:
             os.environ[SAMPLING_RATIO_ENV] = repr(float(sample_ratio))
-            mlflow.tracing.disable()
             _applied_ratio = sample_ratio
-        mlflow.tracing.enable()
+            mlflow.tracing.reset()
+        elif not is_tracing_enabled():
+            mlflow.tracing.reset()
 
 
 def disable_tracing() -> None:
