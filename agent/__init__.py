@@ -59,6 +59,7 @@ from agent.errors import (
     ThreadNotFound,
     TurnCancelled,
 )
+from agent.version import __version__
 
 if TYPE_CHECKING:
     from agent.agent import Agent
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
     from agent.factory import create_agent
     from agent.responses import LangGraphResponsesAgent
 
-from agent.version import __version__
 
 _LAZY = {
     "create_agent": "agent.factory",

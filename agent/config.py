@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent.errors import ConfigurationError
+from agent.errors import ConfigurationError, validation_problems
 
 #: Where the embedded store lives when no database URL is configured (relative to the current directory).
 DEFAULT_SQLITE_PATH = Path(".agent") / "checkpoints.sqlite"
@@ -158,8 +158,6 @@ def load_settings(**overrides) -> AgentSettings:
     try:
         return AgentSettings(**given)
     except ValidationError as exc:
-        from agent.validation import validation_problems  # agent.validation imports this module
-
         raise ConfigurationError(f"Invalid agent settings: {validation_problems(exc.errors(), most=10)}") from None
 
 

@@ -3,7 +3,9 @@
 Every error the agent raises on purpose is an `AgentError`. The classes say
 *what* went wrong; how a server answers each one (HTTP status, MLflow error
 code, OpenAI error type) is decided in one table, `agent.serving.errors`, so
-this module imports nothing heavy and `import agent` stays light.
+this module imports nothing heavy and `import agent` stays light. It also words
+pydantic's complaints for people (`validation_problems`), for the settings and
+the request parsers alike.
 
 Errors about a request are raised before anything is written. Each message
 says whether anything was written where that is not obvious.
@@ -27,6 +29,8 @@ says whether anything was written where that is not obvious.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class AgentError(Exception):
@@ -109,3 +113,19 @@ class StorageUnavailable(Unavailable):
 
 class ModelError(Unavailable):
     """The chat model failed (HTTP error, timeout, invalid reply); the turn wrote nothing."""
+
+
+# -- wording ------------------------------------------------------------------------------------
+def validation_problems(errors: list[dict[str, Any]], *, most: int = 3) -> str:
+    """pydantic's `ValidationError.errors()` as one line for people: `input.0.role: Input should be …; …`.
+
+    Locations drop pydantic's validator and union tags (`function-after[…]`, `list[…]`), repeated
+    locations (a union reports one error per member) are said once, and at most `most` are listed.
+    """
+    seen: dict[str, str] = {}
+    for error in errors:
+        where = ".".join(str(part) for part in error.get("loc", ()) if "[" not in str(part)) or "request"
+        seen.setdefault(where, str(error.get("msg", "invalid")))
+    problems = [f"{where}: {msg}" for where, msg in seen.items()]
+    more = f" (and {len(problems) - most} more)" if len(problems) > most else ""
+    return "; ".join(problems[:most]) + more

@@ -3,32 +3,33 @@
 Input items (`message`, `function_call`, `function_call_output`) become chat
 completion dicts through MLflow's `to_chat_completions_input`, then LangChain
 messages through `convert_to_messages`; output messages become Responses items
-through MLflow's `output_to_responses_items_stream`. This module only adds
-validation (so bad items get `InvalidRequest` instead of a KeyError deep in a
-library). The tool-call repair lives with the pairing rule in `agent.context.repair`
-(re-exported here).
+through MLflow's `output_to_responses_items_stream` (`agent.items`, the
+output direction, which the result types use too; re-exported here). This
+module only adds validation (so bad items get `InvalidRequest` instead of a
+KeyError deep in a library). The tool-call repair lives with the pairing rule
+in `agent.context.repair` (re-exported here).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import BaseMessage, convert_to_messages
-from mlflow.types.responses import (
-    create_function_call_item,
-    create_function_call_output_item,
-    create_text_output_item,
-    output_to_responses_items_stream,
-    to_chat_completions_input,
-)
+from mlflow.types.responses import to_chat_completions_input
 
 from agent.context.repair import UNANSWERED_TOOL_CALL, close_unanswered_tool_calls
 from agent.errors import InvalidRequest
+from agent.items import to_output_items, to_state_items
 from agent.validation import check_id
 
-__all__ = ["UNANSWERED_TOOL_CALL", "close_unanswered_tool_calls", "to_langchain", "to_output_items"]
+__all__ = [
+    "UNANSWERED_TOOL_CALL",
+    "close_unanswered_tool_calls",
+    "to_langchain",
+    "to_output_items",
+    "to_state_items",
+]
 
 ROLES = {"user", "assistant", "system", "developer"}
 TEXT_PART_TYPES = {"input_text", "output_text", "text"}
@@ -76,34 +77,6 @@ def _one_message(converted: list[dict]) -> dict:
     return {"role": converted[0]["role"], "content": [{"type": "text", "text": part["content"]} for part in converted]}
 
 
-def to_state_items(message: BaseMessage) -> list[dict]:
-    """The Responses items of one stored message, each with an `id` a request can name.
-
-    A user (or system) message is one `message` item with `input_text` content; an
-    assistant message is a `message` item with its text (none when it only calls
-    tools) followed by one `function_call` item per tool call; a tool result is a
-    `function_call_output` item. Ids: the message's id, except that a
-    `function_call` item's id is its `call_id`, as in a turn's output (MLflow's
-    `output_to_responses_items_stream`).
-    """
-    kind = message.type
-    if kind == "ai":
-        items = []
-        if message.text or not message.tool_calls:
-            items.append(create_text_output_item(text=message.text, id=message.id))
-        for call in message.tool_calls:
-            items.append(
-                create_function_call_item(
-                    id=call["id"], call_id=call["id"], name=call["name"], arguments=json.dumps(call["args"])
-                )
-            )
-        return items
-    if kind == "tool":
-        return [{**create_function_call_output_item(call_id=message.tool_call_id, output=message.text), "id": message.id}]
-    role = {"human": "user", "system": "system"}.get(kind, kind)
-    return [{"type": "message", "role": role, "id": message.id, "content": [{"type": "input_text", "text": message.text}]}]
-
-
 def _check_item(index: int, item: Any) -> None:
     where = f"input[{index}]"
     if not isinstance(item, dict):
@@ -141,8 +114,3 @@ def _check_item(index: int, item: Any) -> None:
         raise InvalidRequest(
             f"{where}.type {kind!r} is not supported; use 'message', 'function_call' or 'function_call_output'"
         )
-
-
-def to_output_items(messages: Iterable[BaseMessage]) -> list[dict]:
-    """Responses output items (`message`, `function_call`, `function_call_output`) for the turn's new messages."""
-    return [event.item for event in output_to_responses_items_stream(iter(list(messages)))]

@@ -13,10 +13,9 @@ of type `CHAT_MODEL` per model call. Its inputs are a bounded summary of what
 the model was sent (message count, the last user message cut to
 `PREVIEW_CHARS`, the input token count), its outputs the reply. LangChain
 autolog (`mlflow.langchain.autolog()`, used before) recorded a span per
-runnable with the whole message list as inputs and outputs: about 50 ms of
-CPU per turn more than no tracing, growing with the thread, so a turn with
-tracing on took three times longer after 200 turns. The summary costs the
-same on the first turn of a thread and on the thousandth.
+runnable with the whole message list as inputs and outputs, so a traced turn
+cost more the longer its thread (figures: docs/performance.md, "Tracing").
+The summary costs the same on the first turn of a thread and on the thousandth.
 
 **Sampling.** `trace_sample_ratio` (0 to 1) is MLflow's own trace sampling
 (`MLFLOW_TRACE_SAMPLING_RATIO`, mlflow >= 3.x: a `ParentBased` ratio sampler
@@ -31,9 +30,20 @@ Where traces go: MLflow's tracking URI. When neither `MLFLOW_TRACKING_URI` nor
 `sqlite:///<cwd>/.agent/mlflow.db` (next to the embedded checkpoint store),
 instead of MLflow's own default, a `mlflow.db` and an `mlruns/` directory in
 whatever the current directory is. Writing a trace into a SQLite store costs
-the writing process 20 to 40 ms of CPU (mlflow 3.17's SQLAlchemy store:
-`start_trace` and `log_spans`, whatever the trace holds); sent to a tracking
-server, a trace costs the serving process a few ms (docs/performance.md).
+the writing process several times what sending it to a tracking server costs
+(MLflow's SQLAlchemy store: `start_trace` and `log_spans`, whatever the trace
+holds; figures: docs/performance.md, "Tracing").
+
+**MLflow is imported when something records.** Importing it costs more CPU
+than importing LangGraph (docs/performance.md, "Start-up"), so this module does not: `enable_tracing` and
+`use_default_tracking_uri` import it (they set up recording), while the helpers
+called on every turn (`model_call_span`, `tag_trace`, `scrub_trace_inputs`)
+look for an MLflow that is already imported and do nothing without one, since
+no span can be active in a process that never imported MLflow.
+`disable_tracing` switches off an imported MLflow and, without one, has
+nothing to switch off: MLflow starts with tracing on when it is imported, but
+what MLflow traces on its own (`ResponsesAgent.predict`) imports it when its
+class is defined, before `create_agent` configures tracing.
 
 What a trace carries (`tag_trace`), so the MLflow UI groups a thread's turns:
 
@@ -49,17 +59,18 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import mlflow
-from langchain_core.messages import BaseMessage
-from mlflow.entities import SpanType
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
-from agent.config import AgentSettings
+    from agent.config import AgentSettings
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +83,19 @@ SAMPLING_RATIO_ENV = "MLFLOW_TRACE_SAMPLING_RATIO"
 
 _lock = threading.Lock()
 _applied_ratio: float | None = None
+
+
+def _imported_mlflow() -> ModuleType | None:
+    """The `mlflow` module if this process imported it (whole), else None; never imports it."""
+    module = sys.modules.get("mlflow")
+    # A module that is still being imported has no `get_current_active_span` yet.
+    return module if module is not None and hasattr(module, "get_current_active_span") else None
+
+
+def _active_span() -> Any:
+    """MLflow's active span, or None (also when MLflow is not imported: then no span can be active)."""
+    mlflow = _imported_mlflow()
+    return None if mlflow is None else mlflow.get_current_active_span()
 
 
 def configure_tracing(settings: AgentSettings) -> None:
@@ -87,9 +111,13 @@ def enable_tracing(sample_ratio: float = 1.0) -> None:
 
     Also applies `use_default_tracking_uri()`, so traces never land in a stray
     `mlflow.db` in the current directory. The ratio goes to MLflow's
-    `MLFLOW_TRACE_SAMPLING_RATIO`; when it differs from the one MLflow's tracer
-    provider was built with, the provider is rebuilt (`mlflow.tracing.disable()`
-    then `enable()`), because MLflow reads the variable only then.
+    `MLFLOW_TRACE_SAMPLING_RATIO`, which MLflow reads when it builds its tracer
+    provider; when the ratio changes, or tracing was off, the provider is reset
+    (`mlflow.tracing.reset()`), and MLflow builds it again on the first span.
+    Building it opens the tracking store (for a SQLite store, SQLAlchemy and
+    its migrations check) and reads the git and Databricks environment, which
+    is most of what tracing costs a server's start-up: it is paid by the first
+    traced turn, not by a process that never traces.
 
     Raises:
         ValueError: `sample_ratio` is not between 0 and 1.
@@ -97,17 +125,25 @@ def enable_tracing(sample_ratio: float = 1.0) -> None:
     global _applied_ratio
     if not 0.0 <= sample_ratio <= 1.0:
         raise ValueError(f"sample_ratio must be between 0 and 1, got {sample_ratio}")
+    import mlflow
+    from mlflow.tracing.provider import is_tracing_enabled
+
     with _lock:
         use_default_tracking_uri()
         if sample_ratio != _applied_ratio:
             os.environ[SAMPLING_RATIO_ENV] = repr(float(sample_ratio))
-            mlflow.tracing.disable()
             _applied_ratio = sample_ratio
-        mlflow.tracing.enable()
+            mlflow.tracing.reset()
+        elif not is_tracing_enabled():
+            mlflow.tracing.reset()
 
 
 def disable_tracing() -> None:
-    """Turn MLflow tracing off for this process."""
+    """Turn MLflow tracing off for this process; without an imported MLflow there is nothing to turn off
+    (see the module docstring), and MLflow is not imported for it."""
+    mlflow = _imported_mlflow()
+    if mlflow is None:
+        return
     with _lock:
         mlflow.tracing.disable()
 
@@ -122,6 +158,8 @@ def use_default_tracking_uri() -> str:
     Returns:
         The tracking URI MLflow uses from now on.
     """
+    import mlflow
+
     if mlflow.is_tracking_uri_set():
         return mlflow.get_tracking_uri()
     database = DEFAULT_TRACKING_DB.resolve()
@@ -174,8 +212,10 @@ def tag_trace(
     left out. Does nothing when no trace is active (tracing off, or a call
     outside `predict`). Never raises: a tracing problem must not fail a turn.
     """
-    if mlflow.get_current_active_span() is None:
+    if _active_span() is None:
         return
+    import mlflow
+
     metadata = {
         key: value
         for key, value in (("checkpoint_id", checkpoint_id), ("parent_checkpoint_id", parent_checkpoint_id))
@@ -198,7 +238,7 @@ def scrub_trace_inputs() -> None:
     `PREVIEW_CHARS`, lists to `PREVIEW_ITEMS`, surrogates become `\\udXXX`
     text. Does nothing without an active span; never raises.
     """
-    span = mlflow.get_current_active_span()
+    span = _active_span()
     if span is None:
         return
     try:
@@ -277,12 +317,16 @@ def model_call_span(messages: Sequence[BaseMessage], *, name: str = "chat_model"
     `.reply(message)` on what it yields to record the answer as its outputs. An
     exception inside marks the span as failed and propagates.
 
-    Outside a traced turn (tracing off, the turn not sampled, or no turn span)
-    no span is made and `.reply` does nothing: the cost is one context lookup.
+    Outside a traced turn (tracing off, the turn not sampled, no turn span, or
+    MLflow not imported) no span is made and `.reply` does nothing: the cost is
+    one context lookup.
     """
-    if mlflow.get_current_active_span() is None:
+    if _active_span() is None:
         yield ModelCallSpan(None, messages)
         return
+    import mlflow
+    from mlflow.entities import SpanType
+
     with mlflow.start_span(name=name, span_type=SpanType.CHAT_MODEL) as span:
         try:
             span.set_inputs({"message_count": len(messages), "last_user_message": _last_user_text(messages)})

@@ -7,7 +7,7 @@
 * `CheckpointState` (`get_checkpoint_state`), `BranchSummary` (`list_branches`), `HeadMove`
   (`set_head`), `ForkResult` (`fork_thread`), `CheckpointDiff` (`compare_checkpoints`): the
   branch operations. Their messages stay LangChain messages until `as_dict()` turns them into
-  Responses items (`agent.messages.to_state_items`, imported there so this module stays light).
+  Responses items (`agent.items.to_state_items`, imported there so this module stays light).
 * `AgentInfo`: what is running (`LangGraphResponsesAgent.info()`, `GET /agent/info`).
 * `Memory`: one long-term memory of a user (`list_memories`, the memories given to the model).
 * `TokenUsage`: a thread's and a branch's token totals (`get_usage`).
@@ -231,7 +231,7 @@ class MessagePlace:
 
 def _placed_items(messages: Sequence[BaseMessage], places: Sequence[MessagePlace]) -> list[dict[str, Any]]:
     """Responses items of `messages`, each carrying its message's place."""
-    from agent.messages import to_state_items
+    from agent.items import to_state_items
 
     return [
         {**item, **place.as_dict()}

@@ -1,7 +1,10 @@
 """Checks of single request values, shared by request parsing and the Python API.
 
 Each returns the value if it is acceptable and raises `InvalidRequest`, naming
-the field, if not.
+the field, if not. How pydantic's complaints are worded for people
+(`validation_problems`) lives with the errors (`agent.errors`), so that the
+settings can word theirs without importing this module, which reads the
+settings' choices.
 """
 
 from __future__ import annotations
@@ -10,12 +13,25 @@ import json
 from typing import Any
 
 from agent.config import MULTITASK_STRATEGIES
-from agent.errors import InvalidRequest
+from agent.errors import InvalidRequest, validation_problems
 
 #: Longest id (thread_id, checkpoint_id, user_id, …), in characters.
 MAX_ID_CHARS = 256
 #: Largest history page.
 MAX_HISTORY_LIMIT = 1000
+
+__all__ = [
+    "MAX_HISTORY_LIMIT",
+    "MAX_ID_CHARS",
+    "check_id",
+    "check_limit",
+    "check_strategy",
+    "check_unicode",
+    "check_user_id",
+    "encoded_size",
+    "required_id",
+    "validation_problems",
+]
 
 
 def check_id(name: str, value: Any) -> str | None:
@@ -87,18 +103,3 @@ def check_unicode(name: str, value: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidRequest(f"{name} is not valid Unicode ({exc.reason})") from None
-
-
-def validation_problems(errors: list[dict[str, Any]], *, most: int = 3) -> str:
-    """pydantic's `ValidationError.errors()` as one line for people: `input.0.role: Input should be …; …`.
-
-    Locations drop pydantic's validator and union tags (`function-after[…]`, `list[…]`), repeated
-    locations (a union reports one error per member) are said once, and at most `most` are listed.
-    """
-    seen: dict[str, str] = {}
-    for error in errors:
-        where = ".".join(str(part) for part in error.get("loc", ()) if "[" not in str(part)) or "request"
-        seen.setdefault(where, str(error.get("msg", "invalid")))
-    problems = [f"{where}: {msg}" for where, msg in seen.items()]
-    more = f" (and {len(problems) - most} more)" if len(problems) > most else ""
-    return "; ".join(problems[:most]) + more

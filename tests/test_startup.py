@@ -4,7 +4,8 @@ No timing is asserted here (the machine is shared and noisy): `bench/startup.py`
 measures the start-up against `python -c pass`. These tests hold what makes it
 fast: the help, the version and a history read on the SQLite default import
 neither MLflow, LangChain nor LangGraph (each costs about a second or more),
-and `from agent import create_agent` loads no serving stack.
+`from agent import create_agent` loads no serving stack, an offline agent
+loads no OpenAI client nor tokenizer, and tracing imports MLflow only to record.
 
 Imports are read from `python -X importtime`, which lists every module a
 process imported, on stderr.
@@ -117,3 +118,35 @@ def test_an_agent_built_and_used_in_python_loads_no_server(tmp_path):
     result, _ = imported_modules(["-c", code], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_an_offline_agent_loads_no_openai_client_nor_tokenizer(tmp_path):
+    result, modules = imported_modules(
+        ["-c", "from agent import create_agent; create_agent('memory://', model='offline').close()"], tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "agent.context.tokens" in modules  # the token counter was chosen
+    assert loaded(modules, ("langchain_openai", "openai", "tiktoken")) == []
+
+
+def test_tracing_imports_no_mlflow_until_it_records(tmp_path):
+    # The graph's model-call span, the trace tags and switching tracing off run in every turn and at
+    # start-up; without an imported MLflow there is no trace to add to, so none of them imports it.
+    code = (
+        "import sys\n"
+        "from langchain_core.messages import AIMessage, HumanMessage\n"
+        "import agent.graph\n"
+        "from agent.tracing import disable_tracing, model_call_span, scrub_trace_inputs, tag_trace\n"
+        "disable_tracing()\n"
+        "tag_trace('thread', 'checkpoint', user_id='user')\n"
+        "scrub_trace_inputs()\n"
+        "with model_call_span([HumanMessage('hi')]) as span:\n"
+        "    span.reply(AIMessage('hello'))\n"
+        "print('mlflow' in sys.modules)\n"
+        "from agent.tracing import use_default_tracking_uri\n"
+        "use_default_tracking_uri()\n"
+        "print('mlflow' in sys.modules)\n"
+    )
+    result, _ = imported_modules(["-c", code], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "True"]  # recording (its store) does import it

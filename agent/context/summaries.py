@@ -21,7 +21,9 @@ The summary is written by the configured chat model from a request
 with the tools defined but `tool_choice="none"` (Anthropic refuses tool calls
 in a history without tool definitions). The offline model recognises the
 request by its first message's id and answers with a deterministic summary
-(`agent.models`).
+(`agent.models`). Both ids, and the checks for them (`is_summary_message`,
+`is_summary_request`, re-exported here), are `agent.models.markers`, which the
+model reads without importing this pipeline.
 """
 
 from __future__ import annotations
@@ -33,12 +35,9 @@ from typing import Any
 from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, SystemMessage
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
+from agent.models.markers import SUMMARY_MESSAGE_ID, SUMMARY_REQUEST_ID, is_summary_message, is_summary_request
 from agent.state import CONTEXT_SUMMARY_CHANNEL
 
-#: The id of the system message that carries a summary in the model input.
-SUMMARY_MESSAGE_ID = "tt-context-summary"
-#: The id of the first message of a request for a summary (so the offline model can tell).
-SUMMARY_REQUEST_ID = "tt-context-summary-request"
 #: What precedes a summary's text in the model input; `{messages}` is how many messages it stands for.
 SUMMARY_HEADER = "Summary of the {messages} earlier messages of this conversation, which are not repeated here: "
 SUMMARY_INSTRUCTIONS = (
@@ -84,11 +83,6 @@ def summary_message(summary: ContextSummary) -> SystemMessage:
     return SystemMessage(SUMMARY_HEADER.format(messages=summary.messages) + summary.text, id=SUMMARY_MESSAGE_ID)
 
 
-def is_summary_message(message: BaseMessage) -> bool:
-    """Whether `message` is a summary made by `summary_message`."""
-    return message.type == "system" and message.id == SUMMARY_MESSAGE_ID
-
-
 def summary_request(previous: ContextSummary | None, messages: Sequence[BaseMessage], max_tokens: int) -> list[BaseMessage]:
     """The chat model's input for a summary of `previous` (if any) and `messages` (whole turns, tool calls paired)."""
     request: list[BaseMessage] = [
@@ -99,11 +93,6 @@ def summary_request(previous: ContextSummary | None, messages: Sequence[BaseMess
     request.extend(messages)
     request.append(HumanMessage(SUMMARY_PROMPT))
     return request
-
-
-def is_summary_request(messages: Sequence[BaseMessage]) -> bool:
-    """Whether `messages` is a request made by `summary_request`."""
-    return bool(messages) and messages[0].type == "system" and messages[0].id == SUMMARY_REQUEST_ID
 
 
 def edit_keeps_summary(values: Mapping[str, Any], updates: Sequence[Any]) -> bool:

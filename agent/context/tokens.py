@@ -17,7 +17,11 @@ Two counters:
   not count tools: ceil(characters of the JSON schemas / 4)).
 
 `token_counter(model)` picks one once per agent; its `name` says which, and
-the agent logs it at start-up (`agent.context.window`).
+the agent logs it at start-up (`agent.context.window`). It imports neither
+`langchain_openai` nor tiktoken to find out (they would be most of a cold
+agent's start-up after LangGraph): a model of `langchain_openai`'s classes exists only once that library is
+imported, so a process that has not imported it has no OpenAI model to count
+for, and the offline model loads no tokenizer library.
 
 Default `max_context_tokens` (`default_max_context_tokens`): half the context
 window of a known OpenAI model, at most `MAX_DEFAULT_TOKENS`, which leaves room
@@ -28,6 +32,7 @@ Chinese or Japanese has about one token per character, four times the estimate);
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,11 +88,8 @@ def tool_tokens(schemas: Sequence[dict[str, Any]]) -> int:
 
 def token_counter(model: BaseChatModel) -> TokenCounter:
     """tiktoken through the model for an OpenAI model whose encoding loads, else the approximate counter."""
-    try:
-        from langchain_openai.chat_models.base import BaseChatOpenAI
-    except ImportError:  # pragma: no cover - langchain-openai is a dependency
-        return approximate_counter()
-    if not isinstance(model, BaseChatOpenAI):
+    openai_models = sys.modules.get("langchain_openai.chat_models.base")
+    if openai_models is None or not isinstance(model, openai_models.BaseChatOpenAI):
         return approximate_counter()
     encoding = _probe_tiktoken(model)
     if encoding is None:

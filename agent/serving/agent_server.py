@@ -63,14 +63,13 @@ from mlflow.genai.agent_server.validator import ResponsesAgentValidator
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agent.errors import AgentError, InvalidRequest
+from agent.errors import AgentError, InvalidRequest, validation_problems
 from agent.requests import keeping_item_ids, with_string_input
 from agent.responses import LangGraphResponsesAgent
 from agent.serving.errors import error_body, http_status, log_error_answer, status_error_body
 from agent.serving.limits import RequestBodyLimits, body_limit
 from agent.serving.openai import openai_router
 from agent.tracing import scrub_trace_inputs, tag_trace
-from agent.validation import validation_problems
 
 _bound_agent: LangGraphResponsesAgent | None = None
 

@@ -4,9 +4,9 @@
 socket in the parent, and every worker accepts from it. Whichever worker's
 event loop wakes first takes the connections waiting in that one queue, so a
 burst of new connections tends to land on one worker, and keep-alive clients
-stay there: in the load benchmark's workers phase (32 pooled client
-connections) one worker used 6.55 s of CPU and the other 1.07 s, and two
-workers made 1.13 times the turns per second of one. With `SO_REUSEPORT`
+stay there: in the load benchmark's workers phase one worker did most of the
+work and a second worker added little (figures: docs/performance.md, "Serving
+under load"). With `SO_REUSEPORT`
 (Linux 3.9+) every worker binds its own socket on the same host and port, and
 the kernel gives each new connection to one of the sockets by a hash of its
 addresses and ports, whatever the workers are doing at that moment: each

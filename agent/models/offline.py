@@ -1,7 +1,4 @@
-"""The chat model factory, and the offline model that needs no network.
-
-`make_chat_model` turns the `model` setting into a LangChain chat model:
-`"offline"` gives `OfflineChatModel`, any other name gives `ChatOpenAI`.
+"""The offline model: a deterministic chat model that needs no network.
 
 `OfflineChatModel` is deterministic, so tests and demos can see memory at work:
 each reply quotes, in order, the user messages the model received in that call,
@@ -11,7 +8,9 @@ whether a context summary was among them), so the token budget is visible. It
 reports token usage like a real model (`usage_metadata`), streams a few words
 per chunk, can call the `calculator` tool and the memory tools, writes a
 deterministic summary when asked for one (`agent.context.summaries`), and
-rejects a history with unanswered tool calls as the OpenAI API does.
+rejects a history with unanswered tool calls as the OpenAI API does
+(`agent.models.pairing`). What it recognises and how it marks its replies is
+`agent.models.markers`.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import asyncio
 import hashlib
 import json
 import math
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -36,112 +34,29 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.errors import ErrorCode, create_error_message
 from pydantic import Field
 
-from agent.config import OFFLINE_MODEL_NAME, resolve_model_name
-from agent.context.repair import tool_call_pairing
-from agent.context.summaries import is_summary_message, is_summary_request
-from agent.errors import ConfigurationError
+from agent.config import OFFLINE_MODEL_NAME
 from agent.memory import FORGET_MEMORY_TOOL, SAVE_MEMORY_TOOL, SEARCH_MEMORIES_TOOL
 from agent.memory.retrieval import memories_in
-
-#: First words of every offline reply, so nobody mistakes it for a real model.
-OFFLINE_MARKER = "[offline model] "
-#: First words of a summary the offline model writes.
-OFFLINE_SUMMARY_MARKER = "[offline summary] "
+from agent.models.markers import (
+    CALCULATE_PREFIX,
+    CALCULATOR_TOOL,
+    FORGET_PREFIX,
+    OFFLINE_MARKER,
+    OFFLINE_SUMMARY_MARKER,
+    RECALL_PREFIX,
+    REMEMBER_PREFIX,
+    USE_TOOL_PREFIX,
+    is_summary_message,
+    is_summary_request,
+)
+from agent.models.pairing import tool_call_pairing
 
 #: How many user messages a reply quotes (the most recent ones), and how many characters of each.
 MAX_QUOTED_MESSAGES = 10
 MAX_QUOTED_CHARS = 80
 
-#: The tool the offline model calls, and the prefix of a user message that asks for it.
-CALCULATOR_TOOL = "calculator"
-CALCULATE_PREFIX = "calculate "
-#: A human message "use NAME {json}" makes the offline model call the bound tool NAME.
-USE_TOOL_PREFIX = "use "
-
 #: Words per streamed chunk.
 WORDS_PER_CHUNK = 3
-
-#: How a user message (lower-cased) starts to make the offline model call a memory tool.
-REMEMBER_PREFIX = "remember that "
-RECALL_PREFIX = "what do you remember"
-FORGET_PREFIX = "forget "
-
-
-def make_chat_model(model: str | BaseChatModel | None = None) -> BaseChatModel:
-    """The chat model for the `model` setting.
-
-    Args:
-        model: a chat model (returned as is); `"offline"` for `OfflineChatModel`;
-            another name for a streaming `ChatOpenAI`, which reads `OPENAI_API_KEY`
-            and `OPENAI_BASE_URL` from the environment; `None` for
-            `agent.config.resolve_model_name(None)` (offline unless a key or base URL is set).
-
-    Returns:
-        A LangChain chat model.
-
-    Raises:
-        ConfigurationError: `model` is an empty string or neither a string nor a chat model, a
-            near miss of a known name (`"offlin"`: did you mean `"offline"`?), or `ChatOpenAI`
-            refuses the configuration (for example no API key).
-    """
-    if isinstance(model, BaseChatModel):
-        return model
-    if model is None:
-        model = resolve_model_name(None)
-    if not isinstance(model, str) or not model.strip():
-        raise ConfigurationError(
-            f"model must be a non-empty model name or a chat model, not {model!r}", model=repr(model)
-        )
-    if model == OFFLINE_MODEL_NAME:
-        return OfflineChatModel()
-    _refuse_near_miss(model)
-    return _make_openai_model(model)
-
-
-def model_name_of(model: BaseChatModel) -> str:
-    """A chat model's name for people and `/agent/info`: its `model_name` or `model` (ChatOpenAI has
-    both), else its class name."""
-    if isinstance(model, OfflineChatModel):
-        return OFFLINE_MODEL_NAME
-    for attribute in ("model_name", "model"):
-        value = getattr(model, attribute, None)
-        if isinstance(value, str) and value:
-            return value
-    return type(model).__name__
-
-
-#: Model names this agent knows itself; any other name goes to an OpenAI-compatible server.
-KNOWN_MODEL_NAMES = (OFFLINE_MODEL_NAME,)
-
-
-def _refuse_near_miss(name: str) -> None:
-    # "offlin" would otherwise reach ChatOpenAI and fail with "Missing credentials", which hides the typo.
-    # 0.85 keeps real names such as "offline-v2" (similarity 0.82) apart from typos ("offlin": 0.92).
-    import difflib
-
-    close = difflib.get_close_matches(name.strip().lower(), KNOWN_MODEL_NAMES, n=1, cutoff=0.85)
-    if close:
-        raise ConfigurationError(
-            f"Unknown model {name!r}; did you mean {close[0]!r}? "
-            "(Other names are OpenAI-compatible models, which need OPENAI_API_KEY or OPENAI_BASE_URL.)",
-            model=name,
-        )
-
-
-def _make_openai_model(name: str) -> BaseChatModel:
-    # Imported here: it costs over a second, and the offline model needs none of it.
-    from langchain_openai import ChatOpenAI
-
-    extra: dict[str, Any] = {}
-    if os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
-        # Local OpenAI-compatible servers (vLLM, Ollama) ignore the key, but the openai client requires one.
-        extra["api_key"] = "unused"
-    try:
-        # stream_usage: token usage is recorded per turn; langchain-openai asks for it on streams only
-        # from api.openai.com unless told to (stream_options.include_usage).
-        return ChatOpenAI(model=name, streaming=True, stream_usage=True, **extra)
-    except Exception as exc:  # openai.OpenAIError when no key is set; pydantic errors for bad values.
-        raise ConfigurationError(f"Cannot configure OpenAI model {name!r}: {exc}", model=name) from None
 
 
 class OfflineChatModel(BaseChatModel):
@@ -332,7 +247,7 @@ def tool_call_id(position: int, expression: str) -> str:
 
 
 def check_tool_calls_answered(messages: Sequence[BaseMessage]) -> None:
-    """Reject a history that a chat API would reject (the rule: `agent.context.repair.pairing_walk`).
+    """Reject a history that a chat API would reject (the rule: `agent.models.pairing.pairing_walk`).
 
     Raises:
         ValueError: with `INVALID_CHAT_HISTORY` and the offending tool call ids in its message.
