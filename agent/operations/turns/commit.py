@@ -24,7 +24,7 @@ from langgraph.graph import START
 
 from agent.errors import LeaseExpired, TurnCancelled
 from agent.messages import to_output_items
-from agent.operations.catalogue import default_title
+from agent.operations.thread_values import default_title
 from agent.operations.interrupts import stopped_at
 from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.parts import TurnParts
