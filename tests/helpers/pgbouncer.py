@@ -43,7 +43,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-from tests.helpers.fake_openai import free_port
+from tests.helpers.openai_stub import free_port
 
 #: How to get the binary, for skip messages.
 INSTALL_HINT = (

@@ -1,5 +1,10 @@
 """An OpenAI-compatible model server, run as a separate process: the model of tests and benchmarks.
 
+Shared test infrastructure: the tests start it through `openai_stub_server`,
+and so do the benchmarks (`bench.load`, `bench.memory`), which import it from
+here as they would any test fixture; it lives with the tests because what it
+answers is what the tests assert.
+
 It answers like `agent.models.OfflineChatModel`, with the marker `[fake openai] `:
 the reply quotes the user messages of the request, so tests can see memory.
 When a `calculator` tool is offered and the last message is a user message
@@ -60,7 +65,7 @@ It uses only the standard library, so the process starts in a fraction of a seco
         ChatOpenAI(base_url=base_url, api_key="test", model="fake").invoke("hi")
         configure_stub(base_url, latency_s=0)
 
-Run alone: `python -m bench.openai_stub --port 8123 --latency-s 2 --chunks 4`.
+Run alone, from the repository root: `python -m tests.helpers.openai_stub --port 8123 --latency-s 2 --chunks 4`.
 """
 
 from __future__ import annotations
@@ -83,9 +88,10 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.helpers import REPO_ROOT
 
 MODEL_ID = "fake"
 EMBEDDING_MODEL_ID = "fake-embed"
@@ -110,7 +116,6 @@ EMBEDDING_DIMENSIONS = 64
 #: Pending connections the listening socket holds: hundreds of clients connect at once under load.
 LISTEN_BACKLOG = 1024
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class InvalidRequest(Exception):
@@ -642,7 +647,7 @@ def openai_stub_server(
     """
     port = free_port()
     base_url = f"http://127.0.0.1:{port}/v1"
-    command = [sys.executable, "-m", "bench.openai_stub", "--port", str(port), "--latency-s", str(latency_s)]
+    command = [sys.executable, "-m", "tests.helpers.openai_stub", "--port", str(port), "--latency-s", str(latency_s)]
     if chunks is not None:
         command += ["--chunks", str(chunks)]
     if max_context_tokens is not None:
@@ -677,6 +682,18 @@ def configure_stub(base_url: str, **changes: Any) -> dict[str, Any]:
         method="POST",
     )
     with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def reset_stub(base_url: str) -> None:
+    """Make the stub forget the request bodies it recorded (`POST /_reset`; its configuration stays)."""
+    request = urllib.request.Request(base_url.removesuffix("/v1") + "/_reset", data=b"{}", method="POST")
+    urllib.request.urlopen(request, timeout=10).close()
+
+
+def received(base_url: str) -> list[dict]:
+    """The chat completions request bodies the stub received, oldest first (`GET /_requests`)."""
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/_requests", timeout=30) as response:
         return json.load(response)
 
 
