@@ -20,7 +20,7 @@ import pytest
 from tests.helpers.scenario import TRIP, request
 from tests.helpers.servers import free_port, server_process
 from tests.test_errors import MISSING_CHECKPOINT, row_counts
-from tests.test_properties import _expected_reply
+from tests.operations.test_properties import _expected_reply
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from tests.helpers.servers import LOG_MODEL_SCRIPT
-from tests.test_cli import assert_clean_success, run_cli
+from tests.cli.test_cli import assert_clean_success, run_cli
 
 pytestmark = pytest.mark.slow
 

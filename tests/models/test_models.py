@@ -1,5 +1,5 @@
 """agent.models: the offline model shows memory and the tool path; the factory picks the model;
-ChatOpenAI really talks to the fake OpenAI server (tests.helpers.fake_openai)."""
+ChatOpenAI really talks to the fake OpenAI server (tests.helpers.openai_stub)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from agent.config import DEFAULT_OPENAI_MODEL
 from agent.errors import ConfigurationError
 from agent.models import OfflineChatModel, make_chat_model
 from agent.tools import TOOLS, calculator
-from tests.helpers.fake_openai import fake_openai_server
+from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.offline import offline_reply
 
 TRIP = [
@@ -221,7 +221,7 @@ def test_make_chat_model_reports_missing_openai_credentials_as_configuration_err
 
 @pytest.fixture(scope="module")
 def fake_openai_base_url():
-    with fake_openai_server() as base_url:
+    with openai_stub_server() as base_url:
         yield base_url
 
 

@@ -21,7 +21,7 @@ from langchain_openai import ChatOpenAI
 
 from agent.messages import UNANSWERED_TOOL_CALL, close_unanswered_tool_calls
 from agent.models import check_tool_calls_answered
-from tests.helpers.fake_openai import fake_openai_server
+from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.scenario import outputs, request, say, text_of
 
 DANGLING_CALL = {
@@ -34,7 +34,7 @@ DANGLING_CALL = {
 
 @pytest.fixture(scope="module")
 def openai_url():
-    with fake_openai_server() as base_url:
+    with openai_stub_server() as base_url:
         yield base_url
 
 

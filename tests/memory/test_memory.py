@@ -22,7 +22,7 @@ from agent.memory.scopes import namespace, prefix
 from agent.memory.store import keywords
 from agent.memory.tools import memory_tools
 from agent.models import OfflineChatModel
-from tests.helpers.fake_openai import fake_openai_server
+from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.scenario import outputs, request, say, text_of
 from tests.helpers.servers import free_port, server_process
 
@@ -241,7 +241,7 @@ def test_keywords_drop_short_and_common_words():
 
 @pytest.fixture
 def embeddings_stub(monkeypatch):
-    with fake_openai_server() as base_url:
+    with openai_stub_server() as base_url:
         monkeypatch.setenv("OPENAI_BASE_URL", base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "unused")
         yield base_url
@@ -405,7 +405,7 @@ def test_over_http_memory_crosses_threads_for_the_context_user_only(backend_url,
 # -- the command line --------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_demo_memory_shows_a_fact_crossing_threads_and_tt_agent_memories_lists_it(tmp_path):
-    from tests.test_cli import run_cli
+    from tests.cli.test_cli import run_cli
 
     demo = run_cli("demo", "memory", cwd=tmp_path, env={"COLUMNS": "200"})
     assert demo.returncode == 0, demo.stderr

@@ -1,5 +1,5 @@
 """The branch commands of `tt-agent chat` (/show, /edit, /regen, /branches, /switch, /fork, /diff) and the labels
-of `tt-agent history --tree`, run for real in subprocesses with piped input (helpers of `tests.test_cli`)."""
+of `tt-agent history --tree`, run for real in subprocesses with piped input (helpers of `tests.cli.test_cli`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 from agent import create_agent
 from tests.helpers.scenario import TRIP
-from tests.test_cli import SHORT, UUID, assert_clean_success, replies, run_cli, saved_checkpoints
+from tests.cli.test_cli import SHORT, UUID, assert_clean_success, replies, run_cli, saved_checkpoints
 
 
 def chat(url: str, tmp_path, *lines: str):

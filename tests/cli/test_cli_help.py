@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.servers import REPO_ROOT
-from tests.test_cli import assert_clean_success, run_cli
+from tests.cli.test_cli import assert_clean_success, run_cli
 
 COMMANDS = ["demo", "chat", "history", "serve"]
 

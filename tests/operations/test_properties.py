@@ -53,7 +53,7 @@ from agent.models import CALCULATE_PREFIX, FORGET_PREFIX, RECALL_PREFIX, REMEMBE
 from agent.tools import TOOLS
 from tests.helpers.offline import as_messages, offline_reply
 from tests.helpers.scenario import outputs, request, say, text_of
-from tests.test_storage import stored_message_bytes
+from tests.storage.test_storage import stored_message_bytes
 
 MAX_EXAMPLES = 25
 MIN_OPERATIONS, MAX_OPERATIONS = 5, 14

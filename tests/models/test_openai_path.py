@@ -1,5 +1,5 @@
 """The langchain-openai path end to end: `create_agent(model="fake")` (and a `ChatOpenAI` instance)
-talking HTTP to the fake OpenAI-compatible server in `tests.helpers.fake_openai`, JSON and SSE.
+talking HTTP to the fake OpenAI-compatible server in `tests.helpers.openai_stub`, JSON and SSE.
 
 What the server received (GET /_requests) shows which history the agent sent on each call.
 """
@@ -14,7 +14,7 @@ import pytest
 from langchain_openai import ChatOpenAI
 
 from agent.config import DEFAULT_OPENAI_MODEL
-from tests.helpers.fake_openai import MARKER, fake_openai_server
+from tests.helpers.openai_stub import MARKER, openai_stub_server
 from tests.helpers.scenario import TRIP, outputs, request, run_trip, say, text_of
 
 NEW_YORK = "I'm headed to New York!"
@@ -39,7 +39,7 @@ class FakeOpenAI:
 
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[FakeOpenAI]:
-    with fake_openai_server() as base_url:
+    with openai_stub_server() as base_url:
         yield FakeOpenAI(base_url)
 
 

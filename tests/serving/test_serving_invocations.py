@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.helpers.claims import other_replica_holds
-from tests.helpers.fake_openai import fake_openai_server
+from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.scenario import TRIP, request
 from tests.helpers.servers import free_port, log_model_with_script, server_process
 
@@ -31,7 +31,7 @@ def server(tmp_path_factory, pg_url):
     cwd = tmp_path_factory.mktemp("models_serve")
     tracking_uri = f"sqlite:///{cwd / 'mlflow.db'}"
     uri = log_model_with_script(cwd, {"MLFLOW_TRACKING_URI": tracking_uri})
-    with fake_openai_server() as model_url:
+    with openai_stub_server() as model_url:
         port = free_port()
         env = {
             "MLFLOW_TRACKING_URI": tracking_uri,

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible stub (`bench.openai_stub`) run as a process: timing shape, runtime
+"""The OpenAI-compatible stub (`tests.helpers.openai_stub`) run as a process: timing shape, runtime
 configuration, context window, usage and embeddings, through the real OpenAI and LangChain clients.
 
 Timings are checked only as lower bounds where the delay is the behaviour (a 1 s
@@ -24,7 +24,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
 from agent.tools import TOOLS
-from bench.openai_stub import MARKER, configure_stub, openai_stub_server
+from tests.helpers.openai_stub import MARKER, configure_stub, openai_stub_server
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from agent.errors import InvalidRequest, ThreadNotFound
 from agent.operations.catalogue import default_title, shorten
 from tests.helpers.scenario import outputs, request, say
 from tests.helpers.servers import free_port, server_process
-from tests.test_cli import assert_clean_success, run_cli
+from tests.cli.test_cli import assert_clean_success, run_cli
 
 
 def user() -> str:

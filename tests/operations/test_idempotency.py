@@ -25,7 +25,7 @@ import pytest
 
 from agent.config import load_settings
 from agent.errors import InvalidRequest, ModelError
-from bench.openai_stub import openai_stub_server
+from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.reliability import (
     HANG_TIMEOUT,
     FailingChatModel,

@@ -30,7 +30,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from agent.errors import ThreadBusy, TurnCancelled
-from bench.openai_stub import configure_stub, openai_stub_server
+from tests.helpers.openai_stub import configure_stub, openai_stub_server
 from tests.helpers.claims import other_replica_holds
 from tests.helpers.reliability import HANG_TIMEOUT, Child, gated_model, head_messages, user_texts
 from tests.helpers.scenario import outputs, request, say

@@ -11,8 +11,15 @@ import pytest
 
 from agent.context.summaries import SUMMARY_INSTRUCTIONS, SUMMARY_PROMPT
 from agent.errors import ModelError
-from bench.openai_stub import answer, count_prompt_tokens
-from tests.helpers.fake_openai import MARKER, configure_stub, fake_openai_server, received, reset_stub
+from tests.helpers.openai_stub import (
+    MARKER,
+    answer,
+    configure_stub,
+    count_prompt_tokens,
+    openai_stub_server,
+    received,
+    reset_stub,
+)
 from tests.helpers.scenario import outputs, say
 
 #: The stub's context limit, and the agent's budget.
@@ -24,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stub_url():
-    with fake_openai_server(max_context_tokens=LIMIT) as base_url:
+    with openai_stub_server(max_context_tokens=LIMIT) as base_url:
         yield base_url
 
 

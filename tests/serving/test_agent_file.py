@@ -15,9 +15,9 @@ import pytest
 
 from agent.errors import ConfigurationError
 from agent.serving.agent_file import load_agent_file
-from tests.helpers.fake_openai import fake_openai_server
+from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.servers import REPO_ROOT, free_port, server_process
-from tests.test_cli import assert_clean_success, replies, run_cli
+from tests.cli.test_cli import assert_clean_success, replies, run_cli
 
 MY_AGENT = REPO_ROOT / "examples" / "my_agent.py"
 APPROVAL_AGENT = REPO_ROOT / "examples" / "approval_agent.py"
@@ -138,7 +138,7 @@ def test_chat_shows_the_approval_question_and_resumes_with_the_answer(tmp_path):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("serve_agent_file")
-    with fake_openai_server() as model_url:
+    with openai_stub_server() as model_url:
         port = free_port()
         env = {
             "AGENT_DATABASE_URL": f"sqlite:///{cwd / 'checkpoints.sqlite'}",
@@ -202,7 +202,7 @@ def test_served_agent_file_streams_a_tool_turn_over_responses(served):
 def test_every_worker_serves_the_agent_file(tmp_path):
     # The file reaches the workers as AGENT_FILE: were a worker to build the built-in agent instead,
     # its model calls would offer the calculator and carry no instructions.
-    with fake_openai_server() as model_url:
+    with openai_stub_server() as model_url:
         port = free_port()
         env = {"AGENT_MODEL": "fake", "OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "test", "AGENT_TRACING": "false"}
         command = [sys.executable, "-m", "agent", "serve", "--port", str(port), "--workers", "2", "--agent",

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.helpers.fake_openai import fake_openai_server
+from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.servers import LOG_MODEL_SCRIPT, REPO_ROOT, free_port, log_model_with_script, server_process
 
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ def models_serve(cwd: Path, agent_file: str, env: dict[str, str]):
 
 @pytest.fixture(scope="module")
 def my_agent(tmp_path_factory, pg_url):
-    with fake_openai_server() as model_url:
+    with openai_stub_server() as model_url:
         env = {"AGENT_DATABASE_URL": pg_url, "AGENT_MODEL": "fake", "OPENAI_BASE_URL": model_url, "OPENAI_API_KEY": "test"}
         with models_serve(tmp_path_factory.mktemp("my_agent"), str(REPO_ROOT / "examples/my_agent.py"), env) as client:
             with httpx.Client(base_url=model_url.removesuffix("/v1")) as model:

@@ -2,7 +2,7 @@
 checkpoint's state, edit (the first message too), regenerate, replace and remove, list and switch
 branches, fork into a new thread, compare.
 
-Exact reply texts go through `tests.test_properties._expected_reply` (the offline model's rule).
+Exact reply texts go through `tests.operations.test_properties._expected_reply` (the offline model's rule).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from tests.helpers.scenario import outputs, request, run_trip, say, text_of
-from tests.test_properties import _expected_reply
+from tests.operations.test_properties import _expected_reply
 
 ITEM_PLACE_KEYS = {"checkpoint_id", "branch_checkpoint_id", "siblings"}
 
