@@ -1,4 +1,4 @@
-"""Notebooks (issue 3, item 7): stored without outputs, and executed top to bottom with nbclient on the
+"""Notebooks: stored without outputs, and executed top to bottom with nbclient on the
 embedded default store and on Postgres (`AGENT_DATABASE_URL`); a cell error fails the test.
 
 The kernel is this interpreter (a kernelspec written to a temporary JUPYTER_PATH),

@@ -1,4 +1,4 @@
-"""Builders for the reliability and security tests (issue 5): chat models that block or fail on cue,
+"""Builders for the reliability and security tests: chat models that block or fail on cue,
 a thread's committed messages, row counts per table, throwaway Postgres databases, child processes.
 
 The chat models are the only stand-ins; every database here is real.

@@ -1,4 +1,4 @@
-"""Double texting (issue 8, item 3): `interrupt` and `rollback`, as LangGraph Agent Server defines them.
+"""Double texting: `interrupt` and `rollback`, as LangGraph Agent Server defines them.
 
 A new turn on a thread that another turn holds asks the running turn to stop,
 then waits for the thread (up to `enqueue_timeout`):

@@ -1,4 +1,4 @@
-"""Exactly-once retries (issue 8, item 4): `custom_inputs.idempotency_key` and the `Idempotency-Key` header.
+"""Exactly-once retries: `custom_inputs.idempotency_key` and the `Idempotency-Key` header.
 
 A retry of a committed request returns the original result (the same
 `checkpoint_id`, the model not called again), also when the retry is streamed;

@@ -1,4 +1,4 @@
-"""Thread ownership (issue 5, item 2), on Postgres and SQLite.
+"""Thread ownership, on Postgres and SQLite.
 
 A thread belongs to the user_id that first wrote it. Anyone else, anonymous
 callers included, gets ThreadNotFound from every operation, worded exactly as

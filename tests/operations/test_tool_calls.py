@@ -1,4 +1,4 @@
-"""Branch-safe tool calls (issue 5, item 4), through the fake OpenAI server, on Postgres and SQLite.
+"""Branch-safe tool calls, through the fake OpenAI server, on Postgres and SQLite.
 
 A checkpoint can end in an assistant tool call with no result: written by
 `update_checkpoint_state`, or by a turn that a branch later leaves behind.

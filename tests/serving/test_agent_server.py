@@ -1,4 +1,4 @@
-"""The MLflow Agent Server (issue 3, items 3, 4 and 5 over HTTP): `python -m agent serve`, used with the
+"""The MLflow Agent Server: `python -m agent serve`, used with the
 official `openai` client and with plain HTTP, streaming and not.
 
 One server process per module (the CLI, as a user starts it) on a SQLite file

@@ -1,4 +1,4 @@
-"""Hostile input over HTTP (issue 8, item 7): every error answer of the Agent Server has the documented
+"""Hostile input over HTTP: every error answer of the Agent Server has the documented
 body `{"error_code", "message"}`, deep nesting is a 400 on every path, a slow body is a 408, too many
 input items is a 400, and a 4xx is logged as one line while a 5xx keeps its traceback in the log.
 

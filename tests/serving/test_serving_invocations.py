@@ -1,4 +1,4 @@
-"""`mlflow models serve` (issue 3, items 2 and 4): the logged model behind POST /invocations, on Postgres.
+"""`mlflow models serve`: the logged model behind POST /invocations, on Postgres.
 
 One server per module: the model logged by `scripts/log_model.py`, served with
 `mlflow models serve --env-manager local` on a free port, talking to the test
@@ -215,7 +215,7 @@ def test_invocations_takes_user_id_from_custom_inputs_or_context(server):
 
 
 def test_invocations_answers_a_stream_request_with_one_json_response(server):
-    # mlflow issue 12439: the scoring server never streams; README points to `tt-agent serve`.
+    # mlflow#12439: the scoring server never streams; README points to `tt-agent serve`.
     response = invoke(server, {**request(TRIP[1]), "stream": True})
     assert response.headers["content-type"].startswith("application/json")
     assert response.json()["custom_outputs"]["checkpoint_id"]

@@ -1,4 +1,4 @@
-"""Models from code (issue 3, items 1 and 4): `scripts/log_model.py` logs the agent, and the model
+"""Models from code: `scripts/log_model.py` logs the agent, and the model
 loaded with `mlflow.pyfunc.load_model` behaves like the in-process agent, actions included."""
 
 from __future__ import annotations

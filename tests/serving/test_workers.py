@@ -1,4 +1,4 @@
-"""`tt-agent serve --workers N` (issue 8, item 2): N worker processes answer on one port, each with its own
+"""`tt-agent serve --workers N`: N worker processes answer on one port, each with its own
 connections to the one database, and a thread's turns continue whichever worker serves them.
 
 Which worker served a request is read from outside, as an operator would: each worker's TCP sockets

@@ -1,4 +1,4 @@
-"""Claims (issue 8, item 1): a turn holds its thread with a renewed lease, not with a database connection.
+"""Claims: a turn holds its thread with a renewed lease, not with a database connection.
 
 What is shown here, on Postgres and SQLite:
 

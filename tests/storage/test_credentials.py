@@ -1,4 +1,4 @@
-"""Managed Postgres credentials (issue 3, item 6): a credential provider, cached, and pool connections
+"""Managed Postgres credentials: a credential provider, cached, and pool connections
 renewed after `pool_max_lifetime`, across a real `ALTER ROLE ... PASSWORD` rotation.
 
 What the test server can and cannot show: it uses `trust` authentication on

@@ -1,4 +1,4 @@
-"""Database and model faults, told truthfully (issue 5, item 3; issue 8, item 6).
+"""Database and model faults, told truthfully.
 
 Faults injected, for real: the agent's Postgres connections are killed with
 `pg_terminate_backend` between turns and while the model runs; the Postgres

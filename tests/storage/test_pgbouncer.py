@@ -1,4 +1,4 @@
-"""Transaction-mode poolers (issue 8, item 5): the agent through a real PgBouncer in `pool_mode = transaction`.
+"""Transaction-mode poolers: the agent through a real PgBouncer in `pool_mode = transaction`.
 
 Behind such a pooler every transaction may run on another server connection,
 so nothing may live in a session: no prepared statements (psycopg prepares
