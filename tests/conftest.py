@@ -17,6 +17,9 @@ from agent import create_agent
 from tests.helpers.databases import fresh_database
 from tests.helpers.pgbouncer import pgbouncer
 
+# How the tests are spread over pytest-xdist workers (modules that start a server stay together).
+pytest_plugins = ["tests.helpers.scheduling"]
+
 DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 # pytest-xdist gives each worker the controller's terminal size as COLUMNS/LINES (80x24 without a
