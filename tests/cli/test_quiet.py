@@ -5,8 +5,8 @@ MLflow logs at INFO ("Creating initial MLflow database tables", "Predicting on i
 validate output", "Flushing the async trace logging queue before program exit") unless told
 otherwise; the command line and the script tell it (`MLFLOW_LOGGING_LEVEL`), and `log_model()`
 silences those lines for its own work (`agent.tracing.mlflow_info_silenced`).
-The notebooks' outputs are checked in tests/test_notebooks.py, the README's in-memory
-example in tests/test_docs.py.
+The notebooks' outputs are checked in tests/docs/test_notebooks.py, the README's in-memory
+example in tests/docs/test_docs.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A checkpoint can end in an assistant tool call with no result: written by
 `update_checkpoint_state`, or by a turn that a branch later leaves behind.
 OpenAI answers such a history with HTTP 400, and so does the fake server
-(`tests/helpers/fake_openai.py`). The agent closes unanswered calls before the
+(`tests/helpers/openai_stub.py`). The agent closes unanswered calls before the
 model reads the history; `GET /_requests` shows what the model received.
 """
 

@@ -347,8 +347,8 @@ def test_export_and_import_as_actions(exported):
 
 
 def test_cli_exports_a_user_as_json_lines_and_imports_both_forms(tmp_path, monkeypatch):
-    # In process (typer's runner): each subprocess would pay seconds of imports; tests/test_cli.py runs
-    # the command line as a user does, and tests/test_startup.py holds its lazy imports.
+    # In process (typer's runner): each subprocess would pay seconds of imports; tests/cli/test_cli.py runs
+    # the command line as a user does, and tests/cli/test_startup.py holds its lazy imports.
     from typer.testing import CliRunner
 
     from agent import create_agent
