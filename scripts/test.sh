@@ -139,8 +139,9 @@ ensure_pgbouncer
 
 workers=(-n "${TEST_WORKERS:-4}")
 # loadgroup: a module that starts a server for its tests runs on one worker and starts it once
-# (tests/helpers/scheduling.py groups them); every other test goes to whichever worker is idle.
-dist=(--dist loadgroup)
+# (tests/helpers/scheduling.py groups them, and puts the long units first); every other test goes
+# to whichever worker is idle.
+dist=(--dist loadgroup --no-loadscope-reorder)
 for arg in "$@"; do
     case "$arg" in
         -n | -n* | --numprocesses*) workers=() ;;

@@ -187,16 +187,17 @@ def check_load(run: Run) -> None:
     assert databases_left(run.server_url, names=created) == []
 
 
+# Longest first (xdist hands the tests out in this order, see tests/helpers/scheduling.py).
 PARTS = [
-    Part("storage", storage.figures, check_storage, timeout=300, via_runner=True),
-    Part("branches", lambda: branches.figures(branches.QUICK), check_branches, timeout=900),
-    Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
-    Part("context", lambda: context.figures(context.QUICK), check_context),
-    Part("memory", memory.figures, check_memory, timeout=900),
-    Part("startup", lambda: startup.FIGURES, check_startup, takes_database=False),
     # The workers figures only where `tt-agent serve` has --workers.
     Part("load", lambda: load.figures(load.QUICK), check_load, timeout=900,
          may_be_unmeasured=frozenset({"workers_speedup", "workers_1_turns_per_s", "workers_2_turns_per_s"})),
+    Part("startup", lambda: startup.FIGURES, check_startup, takes_database=False),
+    Part("context", lambda: context.figures(context.QUICK), check_context),
+    Part("storage", storage.figures, check_storage, timeout=300, via_runner=True),
+    Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
+    Part("memory", memory.figures, check_memory, timeout=900),
+    Part("branches", lambda: branches.figures(branches.QUICK), check_branches, timeout=900),
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.

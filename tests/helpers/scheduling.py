@@ -9,9 +9,15 @@ servers once; every other test stays a unit of its own, free to go to whichever 
 
 The group of a test is its module when it uses a fixture of module, class, package or session
 scope defined in the module itself (a conftest's session fixture, such as the session's Postgres
-database, is per worker anyway and does not count). Groups are handed out largest first (xdist's
-`--loadscope-reorder`, on by default), so the long ones do not end the run alone. An explicit
-`xdist_group` mark wins, and without `--dist loadgroup` the marks change nothing.
+database, is per worker anyway and does not count). An explicit `xdist_group` mark wins, and
+without `--dist loadgroup` the marks change nothing.
+
+The order: xdist hands out the units in collection order (`scripts/test.sh` passes
+`--no-loadscope-reorder`: xdist's own reordering sorts by number of tests, which says nothing about
+time). Under loadgroup this plugin moves the units that start processes (the groups, and the tests
+marked `slow`) before the in-process tests, keeping the collection order within each kind: the
+long units start first, and the short ones fill the workers at the end instead of one long test
+ending the run alone.
 """
 
 from __future__ import annotations
@@ -44,3 +50,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None and (group := module_group(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if config.getoption("dist", "no") == "loadgroup":
+        # A stable sort: within each kind, pytest's order (which keeps a module's fixtures together) stays.
+        items.sort(key=lambda item: not starts_processes(item))
+
+
+def starts_processes(item: pytest.Item) -> bool:
+    """Whether the test is one of the long kind: in a group, or marked `slow`."""
+    return item.get_closest_marker("xdist_group") is not None or item.get_closest_marker("slow") is not None
