@@ -1,8 +1,5 @@
-"""Measuring instruments for timetravel-agent: benchmarks and the model stub they and the tests share.
+"""Measuring instruments for timetravel-agent: the benchmarks, one module each, and what they share.
 
-* `openai_stub`  an OpenAI-compatible chat completions and embeddings server (standard library
-                 only), run as a child process, with a configurable reply latency, streamed chunks
-                 and context window: the stand-in for a real model in tests and load benchmarks
 * `load`         the load benchmark: one `tt-agent serve` process under hundreds of slow
                  conversations, tracing cost, several processes and workers on one database
 * `traffic`      what `load` sends over HTTP and how it judges the answers (errors, chains)
@@ -12,5 +9,7 @@
 * `processes`    server processes in their own process group: start, wait until healthy, CPU time, stop
 
 This package is not installed with the project (`pyproject.toml` packages `agent*` only); run it
-from a checkout, e.g. `python -m bench.load --quick`. It never imports `tests`.
+from a checkout, e.g. `python -m bench.load --quick`. The model stand-in of `load` and `memory` is
+the tests' OpenAI-compatible stub (`tests.helpers.openai_stub`): one stub, owned by the tests, whose
+answers both the tests and the benchmarks rely on. Nothing else of `tests` is imported.
 """

@@ -7,7 +7,7 @@ Usage::
 The Postgres server comes from `--database-url`, else `AGENT_TEST_DATABASE_URL`,
 else `postgresql://postgres@127.0.0.1:5432/postgres`; every phase gets its own
 scratch database (`tt_load_<phase>_<hex>`), dropped at the end whatever
-happens. The model is the OpenAI-compatible stub (`bench.openai_stub`, one
+happens. The model is the OpenAI-compatible stub (`tests.helpers.openai_stub`, one
 process for the whole run, reconfigured between phases): 2.0 s per reply,
 streamed as 4 chunks 0.5 s apart, the shape of a real LLM. Servers are real
 processes (`python -m agent serve`) with `AGENT_POOL_MAX_SIZE=10`, each in its
@@ -80,8 +80,8 @@ import psycopg
 
 from bench import report, traffic
 from bench.databases import DEFAULT_SERVER_URL, dbname_of, scratch_database, server_version
-from bench.openai_stub import configure_stub, free_port, openai_stub_server
 from bench.processes import ServerProcess, running_servers
+from tests.helpers.openai_stub import configure_stub, free_port, openai_stub_server
 
 #: The model of the load phases: seconds per reply and streamed chunks.
 MODEL_LATENCY_S = 2.0

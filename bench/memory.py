@@ -47,7 +47,7 @@ import psycopg
 
 from bench import report
 from bench.databases import scratch_database, server_version
-from bench.openai_stub import openai_stub_server
+from tests.helpers.openai_stub import openai_stub_server
 
 #: Memories the measured user has.
 MEMORIES = 1000

@@ -11,7 +11,8 @@
 # then runs `python -m pytest "$@"` on $TEST_WORKERS pytest-xdist workers (default 4:
 # most of the suite's time is servers, subprocesses and databases waiting, so more
 # workers than the 2 CPUs of CI still shorten it; `-n 0` or `TEST_WORKERS=0` runs in
-# one process, and a `-n` among the arguments wins).
+# one process, and a `-n` among the arguments wins), with `--dist loadgroup` (a `--dist` among the
+# arguments wins).
 # Exit code: pytest's, except that "no tests ran" (5) is a failure too.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -137,8 +138,15 @@ ensure_postgres
 ensure_pgbouncer
 
 workers=(-n "${TEST_WORKERS:-4}")
+# loadgroup: a module that starts a server for its tests runs on one worker and starts it once
+# (tests/helpers/scheduling.py groups them, and puts the long units first); every other test goes
+# to whichever worker is idle.
+dist=(--dist loadgroup --no-loadscope-reorder)
 for arg in "$@"; do
-    case "$arg" in -n | -n* | --numprocesses*) workers=() ;; esac
+    case "$arg" in
+        -n | -n* | --numprocesses*) workers=() ;;
+        -d | --dist* | *no:xdist) dist=() ;;
+    esac
 done
 # A short temporary root of this run's own: xdist adds popen-gwN/ to every tmp_path, and the CLI
 # tests read paths in output that is wrapped at a fixed width when it is not a terminal.
@@ -154,12 +162,12 @@ status=0
 if [[ ${#workers[@]} -gt 0 && $chooses_markers -eq 0 ]]; then
     serial=0
     "$VENV/bin/python" -m pytest -p no:xdist -m serial --basetemp="$basetemp/serial" "$@" || serial=$?
-    "$VENV/bin/python" -m pytest "${workers[@]}" -m "not serial" --basetemp="$basetemp/t" "$@" || status=$?
+    "$VENV/bin/python" -m pytest "${workers[@]}" "${dist[@]}" -m "not serial" --basetemp="$basetemp/t" "$@" || status=$?
     # Exit 5 (nothing selected) of one phase is fine when the other ran tests.
     if [[ $status -eq 5 && $serial -ne 5 ]]; then status=$serial; fi
     if [[ $status -eq 0 && $serial -ne 5 ]]; then status=$serial; fi
 else
-    "$VENV/bin/python" -m pytest "${workers[@]}" --basetemp="$basetemp/t" "$@" || status=$?
+    "$VENV/bin/python" -m pytest "${workers[@]}" "${dist[@]}" --basetemp="$basetemp/t" "$@" || status=$?
 fi
 [[ $status -ne 0 ]] || rm -rf "$basetemp"
 if [[ $status -eq 5 ]]; then

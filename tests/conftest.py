@@ -16,7 +16,9 @@ import pytest
 from agent import create_agent
 from tests.helpers.databases import fresh_database
 from tests.helpers.pgbouncer import pgbouncer
-from tests.helpers.tcp_proxy import Proxy, tcp_proxy
+
+# How the tests are spread over pytest-xdist workers (modules that start a server stay together).
+pytest_plugins = ["tests.helpers.scheduling"]
 
 DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -58,16 +60,6 @@ def pgbouncer_url(pg_server_url: str) -> Iterator[str]:
     The same database directly: `with_dbname(pg_server_url, dbname_of(pgbouncer_url))`."""
     with fresh_database(pg_server_url, prefix="tt_bouncer") as url, pgbouncer(url) as bounced:
         yield bounced
-
-
-@pytest.fixture
-def pg_proxy(pg_server_url: str) -> Iterator[Proxy]:
-    """A TCP proxy process in front of the test Postgres server, forwarding; `pg_proxy.url_for(url)`
-    routes any database URL of that server through it, and `stop()`, `start()`, `blackhole()`,
-    `cut()` inject faults (see tests/helpers/tcp_proxy.py). Stopped afterwards."""
-    info = psycopg.conninfo.conninfo_to_dict(pg_server_url)
-    with tcp_proxy(info.get("host") or "127.0.0.1", int(info.get("port") or 5432)) as proxy:
-        yield proxy
 
 
 @pytest.fixture(params=["postgres", "sqlite"])

@@ -18,7 +18,7 @@ from agent import ConfigurationError, StorageUnavailable, create_agent
 from agent.config import mask_url
 from agent.storage.postgres import PostgresThreadStorage
 from agent.storage.sqlite import SqliteThreadStorage
-from tests.helpers.fake_openai import free_port
+from tests.helpers.openai_stub import free_port
 from tests.helpers.scenario import TRIP, outputs, say, text_of
 
 SECRET = "s3cret-pa55word"

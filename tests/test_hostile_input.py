@@ -1,4 +1,4 @@
-"""Hostile and odd input (issue 5, item 5), in process, on Postgres and SQLite.
+"""Hostile and odd input, in process, on Postgres and SQLite.
 
 Every request either works or is refused with InvalidRequest (400), and a
 refused request writes nothing. A request that is well formed but names a

@@ -1,4 +1,4 @@
-"""Tracing (issue 3, item 5; issue 8, item 8): each turn's MLflow trace carries its thread as the session and
+"""Tracing: each turn's MLflow trace carries its thread as the session and
 its checkpoints, holds the turn's span and one span per model call with a summary that does not grow with
 the thread, and `trace_sample_ratio` keeps that share of the traces; read back from a real local tracking store."""
 

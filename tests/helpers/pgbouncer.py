@@ -10,7 +10,7 @@ breaks behind it: prepared statements (psycopg's `prepare_threshold=0` names the
 protocol-level prepared statement support, so they collide or go missing), session
 advisory locks (taken on one server connection, released on another) and session
 `SET`s. See https://www.pgbouncer.org/features.html ("SQL feature map for pooling
-modes") and langgraph issue 6705. A stand-in would not show any of that.
+modes") and langgraph#6705. A stand-in would not show any of that.
 
 The binary comes from the Debian/Ubuntu package `pgbouncer` (scripts/test.sh
 installs it when it may); without it the calling test is skipped with a message
@@ -43,7 +43,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-from tests.helpers.fake_openai import free_port
+from tests.helpers.openai_stub import free_port
 
 #: How to get the binary, for skip messages.
 INSTALL_HINT = (

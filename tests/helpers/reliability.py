@@ -1,4 +1,4 @@
-"""Builders for the reliability and security tests (issue 5): chat models that block or fail on cue,
+"""Builders for the reliability and security tests: chat models that block or fail on cue,
 a thread's committed messages, row counts per table, throwaway Postgres databases, child processes.
 
 The chat models are the only stand-ins; every database here is real.
@@ -15,7 +15,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,10 +22,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from psycopg import sql
 
 from agent.models import OfflineChatModel
+from tests.helpers import REPO_ROOT
 from tests.helpers.offline import without_input_note
 from tests.helpers.databases import dbname_of, fresh_database, with_dbname  # noqa: F401 - used by the tests
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: The tables that hold a thread's rows, per backend (each has a `thread_id` column).
 POSTGRES_THREAD_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads", "agent_claims", "agent_idempotency")

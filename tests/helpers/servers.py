@@ -26,9 +26,9 @@ from typing import Any
 
 import uvicorn
 
-from tests.helpers.fake_openai import free_port
+from tests.helpers import REPO_ROOT
+from tests.helpers.openai_stub import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_MODEL_SCRIPT = REPO_ROOT / "scripts" / "log_model.py"
 
 __all__ = ["REPO_ROOT", "free_port", "in_process_server", "log_model_with_script", "server_process"]

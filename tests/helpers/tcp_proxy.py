@@ -44,10 +44,10 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from urllib.parse import quote, urlencode
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO_ROOT
+
 CHUNK = 64 * 1024
 COMMANDS = ("stop", "start", "blackhole", "cut", "status")
 

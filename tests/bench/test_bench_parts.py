@@ -1,0 +1,258 @@
+"""Every benchmark part keeps working: each runs end to end at its quick size, and what it reports is checked.
+
+The checks are of correctness, never of time: figures are the benchmark's verdict on the code, not a
+test of the benchmark. One table, `PARTS`, names each part, how it is started and what is specific
+to it; what every part must do (exit 0, report every figure it declares, print the
+`targets met: X/Y` line, name no phase that could not run) is checked once, in
+`test_quick_bench_part_runs_and_reports_every_figure`. The storage part runs through the runner,
+`scripts/bench.py --only storage`, so the runner's own summary is checked on a real report; the
+others run alone, `python -m bench.<name> --quick`, as their docstrings say they can.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import runpy
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+
+from bench import branches, catalogue, context, load, memory, report, startup, storage
+from tests.helpers import REPO_ROOT
+from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
+
+RUNNER = REPO_ROOT / "scripts" / "bench.py"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One quick run of a part: the process, the JSON it wrote, and the part's own report in it."""
+
+    done: subprocess.CompletedProcess
+    output: dict[str, Any]
+    """The JSON file as written: the part's report, or the runner's `{"parts": ..., totals}`."""
+    report: dict[str, Any]
+    server_url: str
+
+
+@dataclass(frozen=True)
+class Part:
+    """A benchmark part: how to start it at its quick size, and what only it must report."""
+
+    name: str
+    figures: Callable[[], Mapping[str, report.Figure]]
+    """The figures the part declares at its quick size, in table order."""
+    check: Callable[[Run], None]
+    timeout: float = 600
+    via_runner: bool = False
+    """Run as `scripts/bench.py --only NAME` (the report sits under `parts`), else `python -m bench.NAME`."""
+    takes_database: bool = True
+    """Whether the part accepts `--database-url` (start-up needs no server)."""
+    may_be_unmeasured: frozenset[str] = frozenset()
+    """Figures that may be None in a quick run (what this machine cannot measure)."""
+
+    def command(self, out: Path, server_url: str) -> list[str]:
+        if self.via_runner:
+            command = [sys.executable, str(RUNNER), "--quick", "--only", self.name]
+        else:
+            command = [sys.executable, "-m", f"bench.{self.name}", "--quick"]
+        command += ["--json", str(out)]
+        return command + (["--database-url", server_url] if self.takes_database else [])
+
+
+def databases_left(server_url: str, *, names: list[str] | None = None, like: str | None = None) -> list[tuple]:
+    """Databases of the server with one of `names`, or whose name matches the LIKE pattern `like`."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        if names is not None:
+            return conn.execute("SELECT datname FROM pg_database WHERE datname = ANY(%s)", (names,)).fetchall()
+        return conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (like,)).fetchall()
+
+
+# -- what is specific to each part ---------------------------------------------------------------
+
+
+def _expected_raw_bytes(turns: int, tools) -> int:
+    # Each turn holds the user message and the offline model's reply, which quotes the user
+    # messages so far and says what it received (see OfflineChatModel): the whole thread, with the
+    # schemas of the tools bound to it (the agent binds its tools, the reference design none).
+    history = []
+    for turn in range(1, turns + 1):
+        history.append(HumanMessage(storage.user_message(turn)))
+        history.append(AIMessage(offline_reply(history, tools=tools)))
+    return sum(len(m.text.encode("utf-8")) for m in history)
+
+
+def check_storage(run: Run) -> None:
+    done, result, runner = run.done, run.report, run.output
+    # The runner: the part's figures in its table, its summary and the totals over the one part.
+    for row in result["figures"].values():
+        assert row["figure"] in done.stdout
+    assert runner["broken_parts"] == [] and list(runner["parts"]) == ["storage"]
+    assert f"all parts: targets met: {runner['targets_met']}/{runner['targets_total']}" in done.stdout
+    assert runner["targets_total"] == result["targets_total"]
+    # Every figure for both designs, as positive finite numbers.
+    for key, row in result["figures"].items():
+        for value in (row["measured"], result["reference_figures"][key]):
+            assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (key, value)
+        assert row["note"].startswith("reference ")
+    targeted = [row for row in result["figures"].values() if row["target"]]
+    assert result["targets_total"] == len(targeted) == 6
+    assert result["targets_met"] == sum(row["pass"] is True for row in targeted)
+    assert all(isinstance(row["pass"], bool) for row in targeted)
+    assert result["turns"] == storage.QUICK_TURNS
+    assert result["peak_rss_mb"] > 0
+    assert {"langgraph", "langgraph-checkpoint-postgres", "psycopg"} <= set(result["versions"])
+    assert result["machine"]["cpu_count"] >= 1
+    # The concurrent conversations had no errors.
+    assert result["errors"] == {"reference": 0, "project": 0}
+    # Exactly the bytes the thread holds: the N-turn thread, plus the thread whose first WINDOW
+    # turns were timed beside its last ones.
+    for design, tools in (("reference", ()), ("project", AGENT_TOOL_SCHEMAS)):
+        expected = _expected_raw_bytes(storage.QUICK_TURNS, tools) + _expected_raw_bytes(storage.WINDOW, tools)
+        measured = result["measurements"][design]
+        assert measured["message_count"] == 2 * storage.QUICK_TURNS
+        assert measured["raw_message_bytes"] == expected
+        assert measured["db_bytes_after"] > measured["db_bytes_before"] > 0
+    # Its scratch databases are dropped.
+    names = [result["measurements"][design]["database"] for design in ("reference", "project")]
+    assert names[0].startswith("tt_bench_ref_") and names[1].startswith("tt_bench_ours_")
+    assert databases_left(run.server_url, names=names) == []
+
+
+def check_branches(run: Run) -> None:
+    result = run.report
+    assert result["error"] is None
+    assert result["targets_total"] == 1
+    assert result["threads"]["checkpoints"] == (
+        1 + branches.QUICK.turns + branches.QUICK.branches * (1 + branches.BRANCH_TURNS)
+    )
+    assert databases_left(run.server_url, like="tt_branches_%") == []
+
+
+def check_catalogue(run: Run) -> None:
+    result = run.report
+    assert result["error"] is None
+    assert result["targets_total"] == 1
+    assert result["threads"]["large"] == catalogue.QUICK.large and result["threads"]["small"] == catalogue.QUICK.small
+    assert databases_left(run.server_url, like="tt_catalogue_%") == []
+
+
+def check_context(run: Run) -> None:
+    result = run.report
+    assert result["broken_phases"] == []
+    targeted = [key for key, figure in context.figures(context.QUICK).items() if figure.check is not None]
+    assert result["targets_total"] == len(targeted) == 4
+    assert result["measurements"]["long thread"]["long_thread_messages_at_end"] >= context.QUICK.long_messages
+    assert len(result["measurements"]["trim"]["tokens"]) == context.QUICK.turns
+
+
+def check_memory(run: Run) -> None:
+    result = run.report
+    assert result["broken_configurations"] == []
+    assert {name: result["measurements"][name]["search"] for name in memory.CONFIGURATIONS} == {
+        "sqlite_keyword": "keyword", "sqlite_semantic": "semantic", "postgres_keyword": "keyword",
+    }  # fmt: skip
+    # The turns with a user_id were given memories: the figure measures retrieval, not an empty search.
+    assert all(result["measurements"][name]["turns_given_memories"] > 0 for name in memory.CONFIGURATIONS)
+
+
+def check_startup(run: Run) -> None:
+    # Nothing beyond what every part reports: start-up writes nothing and needs no server.
+    del run
+
+
+def check_load(run: Run) -> None:
+    done, result = run.done, run.report
+    assert result["broken_phases"] == []
+    for column in ("figure", "measured", "target", "pass"):
+        assert column in done.stdout
+    expected = load.figures(load.QUICK)
+    targeted = [key for key, figure in expected.items() if figure.check is not None]
+    assert result["targets_total"] == len(targeted) == 12
+    assert result["targets_met"] == sum(result["figures"][key]["pass"] is True for key in targeted)
+    assert result["settings"]["sizes"]["conversations"] == load.QUICK.conversations
+    created = result["scratch_databases"]
+    assert len(created) == 10 and all(name.startswith("tt_load_") for name in created)
+    # Only this run's: other runs on the same server may have theirs in flight.
+    assert databases_left(run.server_url, names=created) == []
+
+
+# Longest first (xdist hands the tests out in this order, see tests/helpers/scheduling.py).
+PARTS = [
+    # The workers figures only where `tt-agent serve` has --workers.
+    Part("load", lambda: load.figures(load.QUICK), check_load, timeout=900,
+         may_be_unmeasured=frozenset({"workers_speedup", "workers_1_turns_per_s", "workers_2_turns_per_s"})),
+    Part("startup", lambda: startup.FIGURES, check_startup, takes_database=False),
+    Part("context", lambda: context.figures(context.QUICK), check_context),
+    Part("storage", storage.figures, check_storage, timeout=300, via_runner=True),
+    Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
+    Part("memory", memory.figures, check_memory, timeout=900),
+    Part("branches", lambda: branches.figures(branches.QUICK), check_branches, timeout=900),
+]  # fmt: skip
+
+# The storage part is the quick one; the others start servers and databases for minutes.
+_SLOW = {"branches", "catalogue", "context", "memory", "startup", "load"}
+
+
+def run_part(part: Part, server_url: str, out: Path) -> Run:
+    done = subprocess.run(
+        part.command(out, server_url),
+        cwd=REPO_ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=part.timeout,
+    )
+    output = json.loads(out.read_text()) if out.exists() else {}
+    result = output.get("parts", {}).get(part.name, {}) if part.via_runner else output
+    return Run(done, output, result, server_url)
+
+
+@pytest.mark.parametrize(
+    "part", [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in _SLOW else []) for p in PARTS]
+)
+def test_quick_bench_part_runs_and_reports_every_figure(part: Part, pg_server_url, tmp_path):
+    run = run_part(part, pg_server_url, tmp_path / f"{part.name}.json")
+    done, result = run.done, run.report
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert list(result["figures"]) == list(part.figures())
+    unmeasured = {key for key, row in result["figures"].items() if row["measured"] is None}
+    assert unmeasured <= part.may_be_unmeasured
+    assert f"targets met: {result['targets_met']}/{result['targets_total']}" in done.stdout
+    assert not [key for key in report.INNER_FAILURES if result.get(key)]
+    part.check(run)
+
+
+def test_every_part_of_the_runner_has_a_smoke_test():
+    parts = runpy.run_path(str(RUNNER), run_name="bench_runner")["PARTS"]
+    assert {part.name for part in PARTS} == set(parts)
+
+
+def test_bench_user_messages_are_deterministic_and_of_fixed_size():
+    assert storage.user_message(7) == storage.user_message(7) != storage.user_message(8)
+    assert {len(storage.user_message(t).encode("utf-8")) for t in (1, 99, 12345)} == {storage.USER_MESSAGE_BYTES}
+
+
+def test_bench_runner_lists_its_parts_and_refuses_an_unknown_one():
+    done = subprocess.run([sys.executable, str(RUNNER), "--only", "nonsense"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "storage" in done.stderr and "load" in done.stderr
+
+
+def test_every_part_of_the_runner_has_run_and_print_result():
+    # The runner imports each part by name and calls these two; a part without them breaks `scripts/bench.py`.
+    parts = runpy.run_path(str(RUNNER), run_name="bench_runner")["PARTS"]
+    assert {"storage", "branches", "catalogue", "context", "memory", "startup", "load"} <= set(parts)
+    for name in parts:
+        module = importlib.import_module(f"bench.{name}")
+        assert callable(module.run) and callable(module.print_result), name

@@ -1,0 +1,94 @@
+"""The branch commands of `tt-agent chat` (/show, /edit, /regen, /branches, /switch, /fork, /diff) and the labels
+of `tt-agent history --tree`, run for real in subprocesses with piped input (helpers of `tests.cli.test_cli`)."""
+
+from __future__ import annotations
+
+import re
+
+from agent import create_agent
+from tests.helpers.scenario import TRIP
+from tests.cli.test_cli import SHORT, UUID, assert_clean_success, replies, run_cli, saved_checkpoints
+
+
+def chat(url: str, tmp_path, *lines: str):
+    result = run_cli("chat", "--database-url", url, cwd=tmp_path, stdin="\n".join([*lines, "/quit"]) + "\n")
+    assert_clean_success(result)
+    return result.stdout
+
+
+def section(out: str, command: str) -> str:
+    """What the chat printed after `command` and before the next prompt."""
+    return out.split(f"you › {command}", 1)[1].split("you ›", 1)[0]
+
+
+def test_chat_edits_the_first_message_regenerates_lists_switches_forks_and_compares(tmp_path):
+    url = f"sqlite:///{tmp_path / 'chat.sqlite'}"
+    out = chat(
+        url,
+        tmp_path,
+        TRIP[0],
+        TRIP[1],
+        "/show",
+        "/edit 1 I'm planning a cruise!",
+        "/show",
+        "/regen",
+        "/branches",
+        "/edit 9 too far",
+    )
+    thread_id = re.search(rf"new thread_id ({UUID})", out).group(1)
+    turn1, turn2, edited, regenerated = saved_checkpoints(out)
+    shown = section(out, "/show")
+    assert [n for n in re.findall(r"│ (\d) │", shown)] == ["1", "2", "3", "4"]
+    assert TRIP[0] in shown and TRIP[1] in shown and "‹" not in shown.split("‹i/n›")[0]
+    root = _root(url, thread_id)
+    assert f"saved as checkpoint {edited} (parent {root[-SHORT:]})" in out
+    assert "cruise" in replies(out)[2] and "SF" not in replies(out)[2]
+    after_edit = out.split("you › /edit 1", 1)[1].split("you › /show", 1)[1].split("you ›", 1)[0]
+    assert "‹2/2›" in after_edit  # the edited first message is the second of two alternatives
+    assert f"saved as checkpoint {regenerated} (parent {root[-SHORT:]})" in out
+    assert replies(out)[3] == replies(out)[2]
+    listed = section(out, "/branches")
+    positions = [listed.index(c[-SHORT:]) for c in (regenerated, edited, turn2)]
+    assert positions == sorted(positions) and "[head]" in listed
+    assert "Usage: /edit <n> <text>" in out
+
+    # A second session on the thread: switch back to the SF branch, continue, fork, compare.
+    out = chat(
+        url,
+        tmp_path,
+        f"/thread {thread_id}",
+        f"/switch {turn2[-SHORT:]}",
+        "Where am I going?",
+        "/fork",
+        "And now?",
+        f"/thread {thread_id}",
+        f"/diff {turn2[-SHORT:]} {edited[-SHORT:]}",
+        "/switch",
+    )
+    assert f"The head is now checkpoint {turn2[-SHORT:]} (was {regenerated[-SHORT:]})" in out
+    assert "SF" in replies(out)[0]
+    fork_id = re.search(rf"You are now on thread\s+({UUID})", out).group(1)
+    assert fork_id != thread_id and "SF" in replies(out)[1]
+    diff = section(out, f"/diff {turn2[-SHORT:]} {edited[-SHORT:]}")
+    assert f"common ancestor: {root[-SHORT:]}" in diff
+    only_a, only_b = diff.split("only in A", 1)[1].split("only in B", 1)
+    assert TRIP[1] in only_a and "cruise" in only_b and TRIP[1] not in only_b
+    assert "Usage: /switch <checkpoint_id>" in out
+
+
+def test_history_tree_labels_each_checkpoint_with_the_user_message_that_led_to_it(tmp_path):
+    url = f"sqlite:///{tmp_path / 'tree.sqlite'}"
+    out = chat(url, tmp_path, TRIP[0], TRIP[1], TRIP[2])
+    thread_id = re.search(rf"new thread_id ({UUID})", out).group(1)
+    result = run_cli("history", thread_id, "--tree", "--database-url", url, cwd=tmp_path)
+    assert_clean_success(result)
+    tree = result.stdout.split(f"thread {thread_id}", 1)[1]
+    assert "(root: empty" in tree
+    for said in TRIP:
+        assert f'you: "{said}"' in tree
+    assert "You said, in order" not in tree  # not the reply, which repeats the whole conversation
+
+
+def _root(url: str, thread_id: str) -> str:
+    with create_agent(url, model="offline", tracing=False) as agent:
+        return agent.get_checkpoint_history(thread_id, limit=1000)[-1]["checkpoint_id"]

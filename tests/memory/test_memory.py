@@ -1,0 +1,423 @@
+"""Long-term memory (agent.memory): recall across threads for one user only, the branch scope, provenance,
+deletion, search by keywords and by embeddings, TTL, atomicity with the turn, and the memory actions."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import sys
+import time
+import urllib.request
+import uuid
+
+import httpx
+import psycopg
+import pytest
+
+from agent import create_agent
+from agent.context import TURN_CONTEXT_KEY, TurnContext
+from agent.errors import InvalidRequest, MemoryNotFound, ModelError
+from agent.memory.scopes import namespace, prefix
+from agent.memory.store import keywords
+from agent.memory.tools import memory_tools
+from agent.models import OfflineChatModel
+from tests.helpers.openai_stub import openai_stub_server
+from tests.helpers.scenario import outputs, request, say, text_of
+from tests.helpers.servers import free_port, server_process
+
+
+
+@pytest.fixture
+def alice() -> str:
+    """A user id of this test only (the Postgres database is shared by the session's tests); it has a dot."""
+    return f"alice.{uuid.uuid4().hex[:8]}@example.com"
+
+
+@pytest.fixture
+def bob() -> str:
+    return f"bob-{uuid.uuid4().hex[:8]}"
+
+
+def remembered(response) -> str:
+    """The part of an offline reply that quotes the memories the model was given ("" if none)."""
+    text = text_of(response)
+    return text.split("I remember: ", 1)[1].split(". You said", 1)[0] if "I remember: " in text else ""
+
+
+def store_rows(url: str, user_id: str) -> dict[str, int]:
+    """Rows of `user_id`'s namespace in every table of LangGraph's store, read straight from the database."""
+    tables = ("store", "store_vectors")
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url[len("sqlite:///") :]) as conn:
+            return {t: conn.execute(f"SELECT count(*) FROM {t} WHERE prefix = ?", (prefix(user_id),)).fetchone()[0] for t in tables}
+    with psycopg.connect(url) as conn:
+        present = [t for t in tables if conn.execute("SELECT to_regclass(%s)", (t,)).fetchone()[0] is not None]
+        return {t: conn.execute(f"SELECT count(*) FROM {t} WHERE prefix = %s", (prefix(user_id),)).fetchone()[0] for t in present}
+
+
+# -- recall across threads ------------------------------------------------------------------------
+def test_a_fact_saved_in_one_thread_is_given_to_the_model_in_another_thread_of_the_same_user_only(backend_url, make_agent, alice, bob):
+    agent = make_agent(backend_url)
+    saved = say(agent, "Remember that I'm vegetarian", user_id=alice)
+    assert "save_memory says: Saved" in text_of(saved)
+
+    other_thread = say(agent, "Can you suggest a dinner place?", user_id=alice)
+    assert outputs(other_thread)["thread_id"] != outputs(saved)["thread_id"]
+    assert remembered(other_thread) == '1. "I\'m vegetarian"'
+
+    stranger = say(agent, "Can you suggest a dinner place?", user_id=bob)
+    assert remembered(stranger) == ""
+    assert agent.list_memories(bob) == []
+
+
+def test_a_memory_records_the_thread_and_checkpoint_of_the_turn_that_saved_it(backend_url, make_agent, alice):
+    agent = make_agent(backend_url)
+    saved = outputs(say(agent, "Remember that my sister lives in Lisbon", user_id=alice))
+    [memory] = agent.list_memories(alice)
+    assert memory["content"] == "my sister lives in Lisbon"
+    assert (memory["thread_id"], memory["checkpoint_id"]) == (saved["thread_id"], saved["checkpoint_id"])
+    assert memory["created_at"].endswith("+00:00")
+    history = agent.get_checkpoint_history(saved["thread_id"], user_id=alice)
+    assert history[0]["checkpoint_id"] == memory["checkpoint_id"] and history[0]["is_head"]
+
+
+def test_user_ids_that_differ_only_after_a_dot_do_not_share_memories(backend_url, make_agent):
+    agent = make_agent(backend_url)
+    say(agent, "Remember that I'm the dotted one", user_id="a.b")
+    assert namespace("a.b") == ("user_memories", "a%2Eb")
+    assert agent.list_memories("a") == [] and agent.list_memories("a%2Eb") == []
+    assert remembered(say(agent, "hello", user_id="a")) == ""
+    assert [m["content"] for m in agent.list_memories("a.b")] == ["I'm the dotted one"]
+
+
+def test_without_a_user_id_nothing_is_remembered_and_the_reply_says_so(backend_url, make_agent, alice):
+    agent = make_agent(backend_url)
+    reply = text_of(say(agent, "Remember that I'm vegetarian"))
+    assert "long-term memory is off in this conversation because the request has no user_id" in reply
+    assert remembered(say(agent, "Suggest a dinner place")) == ""
+    assert remembered(say(agent, "Suggest a dinner place", user_id=alice)) == ""
+
+
+def test_at_most_max_memories_in_context_are_given_the_most_relevant_first(backend_url, make_agent, alice):
+    agent = make_agent(backend_url, max_memories_in_context=2)
+    for fact in ("I live in Porto", "I like green tea", "My cat is called Miso"):
+        say(agent, f"Remember that {fact}", user_id=alice)
+    reply = say(agent, "What should I name a kitten? My cat Miso needs a friend.", user_id=alice)
+    # "cat" and "miso" match one memory; the newest of the others fills the second place.
+    assert remembered(reply) == '1. "My cat is called Miso" 2. "I like green tea"'
+    assert remembered(make_agent(backend_url, max_memories_in_context=0).predict(request("hi", user_id=alice))) == ""
+
+
+# -- branch scope (the trip scenario) ------------------------------------------------------------------
+def trip_with_a_fact_on_the_sf_branch(agent, alice) -> dict:
+    first = outputs(say(agent, "I'm planning for an upcoming trip!", user_id=alice))
+    sf = outputs(say(agent, "Remember that I'm headed to SF", thread_id=first["thread_id"], user_id=alice))
+    return {"thread_id": first["thread_id"], "after_turn1": first["checkpoint_id"], "sf_head": sf["checkpoint_id"]}
+
+
+def test_under_branch_scope_a_fact_from_the_sf_branch_is_not_given_on_the_new_york_branch(backend_url, make_agent, alice):
+    agent = make_agent(backend_url, memory_scope="branch")
+    trip = trip_with_a_fact_on_the_sf_branch(agent, alice)
+    new_york = say(
+        agent, "I'm headed to New York! Where am I going?", thread_id=trip["thread_id"],
+        checkpoint_id=trip["after_turn1"], user_id=alice,
+    )  # fmt: skip
+    assert remembered(new_york) == ""
+    on_sf = say(agent, "Where am I going?", thread_id=trip["thread_id"], checkpoint_id=trip["sf_head"], user_id=alice)
+    assert remembered(on_sf) == '1. "I\'m headed to SF"'
+    assert remembered(say(agent, "Where am I going?", user_id=alice)) == ""  # another thread: another branch
+    assert [m["content"] for m in agent.list_memories(alice)] == ["I'm headed to SF"]  # the API lists every scope
+
+
+def test_under_user_scope_the_sf_fact_is_given_on_the_new_york_branch_too(backend_url, make_agent, alice):
+    agent = make_agent(backend_url, memory_scope="user")
+    trip = trip_with_a_fact_on_the_sf_branch(agent, alice)
+    new_york = say(
+        agent, "I'm headed to New York! Where am I going?", thread_id=trip["thread_id"],
+        checkpoint_id=trip["after_turn1"], user_id=alice,
+    )  # fmt: skip
+    assert remembered(new_york) == '1. "I\'m headed to SF"'
+
+
+def test_under_branch_scope_a_memory_of_another_branch_cannot_be_forgotten_from_this_one(backend_url, make_agent, alice):
+    agent = make_agent(backend_url, memory_scope="branch")
+    trip = trip_with_a_fact_on_the_sf_branch(agent, alice)
+    [memory] = agent.list_memories(alice)
+    forget = {tool.name: tool for tool in memory_tools(agent.operation_context.memories)}["forget_memory"]
+    config = {"configurable": {TURN_CONTEXT_KEY: TurnContext(thread_id=trip["thread_id"], user_id=alice)}}
+    new_york_state = {"messages": []}  # the New York branch holds no save_memory result
+    call = {"name": "forget_memory", "args": {"memory_id": memory["memory_id"], "state": new_york_state}, "id": "c1", "type": "tool_call"}
+    result = forget.invoke(call, config)
+    assert "there is no memory" in result.content and result.artifact is None
+    assert agent.list_memories(alice) == [memory]
+
+
+# -- forgetting and deletion --------------------------------------------------------------------------
+def test_forget_deletes_the_memory_when_its_turn_commits(backend_url, make_agent, alice):
+    agent = make_agent(backend_url)
+    say(agent, "Remember that I'm vegetarian", user_id=alice)
+    say(agent, "Remember that I live in Porto", user_id=alice)
+    forgot = text_of(say(agent, "Forget that I'm vegetarian", user_id=alice))
+    assert "forget_memory says: Forgotten (when this turn completes): I'm vegetarian" in forgot
+    assert [m["content"] for m in agent.list_memories(alice)] == ["I live in Porto"]
+    assert "The search_memories says: " in text_of(say(agent, "What do you remember about me?", user_id=alice))
+
+
+def test_delete_user_data_leaves_no_row_of_the_user_in_any_store_table(backend_url, make_agent, tmp_path, alice, bob):
+    agent = make_agent(backend_url, memory_scope="branch")
+    say(agent, "Remember that I'm vegetarian", user_id=alice)
+    say(agent, "Remember that I like tea", user_id=alice)
+    say(agent, "Remember that I'm Bob", user_id=bob)
+    assert store_rows(backend_url, alice)["store"] == 2
+    agent.delete_user_data(alice)
+    assert all(count == 0 for count in store_rows(backend_url, alice).values())
+    assert agent.list_memories(alice) == []
+    assert [m["content"] for m in agent.list_memories(bob)] == ["I'm Bob"]
+
+
+def test_delete_thread_removes_its_memories_under_branch_scope_and_keeps_them_under_user_scope(backend_url, make_agent, alice):
+    branch = make_agent(backend_url, memory_scope="branch")
+    kept = outputs(say(branch, "Remember that I like tea", user_id=alice))
+    gone = outputs(say(branch, "Remember that I'm vegetarian", user_id=alice))
+    branch.delete_thread(gone["thread_id"], user_id=alice)
+    assert [m["content"] for m in branch.list_memories(alice)] == ["I like tea"]
+
+    user = make_agent(backend_url, memory_scope="user")
+    user.delete_thread(kept["thread_id"], user_id=alice)
+    [memory] = user.list_memories(alice)
+    assert memory["content"] == "I like tea" and memory["thread_id"] == kept["thread_id"]
+
+
+def test_delete_memory_deletes_only_the_callers_own(backend_url, make_agent, alice, bob):
+    agent = make_agent(backend_url)
+    say(agent, "Remember that I'm vegetarian", user_id=alice)
+    [memory] = agent.list_memories(alice)
+    with pytest.raises(MemoryNotFound):
+        agent.delete_memory(bob, memory["memory_id"])
+    assert agent.list_memories(alice) == [memory]
+    agent.delete_memory(alice, memory["memory_id"])
+    assert agent.list_memories(alice) == []
+    with pytest.raises(MemoryNotFound):
+        agent.delete_memory(alice, memory["memory_id"])
+
+
+# -- atomicity with the turn ------------------------------------------------------------------------------
+class SavesThenFails(OfflineChatModel):
+    """Calls save_memory, then fails when it is called with the tool's result."""
+
+    def _reply(self, messages):
+        if messages[-1].type == "tool":
+            raise RuntimeError("the model went away")
+        return super()._reply(messages)
+
+
+def test_a_turn_that_fails_after_saving_writes_no_memory(backend_url, make_agent, alice):
+    agent = make_agent(backend_url, model=SavesThenFails())
+    with pytest.raises(ModelError):
+        say(agent, "Remember that I'm vegetarian", user_id=alice)
+    assert agent.list_memories(alice) == [] and store_rows(backend_url, alice)["store"] == 0
+
+
+# -- search ---------------------------------------------------------------------------------------------
+def test_keyword_search_lists_only_memories_sharing_a_word_most_words_first(backend_url, make_agent, alice):
+    agent = make_agent(backend_url)
+    for fact in ("I live in Porto", "My sister lives in Lisbon", "I fly to Lisbon in May"):
+        say(agent, f"Remember that {fact}", user_id=alice)
+    assert [m["content"] for m in agent.list_memories(alice, query="Lisbon in May")] == [
+        "I fly to Lisbon in May",
+        "My sister lives in Lisbon",
+    ]
+    assert agent.list_memories(alice, query="Tokyo") == []
+    newest_first = ["I fly to Lisbon in May", "My sister lives in Lisbon", "I live in Porto"]
+    assert [m["content"] for m in agent.list_memories(alice)] == newest_first
+    assert [m["content"] for m in agent.list_memories(alice, query="what about me?")] == newest_first  # no searchable word
+    assert [m["content"] for m in agent.list_memories(alice, limit=1)] == newest_first[:1]
+
+
+def test_keywords_drop_short_and_common_words():
+    assert keywords("What do you remember about my trip to SF, Lisbon and LISBON?") == ["trip", "sf", "lisbon"]
+
+
+@pytest.fixture
+def embeddings_stub(monkeypatch):
+    with openai_stub_server() as base_url:
+        monkeypatch.setenv("OPENAI_BASE_URL", base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "unused")
+        yield base_url
+
+
+def embedding_requests(base_url: str) -> list[dict]:
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/_requests?path=/v1/embeddings") as answer:
+        return json.loads(answer.read())
+
+
+def test_with_an_embeddings_model_memories_are_ranked_by_similarity_on_sqlite(embeddings_stub, make_agent, tmp_path, alice):
+    url = f"sqlite:///{tmp_path / 'memory.sqlite'}"
+    agent = make_agent(url, embedding_model="fake-embed")
+    assert agent.operation_context.memories.search_kind.startswith("semantic")
+    for fact in ("I live in Porto", "My sister Ana lives in Lisbon", "I like green tea"):
+        say(agent, f"Remember that {fact}", user_id=alice)
+    assert store_rows(url, alice) == {"store": 3, "store_vectors": 3}
+    ranked = [m["content"] for m in agent.list_memories(alice, query="sister Ana")]
+    assert ranked[0] == "My sister Ana lives in Lisbon" and len(ranked) == 3  # similarity ranks every memory
+    reply = say(agent, "Where does my sister Ana live?", user_id=alice)
+    assert remembered(reply).startswith('1. "My sister Ana lives in Lisbon"')
+    embedded = [text for body in embedding_requests(embeddings_stub) for text in body["input"]]
+    assert "My sister Ana lives in Lisbon" in embedded and "Where does my sister Ana live?" in embedded
+
+
+def test_an_embeddings_model_on_postgres_is_reported_and_keyword_search_is_used(embeddings_stub, pg_url, make_agent, caplog):
+    with caplog.at_level(logging.WARNING, logger="agent.memory.service"):
+        agent = make_agent(pg_url, embedding_model="fake-embed")
+    assert agent.operation_context.memories.search_kind == "keyword"
+    assert "semantic memory search needs sqlite-vec" in caplog.text
+    say(agent, "Remember that I collect stamps", user_id="stamp-collector")
+    assert [m["content"] for m in agent.list_memories("stamp-collector", query="stamps")] == ["I collect stamps"]
+    assert embedding_requests(embeddings_stub) == []
+
+
+# -- retention -------------------------------------------------------------------------------------------
+def test_memories_expire_after_memory_ttl_seconds_and_the_sweep_deletes_them(backend_url, make_agent, alice):
+    agent = make_agent(backend_url, memory_ttl_seconds=1)
+    say(agent, "Remember that I'm in a hurry", user_id=alice)
+    assert len(agent.list_memories(alice)) == 1
+    time.sleep(1.5)
+    assert agent.list_memories(alice) == []
+    assert remembered(say(agent, "hello", user_id=alice)) == ""
+    assert store_rows(backend_url, alice)["store"] == 1  # expired, not yet swept
+    agent.operation_context.memories.store.sweep_ttl()
+    assert store_rows(backend_url, alice)["store"] == 0
+
+
+# -- the actions, and hostile input --------------------------------------------------------------------------
+def action(agent, name: str, **custom):
+    return agent.predict(request(None, action=name, **custom)).custom_outputs
+
+
+def test_list_and_delete_memory_actions_match_the_python_methods(backend_url, make_agent, alice):
+    agent = make_agent(backend_url)
+    say(agent, "Remember that I'm vegetarian", user_id=alice)
+    listed = action(agent, "list_memories", user_id=alice, query="vegetarian", limit=5)
+    assert listed == {"user_id": alice, "memories": agent.list_memories(alice, query="vegetarian", limit=5)}
+    memory_id = listed["memories"][0]["memory_id"]
+    assert action(agent, "delete_memory", user_id=alice, memory_id=memory_id) == {
+        "user_id": alice, "memory_id": memory_id, "deleted": True,
+    }  # fmt: skip
+    assert action(agent, "list_memories", user_id=alice)["memories"] == []
+
+
+@pytest.mark.parametrize(
+    "name, custom",
+    [
+        ("list_memories", {}),  # no user_id
+        ("list_memories", {"user_id": "ALICE", "query": "x" * 1001}),
+        ("list_memories", {"user_id": "ALICE", "query": 42}),
+        ("list_memories", {"user_id": "ALICE", "query": "\ud800"}),
+        ("list_memories", {"user_id": "ALICE", "limit": 0}),
+        ("list_memories", {"user_id": "ALICE", "limit": 10**9}),
+        ("list_memories", {"user_id": "ALICE", "limit": "5"}),
+        ("list_memories", {"user_id": "ALICE", "thread": "t"}),
+        ("delete_memory", {"user_id": "ALICE"}),
+        ("delete_memory", {"user_id": "ALICE", "memory_id": 7}),
+        ("delete_memory", {"user_id": "ALICE", "memory_id": "x" * 10_000}),
+        ("delete_memory", {"user_id": "ALICE", "memory_id": "a\nb"}),
+        ("delete_memory", {"user_id": ["alice"], "memory_id": "m"}),
+        ("delete_memory", {"memory_id": "m"}),
+    ],
+)
+def test_malformed_memory_actions_are_invalid_requests_and_change_nothing(backend_url, make_agent, name, custom, alice):
+    agent = make_agent(backend_url)
+    say(agent, "Remember that I'm vegetarian", user_id=alice)
+    custom = {key: alice if value == "ALICE" else value for key, value in custom.items()}
+    before = agent.list_memories(alice)
+    with pytest.raises(InvalidRequest):
+        action(agent, name, **custom)
+    assert agent.list_memories(alice) == before
+
+
+def test_another_users_memory_id_is_not_found_over_the_action_and_is_kept(backend_url, make_agent, alice, bob):
+    agent = make_agent(backend_url)
+    say(agent, "Remember that I'm vegetarian", user_id=alice)
+    [memory] = agent.list_memories(alice)
+    with pytest.raises(MemoryNotFound) as caught:
+        action(agent, "delete_memory", user_id=bob, memory_id=memory["memory_id"])
+    assert "was not found" in str(caught.value)
+    assert agent.list_memories(alice) == [memory]
+
+
+def test_the_model_cannot_save_an_oversized_memory(backend_url, make_agent, alice):
+    agent = make_agent(backend_url)
+    reply = text_of(say(agent, "Remember that " + "very " * 300 + "long", user_id=alice))
+    assert "longer than 1000 characters; nothing was saved" in reply
+    assert agent.list_memories(alice) == []
+
+
+def test_the_model_cannot_save_control_characters_and_the_turn_still_completes(backend_url, make_agent, alice):
+    agent = make_agent(backend_url)
+    reply = say(agent, "Remember that a\x00b", user_id=alice)
+    assert "holds control characters; nothing was saved" in text_of(reply)
+    assert outputs(reply)["checkpoint_id"] and agent.list_memories(alice) == []
+
+
+def test_memories_work_through_a_transaction_mode_pgbouncer(pgbouncer_url, make_agent, alice):
+    agent = make_agent(pgbouncer_url)
+    say(agent, "Remember that I'm behind a pooler", user_id=alice)
+    assert remembered(say(agent, "Hello again", user_id=alice)) == '1. "I\'m behind a pooler"'
+    [memory] = agent.list_memories(alice)
+    agent.delete_memory(alice, memory["memory_id"])
+    assert agent.list_memories(alice) == []
+
+
+# -- over HTTP ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_over_http_memory_crosses_threads_for_the_context_user_only(backend_url, tmp_path, alice, bob):
+    port = free_port()
+    env = {"AGENT_DATABASE_URL": backend_url, "AGENT_MODEL": "offline", "AGENT_TRACING": "false"}
+    command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with server_process(command, port=port, health_path="/health", env=env, cwd=tmp_path) as base_url:
+        with httpx.Client(base_url=base_url, timeout=60) as http:
+
+            def turn(text: str, user_id: str) -> dict:
+                body = {"input": [{"role": "user", "content": text}], "context": {"user_id": user_id}}
+                answer = http.post("/invocations", json=body)
+                assert answer.status_code == 200, answer.text
+                return answer.json()
+
+            turn("Remember that I'm vegetarian", alice)
+            assert remembered(turn("Suggest a dinner place", alice)) == "1. \"I'm vegetarian\""
+            assert remembered(turn("Suggest a dinner place", bob)) == ""
+            listed = http.post(
+                "/invocations", json={"input": [], "context": {"user_id": bob}, "custom_inputs": {"action": "list_memories"}}
+            )
+            assert listed.status_code == 200 and listed.json()["custom_outputs"]["memories"] == []
+            listed_alice = http.post(
+                "/invocations", json={"input": [], "context": {"user_id": alice}, "custom_inputs": {"action": "list_memories"}}
+            ).json()
+            [memory] = listed_alice["custom_outputs"]["memories"]
+            stolen = http.post(
+                "/invocations",
+                json={"input": [], "context": {"user_id": bob}, "custom_inputs": {"action": "delete_memory", "memory_id": memory["memory_id"]}},
+            )
+            assert stolen.status_code == 404 and "traceback" not in stolen.text.lower()
+
+
+# -- the command line --------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_demo_memory_shows_a_fact_crossing_threads_and_tt_agent_memories_lists_it(tmp_path):
+    from tests.cli.test_cli import run_cli
+
+    demo = run_cli("demo", "memory", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stdout.count("✓") == 3 and "Not as expected" not in demo.stdout
+    user = demo.stdout.split(" memories --user-id ")[1].split()[0]
+
+    with create_agent(f"sqlite:///{tmp_path / '.agent' / 'checkpoints.sqlite'}", model="offline", tracing=False) as agent:
+        say(agent, "Remember that I like tea", user_id=user)
+    listed = run_cli("memories", "--user-id", user, "--query", "tea", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert listed.returncode == 0, listed.stderr
+    assert "I like tea" in listed.stdout and "I'm vegetarian" not in listed.stdout
+    other = run_cli("memories", "--user-id", "nobody-at-all", cwd=tmp_path)
+    assert other.returncode == 0 and "no memories" in other.stdout
+    missing = run_cli("memories", "--user-id", user, cwd=tmp_path / ".agent")
+    assert missing.returncode == 1 and "There is no store" in missing.stderr

@@ -1,0 +1,379 @@
+"""Export and import (`agent.operations.transfer`): whole threads as versioned JSON documents.
+
+* A hypothesis round trip: random trees (turns, tool calls, branches from earlier checkpoints,
+  `update_checkpoint_state` appends and removals, head switches) on one backend, exported, sent through
+  `json.dumps`/`json.loads`, imported into the other (Postgres -> SQLite and SQLite -> Postgres), read back
+  the same everywhere: history (ids, parents, order, every field), every checkpoint's state, branches,
+  usage, and the re-exported checkpoints byte for byte. The imported thread is usable (a turn from the
+  head, a branch from the root), and importing the document again writes nothing.
+* Malformed documents are `InvalidRequest` and write nothing (row counts of every table).
+* Conflicts (`ThreadExists`), ownership, a copy under another thread id, the actions and the CLI.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sqlite3
+import uuid
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent import InvalidRequest, ThreadExists, ThreadNotFound
+from agent.models import CALCULATE_PREFIX
+from tests.helpers.reliability import head_messages, user_texts
+from tests.helpers.scenario import outputs, say, text_of
+
+MAX_EXAMPLES = 6
+
+texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12).filter(
+    lambda s: not s.lower().startswith(CALCULATE_PREFIX)
+)
+picks = st.integers(min_value=0, max_value=10_000)
+operation = st.one_of(
+    st.tuples(st.just("turn"), texts),
+    st.tuples(st.just("tool"), st.integers(1, 99)),
+    st.tuples(st.just("branch"), picks, texts),
+    st.tuples(st.just("update"), st.none() | picks, texts),
+    st.tuples(st.just("remove"), picks, picks),
+    st.tuples(st.just("switch"), picks),
+)
+operations = st.lists(operation, min_size=2, max_size=7)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'transfer.sqlite'}"
+
+
+@pytest.fixture
+def agents(pg_url, sqlite_url, make_agent) -> dict:
+    """One offline agent per backend, at once: {"postgres": agent, "sqlite": agent}."""
+    return {"postgres": make_agent(pg_url), "sqlite": make_agent(sqlite_url)}
+
+
+def row_counts(agent) -> dict[str, int]:
+    """Rows in every table of the agent's database (all the agent's, LangGraph's and the memory store's)."""
+    url = agent.settings.database_url
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            return {name: conn.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] for name in names}
+    with psycopg.connect(url) as conn:
+        names = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        return {name: conn.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] for name in names}
+
+
+def build_tree(agent, ops, *, user_id: str | None = None) -> str:
+    """A thread made of `ops` (see the module docstring); its id."""
+    thread_id = str(uuid.uuid4())
+    say(agent, "first", thread_id=thread_id, user_id=user_id)
+    for op in ops:
+        ids = [e["checkpoint_id"] for e in agent.get_checkpoint_history(thread_id, 1000, user_id=user_id)][::-1]
+        pick = lambda n: ids[n % len(ids)]  # noqa: E731
+        kind = op[0]
+        if kind == "turn":
+            say(agent, op[1], thread_id=thread_id, user_id=user_id)
+        elif kind == "tool":
+            say(agent, f"calculate {op[1]}*2", thread_id=thread_id, user_id=user_id)
+        elif kind == "branch":
+            say(agent, op[2], thread_id=thread_id, checkpoint_id=pick(op[1]), user_id=user_id)
+        elif kind == "update":
+            at = None if op[1] is None else pick(op[1])
+            agent.update_checkpoint_state(thread_id, at, [{"role": "user", "content": op[2]}], user_id=user_id)
+        elif kind == "remove":
+            state = agent.get_checkpoint_state(thread_id, pick(op[1]), user_id=user_id)
+            if len(state["messages"]) >= 2:
+                victim = state["messages"][op[2] % len(state["messages"])]["id"]
+                try:
+                    agent.update_checkpoint_state(
+                        thread_id, state["checkpoint_id"], None, remove_message_ids=[victim], user_id=user_id
+                    )
+                except InvalidRequest:  # e.g. removing it would leave an unanswered tool call; nothing written
+                    pass
+        elif kind == "switch":
+            agent.set_head(thread_id, pick(op[1]), user_id=user_id)
+    return thread_id
+
+
+def snapshot(agent, thread_id: str, user_id: str | None) -> dict:
+    """Everything a client can read about a thread."""
+    history = agent.get_checkpoint_history(thread_id, 1000, user_id=user_id)
+    return {
+        "history": history,
+        "states": {e["checkpoint_id"]: agent.get_checkpoint_state(thread_id, e["checkpoint_id"], user_id=user_id) for e in history},
+        "branches": agent.list_branches(thread_id, user_id=user_id),
+        "usage": agent.get_usage(thread_id, user_id=user_id),
+    }
+
+
+@pytest.mark.parametrize("direction", [("postgres", "sqlite"), ("sqlite", "postgres")], ids="->".join)
+@given(ops=operations)
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_random_tree_reads_back_the_same_in_the_other_backend(agents, direction, ops):
+    source, target = agents[direction[0]], agents[direction[1]]
+    thread_id = build_tree(source, ops, user_id="alice")
+    document = json.loads(json.dumps(source.export_thread(thread_id, user_id="alice")))
+    assert document["format"] == "timetravel-agent.thread" and document["version"] == 1
+    assert "user_id" not in document["thread"]
+
+    imported = target.import_thread(document, user_id="bob")  # the importer decides the owner
+
+    assert imported["thread_id"] == thread_id and imported["user_id"] == "bob"
+    before = snapshot(source, thread_id, "alice")
+    assert snapshot(target, thread_id, "bob") == before
+    assert target.export_thread(thread_id, user_id="bob")["checkpoints"] == document["checkpoints"]
+    with pytest.raises(ThreadNotFound):
+        target.export_thread(thread_id, user_id="alice")
+
+    counts = row_counts(target)
+    assert target.import_thread(document, user_id="bob") == imported  # again: a no-op
+    assert row_counts(target) == counts
+
+    # Usable: a turn from the head continues it; a turn from the root is a new branch.
+    head = imported["checkpoint_id"]
+    turn = outputs(say(target, "and now?", thread_id=thread_id, user_id="bob"))
+    assert turn["parent_checkpoint_id"] == head
+    root = before["history"][-1]["checkpoint_id"]
+    branch = outputs(say(target, "again", thread_id=thread_id, checkpoint_id=root, user_id="bob"))
+    assert branch["parent_checkpoint_id"] == root
+    history = target.get_checkpoint_history(thread_id, 1000, user_id="bob")
+    assert [e["checkpoint_id"] for e in history[:2]] == [branch["checkpoint_id"], turn["checkpoint_id"]]  # newest first
+    assert history[2:] == [{**e, "is_head": False} for e in before["history"]]
+
+
+def test_a_thread_with_a_context_summary_continues_alike_after_the_trip(pg_url, sqlite_url, make_agent):
+    budget = {"max_context_tokens": 900, "context_strategy": "summarize"}  # small enough to need a summary
+    source, target = make_agent(pg_url, **budget), make_agent(sqlite_url, **budget)
+    thread_id = str(uuid.uuid4())
+    for n in range(8):
+        say(source, f"message number {n} " + "word " * 40, thread_id=thread_id)
+    document = json.loads(json.dumps(source.export_thread(thread_id)))
+    head = next(c for c in document["checkpoints"] if c["checkpoint_id"] == document["thread"]["checkpoint_id"])
+    assert head["channel_values"]["context_summary"]["value"]["text"]  # the summary travels with the state
+    target.import_thread(document)
+    replies = [text_of(say(agent, "what did I say?", thread_id=thread_id)) for agent in (source, target)]
+    assert replies[0].endswith("with a summary]")
+    assert replies[0] == replies[1]
+
+
+@pytest.fixture
+def exported(backend_url, make_agent):
+    """(agent, its thread's document, the thread id): a thread with a tool call and a branch."""
+    agent = make_agent(backend_url)
+    thread_id = build_tree(agent, [("tool", 3), ("turn", "hello"), ("branch", 1, "other")])
+    return agent, agent.export_thread(thread_id), thread_id
+
+
+def _chain(doc):
+    """Root, then its first child, then that one's first child (the first three checkpoints of a branch)."""
+    by_parent = {}
+    for c in doc["checkpoints"]:
+        by_parent.setdefault(c["parent_checkpoint_id"], []).append(c)
+    root = by_parent[None][0]
+    a = by_parent[root["checkpoint_id"]][0]
+    b = by_parent[a["checkpoint_id"]][0]
+    return root, a, b
+
+
+def _set(path, value):
+    def mutate(doc):
+        target = doc
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return mutate
+
+
+def _cycle(doc):
+    root, a, b = _chain(doc)
+    a["parent_checkpoint_id"] = b["checkpoint_id"]
+
+
+def _two_roots(doc):
+    _chain(doc)[1]["parent_checkpoint_id"] = None
+
+
+def _missing_parent(doc):
+    _chain(doc)[2]["parent_checkpoint_id"] = str(uuid.uuid4())
+
+
+def _duplicate(doc):
+    doc["checkpoints"].append(copy.deepcopy(doc["checkpoints"][-1]))
+
+
+def _message(mutation):
+    def mutate(doc):
+        messages = _chain(doc)[2]["channel_values"]["messages"]["value"]
+        mutation(messages)
+
+    return mutate
+
+
+MALFORMED = {
+    "not an object": lambda doc: ["a", "list"],
+    "wrong format": _set(["format"], "langgraph.thread"),
+    "future version": _set(["version"], 2),
+    "unknown field": _set(["thread", "owner"], "x"),
+    "no checkpoints": _set(["checkpoints"], []),
+    "thread id not a string": _set(["thread", "thread_id"], 7),
+    "metadata value not a string": _set(["thread", "metadata"], {"k": 1}),
+    "17 metadata pairs": _set(["thread", "metadata"], {f"k{i}": "v" for i in range(17)}),
+    "metadata value too long": _set(["thread", "metadata"], {"k": "v" * 513}),
+    "empty title": _set(["thread", "title"], ""),
+    "title too long": _set(["thread", "title"], "t" * 257),
+    "ttl not positive": _set(["thread", "ttl_seconds"], 0),
+    "unknown head": _set(["thread", "checkpoint_id"], str(uuid.uuid4())),
+    "timestamp not ISO": lambda doc: _chain(doc)[1].update(ts="yesterday"),
+    "version as text": lambda doc: _chain(doc)[1].update(v="4"),
+    "checkpoint id not a UUID": lambda doc: _chain(doc)[0].update(checkpoint_id="root"),
+    "missing parent": _missing_parent,
+    "two roots": _two_roots,
+    "cycle": _cycle,
+    "duplicate checkpoint": _duplicate,
+    "NUL in metadata": lambda doc: _chain(doc)[1]["metadata"].update(note="a\x00b"),
+    "NaN in metadata": lambda doc: _chain(doc)[1]["metadata"].update(score=float("nan")),
+    "channel without a version": lambda doc: _chain(doc)[1]["channel_values"].update(extra={"type": "json", "value": 1}),
+    "messages typed as json": lambda doc: _chain(doc)[1]["channel_values"]["messages"].update(type="json"),
+    "unknown message type": _message(lambda ms: ms[0].update(type="remove")),
+    "message content not text": _message(lambda ms: ms[0]["data"].update(content=5)),
+    "message without id": _message(lambda ms: ms[0]["data"].update(id=None)),
+    "lone surrogate": _message(lambda ms: ms[0]["data"].update(content="\ud800")),
+}
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_a_malformed_document_is_invalid_request_and_writes_nothing(exported, name):
+    agent, document, thread_id = exported
+    agent.delete_thread(thread_id)  # so that only the document's validity decides
+    broken = copy.deepcopy(document)
+    broken = MALFORMED[name](broken) or broken
+    counts = row_counts(agent)
+    with pytest.raises(InvalidRequest, match="nothing was written|must|document"):
+        agent.import_thread(broken)
+    assert row_counts(agent) == counts
+    agent.import_thread(document)  # the intact document still imports
+
+
+def test_text_holding_a_literal_backslash_u0000_round_trips(backend_url, make_agent):
+    # The six characters \u0000 are text, not a NUL: the document check once took them for one.
+    agent = make_agent(backend_url)
+    text = "a literal \\u0000 and \\\\u0000 here"
+    thread_id = outputs(say(agent, text))["thread_id"]
+    copy_id = agent.import_thread(agent.export_thread(thread_id), thread_id=f"{thread_id}-copy")["thread_id"]
+    assert user_texts(head_messages(agent, copy_id)) == [text]
+
+
+def test_a_thread_id_in_use_with_other_content_is_thread_exists(exported):
+    agent, document, thread_id = exported
+    say(agent, "one more", thread_id=thread_id)
+    counts = row_counts(agent)
+    with pytest.raises(ThreadExists) as caught:
+        agent.import_thread(document)
+    assert caught.value.ids["thread_id"] == thread_id
+    assert row_counts(agent) == counts
+
+
+def test_another_users_thread_id_is_thread_exists_and_stays_theirs(exported):
+    agent, document, thread_id = exported
+    agent.delete_thread(thread_id)
+    agent.import_thread(document, user_id="alice")
+    counts = row_counts(agent)
+    with pytest.raises(ThreadExists):
+        agent.import_thread(document, user_id="mallory")
+    assert row_counts(agent) == counts
+    assert agent.export_thread(thread_id, user_id="alice")["checkpoints"] == document["checkpoints"]
+    with pytest.raises(ThreadNotFound):
+        agent.export_thread(thread_id, user_id="mallory")
+
+
+def test_checkpoint_ids_another_thread_holds_are_refused(exported):
+    agent, document, thread_id = exported
+    renamed = copy.deepcopy(document)
+    renamed["thread"]["thread_id"] = "same-checkpoints-other-thread"
+    counts = row_counts(agent)
+    with pytest.raises(ThreadExists, match="checkpoints"):
+        agent.import_thread(renamed)
+    assert row_counts(agent) == counts
+
+
+def test_under_another_thread_id_it_is_a_copy_with_new_checkpoint_ids_in_the_same_order(exported):
+    agent, document, thread_id = exported
+    copied = agent.import_thread(document, thread_id="the-copy")
+    original = agent.get_checkpoint_history(thread_id, 1000)
+    copy_history = agent.get_checkpoint_history("the-copy", 1000)
+    assert not {e["checkpoint_id"] for e in original} & {e["checkpoint_id"] for e in copy_history}
+    mapping = {a["checkpoint_id"]: b["checkpoint_id"] for a, b in zip(original, copy_history, strict=True)}
+    mapping[None] = None
+    assert [mapping[e["parent_checkpoint_id"]] for e in original] == [e["parent_checkpoint_id"] for e in copy_history]
+    assert [e["timestamp"] for e in original] == [e["timestamp"] for e in copy_history]
+    assert copied["checkpoint_id"] == mapping[agent.get_checkpoint_state(thread_id)["checkpoint_id"]]
+    for old, new in mapping.items():
+        if old is not None:
+            strip = lambda s: [(m["id"], m.get("content"), m.get("type")) for m in s["messages"]]  # noqa: E731
+            assert strip(agent.get_checkpoint_state(thread_id, old)) == strip(agent.get_checkpoint_state("the-copy", new))
+    counts = row_counts(agent)
+    assert agent.import_thread(document, thread_id="the-copy") == copied  # deterministic ids: again a no-op
+    assert row_counts(agent) == counts
+    turn = outputs(say(agent, "go on", thread_id="the-copy"))
+    assert agent.get_checkpoint_history("the-copy", 1)[0]["checkpoint_id"] == turn["checkpoint_id"]
+
+
+def test_title_metadata_and_forked_from_travel(exported):
+    agent, document, thread_id = exported
+    fork = agent.fork_thread(thread_id, new_thread_id="a-fork")
+    doc = agent.export_thread("a-fork")
+    doc["thread"].update(title="Trip", metadata={"topic": "travel"})
+    agent.delete_thread("a-fork")
+    restored = agent.import_thread(doc)
+    assert (restored["title"], restored["metadata"]) == ("Trip", {"topic": "travel"})
+    assert restored["forked_from"] == fork["forked_from"]
+
+
+def test_export_and_import_as_actions(exported):
+    agent, document, thread_id = exported
+    out = agent.predict({"input": [], "custom_inputs": {"action": "export_thread", "thread_id": thread_id}}).custom_outputs
+    assert out["document"]["checkpoints"] == json.loads(json.dumps(document))["checkpoints"]
+    request = {"input": [], "custom_inputs": {"action": "import_thread", "document": out["document"], "user_id": "u2",
+                                              "thread_id": "imported-by-action"}}
+    thread = agent.predict(request).custom_outputs["thread"]
+    assert thread["thread_id"] == "imported-by-action" and thread["user_id"] == "u2"
+    with pytest.raises(InvalidRequest):
+        agent.predict({"input": [], "custom_inputs": {"action": "import_thread", "document": "nope"}})
+
+
+def test_cli_exports_a_user_as_json_lines_and_imports_both_forms(tmp_path, monkeypatch):
+    # In process (typer's runner): each subprocess would pay seconds of imports; tests/cli/test_cli.py runs
+    # the command line as a user does, and tests/cli/test_startup.py holds its lazy imports.
+    from typer.testing import CliRunner
+
+    from agent import create_agent
+    from agent.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    source, target = f"sqlite:///{tmp_path / 'a.sqlite'}", f"sqlite:///{tmp_path / 'b.sqlite'}"
+    with create_agent(source, model="offline", tracing=False) as agent:
+        ids = sorted(outputs(say(agent, f"hi {n}", user_id="u"))["thread_id"] for n in range(2))
+        say(agent, "not u's", user_id="v")
+    run = lambda *args: CliRunner().invoke(app, list(args))  # noqa: E731
+
+    exported = run("export", "--user-id", "u", "--database-url", source, "-o", "all.jsonl")
+    assert exported.exit_code == 0, exported.output
+    lines = (tmp_path / "all.jsonl").read_text().splitlines()
+    assert [json.loads(line)["thread"]["thread_id"] for line in lines] == ids  # one thread per line, by id
+    one = run("export", ids[0], "--user-id", "u", "--database-url", source)
+    assert one.exit_code == 0, one.output
+    (tmp_path / "one.json").write_text(one.stdout)
+    assert json.loads(one.stdout)["thread"]["thread_id"] == ids[0]
+
+    assert run("import", "all.jsonl", "--user-id", "w", "--database-url", target).exit_code == 0
+    again = run("import", "one.json", "--user-id", "w", "--database-url", target)  # a no-op
+    assert again.exit_code == 0 and f"Thread {ids[0]} is already there with this content; nothing was written" in again.stdout
+    refused = run("import", "one.json", "--user-id", "x", "--database-url", target)
+    assert refused.exit_code == 1 and "already exists" in refused.output and "Traceback" not in refused.output
+    with create_agent(target, model="offline", tracing=False) as agent:
+        assert agent.storage.threads_of_user("w") == ids

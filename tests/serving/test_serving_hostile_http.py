@@ -1,0 +1,212 @@
+"""Hostile input over HTTP: every error answer of the Agent Server has the documented
+body `{"error_code", "message"}`, deep nesting is a 400 on every path, a slow body is a 408, too many
+input items is a 400, and a 4xx is logged as one line while a 5xx keeps its traceback in the log.
+
+Apps are served in-process with uvicorn (real sockets, real HTTP), so the tests can read the log records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+import uuid
+
+import httpx
+import pytest
+
+from agent import create_agent
+from agent.models import OfflineChatModel
+from agent.serving.agent_server import build_app
+from agent.serving.limits import MAX_JSON_DEPTH
+from tests.helpers.scenario import request
+from tests.helpers.servers import in_process_server
+
+pytestmark = pytest.mark.slow
+
+PATHS = ["/responses", "/invocations"]
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    with create_agent("memory://", model="offline", tracing=False, max_input_items=5, body_timeout=1.0) as agent:
+        with in_process_server(build_app(agent)) as url:
+            yield url
+
+
+@pytest.fixture
+def http(base_url):
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        yield client
+
+
+def assert_error_body(response: httpx.Response, status: int, error_code: str) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error_code", "message"} and body["error_code"] == error_code, body
+    assert body["message"] and "Traceback" not in response.text and 'File "' not in response.text
+    return body
+
+
+# --- the error body on every kind of error answer -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "error_code"),
+    [
+        ("GET", "/no-such-route", None, 404, "ENDPOINT_NOT_FOUND"),
+        ("POST", "/no-such-route", b"{}", 404, "ENDPOINT_NOT_FOUND"),
+        ("GET", "/responses", None, 405, "BAD_REQUEST"),
+        ("DELETE", "/invocations", None, 405, "BAD_REQUEST"),
+        ("POST", "/health", b"{}", 405, "BAD_REQUEST"),
+        ("POST", "/responses", b"{not json", 400, "INVALID_PARAMETER_VALUE"),
+        ("POST", "/responses", b"[1, 2]", 400, "INVALID_PARAMETER_VALUE"),
+        # MLflow's own validator (HTTPException(400, detail=...)): a temperature that is not a number.
+        ("POST", "/responses", json.dumps({"input": [], "temperature": "hot"}).encode(), 400, "INVALID_PARAMETER_VALUE"),
+        ("POST", "/invocations", json.dumps({"input": 42, "stream": True}).encode(), 400, "INVALID_PARAMETER_VALUE"),
+        # The agent's own errors.
+        ("POST", "/responses", json.dumps(request("hi", thread=1)).encode(), 400, "INVALID_PARAMETER_VALUE"),
+        ("POST", "/invocations", json.dumps(request(action="get_checkpoint_history", thread_id="nobody")).encode(),
+         404, "RESOURCE_DOES_NOT_EXIST"),
+    ],
+)
+def test_every_error_answer_has_the_error_body(http, method, path, body, status, error_code):
+    response = http.request(method, path, content=body, headers={"content-type": "application/json"})
+    assert_error_body(response, status, error_code)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_more_input_items_than_max_input_items_is_a_400(http, path, stream):
+    items = [{"role": "user", "content": f"message {n}"} for n in range(6)]
+    body = assert_error_body(http.post(path, json={"input": items, "stream": stream}), 400, "INVALID_PARAMETER_VALUE")
+    assert "6 items" in body["message"] and "limit is 5" in body["message"]
+    answered = http.post(path, json={"input": items[:5]})
+    assert answered.status_code == 200 and answered.json()["custom_outputs"]["checkpoint_id"]
+
+
+# --- nesting ---------------------------------------------------------------------------------------
+
+
+# Around the limit here, pydantic's serialization limit (255), and json's recursion limit (about 1,000).
+DEPTHS = [MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, 254, 255, 256, 900, 999, 1000, 1001, 5000, 100_000]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("where", ["custom_inputs", "content", "context"])
+def test_deep_nesting_is_a_400_on_every_path_and_the_connection_stays_usable(http, path, stream, where):
+    for depth in DEPTHS:
+        text = deep_body(where, depth, stream)
+        assert depth > 300 or _depth(json.loads(text)) == depth
+        response = http.post(path, content=text.encode(), headers={"content-type": "application/json"})
+        if depth > MAX_JSON_DEPTH:
+            answer = assert_error_body(response, 400, "INVALID_PARAMETER_VALUE")
+            assert f"nested more than {MAX_JSON_DEPTH} levels" in answer["message"], (depth, answer)
+        elif response.status_code != 200:  # within the limit: answered, or refused for what it says
+            assert_error_body(response, 400, "INVALID_PARAMETER_VALUE")
+    # The keep-alive connection still carries requests.
+    assert http.get("/health").json() == {"status": "healthy"}
+
+
+#: Levels of a body above the nested value, by where the value sits.
+OVERHEAD = {"custom_inputs": 2, "content": 4, "context": 1}
+
+
+def deep_body(where: str, depth: int, stream: bool) -> str:
+    """A request body nested exactly `depth` levels deep (written by hand: json.dumps stops at about 1,000)."""
+    levels = depth - OVERHEAD[where]
+    inner = '{"x":' * levels + '"bottom"' + "}" * levels
+    tail = f', "stream": {json.dumps(stream)}}}'
+    if where == "custom_inputs":
+        return '{"input": [{"role": "user", "content": "hi"}], "custom_inputs": {"thread_id": ' + inner + "}" + tail
+    if where == "content":
+        return '{"input": [{"role": "user", "content": [' + inner + "]}]" + tail
+    return '{"input": [{"role": "user", "content": "hi"}], "context": ' + inner + tail
+
+
+def _depth(value: object) -> int:
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+    return 0 if children is None else 1 + max((_depth(c) for c in children), default=0)
+
+
+# --- a slow body -------------------------------------------------------------------------------------
+
+
+def test_a_body_slower_than_body_timeout_gets_a_408_and_the_connection_is_closed(base_url):
+    host, port = base_url.removeprefix("http://").split(":")
+    body = json.dumps(request("hi")).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        client.sendall(
+            b"POST /responses HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:10]
+        )
+        started = time.monotonic()
+        answer = _read_until_closed(client)
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"connection: close" in head.lower()
+    assert json.loads(payload) == {"error_code": "DEADLINE_EXCEEDED", "message": "The request body did not arrive within 1 s"}
+    assert time.monotonic() - started < 20  # the server ended it, not the client's 30 s timeout
+
+
+def test_a_body_that_trickles_in_within_body_timeout_is_answered(base_url):
+    host, port = base_url.removeprefix("http://").split(":")
+    body = json.dumps(request("hi")).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        client.sendall(
+            b"POST /responses HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        )
+        for start in range(0, len(body), 20):
+            client.sendall(body[start : start + 20])
+            time.sleep(0.01)
+        answer = _read_until_closed(client)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
+def _read_until_closed(client: socket.socket) -> bytes:
+    chunks = []
+    while chunk := client.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# --- logs ------------------------------------------------------------------------------------------
+
+
+class FailsWithABug(OfflineChatModel):
+    """A chat model with a bug: every call raises a plain Python exception."""
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        raise KeyError("a bug in the model client")
+
+    async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):
+        raise KeyError("a bug in the model client")
+
+
+def test_a_4xx_is_logged_as_one_line_and_a_5xx_with_its_traceback(caplog):
+    caplog.set_level(logging.INFO, logger="agent")
+    with create_agent("memory://", model=FailsWithABug(), tracing=False) as agent, in_process_server(build_app(agent)) as url:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            missing = f"missing-{uuid.uuid4()}"
+            refused = http.post("/invocations", json=request(action="get_checkpoint_history", thread_id=missing))
+            assert refused.status_code == 404
+            not_json = http.post("/responses", content=b"{oops", headers={"content-type": "application/json"})
+            assert not_json.status_code == 400
+            failed = http.post("/responses", json=request("hi"))
+            assert failed.status_code == 503 and "Traceback" not in failed.text and "KeyError" in failed.json()["message"]
+    records = [r for r in caplog.records if r.name.startswith("agent")]
+    client_errors = [r for r in records if " -> 4" in r.getMessage()]
+    assert len(client_errors) == 2
+    for record in client_errors:
+        assert record.levelno == logging.INFO and record.exc_info is None
+        assert "\n" not in record.getMessage()
+    assert missing in client_errors[0].getMessage() and "/invocations -> 404 RESOURCE_DOES_NOT_EXIST" in client_errors[0].getMessage()
+    server_errors = [r for r in records if " -> 503" in r.getMessage()]
+    assert len(server_errors) == 1 and server_errors[0].levelno == logging.ERROR
+    assert server_errors[0].exc_info is not None  # the traceback stays in the log
+    assert "a bug in the model client" in logging.Formatter().formatException(server_errors[0].exc_info)

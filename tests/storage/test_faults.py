@@ -1,0 +1,580 @@
+"""Database and model faults, told truthfully.
+
+Faults injected, for real: the agent's Postgres connections are killed with
+`pg_terminate_backend` between turns and while the model runs; the Postgres
+server is restarted (`test_postgres_restart_*`, its own test, as it disturbs
+everyone on the server); the chat model raises, also half-way through a tool
+turn; two processes run `setup` on one empty database at the same time. Through
+the fault-injection TCP proxy (`pg_proxy`; the shared server is never stopped):
+the database becomes unreachable (stopped, or blackholed so that connects hang),
+`GET /ready` of a real `tt-agent serve` follows it, connections are cut while
+the model runs and in the middle of a commit. And: a role without a privilege,
+a read-only database, dropped tables.
+
+In each case the request in flight either succeeds or fails with
+`StorageUnavailable` saying what happened and whether anything was written
+("the outcome is unknown" only when the database cannot be asked), errors the
+agent can know before calling the model come before it, and the next request
+on the same agent works.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psycopg
+import pytest
+from psycopg import sql
+
+from agent.errors import AgentError, ModelError, StorageUnavailable
+from agent.storage.postgres import MIGRATIONS
+from tests.helpers.reliability import (
+    HANG_TIMEOUT,
+    Child,
+    FailingChatModel,
+    all_rows,
+    dbname_of,
+    fresh_database,
+    gated_model,
+    head_messages,
+    is_postgres,
+    release_together,
+    sqlite_path,
+    terminate_backends,
+    user_texts,
+)
+from tests.helpers.scenario import outputs, request, say, text_of
+from tests.helpers.servers import free_port, server_process
+
+
+#: The environment variable that allows `test_postgres_restart_*` to restart the server.
+RESTART_OPT_OUT = "AGENT_TEST_RESTART_POSTGRES"
+
+
+@pytest.fixture
+def fault_db(pg_server_url):
+    """A database of its own, so killing its connections touches no other test."""
+    with fresh_database(pg_server_url) as url:
+        yield url
+
+
+def history_ids(agent, thread_id: str) -> list[str]:
+    return [h["checkpoint_id"] for h in agent.get_checkpoint_history(thread_id, limit=100)]
+
+
+def eventually(call, attempts: int = 2):
+    """`call()`, retried once after a StorageUnavailable (the "clear error, then success" outcome)."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except StorageUnavailable:
+            if attempt == attempts - 1:
+                raise
+
+
+# --- connections killed -----------------------------------------------------------------------
+
+
+def test_killed_connections_between_turns_the_next_request_succeeds(pg_server_url, fault_db, make_agent):
+    agent = make_agent(fault_db, pool_min_size=4)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    say(agent, "And then to LA.", thread_id=thread_id)
+
+    assert terminate_backends(pg_server_url, dbname_of(fault_db)) >= 1
+    # A turn is retried on a fresh connection: nothing was sent yet, so it is safe.
+    answer = say(agent, "Where am I going?", thread_id=thread_id)
+    assert "SF" in text_of(answer) and "LA" in text_of(answer)
+
+    assert terminate_backends(pg_server_url, dbname_of(fault_db)) >= 1
+    # Reads are retried the same way.
+    assert len(agent.get_checkpoint_history(thread_id)) == 4  # the root and three turns
+    assert agent.storage.get_thread(thread_id).user_id is None
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["predict", "predict_stream"])
+def test_connections_killed_while_the_model_runs_the_turn_commits_on_a_fresh_connection(
+    pg_server_url, fault_db, make_agent, stream
+):
+    model = gated_model()
+    agent = make_agent(fault_db, model=model, pool_min_size=2)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    before = history_ids(agent, thread_id)
+
+    def send():
+        body = request("block: I'm headed to Tokyo!", thread_id=thread_id)
+        return list(agent.predict_stream(body))[-1].custom_outputs if stream else outputs(agent.predict(body))
+
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(send)
+        assert model.entered.wait(HANG_TIMEOUT)
+        try:
+            # No connection is held while the model runs, but the pool's idle ones all die.
+            assert terminate_backends(pg_server_url, dbname_of(fault_db)) >= 1
+        finally:
+            model.gate.set()
+        landed = in_flight.result(timeout=HANG_TIMEOUT)
+
+    # The commit found its connection dead before sending COMMIT, and committed on a fresh one, once.
+    assert landed["parent_checkpoint_id"] == before[0]
+    assert history_ids(agent, thread_id) == [landed["checkpoint_id"], *before]
+    assert user_texts(head_messages(agent, thread_id)) == ["I'm headed to SF!", "block: I'm headed to Tokyo!"]
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+@pytest.mark.skipif(
+    os.environ.get(RESTART_OPT_OUT) == "0",
+    reason=f"{RESTART_OPT_OUT}=0: this run may not restart the Postgres server",
+)
+def test_postgres_restart_the_next_request_succeeds(pg_server_url, fault_db, make_agent):
+    """Restarts the local test server (it runs in the suite; AGENT_TEST_RESTART_POSTGRES=0 opts out,
+    e.g. when others share the server). Needs the local cluster's pg_ctlcluster, as scripts/test.sh does."""
+    ctl, clusters = shutil.which("pg_ctlcluster"), shutil.which("pg_lsclusters")
+    assert ctl and clusters, (
+        "pg_ctlcluster/pg_lsclusters are needed to restart the local Postgres; "
+        f"set {RESTART_OPT_OUT}=0 to run against a server this suite may not restart"
+    )
+    port = psycopg.conninfo.conninfo_to_dict(pg_server_url).get("port", "5432")
+    listing = subprocess.run([clusters, "-h"], capture_output=True, text=True, check=True).stdout
+    (version, name) = next(
+        (fields[0], fields[1]) for fields in (line.split() for line in listing.splitlines()) if fields[2] == str(port)
+    )
+    agent = make_agent(fault_db)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+
+    subprocess.run([ctl, "--skip-systemctl-redirect", version, name, "restart"], check=True, timeout=120)
+
+    answer = say(agent, "Where am I going?", thread_id=thread_id)
+    assert "SF" in text_of(answer)
+    assert len(agent.get_checkpoint_history(thread_id)) == 3  # the root and two turns
+
+
+# --- the chat model fails -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["predict", "predict_stream"])
+def test_a_failing_model_writes_nothing_and_a_retry_adds_the_message_once(backend_url, make_agent, stream):
+    failures = [0]
+    agent = make_agent(backend_url, model=FailingChatModel(failures=failures))
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    before, rows = history_ids(agent, thread_id), all_rows(backend_url)
+
+    def send():
+        body = request("I'm headed to Tokyo!", thread_id=thread_id)
+        return list(agent.predict_stream(body))[-1].custom_outputs if stream else outputs(agent.predict(body))
+
+    failures[0] = 1
+    with pytest.raises(ModelError) as failed:
+        send()
+    assert "injected" in failed.value.message
+    assert history_ids(agent, thread_id) == before
+    assert agent.storage.get_thread(thread_id).head_checkpoint_id == before[0]
+    assert all_rows(backend_url) == rows
+
+    assert send()["parent_checkpoint_id"] == before[0]
+    assert user_texts(head_messages(agent, thread_id)) == ["I'm headed to SF!", "I'm headed to Tokyo!"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["predict", "predict_stream"])
+def test_a_first_turn_that_fails_leaves_nothing_not_even_the_threads_root(backend_url, make_agent, stream):
+    agent = make_agent(backend_url, model=FailingChatModel(failures=[1]))
+    rows = all_rows(backend_url)
+    thread_id = f"first-{uuid.uuid4()}"
+    body = request("I'm headed to SF!", thread_id=thread_id)
+    with pytest.raises(ModelError):
+        list(agent.predict_stream(body)) if stream else agent.predict(body)
+    # The root is written with the first turn's commit, or not at all.
+    assert all_rows(backend_url) == rows
+    assert agent.storage.get_thread(thread_id) is None
+    ids = outputs(say(agent, "I'm headed to SF!", thread_id=thread_id))
+    assert [e["source"] for e in agent.get_checkpoint_history(thread_id)] == ["loop", "root"]
+    assert ids["parent_checkpoint_id"] == agent.get_checkpoint_history(thread_id)[-1]["checkpoint_id"]
+
+
+def test_a_model_failing_after_the_tool_ran_writes_nothing_of_the_turn(backend_url, make_agent):
+    failures = [0]
+    agent = make_agent(backend_url, model=FailingChatModel(failures=failures, fail_after_tool_call=True))
+    thread_id = outputs(say(agent, "hello"))["thread_id"]
+    before, rows = history_ids(agent, thread_id), all_rows(backend_url)
+
+    failures[0] = 1
+    with pytest.raises(ModelError):
+        say(agent, "calculate 6*7", thread_id=thread_id)
+    # The tool call and its result were made in memory, and dropped with the turn.
+    assert history_ids(agent, thread_id) == before
+    assert all_rows(backend_url) == rows
+    assert [type(m).__name__ for m in head_messages(agent, thread_id)] == ["HumanMessage", "AIMessage"]
+
+    answer = say(agent, "calculate 6*7", thread_id=thread_id)
+    assert "42" in text_of(answer)
+    assert user_texts(head_messages(agent, thread_id)) == ["hello", "calculate 6*7"]
+
+
+# --- setup from two processes ---------------------------------------------------------------------
+
+CHILD_SETUP = """
+import json, sys
+from agent import create_agent
+print(json.dumps("ready"), flush=True)
+sys.stdin.readline()
+agent = create_agent(sys.argv[1], model="offline", tracing=False)
+out = agent.predict({"input": [{"role": "user", "content": "hi"}]}).custom_outputs
+print(json.dumps(out["thread_id"]), flush=True)
+print(json.dumps("done"), flush=True)
+agent.close()
+"""
+
+
+@pytest.mark.slow
+def test_setup_from_two_processes_at_once_on_an_empty_database(fault_db):
+    (results,) = release_together([Child(CHILD_SETUP, fault_db) for _ in range(2)])
+    assert all(len(r) == 1 for r in results)
+
+    with psycopg.connect(fault_db) as conn:
+        tables = [row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        langgraph_versions = [row[0] for row in conn.execute("SELECT v FROM checkpoint_migrations ORDER BY v")]
+        agent_versions = [row[0] for row in conn.execute("SELECT v FROM agent_migrations ORDER BY v")]
+        threads = conn.execute("SELECT count(*) FROM agent_threads").fetchone()[0]
+    assert sorted(tables) == sorted(
+        {"checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations", "agent_threads",
+         "agent_migrations", "agent_claims", "agent_idempotency", "store", "store_migrations"}
+    )
+    assert langgraph_versions == list(range(len(langgraph_versions))) and langgraph_versions
+    assert agent_versions == list(range(len(MIGRATIONS)))
+    assert threads == 2
+
+
+def test_setup_with_a_pool_of_one_connection(fault_db, make_agent):
+    agent = make_agent(fault_db, pool_min_size=1, pool_max_size=1, pool_timeout=5)
+    thread_id = outputs(say(agent, "hi"))["thread_id"]
+    assert len(agent.get_checkpoint_history(thread_id)) == 2
+
+
+def test_an_unreachable_database_is_a_clear_storage_error(make_agent, pg_server_url):
+    bad = re.sub(r"@[^/]+/", "@127.0.0.1:1/", pg_server_url)
+    with pytest.raises(StorageUnavailable) as caught:
+        make_agent(bad, pool_timeout=2)
+    assert isinstance(caught.value, AgentError)
+    assert "127.0.0.1:1" in caught.value.message
+
+
+def test_a_missing_database_or_role_is_named_not_called_a_timeout(make_agent, pg_server_url):
+    info = psycopg.conninfo.conninfo_to_dict(pg_server_url)
+    missing_db = psycopg.conninfo.make_conninfo(pg_server_url, dbname=f"tt_no_such_db_{uuid.uuid4().hex[:8]}")
+    missing_role = psycopg.conninfo.make_conninfo(pg_server_url, user="tt_no_such_role", dbname=info["dbname"])
+    for url, says in ((missing_db, "does not exist"), (missing_role, 'role "tt_no_such_role" does not exist')):
+        with pytest.raises(StorageUnavailable) as caught:
+            make_agent(url)
+        assert says in caught.value.message and "timeout" not in caught.value.message
+
+
+# --- the database unreachable (through the fault-injection proxy) ----------------------------------
+
+#: The connect timeout the fault tests configure (libpq's smallest), and the pool timeout they leave at 30 s.
+CONNECT_TIMEOUT = 2
+POOL_TIMEOUT = 30.0
+#: A password in the URL, which no message may show.
+SECRET = "s3cret-pw"
+
+
+def proxied(pg_proxy, url: str) -> str:
+    """`url` through the proxy, with a password (trust auth ignores it) that messages must mask."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    return pg_proxy.url_for(psycopg.conninfo.make_conninfo(url, password=SECRET, dbname=info["dbname"]))
+
+
+def assert_masked(message: str) -> None:
+    assert SECRET not in message and "***" in message
+
+
+def timed(call) -> tuple[BaseException | None, float]:
+    started = time.monotonic()
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - returned to the test
+        return exc, time.monotonic() - started
+    return None, time.monotonic() - started
+
+
+@pytest.mark.parametrize("fault", ["stopped", "blackholed"])
+def test_an_unreachable_database_fails_create_agent_within_the_connect_timeout(pg_proxy, fault_db, make_agent, fault):
+    url = proxied(pg_proxy, fault_db)
+    pg_proxy.stop() if fault == "stopped" else pg_proxy.blackhole()
+
+    error, elapsed = timed(lambda: make_agent(url, connect_timeout=CONNECT_TIMEOUT, pool_timeout=POOL_TIMEOUT))
+
+    assert isinstance(error, StorageUnavailable), error
+    # A behaviour bound, not a benchmark: the connect timeout, not the pool timeout, ends the wait.
+    assert elapsed < POOL_TIMEOUT / 2
+    # What libpq said: refused by a stopped server, a timeout when connects hang.
+    assert ("Connection refused" if fault == "stopped" else f"timeout expired (connect_timeout {CONNECT_TIMEOUT} s)") in error.message
+    assert_masked(error.message)
+
+
+def test_a_turn_fails_within_the_connect_timeout_while_the_database_is_down_and_works_after(
+    pg_proxy, fault_db, make_agent
+):
+    model = gated_model()
+    url = proxied(pg_proxy, fault_db)
+    agent = make_agent(url, model=model, connect_timeout=CONNECT_TIMEOUT, pool_timeout=POOL_TIMEOUT)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    calls = model.calls[0]
+
+    pg_proxy.stop()
+    error, elapsed = timed(lambda: say(agent, "Where am I going?", thread_id=thread_id))
+    assert isinstance(error, StorageUnavailable), error
+    assert elapsed < POOL_TIMEOUT / 2
+    assert "nothing was written" in error.message and "retried" in error.message
+    assert_masked(error.message)
+    assert model.calls[0] == calls  # refused at the claim, before the model
+
+    pg_proxy.start()
+    answer = say(agent, "Where am I going?", thread_id=thread_id)
+    assert "SF" in text_of(answer)
+
+
+@pytest.mark.slow
+def test_ready_answers_503_while_the_database_is_unreachable_and_health_stays_200(pg_proxy, fault_db, tmp_path):
+    port = free_port()
+    env = {
+        "AGENT_DATABASE_URL": proxied(pg_proxy, fault_db),
+        "AGENT_MODEL": "offline",
+        "AGENT_TRACING": "false",
+        "AGENT_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
+    }
+    command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with server_process(command, port=port, health_path="/health", env=env, cwd=tmp_path) as base_url:
+        with httpx.Client(base_url=base_url, timeout=HANG_TIMEOUT) as http:
+            assert http.get("/ready").status_code == 200
+            thread_id = http.post("/invocations", json=request("I'm headed to SF!")).json()["custom_outputs"]["thread_id"]
+
+            pg_proxy.stop()
+            not_ready = http.get("/ready")
+            assert not_ready.status_code == 503 and not_ready.json() == {"status": "database unreachable"}
+            assert http.get("/health").status_code == 200
+            refused = http.post("/invocations", json=request("Where am I going?", thread_id=thread_id))
+            assert refused.status_code == 503 and refused.json()["error_code"] == "TEMPORARILY_UNAVAILABLE"
+            assert_masked(refused.json()["message"])
+
+            pg_proxy.start()
+            deadline = time.monotonic() + HANG_TIMEOUT
+            while http.get("/ready").status_code != 200:
+                assert time.monotonic() < deadline, "/ready never recovered"
+                time.sleep(0.1)
+            answer = http.post("/invocations", json=request("Where am I going?", thread_id=thread_id))
+            assert answer.status_code == 200 and "SF" in text_of(answer.json())
+
+
+# --- connections cut while a turn runs --------------------------------------------------------------
+
+
+def test_connections_cut_while_the_model_runs_the_turn_commits_on_a_fresh_connection(pg_proxy, fault_db, make_agent):
+    model = gated_model()
+    agent = make_agent(proxied(pg_proxy, fault_db), model=model, connect_timeout=CONNECT_TIMEOUT)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    before = history_ids(agent, thread_id)
+
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(say, agent, "block: then Tokyo", thread_id=thread_id)
+        assert model.entered.wait(HANG_TIMEOUT)
+        try:
+            pg_proxy.cut()  # every open connection dies; new ones work
+        finally:
+            model.gate.set()
+        landed = outputs(in_flight.result(timeout=HANG_TIMEOUT))
+
+    assert landed["parent_checkpoint_id"] == before[0]
+    assert history_ids(agent, thread_id) == [landed["checkpoint_id"], *before]
+
+
+def test_the_database_down_at_commit_time_writes_nothing_says_so_and_frees_the_thread_when_back(
+    pg_proxy, fault_db, make_agent
+):
+    model = gated_model()
+    url = proxied(pg_proxy, fault_db)
+    # enqueue_timeout < lease_seconds: the retry below gets the thread only if the failed turn's
+    # claim is released once the database is back, not when its lease runs out.
+    agent = make_agent(url, model=model, connect_timeout=CONNECT_TIMEOUT, multitask_strategy="enqueue", enqueue_timeout=5)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    before = history_ids(agent, thread_id)
+
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(say, agent, "block: then Tokyo", thread_id=thread_id)
+        assert model.entered.wait(HANG_TIMEOUT)
+        try:
+            pg_proxy.stop()
+        finally:
+            model.gate.set()
+        with pytest.raises(StorageUnavailable) as lost:
+            in_flight.result(timeout=HANG_TIMEOUT)
+    assert "nothing was written" in lost.value.message and "retried" in lost.value.message
+    assert "could not be asked" not in lost.value.message
+    assert_masked(lost.value.message)
+
+    pg_proxy.start()
+    retried = outputs(say(agent, "block: then Tokyo", thread_id=thread_id))
+    assert retried["parent_checkpoint_id"] == before[0]
+    assert user_texts(head_messages(agent, thread_id)) == ["I'm headed to SF!", "block: then Tokyo"]
+
+
+class CutDuringCommit:
+    """Wraps the saver's `write_turn` (run inside the commit, after its fencing round trip) to inject
+    a proxy fault there, once."""
+
+    def __init__(self, saver, fault) -> None:
+        self.original, self.fault, self.done = saver.write_turn, fault, False
+        saver.write_turn = self
+
+    def __call__(self, turn) -> None:
+        if not self.done:
+            self.done = True
+            self.fault()
+        self.original(turn)
+
+
+def test_a_connection_cut_in_the_middle_of_the_commit_is_settled_by_asking_the_database(pg_proxy, fault_db, make_agent):
+    agent = make_agent(proxied(pg_proxy, fault_db), connect_timeout=CONNECT_TIMEOUT)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    before = history_ids(agent, thread_id)
+    injected = CutDuringCommit(agent.storage.saver, pg_proxy.cut)
+
+    landed = outputs(say(agent, "then Tokyo", thread_id=thread_id))
+
+    # The claim was still this turn's, so the commit had not happened: it ran again, once.
+    assert injected.done
+    assert history_ids(agent, thread_id) == [landed["checkpoint_id"], *before]
+    assert user_texts(head_messages(agent, thread_id)) == ["I'm headed to SF!", "then Tokyo"]
+
+
+def test_an_outcome_is_called_unknown_only_when_the_database_cannot_be_asked(pg_proxy, fault_db, make_agent):
+    agent = make_agent(proxied(pg_proxy, fault_db), connect_timeout=CONNECT_TIMEOUT)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    CutDuringCommit(agent.storage.saver, pg_proxy.stop)
+
+    with pytest.raises(StorageUnavailable) as unknown:
+        say(agent, "then Tokyo", thread_id=thread_id)
+
+    assert "could not be asked whether the turn was saved" in unknown.value.message
+    assert "list the thread's history before retrying" in unknown.value.message
+    assert_masked(unknown.value.message)
+    pg_proxy.start()
+    assert len(history_ids(agent, thread_id)) in (2, 3)  # whichever it was, the history answers now
+
+
+def test_commit_landed_tells_a_committed_turn_from_one_that_was_not(pg_url, make_agent):
+    agent = make_agent(pg_url)
+    storage = agent.storage
+    thread_id = outputs(say(agent, "hello"))["thread_id"]
+    claim = storage.claim(thread_id, user_id=None, checkpoint_id=None, strategy="reject", timeout=0)
+    try:
+        assert storage._commit_landed(claim) is False  # claimed, not committed
+    finally:
+        storage.commit(claim, lambda tx: None)
+    assert storage._commit_landed(claim) is True  # released by this claim's commit
+
+
+# --- refusals the claim finds before the model is called ------------------------------------------------
+
+
+@pytest.fixture
+def limited_role(pg_server_url, fault_db, make_agent):
+    """A login role on `fault_db` (set up first) that may do everything a turn does except INSERT into
+    `checkpoints`; yields its URL. The role is dropped afterwards (roles are server-wide)."""
+    make_agent(fault_db).close()
+    role = f"tt_limited_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(fault_db, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("REVOKE INSERT ON checkpoints FROM {}").format(sql.Identifier(role)))
+    info = psycopg.conninfo.conninfo_to_dict(fault_db)
+    try:
+        yield psycopg.conninfo.make_conninfo(fault_db, user=role, dbname=info["dbname"])
+    finally:
+        with psycopg.connect(fault_db, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s AND datname = %s",
+                (role, info["dbname"]),
+            )
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        with psycopg.connect(pg_server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def test_a_role_without_insert_on_checkpoints_is_refused_before_the_model_is_called(limited_role, fault_db, make_agent):
+    model = gated_model()
+    agent = make_agent(limited_role, model=model)  # setup only reads when the schema is current
+    rows = all_rows(fault_db)
+    with pytest.raises(StorageUnavailable) as refused:
+        say(agent, "hello")
+    assert "INSERT on checkpoints" in refused.value.message and "model was not called" in refused.value.message
+    assert model.calls[0] == 0
+    assert all_rows(fault_db) == rows
+
+
+def test_a_read_only_database_is_refused_before_the_model_is_called_and_still_reads(fault_db, make_agent):
+    writer = make_agent(fault_db)
+    thread_id = outputs(say(writer, "I'm headed to SF!"))["thread_id"]
+    rows = all_rows(fault_db)
+    with psycopg.connect(fault_db, autocommit=True) as conn:  # as after a failover to a replica
+        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(sql.Identifier(dbname_of(fault_db))))
+
+    model = gated_model()
+    agent = make_agent(fault_db, model=model)  # new connections: read-only
+    for attempt in (lambda: say(agent, "hello"), lambda: say(agent, "Where am I going?", thread_id=thread_id)):
+        with pytest.raises(StorageUnavailable) as refused:
+            attempt()
+        assert "read-only" in refused.value.message and "nothing was written" in refused.value.message
+    assert model.calls[0] == 0
+    assert all_rows(fault_db) == rows
+    assert len(agent.get_checkpoint_history(thread_id)) == 2
+
+
+# --- dropped tables ----------------------------------------------------------------------------------------
+
+
+def drop_tables(url: str, tables: list[str]) -> None:
+    if is_postgres(url):
+        with psycopg.connect(url, autocommit=True) as conn:
+            for table in tables:
+                conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+        return
+    with sqlite3.connect(sqlite_path(url)) as conn:
+        for table in tables:
+            conn.execute(f"DROP TABLE {table}")
+
+
+@pytest.fixture
+def own_backend_url(request, tmp_path, pg_server_url):
+    """Like `backend_url`, with a Postgres database of the test's own (it drops tables)."""
+    if request.param == "postgres":
+        with fresh_database(pg_server_url) as url:
+            yield url
+    else:
+        yield f"sqlite:///{tmp_path / 'checkpoints.sqlite'}"
+
+
+@pytest.mark.parametrize("own_backend_url", ["postgres", "sqlite"], indirect=True)
+@pytest.mark.parametrize("who", ["a new agent's setup", "the running agent's next request"])
+def test_dropped_thread_and_claim_tables_are_re_created(own_backend_url, make_agent, who):
+    agent = make_agent(own_backend_url)
+    say(agent, "before the accident")
+    drop_tables(own_backend_url, ["agent_threads", "agent_claims"])
+
+    if who == "a new agent's setup":
+        agent = make_agent(own_backend_url)
+    answer = outputs(say(agent, "after the accident", user_id="alice"))  # the very next request works
+
+    assert agent.storage.threads_of_user("alice") == [answer["thread_id"]]
+    assert user_texts(head_messages(agent, answer["thread_id"])) == ["after the accident"]
+    follow_up = outputs(say(agent, "and again", thread_id=answer["thread_id"], user_id="alice"))
+    assert follow_up["parent_checkpoint_id"] == answer["checkpoint_id"]
