@@ -10,15 +10,16 @@ Layout (one responsibility per module; data flows one way, from the edges inward
 * `validation`   checks of single request values
 * `storage/`     short-term memory: checkpoints, thread records, the claim/commit turn protocol
 * `memory/`      long-term memory: what the agent learns about a user, across threads
-* `models`       chat model factory and the offline model
+* `models/`      chat model factory, the offline model and its markers
 * `tools`        the tools the model can call
 * `state`        the graph's state (messages, the branch's context summary)
 * `context/`     what the model is sent: token budgets, summaries, tool-call repair
 * `graph`        the LangGraph graph
-* `messages`     Responses items <-> LangChain messages
+* `messages`     Responses items -> LangChain messages; `items` the other way
+* `turn_events`  what a turn yields (deltas, messages, its `TurnResult`)
 * `operations/`  what you can do to a thread: each operation declared once (`operations.registry`)
 * `agent`        `Agent`, the Python API: one method per registered operation, no MLflow
-* `requests`     request parsing and validation, at the edge
+* `requests`     request parsing and validation, at the edge; `dialect` the OpenAI fields
 * `responses`    `LangGraphResponsesAgent`: `Agent` plus MLflow's `ResponsesAgent` interface;
   `response_events` the Responses objects and stream events; `mlflow_errors` MLflow's error twins
 * `factory`      `create_agent`

@@ -32,7 +32,7 @@ package starts from compiled bytecode, and compiling this package's sources
 again on every run (about 0.3 s of CPU) is not part of its start-up. The
 warm-up runs fill the cache.
 
-What makes the targets reachable is held by tests/test_startup.py (which modules
+What makes the targets reachable is held by tests/cli/test_startup.py (which modules
 each path imports); this script only measures.
 """
 

@@ -25,7 +25,7 @@ and rich only (the operations' commands are built from the generated manifest,
 not from the registry), and each command imports what it uses when it runs
 (the agent loads LangChain and LangGraph: seconds). The read-only operations
 (`history`, `threads`, `threads show`) read through `agent.storage.open_reader`,
-which on SQLite needs none of them. tests/test_startup.py holds both.
+which on SQLite needs none of them. tests/cli/test_startup.py holds both.
 
 An `AgentError` is printed in red on stderr, with exit code 1 and no traceback.
 MLflow's INFO lines are silenced unless `MLFLOW_LOGGING_LEVEL` says otherwise.

@@ -10,7 +10,7 @@ a file that works here works the same under `mlflow models serve`: same module
 name scheme, same `sys.path` (the file's folder is *not* added), same
 `set_model` contract. MLflow's loader is private API; it is the function
 `mlflow.pyfunc` itself calls to load a models-from-code file, pinned by the
-project's MLflow version and covered by tests/test_agent_file.py.
+project's MLflow version and covered by tests/serving/test_agent_file.py.
 
 Where the agent keeps its threads and which model answers still come from the
 environment the file's `create_agent` reads (`AGENT_DATABASE_URL`,

@@ -15,7 +15,7 @@ SQLite one on `:memory:`), which provide the `_backend_*` hooks,
   used (the run's turn report, `summaries.TURN_REPORT_KEY`).
 * **A LangGraph checkpointer for any graph.** Outside a turn the saver is an
   ordinary checkpointer (`langgraph-checkpoint-conformance` passes on it, and
-  tests/test_foreign_graphs.py runs graphs of other shapes on it): a `messages`
+  tests/storage/test_foreign_graphs.py runs graphs of other shapes on it): a `messages`
   value that is not a list of LangChain messages is stored as LangGraph would
   store it (only a list of messages is a delta); the summary sits under one
   metadata key (`summaries.SUMMARY_KEY`), so every key a caller wrote is kept;

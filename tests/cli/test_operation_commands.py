@@ -1,7 +1,7 @@
 """The `tt-agent` commands made from the operation registry: the manifest is current, and each runs
 through the operations' door (one check, short ids, tables or JSON).
 
-In process (typer's runner): tests/test_cli.py runs the command line as a user does, in subprocesses.
+In process (typer's runner): tests/cli/test_cli.py runs the command line as a user does, in subprocesses.
 """
 
 from __future__ import annotations
