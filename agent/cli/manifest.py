@@ -57,6 +57,17 @@ COMMANDS: tuple[dict[str, Any], ...] = (
         ),
     },
     {
+        'command': 'head',
+        'operation': 'get_head',
+        'help': "The thread's head checkpoint_id, without its messages. Never creates a store.",
+        'reads_only': True,
+        'writes': False,
+        'params': (
+            {'name': 'thread_id', 'type': 'str', 'required': True, 'argument': True, 'help': 'The thread.'},
+            {'name': 'user_id', 'type': 'str', 'optional': True},
+        ),
+    },
+    {
         'command': 'fork',
         'operation': 'fork_thread',
         'help': 'A new thread whose history is the ancestor chain of checkpoint_id (default: the head). Never creates a store.',

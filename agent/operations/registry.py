@@ -9,7 +9,7 @@ here. From this tuple come the methods of `agent.Agent`, the
 
 from __future__ import annotations
 
-from agent.operations import branches, catalogue, documents, forks, history, lifecycle, memories, retention, state, usage
+from agent.operations import branches, catalogue, documents, forks, head, history, lifecycle, memories, retention, state, usage
 from agent.operations.operation import Operation
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -18,6 +18,7 @@ OPERATIONS: tuple[Operation, ...] = (
     branches.GET_CHECKPOINT_STATE,
     branches.LIST_BRANCHES,
     branches.SET_HEAD,
+    head.GET_HEAD,
     forks.FORK_THREAD,
     branches.COMPARE_CHECKPOINTS,
     usage.GET_USAGE,
