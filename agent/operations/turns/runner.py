@@ -32,13 +32,13 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from langgraph.graph.state import CompiledStateGraph
 
-from agent.config import AgentSettings, MultitaskStrategy
+from agent.config import AgentSettings
 from agent.operations.idempotency import Idempotency
 from agent.operations.turns.args import TurnArgs, TurnEvent
 from agent.operations.turns.bridge import LoopThreads, caught_up, in_current_thread
@@ -51,8 +51,6 @@ from agent.storage import ThreadStorage
 from agent.types import TurnResult
 
 if TYPE_CHECKING:
-    from langchain_core.messages import BaseMessage
-
     from agent.context.window import ContextWindow
     from agent.memory.service import Memories
 
@@ -155,59 +153,9 @@ class TurnRunner:
             async for event in events:
                 yield event
 
-    def update_state(
-        self,
-        thread_id: str,
-        checkpoint_id: str | None,
-        messages: Sequence[BaseMessage],
-        *,
-        user_id: str | None,
-        strategy: MultitaskStrategy | None = None,
-        idempotency_key: str | None = None,
-        request_hash: str | None = None,
-        remove_message_ids: Sequence[str] = (),
-        edit_message_id: str | None = None,
-        new_thread: bool = False,
-        metadata: Mapping[str, str] | None = None,
-    ) -> TurnResult:
-        """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
-
-        `new_thread`: `thread_id` is a new id, and the thread is created (owned by `user_id`, with
-        `metadata`) with its root and, when `messages` are given, one checkpoint holding them (a
-        Conversations API create), in one transaction.
-
-        It becomes the thread head. Messages are applied with LangGraph's
-        `add_messages` as if the agent node had returned them: appended, and a
-        message whose `id` is already in the state replaces that message.
-        With an `idempotency_key` (and the request's `request_hash`), a retry
-        returns the first result and writes nothing. `remove_message_ids` are
-        removed first (`edits.removals`: a tool call's results go with it).
-        `edit_message_id`: the one message of `messages` takes that message's id,
-        so it replaces it in place (the way to edit in place when the request's
-        items lost their ids; see `requests.ItemIdsRequest`).
-        Replacing or removing a message the branch's context summary stands for
-        retires the summary (`agent.context.summaries.edit_keeps_summary`).
-
-        Raises:
-            ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
-            InvalidRequest: nothing to apply (no messages, no removals); the idempotency key was used for a
-                different request; a `remove_message_ids` or `edit_message_id` id is not in the checkpoint, an
-                edit changes the message's role, or removing leaves no message.
-        """
-        return update_state(
-            self.parts,
-            thread_id,
-            checkpoint_id,
-            messages,
-            user_id=user_id,
-            strategy=strategy,
-            idempotency_key=idempotency_key,
-            request_hash=request_hash,
-            remove_message_ids=remove_message_ids,
-            edit_message_id=edit_message_id,
-            new_thread=new_thread,
-            metadata=metadata,
-        )
+    def update_state(self, *args: Any, **kwargs: Any) -> TurnResult:
+        """`updates.update_state` on this runner's storage and graph: the same arguments, result and errors."""
+        return update_state(self.parts, *args, **kwargs)
 
     async def in_io(self, function: Callable[..., Any], *args: Any) -> Any:
         """`function(*args)` on the storage thread pool, awaited (on a bridged sync turn's loop: called in place)."""

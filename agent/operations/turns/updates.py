@@ -48,7 +48,30 @@ def update_state(
     new_thread: bool = False,
     metadata: Mapping[str, str] | None = None,
 ) -> TurnResult:
-    """See `TurnRunner.update_state`."""
+    """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
+
+    `new_thread`: `thread_id` is a new id, and the thread is created (owned by `user_id`, with
+    `metadata`) with its root and, when `messages` are given, one checkpoint holding them (a
+    Conversations API create), in one transaction.
+
+    It becomes the thread head. Messages are applied with LangGraph's
+    `add_messages` as if the agent node had returned them: appended, and a
+    message whose `id` is already in the state replaces that message.
+    With an `idempotency_key` (and the request's `request_hash`), a retry
+    returns the first result and writes nothing. `remove_message_ids` are
+    removed first (`edits.removals`: a tool call's results go with it).
+    `edit_message_id`: the one message of `messages` takes that message's id,
+    so it replaces it in place (the way to edit in place when the request's
+    items lost their ids; see `requests.ItemIdsRequest`).
+    Replacing or removing a message the branch's context summary stands for
+    retires the summary (`agent.context.summaries.edit_keeps_summary`).
+
+    Raises:
+        ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
+        InvalidRequest: nothing to apply (no messages, no removals); the idempotency key was used for a
+            different request; a `remove_message_ids` or `edit_message_id` id is not in the checkpoint, an
+            edit changes the message's role, or removing leaves no message.
+    """
     if not messages and not remove_message_ids and not new_thread:
         raise InvalidRequest(
             "update_checkpoint_state needs input messages or remove_message_ids: there is nothing to apply, "
