@@ -121,7 +121,8 @@ class AgentSettings(BaseSettings):
     `search_memories`). None: never."""
 
     # -- retention ----------------------------------------------------------------------------
-    thread_ttl_seconds: float | None = Field(default=None, gt=0)
+    # At most 100 years (`operations.thread_values.MAX_TTL_SECONDS`): Postgres cannot add a larger interval.
+    thread_ttl_seconds: float | None = Field(default=None, gt=0, le=100 * 365 * 24 * 3600)
     """A thread idle (no write) for this long expires. None: never."""
     thread_ttl_strategy: ThreadTtlStrategy = "delete"
     """What expiry does: `delete` the whole thread, or `keep_latest` (only the head checkpoint stays)."""

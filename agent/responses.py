@@ -28,8 +28,10 @@ branching logic; the time-travel methods are `Agent`'s.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
@@ -63,21 +65,27 @@ class _DictRequests:
     as MLflow would (`mlflow.trace`, with the stream's output reducer).
     """
 
-    def __init__(self, method: Callable, *, stream: bool) -> None:
+    def __init__(self, method: Callable, *, name: str, stream: bool) -> None:
         options = {"output_reducer": ResponsesAgent.responses_agent_output_reducer} if stream else {}
-        self.traced = mlflow.trace(span_type=SpanType.AGENT, **options)(method)
+        self.traced = mlflow.trace(span_type=SpanType.AGENT, name=name, **options)(method)
         functools.update_wrapper(self, method)
+        self.name = name
+        # `help(agent.predict)` shows `predict(request)`, not the implementation's name and `self`.
+        signature = inspect.signature(method)
+        self.signature = signature.replace(parameters=list(signature.parameters.values())[1:])
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self.traced
 
-        @functools.wraps(self.traced)
         def bound(request: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(request, dict):
                 request = _validated_request(request)
             return self.traced(instance, request, *args, **kwargs)
 
+        bound.__name__ = bound.__qualname__ = self.name
+        bound.__doc__ = self.__doc__
+        bound.__signature__ = self.signature  # type: ignore[attr-defined]
         return bound
 
 
@@ -117,8 +125,8 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             parsed = self._parse(request)
             yield from self._bridge().iterate(self._aevents(parsed))
 
-    predict = _DictRequests(_predict, stream=False)
-    predict_stream = _DictRequests(_predict_stream, stream=True)
+    predict = _DictRequests(_predict, name="predict", stream=False)
+    predict_stream = _DictRequests(_predict_stream, name="predict_stream", stream=True)
 
     async def apredict(
         self,
@@ -147,8 +155,11 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         `user_id`, `idempotency_key` and `trusted_user` as for `apredict`."""
         with agent_errors():
             parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key, trusted_user=trusted_user)
-            async for event in self._aevents(parsed):
-                yield event
+            # Closed at once when the consumer leaves (not by the garbage collector, which may run after the
+            # event loop closed and leave the turn's claim held).
+            async with contextlib.aclosing(self._aevents(parsed)) as events:
+                async for event in events:
+                    yield event
 
     # -- the one body -------------------------------------------------------------------------
     async def _aresponse(self, parsed: ParsedRequest) -> ResponsesAgentResponse:
@@ -159,7 +170,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             return ResponsesAgentResponse(output=[], custom_outputs=await context.in_io(self._run_action, parsed))
         output: list[dict] = []
         result: TurnResult | None = None
-        async for event in context.turns.arun(_turn_args(parsed), stream_tokens=False):
+        async for event in context.turns.arun(_turn_args(parsed), stream_tokens=False):  # consumed to its end
             if isinstance(event, NewMessages):
                 output.extend(to_output_items(event.messages))
             elif isinstance(event, TurnResult):
@@ -178,9 +189,10 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             yield completed_event(await context.in_io(self._run_action, parsed))
             return
         stream = StreamEvents(parsed)
-        async for event in context.turns.arun(_turn_args(parsed), stream_tokens=True):
-            for out in stream.events(self._tagged(event, parsed)):
-                yield out
+        async with contextlib.aclosing(context.turns.arun(_turn_args(parsed), stream_tokens=True)) as turn:
+            async for event in turn:
+                for out in stream.events(self._tagged(event, parsed)):
+                    yield out
 
     # -- internals -------------------------------------------------------------------------
     def _bridge(self) -> LoopThreads:

@@ -4,6 +4,8 @@ the turn's ids on the last item and on `response.completed`."""
 
 from __future__ import annotations
 
+import asyncio
+
 from tests.helpers.scenario import TRIP, outputs, request, run_trip
 
 DELTA = "response.output_text.delta"
@@ -120,3 +122,18 @@ def test_stream_of_an_action_is_one_event_with_its_outputs(agent):
     custom = outputs(events[0])
     assert custom["thread_id"] == ids["thread_id"]
     assert [e["checkpoint_id"] for e in custom["history"]] == [ids["after_turn3"], ids["after_turn2"]]
+
+
+def test_an_async_stream_closed_early_as_its_event_loop_ends_releases_the_thread(agent):
+    thread_id = outputs(agent.predict(request("hi")))["thread_id"]
+
+    async def leave_after_the_first_event():
+        events = agent.apredict_stream(request("long " * 100, thread_id=thread_id))
+        await events.__anext__()
+        await events.aclose()
+
+    asyncio.run(leave_after_the_first_event())  # the loop ends right after the close
+    # Nothing of the left turn was written, and the thread is free at once (not ThreadBusy).
+    after = outputs(agent.predict(request("after", thread_id=thread_id, multitask_strategy="reject")))
+    assert [e["last_user_message"] for e in agent.get_checkpoint_history(thread_id)[:2]] == ["after", "hi"]
+    assert after["thread_id"] == thread_id

@@ -123,7 +123,12 @@ def _present(agent, thread_id: str | None, user_id: str | None) -> bool:
 def _write(output: Path | None, chunks: Any) -> int:
     """Write `chunks` (strings) to `output` or stdout; how many were written."""
     count = 0
-    stream = output.open("w", encoding="utf-8") if output is not None else sys.stdout
+    try:
+        stream = output.open("w", encoding="utf-8") if output is not None else sys.stdout
+    except OSError as exc:
+        from agent.errors import InvalidRequest
+
+        raise InvalidRequest(f"Cannot write {output}: {exc.strerror or exc}") from None
     try:
         for chunk in chunks:
             stream.write(chunk)

@@ -26,6 +26,8 @@ MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 #: Longest default title (the first user message, shortened), in characters, "…" included.
 DEFAULT_TITLE_CHARS = 60
+#: Longest time to live (100 years), in seconds: a thread's `ttl_seconds` and the `thread_ttl_seconds` setting.
+MAX_TTL_SECONDS = 100 * 365 * 24 * 3600
 #: Longest title `update_thread` accepts.
 MAX_TITLE_CHARS = 256
 
@@ -70,11 +72,18 @@ def check_title(value: Any) -> str | None:
 
 
 def check_ttl(value: Any) -> float | None:
-    """None, or a positive, finite number of seconds."""
+    """None, or a positive number of seconds up to `MAX_TTL_SECONDS`.
+
+    The bound keeps `updated_at + ttl_seconds` a timestamp Postgres can compute: a larger interval
+    overflows (`DatetimeFieldOverflow`) in the retention sweep's query, which would then fail for
+    every thread of the database.
+    """
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise InvalidRequest(f"ttl_seconds must be a positive number of seconds, got {value!r}")
+    if value > MAX_TTL_SECONDS:
+        raise InvalidRequest(f"ttl_seconds must be at most {MAX_TTL_SECONDS} (100 years), got {value!r}")
     return float(value)
 
 

@@ -362,3 +362,17 @@ def test_the_sweeper_in_tt_agent_serve_deletes_expired_threads(tmp_path):
             timeout=60,
         )
         assert history.status_code == 404
+
+
+def test_a_ttl_beyond_a_hundred_years_is_refused_so_the_sweep_keeps_working(url, make_agent):
+    agent = make_agent(url)
+    thread_id = outputs(say(agent, "hello"))["thread_id"]
+    with pytest.raises(InvalidRequest, match="at most"):
+        agent.update_thread(thread_id, ttl_seconds=1e13)
+    with pytest.raises(InvalidRequest, match="at most"):
+        agent.predict(request(action="update_thread", thread_id=thread_id, ttl_seconds=1e300))
+    assert agent.get_thread(thread_id)["ttl_seconds"] is None  # nothing was written
+    # The longest ttl allowed is one the sweep's query can add to a timestamp: it runs, and keeps the thread.
+    agent.update_thread(thread_id, ttl_seconds=100 * 365 * 24 * 3600)
+    assert agent.sweep_expired_threads() == {"deleted_thread_ids": [], "trimmed": []}
+    assert agent.get_thread(thread_id)["thread_id"] == thread_id
