@@ -58,6 +58,7 @@ from agent.validation import validation_problems
 
 logger = logging.getLogger(__name__)
 
+
 class _DictRequests:
     """A `predict`/`predict_stream` that validates a dict request our way first (module docstring).
 
