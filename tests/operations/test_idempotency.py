@@ -241,7 +241,13 @@ def test_two_requests_with_one_key_that_both_run_commit_once(backend_url, make_a
     # the key's primary key lets only one commit, and the other answers with its result.
     model = gated_model()
     agent = make_agent(backend_url, model=model)
-    agent.operation_context.turns.idempotency.lookup = lambda user_id, key, request_hash: None
+    idempotency = agent.operation_context.turns.idempotency
+    idempotency.lookup = lambda user_id, key, request_hash: None
+
+    async def no_stored_result(user_id, key, request_hash, in_io):
+        return None
+
+    idempotency.alookup = no_stored_result  # `predict` runs the async turn body, which looks up with alookup
     body = request("block: at once", idempotency_key="race-1", user_id="alice")
     with ThreadPoolExecutor(2) as pool:
         runs = [pool.submit(send, agent, body) for _ in range(2)]
