@@ -309,14 +309,17 @@ class SweepResult:
     """Threads deleted whole (`thread_ttl_strategy="delete"`)."""
     trimmed: tuple[TrimmedThread, ...] = ()
     """Threads cut down to their head (`thread_ttl_strategy="keep_latest"`)."""
+    failed_thread_ids: tuple[str, ...] = ()
+    """Expired threads the sweep could not handle: skipped (nothing of them changed), logged, tried again next sweep."""
 
     def __bool__(self) -> bool:
         """Whether the sweep removed anything."""
         return bool(self.deleted_thread_ids or self.trimmed)
 
     def as_dict(self) -> dict[str, Any]:
-        """`{"deleted_thread_ids": [str], "trimmed": [{"thread_id", "removed_checkpoints"}]}`."""
+        """`{"deleted_thread_ids": [str], "trimmed": [{"thread_id", "removed_checkpoints"}], "failed_thread_ids": [str]}`."""
         return {
             "deleted_thread_ids": list(self.deleted_thread_ids),
             "trimmed": [{"thread_id": t.thread_id, "removed_checkpoints": t.removed_checkpoints} for t in self.trimmed],
+            "failed_thread_ids": list(self.failed_thread_ids),
         }

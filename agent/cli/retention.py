@@ -38,7 +38,7 @@ def sweep(
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help='Print {"deleted_thread_ids": [...], "trimmed": [...]} as JSON.')
+        bool, typer.Option("--json", help='Print {"deleted_thread_ids": [...], "trimmed": [...], "failed_thread_ids": [...]} as JSON.')
     ] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -50,10 +50,12 @@ def sweep(
     if as_json:
         console.print_json(json.dumps(removed))
         return
-    if not removed["deleted_thread_ids"] and not removed["trimmed"]:
+    if not removed["deleted_thread_ids"] and not removed["trimmed"] and not removed["failed_thread_ids"]:
         console.print("Nothing expired.")
     for thread_id in removed["deleted_thread_ids"]:
         console.print(f"deleted {thread_id}", markup=False)
     for trimmed in removed["trimmed"]:
         removed_checkpoints = trimmed["removed_checkpoints"]
         console.print(f"trimmed {trimmed['thread_id']}: {removed_checkpoints} checkpoint(s) removed", markup=False)
+    for thread_id in removed["failed_thread_ids"]:
+        console.print(f"skipped {thread_id}: it could not be swept (see the warning logged)", markup=False)

@@ -116,8 +116,8 @@ def list_threads(
         `thread_dict`s, each with one more key, `cursor` (opaque): pass the last one as `before`.
 
     Raises:
-        InvalidRequest: bad limit, metadata or cursor; ThreadNotFound: `before` is a thread id
-        the caller does not own. StorageUnavailable: the database failed.
+        InvalidRequest: bad limit, metadata or cursor (`before` neither a cursor nor one of the caller's
+            thread ids; worded the same for another user's thread). StorageUnavailable: the database failed.
     """
     return list_page(storage, user_id=user_id, limit=limit, before=before, metadata=metadata)[0]
 
@@ -199,8 +199,17 @@ def decode_cursor(cursor: str) -> tuple[str, str]:
         decoded = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     except (binascii.Error, ValueError):
         decoded = None
-    if not (isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(part, str) and part for part in decoded)):
+    if not (
+        isinstance(decoded, list)
+        and len(decoded) == 2
+        and all(isinstance(part, str) and part for part in decoded)
+        and len(decoded[0]) <= MAX_ID_CHARS
+    ):
         raise InvalidRequest(f"before is not a cursor of list_threads: {cursor[:80]!r}")
+    try:  # the thread id part goes to the database as text: no NUL, no lone surrogate
+        check_id("before (a cursor's thread id)", decoded[1])
+    except InvalidRequest:
+        raise InvalidRequest(f"before is not a cursor of list_threads: {cursor[:80]!r}") from None
     return decoded[0], decoded[1]
 
 
@@ -217,10 +226,14 @@ def _position(storage: ThreadReads, before: Any, user_id: str | None) -> tuple[s
             if len(before) > MAX_ID_CHARS or not owned_by(storage.get_thread(before), user_id):
                 raise
     thread_id = check_id("before", before)
-    authorize(storage.get_thread(thread_id), thread_id, user_id)
-    position = storage.thread_position(thread_id)
-    if position is None:  # deleted meanwhile
-        raise thread_not_found(thread_id)
+    # Not one of the caller's threads (unknown, another user's, deleted meanwhile): `before` is a bad position
+    # in the caller's own listing, worded the same in every case (so it tells nothing of other users' ids).
+    position = storage.thread_position(thread_id) if owned_by(storage.get_thread(thread_id), user_id) else None
+    if position is None:
+        raise InvalidRequest(
+            f"before is neither a cursor of list_threads (a listed thread's `cursor`) nor one of your thread ids: "
+            f"{before[:80]!r}"
+        )
     return position
 
 
@@ -263,8 +276,8 @@ def list_threads_page(context: OperationContext, args: ListArgs) -> tuple[list[d
     the top of a fresh first page (see `agent.operations.catalogue`). `limit`: 1 to 100.
     `metadata`: only threads whose metadata holds all these pairs.
 
-    Raises: `InvalidRequest` (bad limit, cursor or metadata), `ThreadNotFound` (`before` is a
-    thread id the caller does not own).
+    Raises: `InvalidRequest` (bad limit, cursor or metadata; `before` neither a cursor nor one of
+    the caller's thread ids).
     """
     return list_page(context.storage, user_id=args.user_id, limit=args.limit, before=args.before, metadata=args.metadata)
 

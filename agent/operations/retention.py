@@ -32,6 +32,17 @@ claim has moved `updated_at`, and the thread survives. No transaction spans
 more than one thread: candidates are read in batches of `BATCH_SIZE`, and each
 thread costs one claim and one short commit.
 
+**One thread never stops a sweep.** A thread whose rows the sweep cannot
+handle (an error claiming, reading or removing it) is skipped: logged, counted
+in the result (`failed_thread_ids`), its commit rolled back, and tried again
+by the next sweep, while every other expired thread is still removed. Only
+the database failing ends a sweep early: an error from the candidate query, or
+`StorageUnavailable` for a thread while `storage.ready()` says the database
+does not answer (telling "this thread's rows" from "the server is down" that
+way costs one query, only after a failure). The candidate query itself holds
+for every stored `ttl_seconds`: rows written before the 100-year bound was
+enforced (`thread_values.MAX_TTL_SECONDS`) are read as at most that.
+
 **The clock.** Expiry is judged by the clock that wrote `updated_at`: the
 database's (`now()`) on Postgres, where replicas' clocks may differ, and this
 machine's on SQLite. `now=` judges it as of another time instead, the same way
@@ -49,7 +60,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from agent.config import AgentSettings, ThreadTtlStrategy
-from agent.errors import InvalidRequest, ThreadBusy, ThreadNotFound
+from agent.errors import AgentError, InvalidRequest, StorageUnavailable, ThreadBusy, ThreadNotFound
 from agent.operations.lifecycle import delete_rows
 from agent.operations.operation import Operation, param
 from agent.storage import ExpiredThread, ThreadStorage, Tx
@@ -89,16 +100,21 @@ def sweep_expired_threads(
     Returns:
         A `SweepResult`: the threads deleted, and the threads trimmed with how many checkpoints
         each lost, oldest activity first. A thread another sweeper handled, or a turn held, is in neither.
+        A thread the sweep could not handle (any error while claiming or removing it, the database
+        still answering) is skipped, logged as a warning and listed in `failed_thread_ids`; its
+        commit rolled back, and the next sweep tries it again.
 
     Raises:
         InvalidRequest: `now` is a naive datetime.
-        StorageUnavailable: the database failed; what was swept before stays swept.
+        StorageUnavailable: the database failed (the candidate query, or a thread's work while the
+            database no longer answers `ready()`); what was swept before stays swept.
     """
     if now is not None and now.utcoffset() is None:
         raise InvalidRequest("now must be a timezone-aware datetime (e.g. datetime.now(timezone.utc))")
     strategy = settings.thread_ttl_strategy
     deleted: list[str] = []
     trimmed: list[TrimmedThread] = []
+    failed: list[str] = []
     after = None
     while stop is None or not stop.is_set():
         batch = storage.expired_threads(
@@ -111,7 +127,14 @@ def sweep_expired_threads(
         for found in batch:
             if stop is not None and stop.is_set():
                 break
-            removed = _expire(storage, found, strategy, settings.thread_ttl_seconds, now, memories)
+            try:
+                removed = _expire(storage, found, strategy, settings.thread_ttl_seconds, now, memories)
+            except Exception as exc:  # noqa: BLE001 - one thread must not stop retention for every other
+                if isinstance(exc, StorageUnavailable) and not storage.ready():
+                    raise  # the database failed, not this thread
+                _report_failure(found.thread_id, exc)
+                failed.append(found.thread_id)
+                continue
             if removed is None:
                 continue
             if strategy == "delete":
@@ -121,7 +144,15 @@ def sweep_expired_threads(
         if len(batch) < batch_size:
             break
         after = batch[-1].position
-    return SweepResult(deleted_thread_ids=tuple(deleted), trimmed=tuple(trimmed))
+    return SweepResult(deleted_thread_ids=tuple(deleted), trimmed=tuple(trimmed), failed_thread_ids=tuple(failed))
+
+
+def _report_failure(thread_id: str, exc: BaseException) -> None:
+    """One warning per thread the sweep skipped; the traceback too when the error is not the agent's own."""
+    if isinstance(exc, AgentError):
+        logger.warning("Retention sweep skipped thread %r (tried again next sweep): %s", thread_id, exc.message)
+    else:
+        logger.warning("Retention sweep skipped thread %r (tried again next sweep)", thread_id, exc_info=exc)
 
 
 def _expire(
@@ -195,8 +226,9 @@ def sweep(context: OperationContext, args: SweepArgs) -> SweepResult:
             (Postgres) or this machine's (SQLite); for tests.
 
     Returns:
-        `{"deleted_thread_ids": [str], "trimmed": [{"thread_id": str, "removed_checkpoints": int}]}`,
-        oldest activity first.
+        `{"deleted_thread_ids": [str], "trimmed": [{"thread_id": str, "removed_checkpoints": int}],
+        "failed_thread_ids": [str]}`, oldest activity first; a thread the sweep could not handle is
+        skipped, logged and listed in `failed_thread_ids` (the next sweep tries it again).
 
     Raises: `InvalidRequest` (a naive `now`), `StorageUnavailable`.
     """

@@ -10,7 +10,6 @@ values. Imports no LangChain (messages are only read).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +71,8 @@ def check_title(value: Any) -> str | None:
 
 
 def check_ttl(value: Any) -> float | None:
-    """None, or a positive number of seconds up to `MAX_TTL_SECONDS`.
+    """None, or a positive number of seconds up to `MAX_TTL_SECONDS`, as a float (an int, or a float;
+    not a boolean, NaN or infinity).
 
     The bound keeps `updated_at + ttl_seconds` a timestamp Postgres can compute: a larger interval
     overflows (`DatetimeFieldOverflow`) in the retention sweep's query, which would then fail for
@@ -80,10 +80,10 @@ def check_ttl(value: Any) -> float | None:
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise InvalidRequest(f"ttl_seconds must be a positive number of seconds, got {value!r}")
-    if value > MAX_TTL_SECONDS:
-        raise InvalidRequest(f"ttl_seconds must be at most {MAX_TTL_SECONDS} (100 years), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value <= 0:  # NaN != NaN
+        raise InvalidRequest(f"ttl_seconds must be a positive number of seconds, got {value!r:.40}")
+    if value > MAX_TTL_SECONDS:  # before float(): an int of 400 digits has no float (OverflowError)
+        raise InvalidRequest(f"ttl_seconds must be at most {MAX_TTL_SECONDS} (100 years), got {value!r:.40}")
     return float(value)
 
 

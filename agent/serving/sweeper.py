@@ -13,7 +13,9 @@ The same schedule also deletes expired idempotency results
 every few minutes, but a server that gets no requests would never do it.
 
 A sweep that fails (the database is down) is logged as one warning and tried
-again at the next interval. `stop()` ends the loop after the thread being
+again at the next interval. A thread the sweep cannot handle does not fail it:
+the sweep skips it with a warning of its own and counts it
+(`SweepResult.failed_thread_ids`, see `operations.retention`). `stop()` ends the loop after the thread being
 swept, so a shutdown waits for at most one thread's commit.
 """
 
@@ -69,12 +71,14 @@ class Sweeper:
         except Exception:  # noqa: BLE001 - the sweeper must outlive one bad sweep
             logger.exception("Retention sweep failed (retried in %s s)", self.interval)
             return None
-        if result:
+        if result or result.failed_thread_ids:
             removed = sum(t.removed_checkpoints for t in result.trimmed)
             logger.info(
-                "Retention sweep: deleted %d expired thread(s), trimmed %d to their head (%d checkpoint(s) removed)",
+                "Retention sweep: deleted %d expired thread(s), trimmed %d to their head (%d checkpoint(s) removed), "
+                "skipped %d it could not handle",
                 len(result.deleted_thread_ids),
                 len(result.trimmed),
                 removed,
+                len(result.failed_thread_ids),
             )
         return result

@@ -123,19 +123,19 @@ def test_expired_threads_are_deleted_and_live_ones_stay(url, make_agent):
     assert gap > timedelta(0)
     now = updated_at(agent, old) + timedelta(seconds=TTL) + gap / 2
 
-    assert agent.sweep_expired_threads(now=now) == {"deleted_thread_ids": [old], "trimmed": []}
+    assert agent.sweep_expired_threads(now=now) == {"deleted_thread_ids": [old], "trimmed": [], "failed_thread_ids": []}
 
     with pytest.raises(ThreadNotFound):
         agent.get_checkpoint_history(old)
     assert agent.get_checkpoint_history(live)
-    assert agent.sweep_expired_threads(now=now) == {"deleted_thread_ids": [], "trimmed": []}
+    assert agent.sweep_expired_threads(now=now) == {"deleted_thread_ids": [], "trimmed": [], "failed_thread_ids": []}
 
 
 def test_without_any_ttl_nothing_ever_expires(url, make_agent):
     agent = make_agent(url)
     thread_id = new_thread(agent)
     years_later = updated_at(agent, thread_id) + timedelta(days=3650)
-    assert agent.sweep_expired_threads(now=years_later) == {"deleted_thread_ids": [], "trimmed": []}
+    assert agent.sweep_expired_threads(now=years_later) == {"deleted_thread_ids": [], "trimmed": [], "failed_thread_ids": []}
     assert agent.get_checkpoint_history(thread_id)
 
 
@@ -144,7 +144,7 @@ def test_expiry_is_judged_by_the_database_clock_when_no_now_is_given(url, make_a
     idle, fresh = new_thread(agent, "idle"), new_thread(agent, "fresh")
     age(url, idle, 61)
 
-    assert agent.sweep_expired_threads() == {"deleted_thread_ids": [idle], "trimmed": []}
+    assert agent.sweep_expired_threads() == {"deleted_thread_ids": [idle], "trimmed": [], "failed_thread_ids": []}
     assert agent.get_checkpoint_history(fresh)
 
 
@@ -156,10 +156,11 @@ def test_a_threads_own_ttl_overrides_the_setting(url, make_agent):
     latest = max(updated_at(agent, t) for t in (short, long_lived, default))
 
     soon = latest + timedelta(seconds=11)
-    assert agent.sweep_expired_threads(now=soon) == {"deleted_thread_ids": [short], "trimmed": []}
+    assert agent.sweep_expired_threads(now=soon) == {"deleted_thread_ids": [short], "trimmed": [], "failed_thread_ids": []}
     assert agent.sweep_expired_threads(now=latest + timedelta(seconds=TTL + 1)) == {
         "deleted_thread_ids": [default],
         "trimmed": [],
+        "failed_thread_ids": [],
     }
     assert agent.get_checkpoint_history(long_lived)
 
@@ -169,6 +170,7 @@ def test_a_threads_own_ttl_overrides_the_setting(url, make_agent):
     assert other.sweep_expired_threads(now=latest + timedelta(seconds=6)) == {
         "deleted_thread_ids": [long_lived],
         "trimmed": [],
+        "failed_thread_ids": [],
     }
 
 
@@ -217,7 +219,7 @@ def test_keep_latest_keeps_the_head_with_its_messages_and_the_thread_usable(url,
     removed = agent.sweep_expired_threads(now=expired_at(agent, thread_id))
 
     trimmed = [{"thread_id": thread_id, "removed_checkpoints": checkpoints - 1}]
-    assert removed == {"deleted_thread_ids": [], "trimmed": trimmed}
+    assert removed == {"deleted_thread_ids": [], "trimmed": trimmed, "failed_thread_ids": []}
     # A new agent has no cached message lists: the head's messages are read from what is stored now.
     reader = make_agent(url)
     assert message_dicts(head_messages(reader, thread_id)) == head_before
@@ -245,14 +247,14 @@ def test_keep_latest_keeps_the_head_with_its_messages_and_the_thread_usable(url,
     assert messages[: len(head_before)] == head_before and messages[len(head_before)]["content"] == "And then?"
 
     # Nothing left to trim: the next sweep leaves the thread alone (and says nothing about it).
-    assert reader.sweep_expired_threads(now=expired_at(reader, thread_id)) == {"deleted_thread_ids": [], "trimmed": []}
+    assert reader.sweep_expired_threads(now=expired_at(reader, thread_id)) == {"deleted_thread_ids": [], "trimmed": [], "failed_thread_ids": []}
 
 
 def test_keep_latest_leaves_a_thread_of_one_checkpoint_alone(url, make_agent):
     agent = make_agent(url, thread_ttl_seconds=TTL, thread_ttl_strategy="keep_latest")
     thread_id = new_thread(agent)
     agent.sweep_expired_threads(now=expired_at(agent, thread_id))
-    assert agent.sweep_expired_threads(now=expired_at(agent, thread_id)) == {"deleted_thread_ids": [], "trimmed": []}
+    assert agent.sweep_expired_threads(now=expired_at(agent, thread_id)) == {"deleted_thread_ids": [], "trimmed": [], "failed_thread_ids": []}
     assert len(agent.get_checkpoint_history(thread_id)) == 1
 
 
@@ -292,9 +294,9 @@ def test_a_thread_busy_with_a_turn_is_skipped(url, make_agent):
     now = max(expired_at(agent, busy), expired_at(agent, idle))
 
     with other_replica_holds(url, busy):
-        assert agent.sweep_expired_threads(now=now) == {"deleted_thread_ids": [idle], "trimmed": []}
+        assert agent.sweep_expired_threads(now=now) == {"deleted_thread_ids": [idle], "trimmed": [], "failed_thread_ids": []}
         assert agent.storage.get_thread(busy) is not None
-    assert agent.sweep_expired_threads(now=now) == {"deleted_thread_ids": [busy], "trimmed": []}
+    assert agent.sweep_expired_threads(now=now) == {"deleted_thread_ids": [busy], "trimmed": [], "failed_thread_ids": []}
 
 
 def test_a_thread_that_got_a_turn_after_it_was_found_expired_survives(url, make_agent):
@@ -312,7 +314,7 @@ def test_a_thread_that_got_a_turn_after_it_was_found_expired_survives(url, make_
         return found
 
     agent.storage.expired_threads = then_a_turn
-    assert agent.sweep_expired_threads() == {"deleted_thread_ids": [], "trimmed": []}
+    assert agent.sweep_expired_threads() == {"deleted_thread_ids": [], "trimmed": [], "failed_thread_ids": []}
     assert agent.get_checkpoint_history(thread_id)[0]["last_user_message"] == "still here"
 
 
@@ -330,7 +332,7 @@ def test_tt_agent_sweep_prints_what_it_removed(tmp_path, make_agent):
 
     done = tt_agent("--ttl-seconds", "60", "--json")
     assert done.exit_code == 0, done.output
-    assert json.loads(done.stdout) == {"deleted_thread_ids": [idle], "trimmed": []}
+    assert json.loads(done.stdout) == {"deleted_thread_ids": [idle], "trimmed": [], "failed_thread_ids": []}
     done = tt_agent("--ttl-seconds", "60")
     assert done.exit_code == 0 and done.stdout.strip() == "Nothing expired."
     age(url, fresh, 120)
@@ -374,5 +376,5 @@ def test_a_ttl_beyond_a_hundred_years_is_refused_so_the_sweep_keeps_working(url,
     assert agent.get_thread(thread_id)["ttl_seconds"] is None  # nothing was written
     # The longest ttl allowed is one the sweep's query can add to a timestamp: it runs, and keeps the thread.
     agent.update_thread(thread_id, ttl_seconds=100 * 365 * 24 * 3600)
-    assert agent.sweep_expired_threads() == {"deleted_thread_ids": [], "trimmed": []}
+    assert agent.sweep_expired_threads() == {"deleted_thread_ids": [], "trimmed": [], "failed_thread_ids": []}
     assert agent.get_thread(thread_id)["thread_id"] == thread_id

@@ -5,6 +5,8 @@ one root, every parent present and no cycle, the head among the checkpoints,
 messages LangChain can load (and only the four message classes a thread
 stores: nothing is built from a class path), and values Postgres text and
 jsonb can hold (no NUL, no NaN), so that both backends refuse the same documents.
+Every value's domain (numbers, timestamps, channel versions, usage, the thread
+record's fields) is `values`, which each document format calls.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from agent.errors import InvalidRequest
-from agent.operations.thread_values import check_metadata, check_title, check_ttl
 from agent.operations.transfer.document import (
     FORMAT,
     MESSAGE_TYPES,
@@ -30,6 +31,7 @@ from agent.operations.transfer.document import (
     Restored,
     ThreadDocument,
 )
+from agent.operations.transfer.values import check_checkpoint, check_json, check_thread, check_timestamp
 from agent.validation import check_id, encoded_size
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ def parse_document(document: Any) -> Restored:
     if not isinstance(document, Mapping):
         raise InvalidRequest(f"A thread document must be a JSON object, got {type(document).__name__}")
     encoded_size("document", document)  # refuses lone surrogates and absurd nesting first
+    check_json("", document)
     try:
         parsed = ThreadDocument.model_validate(dict(document))
     except ValidationError as exc:
@@ -53,12 +56,16 @@ def parse_document(document: Any) -> Restored:
     check_id("thread.thread_id", thread.thread_id)
     check_id("thread.checkpoint_id", thread.checkpoint_id)
     _storable_json("thread", thread.model_dump())
-    try:  # the limits `update_thread` holds (OpenAI's for metadata), so an import cannot bring in more
-        check_title(thread.title)
-        check_metadata(thread.metadata, name="thread.metadata")
-        check_ttl(thread.ttl_seconds)
-    except InvalidRequest as exc:
-        raise invalid(f"thread: {exc.message}") from None
+    check_thread(
+        title=thread.title,
+        metadata=thread.metadata,
+        ttl_seconds=thread.ttl_seconds,
+        forked_from=thread.forked_from,
+        message_count=thread.message_count,
+        created_at=thread.created_at,
+        updated_at=thread.updated_at,
+    )
+    check_timestamp("exported_at", parsed.exported_at, required=False)
     by_id: dict[str, CheckpointDoc] = {}
     for index, checkpoint in enumerate(parsed.checkpoints):
         where = f"checkpoints[{index}]"
@@ -69,6 +76,17 @@ def parse_document(document: Any) -> Restored:
             raise invalid(f"checkpoint {checkpoint.checkpoint_id!r} appears twice")
         by_id[checkpoint.checkpoint_id] = checkpoint
         _storable_json(f"{where}.metadata", checkpoint.metadata)
+        check_checkpoint(
+            where,
+            v=checkpoint.v,
+            ts=checkpoint.ts,
+            metadata=checkpoint.metadata,
+            channel_versions=checkpoint.channel_versions,
+            versions_seen=checkpoint.versions_seen,
+            updated_channels=checkpoint.updated_channels,
+            channels=checkpoint.channel_values.keys(),
+            pending_writes=[(w.task_id, w.channel) for w in checkpoint.pending_writes],
+        )
         unversioned = sorted(set(checkpoint.channel_values) - set(checkpoint.channel_versions))
         if unversioned:
             raise invalid(f"{where}.channel_values has channels without a version: {unversioned}")
@@ -119,11 +137,12 @@ def load_messages(value: Any, where: str, types: frozenset[str] = MESSAGE_TYPES)
     if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
         raise invalid(f"{where} must be a list of message objects")
     for index, message in enumerate(value):
-        if message.get("type") not in types or not isinstance(message.get("data"), dict):
+        if not isinstance(message.get("type"), str) or message["type"] not in types or not isinstance(message.get("data"), dict):
             raise invalid(f"{where}[{index}] must be {{'type': one of {sorted(types)}, 'data': {{...}}}}")
     try:
         loaded = messages_from_dict(value)
-    except (TypeError, ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+    except Exception as exc:  # noqa: BLE001 - LangChain's constructors raise what they meet (ValidationError,
+        # TypeError, AttributeError on a tool call that is not an object, ...): all mean "not a message"
         raise invalid(f"{where} holds a message LangChain cannot load: {' '.join(str(exc).split())[:300]}") from None
     ids = [m.id for m in loaded]
     if not all(isinstance(i, str) and i for i in ids) or len(set(ids)) != len(ids):

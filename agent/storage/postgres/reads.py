@@ -85,10 +85,15 @@ class PostgresReads:
         params = {"user_id": user_id, "metadata": Jsonb(dict(metadata)), "limit": limit}
         if before is not None:
             params["activity"], params["thread_id"] = before
+            # Exactly the text THREAD_COLUMNS writes: Python reads forms Postgres's timestamptz does not
+            # (a week date, 2024-W01-1), and those would fail the query.
             try:
-                datetime.fromisoformat(params["activity"])
-            except ValueError:
-                raise InvalidRequest(f"before is not a cursor of this store: {params['activity'][:40]!r}") from None
+                ok = sql.ACTIVITY_PATTERN.fullmatch(params["activity"]) is not None
+                ok = ok and datetime.fromisoformat(params["activity"]) is not None
+            except ValueError:  # e.g. month 13
+                ok = False
+            if not ok:
+                raise InvalidRequest(f"before is not a cursor of this store: {params['activity'][:40]!r}")
         rows = self._read(None, sql.LIST_THREADS_SQLS[user_id is None, before is not None], params)
         # updated_at is already the exact text of the stored timestamp (THREAD_COLUMNS).
         return [(to_record(row), (row["updated_at"], row["thread_id"])) for row in rows]

@@ -11,6 +11,8 @@ plpgsql functions the migrations create (`schema`), for their cached plans.
 
 from __future__ import annotations
 
+import re
+
 from agent.storage import summaries
 
 BEGIN_TURN_SQL = "SELECT * FROM agent_begin_turn(%s, %s, %s, %s, %s, %s, %s)"
@@ -131,6 +133,8 @@ WHERE {{owner}} AND t.metadata @> %(metadata)s {{after}}
 ORDER BY t.updated_at DESC, t.thread_id DESC LIMIT %(limit)s
 """
 LIST_THREADS_AFTER = "AND (t.updated_at, t.thread_id) < (%(activity)s::timestamptz, %(thread_id)s)"
+# The only `activity` text a cursor may hold: what the to_char above writes.
+ACTIVITY_PATTERN = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}\+00:00")
 #: One statement per (anonymous caller?, next page?): `user_id = NULL` would match nothing.
 LIST_THREADS_SQLS = {
     (anonymous, paging): LIST_THREADS_SQL.format(
@@ -166,9 +170,12 @@ DELETE_THREAD_SQL = [
     "DELETE FROM agent_threads WHERE thread_id = %s",
 ]
 # -- retention (`operations.retention`) --
-# A thread's expiry: its own ttl_seconds, else the agent's thread_ttl_seconds (NULL: never).
-EXPIRED_CONDITION = """COALESCE(t.ttl_seconds, %(ttl)s::float8) IS NOT NULL
-    AND t.updated_at + make_interval(secs => COALESCE(t.ttl_seconds, %(ttl)s::float8))
+# A thread's expiry: its own ttl_seconds, else the agent's thread_ttl_seconds (NULL: never). The ttl is read
+# as 0 to MAX_TTL_SECONDS: a row written before that bound was enforced (1e15, NaN, Infinity) would make
+# make_interval overflow (DatetimeFieldOverflow) and the query fail for every thread of the database.
+MAX_TTL_SECONDS = 100 * 365 * 24 * 3600  # = operations.thread_values.MAX_TTL_SECONDS, which entry enforces
+EXPIRED_CONDITION = f"""COALESCE(t.ttl_seconds, %(ttl)s::float8) IS NOT NULL
+    AND t.updated_at + make_interval(secs => LEAST(GREATEST(COALESCE(t.ttl_seconds, %(ttl)s::float8), 0), {MAX_TTL_SECONDS}))
         <= COALESCE(%(now)s::timestamptz, now())"""
 # Candidates only (the sweep claims each one and checks again); a thread a turn holds is left out.
 EXPIRED_THREADS_SQL = f"""

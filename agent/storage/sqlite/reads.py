@@ -18,6 +18,8 @@ migrates it (`agent.storage.open_reader`).
 from __future__ import annotations
 
 import json
+import math
+import re
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,6 +55,8 @@ LIST_THREADS_AFTER = "AND (updated_at, thread_id) < (?, ?)"
 # One per metadata pair asked for; json_each reads any key, however it is spelt.
 LIST_THREADS_METADATA = "AND EXISTS (SELECT 1 FROM json_each(metadata) m WHERE m.key = ? AND m.value = ?)"
 THREAD_POSITION_SQL = "SELECT updated_at, thread_id FROM agent_threads WHERE thread_id = ?"
+#: The only `activity` text a cursor may hold: `repr` of a float (digits, a point or an exponent).
+ACTIVITY_PATTERN = re.compile(r"-?[0-9]+(\.[0-9]+)?(e[+-]?[0-9]+)?")
 # Fails (no such table / column) unless the file holds every column the statements above read.
 SCHEMA_CHECK_SQL = [
     f"SELECT {THREAD_COLUMNS} FROM agent_threads LIMIT 0",
@@ -93,10 +97,13 @@ def list_threads(
     for key, value in metadata.items():
         params += [key, value]
     if before is not None:
+        # `repr` of a finite REAL, as written below; float() alone also reads "nan", "inf" and "1_000".
         try:
-            activity = float(before[0])
+            activity = float(before[0]) if ACTIVITY_PATTERN.fullmatch(before[0]) else math.nan
         except ValueError:
-            raise InvalidRequest(f"before is not a cursor of this store: {before[0][:40]!r}") from None
+            activity = math.nan
+        if not math.isfinite(activity):
+            raise InvalidRequest(f"before is not a cursor of this store: {before[0][:40]!r}")
         params += [activity, before[1]]
     params.append(limit)
     statement = LIST_THREADS_SQL.format(
