@@ -33,6 +33,9 @@ What this module adds to MLflow's server:
   Every other error answer (bad JSON, unknown routes, wrong methods, a body too
   large, too deep or too slow) has the same body. A 4xx is logged as one line,
   a 5xx with its traceback (`serving.errors.log_error_answer`).
+* **One trusted user header.** With `user_id_header` set, a request carrying
+  that header twice, or a comma-joined list in it, is a 400 before any route
+  runs (`serving.identity` says why).
 
 MLflow keeps the `@invoke()` / `@stream()` handlers in module globals, so a
 process serves one agent: `build_app(agent)` binds it (a second call rebinds).
@@ -67,6 +70,7 @@ from agent.errors import AgentError, InvalidRequest, validation_problems
 from agent.requests import keeping_item_ids, with_string_input
 from agent.responses import LangGraphResponsesAgent
 from agent.serving.errors import error_body, http_status, log_error_answer, status_error_body
+from agent.serving.identity import TrustedUserHeader
 from agent.serving.limits import RequestBodyLimits, body_limit
 from agent.serving.openai import openai_router
 from agent.tracing import scrub_trace_inputs, tag_trace
@@ -251,6 +255,8 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     app.add_middleware(
         RequestBodyLimits, max_bytes=body_limit(agent.settings.max_request_bytes), timeout=agent.settings.body_timeout
     )
+    if agent.settings.user_id_header:  # added last, so it runs first: a doubled header is refused before the body is read
+        app.add_middleware(TrustedUserHeader, name=agent.settings.user_id_header)
 
     _replace_agent_info(app, agent)
     app.include_router(openai_router(agent))
