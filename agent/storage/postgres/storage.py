@@ -193,17 +193,14 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         record = to_record(record_row)
         if fence is None:
             return None, record
-        with self._faults("read the thread", thread_id):
-            start = self.saver.load_row(start_row) if start_row else None
-        claim = Claim(
-            thread_id=thread_id,
-            user_id=user_id,
-            token=token,
-            fence=fence,
-            record=record,
-            start=start,
-            idempotency_key=idempotency_key,
-        )
+        claim = Claim(thread_id=thread_id, user_id=user_id, token=token, fence=fence, record=record, start=None,
+                      idempotency_key=idempotency_key)  # fmt: skip
+        try:
+            with self._faults("read the thread", thread_id):
+                claim.start = self.saver.load_row(start_row) if start_row else None
+        except BaseException:  # stored rows that cannot be read: the committed claim is given back, not held a lease
+            self.release(claim)
+            raise
         return claim, record
 
     def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
