@@ -231,7 +231,7 @@ def test_a_thread_id_as_before_pages_after_that_thread(agent):
     whole = ids(agent.list_threads(user_id=u))
     assert ids(agent.list_threads(user_id=u, before=whole[1])) == whole[2:]
     other = user()
-    with pytest.raises(ThreadNotFound):
+    with pytest.raises(InvalidRequest, match="before"):  # not theirs: a bad position, worded as an unknown id
         agent.list_threads(user_id=other, before=whole[1])
 
 
