@@ -32,7 +32,7 @@ from agent.serving.errors import http_status
 from tests.helpers.databases import fresh_database
 from tests.helpers.scenario import outputs, say
 
-MAX_EXAMPLES = int(__import__("os").environ.get("HX", 60))
+MAX_EXAMPLES = 250  # a few seconds per backend; about a sixth of the examples get past the import
 
 _FAR_FUTURE = datetime.now(UTC) + timedelta(days=365 * 200)
 
@@ -182,7 +182,7 @@ def _draw_mutations(data, document) -> list:
     paths = _paths(document)
     mutations = []
     for _ in range(data.draw(st.integers(1, 3), label="how many")):
-        kind = data.draw(st.sampled_from(["replace", "like", "like", "drop", "double", "rename"]), label="kind")
+        kind = data.draw(st.sampled_from(["like", "like", "like", "replace", "drop", "double", "rename"]), label="kind")
         path = data.draw(st.sampled_from(paths), label="path")
         original = _parent(document, path)[path[-1]]
         values = LIKE.get(type(original), HOSTILE) if kind == "like" else HOSTILE
