@@ -99,7 +99,7 @@ def _mutate(document, mutation) -> None:
         del parent[key]
     elif kind == "double":
         if isinstance(parent, list):
-            parent.insert(key, copy.deepcopy(parent[key]))
+            parent.insert(key, parent[key])  # the same object twice: a deep value may be too deep to copy
         else:
             parent[key] = [parent[key], parent[key]]
     elif kind == "rename" and isinstance(parent, dict):
