@@ -8,6 +8,10 @@ output direction, which the result types use too; re-exported here). This
 module only adds validation (so bad items get `InvalidRequest` instead of a
 KeyError deep in a library). The tool-call repair lives with the pairing rule
 in `agent.context.repair` (re-exported here).
+
+MLflow is imported on the first conversion, not with this module: any `import mlflow.<x>` runs
+`mlflow/__init__` (about 2 s of CPU: its tracking client, pandas, `mlflow.genai`), and building
+an agent imports this module long before a turn needs it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import BaseMessage, convert_to_messages
-from mlflow.types.responses import to_chat_completions_input
 
 from agent.context.repair import UNANSWERED_TOOL_CALL, close_unanswered_tool_calls
 from agent.errors import InvalidRequest
@@ -56,6 +59,8 @@ def to_langchain(items: Sequence[Any]) -> list[BaseMessage]:
     plain = [item.model_dump(exclude_none=True) if hasattr(item, "model_dump") else item for item in items]
     for index, item in enumerate(plain):
         _check_item(index, item)
+    from mlflow.types.responses import to_chat_completions_input
+
     messages: list[BaseMessage] = []
     try:
         for item in plain:

@@ -6,7 +6,9 @@ With nothing set, the store is `.agent/checkpoints.sqlite` under the current
 directory. Commands on existing threads never create a store: a command that
 only reads runs on `agent.storage.open_reader` (on SQLite without LangGraph,
 LangChain or MLflow: `open_reads`); the others open the whole agent on a store
-that must exist (`open_agent(read_only=True)`).
+that must exist (`open_agent(read_only=True)`). Only the commands that send messages (`chat`,
+`demo`) build the MLflow `LangGraphResponsesAgent`; the others build the plain `agent.Agent`
+(`agent.factory.build_agent`), so they never import MLflow.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agent.agent import Agent
     from agent.operations.context import OperationContext
-    from agent.responses import LangGraphResponsesAgent
 
 
 @contextmanager
@@ -28,9 +30,10 @@ def open_agent(
     tracing: bool,
     *,
     read_only: bool = False,
+    responses: bool = False,
     agent_file: str | None = None,
     **settings: Any,
-) -> Iterator[LangGraphResponsesAgent]:
+) -> Iterator[Agent]:
     """An agent for one command (`settings`: more `AgentSettings` fields, None ones left to the
     environment), closed afterwards.
 
@@ -38,12 +41,16 @@ def open_agent(
     Its `create_agent(...)` reads the environment, so `database_url`, `model` and `tracing` are
     put there first (`settings` are not: use `AGENT_*` variables); then it is connected.
 
+    `responses`: the command calls `predict` / `predict_stream`, so it gets a `LangGraphResponsesAgent`
+    (which imports MLflow); otherwise a plain `agent.Agent`. An `agent_file`'s agent is what the file built.
+
     `read_only`: the command works on what is there (listings, export, the operations on existing
     threads) and never creates a store: a SQLite file that does not exist, `memory://`, or a
     Postgres database without the agent's tables is a `ConfigurationError` naming the store and
     how to choose another.
     """
-    from agent import create_agent
+    from agent.agent import Agent
+    from agent.factory import build_agent
     from agent.storage import require_existing_database, require_tables
 
     if agent_file is not None:
@@ -52,7 +59,11 @@ def open_agent(
     if read_only:
         require_existing_database(resolve_url(database_url))
     given = {name: value for name, value in settings.items() if value is not None}
-    agent = create_agent(database_url, model, tracing=tracing, connect=not read_only, **given)
+    if responses:
+        from agent.responses import LangGraphResponsesAgent as agent_class
+    else:
+        agent_class = Agent
+    agent = build_agent(agent_class, database_url, model, tracing=tracing, connect=not read_only, **given)
     try:
         if read_only:
             require_tables(agent.storage, resolve_url(database_url))
@@ -61,9 +72,7 @@ def open_agent(
         agent.close()
 
 
-def _open_agent_file(
-    agent_file: str, database_url: str | None, model: str | None, tracing: bool
-) -> Iterator[LangGraphResponsesAgent]:
+def _open_agent_file(agent_file: str, database_url: str | None, model: str | None, tracing: bool) -> Iterator[Agent]:
     from agent.serving.agent_file import load_agent_file
 
     # A command line is one process for one command: setting its environment is what the file reads.
