@@ -67,7 +67,8 @@ TEXT_PART_TYPES = {"input_text", "output_text", "text"}
 
 
 def to_langchain(items: Sequence[Any]) -> list[BaseMessage]:
-    """LangChain messages for Responses input items, in order.
+    """LangChain messages for Responses input items, in order, except that tool calls and their results
+    are grouped by `call_id` as a chat model needs them (module docstring).
 
     Accepts `message` items (role user/assistant/system/developer; content a
     string or a list of text parts), `function_call` and `function_call_output`
