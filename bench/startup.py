@@ -58,9 +58,9 @@ from typing import Any
 from bench import report
 from bench.processes import ServerProcess
 
-RUNS, QUICK_RUNS = 15, 3
+RUNS, QUICK_RUNS = 15, 1
 #: Whole-agent runs take seconds each: fewer pairs.
-AGENT_RUNS, QUICK_AGENT_RUNS = 7, 2
+AGENT_RUNS, QUICK_AGENT_RUNS = 7, 1
 
 #: The cold agent, and the library import it is measured against.
 CREATE_AGENT = "from agent import create_agent; create_agent('memory://', model='offline').close()"
