@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from agent import InvalidRequest, ThreadExists, ThreadNotFound
 from agent.models import CALCULATE_PREFIX
+from agent.operations.transfer import parse_document
 from tests.helpers.reliability import head_messages, user_texts
 from tests.helpers.scenario import outputs, say, text_of
 
@@ -117,7 +118,7 @@ def test_a_random_tree_reads_back_the_same_in_the_other_backend(agents, directio
     source, target = agents[direction[0]], agents[direction[1]]
     thread_id = build_tree(source, ops, user_id="alice")
     document = json.loads(json.dumps(source.export_thread(thread_id, user_id="alice")))
-    assert document["format"] == "timetravel-agent.thread" and document["version"] == 1
+    assert document["format"] == "timetravel-agent.thread" and document["version"] == 2
     assert "user_id" not in document["thread"]
 
     imported = target.import_thread(document, user_id="bob")  # the importer decides the owner
@@ -152,8 +153,8 @@ def test_a_thread_with_a_context_summary_continues_alike_after_the_trip(pg_url, 
     for n in range(8):
         say(source, f"message number {n} " + "word " * 40, thread_id=thread_id)
     document = json.loads(json.dumps(source.export_thread(thread_id)))
-    head = next(c for c in document["checkpoints"] if c["checkpoint_id"] == document["thread"]["checkpoint_id"])
-    assert head["channel_values"]["context_summary"]["value"]["text"]  # the summary travels with the state
+    head = parse_document(document).values[document["thread"]["checkpoint_id"]]
+    assert head["context_summary"]["text"]  # the summary travels with the state
     target.import_thread(document)
     replies = [text_of(say(agent, "what did I say?", thread_id=thread_id)) for agent in (source, target)]
     assert replies[0].endswith("with a summary]")
@@ -208,8 +209,19 @@ def _duplicate(doc):
 
 def _message(mutation):
     def mutate(doc):
-        messages = _chain(doc)[2]["channel_values"]["messages"]["value"]
-        mutation(messages)
+        changes = _chain(doc)[2]["channel_values"]["messages"]
+        assert changes["type"] == "message_changes"  # a turn adds its messages to its parent's
+        mutation(changes["value"]["add"])
+
+    return mutate
+
+
+def _changes(mutation):
+    """Mutate the `message_changes` of the second turn's checkpoint: (its value, the parent's messages)."""
+
+    def mutate(doc):
+        root, first, second = _chain(doc)
+        mutation(second["channel_values"]["messages"], copy.deepcopy(first["channel_values"]["messages"]["value"]))
 
     return mutate
 
@@ -217,7 +229,7 @@ def _message(mutation):
 MALFORMED = {
     "not an object": lambda doc: ["a", "list"],
     "wrong format": _set(["format"], "langgraph.thread"),
-    "future version": _set(["version"], 2),
+    "future version": _set(["version"], 3),
     "unknown field": _set(["thread", "owner"], "x"),
     "no checkpoints": _set(["checkpoints"], []),
     "thread id not a string": _set(["thread", "thread_id"], 7),
@@ -243,6 +255,21 @@ MALFORMED = {
     "message content not text": _message(lambda ms: ms[0]["data"].update(content=5)),
     "message without id": _message(lambda ms: ms[0]["data"].update(id=None)),
     "lone surrogate": _message(lambda ms: ms[0]["data"].update(content="\ud800")),
+    # Version 2's changes must apply to the parent.
+    "changes in a version 1 document": _set(["version"], 1),
+    "unchanged with a value": _changes(lambda value, parent: value.update(type="unchanged")),
+    "unchanged without a parent value": lambda doc: _chain(doc)[1]["channel_values"].update(messages={"type": "unchanged"}),
+    "changes without a parent value": lambda doc: _chain(doc)[1]["channel_values"]["messages"].update(
+        type="message_changes", value={"add": []}),
+    "removing a message the parent lacks": _changes(lambda value, parent: value["value"].update(remove=[str(uuid.uuid4())])),
+    "removing a message twice": _changes(
+        lambda value, parent: value["value"].update(remove=[parent[0]["data"]["id"]] * 2)),
+    "removing and replacing a message": _changes(
+        lambda value, parent: value["value"].update(remove=[parent[0]["data"]["id"]], add=[parent[0]])),
+    "an added id twice": _changes(lambda value, parent: value["value"]["add"].append(copy.deepcopy(value["value"]["add"][0]))),
+    "unknown field in the changes": _changes(lambda value, parent: value["value"].update(replace=[])),
+    "changes not an object": _changes(lambda value, parent: value.update(value=[])),
+    "added messages not loadable": _changes(lambda value, parent: value["value"]["add"][0].update(type="remove")),
 }
 
 
