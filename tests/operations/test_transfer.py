@@ -404,3 +404,82 @@ def test_cli_exports_a_user_as_json_lines_and_imports_both_forms(tmp_path, monke
     assert refused.exit_code == 1 and "already exists" in refused.output and "Traceback" not in refused.output
     with create_agent(target, model="offline", tracing=False) as agent:
         assert agent.storage.threads_of_user("w") == ids
+
+
+def _cli():
+    from typer.testing import CliRunner
+
+    from agent.cli import app
+
+    return lambda *args, input=None: CliRunner().invoke(app, list(args), input=input)  # noqa: E731
+
+
+@pytest.fixture
+def jsonl_export(tmp_path, monkeypatch):
+    """(the CLI runner, JSON Lines of a user's three threads, one of whose messages holds U+2028)."""
+    from agent import create_agent
+
+    monkeypatch.chdir(tmp_path)
+    source = f"sqlite:///{tmp_path / 'source.sqlite'}"
+    with create_agent(source, model="offline", tracing=False) as agent:
+        for text in ("one\u2028two", "three", "four"):  # str.splitlines() would cut the first line at U+2028
+            say(agent, text, user_id="u")
+    run = _cli()
+    exported = run("export", "--user-id", "u", "--database-url", source)
+    assert exported.exit_code == 0, exported.output
+    lines = exported.stdout.split("\n")[:-1]  # not splitlines(), which cuts at U+2028 too
+    assert len(lines) == 3
+    return run, lines
+
+
+def test_cli_import_checks_every_line_first_and_names_the_bad_one(jsonl_export, tmp_path):
+    run, lines = jsonl_export
+    broken = json.loads(lines[2])
+    broken["checkpoints"][0]["parent_checkpoint_id"] = "not-a-uuid"
+    (tmp_path / "bad.jsonl").write_text("\n".join([lines[0], "", lines[1], json.dumps(broken)]) + "\n", encoding="utf-8")
+    (tmp_path / "garbled.jsonl").write_text("\n".join([lines[0], "{garbled"]) + "\n", encoding="utf-8")
+    target = f"sqlite:///{tmp_path / 'target.sqlite'}"
+    say_ok = run("import", "bad.jsonl", "--database-url", target)
+    assert say_ok.exit_code == 1 and "Traceback" not in say_ok.output
+    assert "bad.jsonl, line 4: Invalid thread document" in " ".join(say_ok.output.split())  # 1-based, blanks counted
+    garbled = run("import", "-", "--database-url", target, input=(tmp_path / "garbled.jsonl").read_text(encoding="utf-8"))
+    assert garbled.exit_code == 1 and "standard input, line 2: not a JSON document" in " ".join(garbled.output.split())
+    # Every line is checked before any is imported: nothing was imported, and no store was created.
+    assert not (tmp_path / "target.sqlite").exists()
+    (tmp_path / "good.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    done = run("import", "good.jsonl", "--user-id", "w", "--database-url", target)
+    assert done.exit_code == 0 and done.output.count("Imported thread") == 3, done.output
+    from agent import create_agent
+
+    with create_agent(target, model="offline", tracing=False) as agent:
+        texts = sorted(user_texts(head_messages(agent, t)) for t in agent.storage.threads_of_user("w"))
+    assert texts == [["four"], ["one\u2028two"], ["three"]]
+
+
+def test_cli_import_into_a_new_sqlite_file_that_fails_leaves_no_file(tmp_path, monkeypatch, jsonl_export):
+    run, lines = jsonl_export
+    (tmp_path / "one.jsonl").write_text(lines[0] + "\n", encoding="utf-8")
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "timetravel-agent.thread", "version": 2}, indent=2))
+    store = tmp_path / "new" / "dir" / "store.sqlite"
+    url = f"sqlite:///{store}"
+
+    refused = run("import", "bad.json", "--database-url", url)  # a bad document: refused before any store is opened
+    assert refused.exit_code == 1 and "Not a timetravel-agent.thread" in refused.output, refused.output
+    assert not (tmp_path / "new").exists()
+
+    # A failure after the check (the write fails): the store it created is removed, with its directories.
+    from agent.errors import StorageUnavailable
+    from agent.operations import transfer
+
+    def fail(*args, **kwargs):
+        raise StorageUnavailable("The database failed; nothing was written.")
+
+    monkeypatch.setattr(transfer, "import_thread", fail)
+    failed = run("import", "one.jsonl", "--database-url", url)
+    assert failed.exit_code == 1 and "one.jsonl, line 1: The database failed" in failed.output, failed.output
+    assert not (tmp_path / "new").exists()
+    # An existing store is never removed, even an empty one that nothing was imported into.
+    store.parent.mkdir(parents=True)
+    sqlite3.connect(store).close()
+    assert run("import", "one.jsonl", "--database-url", url).exit_code == 1
+    assert store.exists()
