@@ -42,9 +42,10 @@ Why this shape:
 * **Linear in the thread.** Version 1 held each checkpoint's whole message list,
   so a thread of N turns was O(N²) bytes (61 turns of 2 kB messages: 6.3 MB,
   more than the `import_thread` action accepts). Version 2 holds what each
-  checkpoint adds, so each message is in the document once per change (the
-  benchmark `bench.export`: a 200-turn thread with 20 branches is about 1.2 times
-  the JSON of its distinct messages). It is its own encoding, not the storage's
+  checkpoint adds, so each message is in the document once per change, plus
+  about 920 bytes per checkpoint of ids, metadata and LangGraph's channel
+  versions (`bench.export`: a 200-turn thread with 20 branches and 500-byte user
+  messages is 1.48 times the JSON of its distinct messages). It is its own encoding, not the storage's
   (`agent.storage.deltas` keeps prefixes and backend rows): the importer
   resolves every checkpoint's whole values and re-encodes them in its own
   database by writing through the saver, as `fork_thread` does. Metadata the
