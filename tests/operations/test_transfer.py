@@ -269,6 +269,8 @@ MALFORMED = {
     "an added id twice": _changes(lambda value, parent: value["value"]["add"].append(copy.deepcopy(value["value"]["add"][0]))),
     "unknown field in the changes": _changes(lambda value, parent: value["value"].update(replace=[])),
     "changes not an object": _changes(lambda value, parent: value.update(value=[])),
+    "a pending write typed unchanged": lambda doc: _chain(doc)[1].update(
+        pending_writes=[{"task_id": "t", "channel": "messages", "value": {"type": "unchanged"}}]),
     "added messages not loadable": _changes(lambda value, parent: value["value"]["add"][0].update(type="remove")),
 }
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, messages_from_dict, messages_to_dict
 from langgraph.graph.message import add_messages
 
+from agent import InvalidRequest
 from agent.operations.transfer import parse_document
 from agent.operations.transfer.changes import apply_changes, changes_between
 from tests.helpers.scenario import outputs, say
@@ -130,7 +131,7 @@ def test_a_copy_through_a_version_2_document_reads_the_same_on_each_backend(back
     assert any("remove" in c["channel_values"].get("messages", {}).get("value", {}) for c in document["checkpoints"]
                if c["channel_values"].get("messages", {}).get("type") == "message_changes")  # fmt: skip
 
-    copy_id = agent.import_thread(document, user_id="ada", thread_id="the-copy")["thread_id"]
+    copy_id = agent.import_thread(document, user_id="ada", thread_id=f"copy-{uuid.uuid4()}")["thread_id"]
 
     original, copied = everything(agent, thread_id), everything(agent, copy_id)
     mapping = {a["checkpoint_id"]: b["checkpoint_id"] for a, b in zip(original["history"], copied["history"], strict=True)}
@@ -176,6 +177,10 @@ def test_the_issues_thread_fits_the_import_action(make_agent, tmp_path):
     request = {"input": [], "custom_inputs": {"action": "import_thread", "document": document, "thread_id": "by-action"}}
     thread = agent.predict(request).custom_outputs["thread"]
     assert thread["message_count"] == 122
+    # A document over the limit is refused with the way to import it.
+    small = make_agent(f"sqlite:///{tmp_path / 'small.sqlite'}", max_request_bytes=size // 2)
+    with pytest.raises(InvalidRequest, match="tt-agent import"):
+        small.predict({**request, "custom_inputs": {**request["custom_inputs"], "thread_id": "too-big"}})
 
 
 # -- version 1 ----------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ checkpoint's `unchanged` and `message_changes` values apply to its parent's
 (`transfer.changes`), so a change that names a message the parent lacks, or a
 parent without the channel, is refused here like any other fault. Each message
 of the document is loaded once: a message a checkpoint keeps is its parent's
-object, which is also what lets the saver re-encode the messages as deltas
-without comparing them.
+object, so the saver re-encodes the messages as deltas by identity, as it does
+for a turn, and a long thread is not loaded once per checkpoint.
 """
 
 from __future__ import annotations
@@ -175,6 +175,10 @@ def load_messages(value: Any, where: str, types: frozenset[str] = MESSAGE_TYPES)
 
 
 def decode_value(value: ChannelValue, where: str, types: frozenset[str] = MESSAGE_TYPES) -> Any:
+    """A whole value (`messages`, `interrupts`, `json`) decoded; a change type (`_resolved` applies
+    those) is refused here, so a pending write is always a whole value."""
+    if value.type in CHANGE_TYPES:
+        raise invalid(f"{where} has type {value.type!r}, which only a checkpoint's channel values may have")
     if value.type == "messages":
         return load_messages(value.value, where, types)
     if value.type == "interrupts":
