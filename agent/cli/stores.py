@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -103,6 +104,50 @@ def open_reads(database_url: str | None) -> Iterator[OperationContext]:
         yield context
     finally:
         context.close()
+
+
+@contextmanager
+def removed_if_left_empty(database_url: str | None) -> Iterator[list[str]]:
+    """Around a command that may create a SQLite store: if the store's file did not exist before and
+    the command fails before it wrote anything, the file (with its `-wal`, `-shm` and `-journal`
+    files, and the directories made for it) is removed again, so that a failed command leaves no
+    empty store behind. The command appends what it wrote to the list it is given; a non-empty list
+    keeps the store. Postgres, `memory://` and existing files are left as they are.
+
+    The file is removed only if it holds no thread, so a store another process filled meanwhile stays.
+    """
+    written: list[str] = []
+    url = resolve_url(database_url)
+    path = Path(url[len("sqlite:///") :]).resolve() if url.startswith("sqlite:///") else None
+    if path is None or path.exists():
+        yield written
+        return
+    made = [parent for parent in path.parents if not parent.exists()]  # the deepest first
+    try:
+        yield written
+    except BaseException:
+        if not written and _holds_no_thread(path):
+            for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+                leftover.unlink(missing_ok=True)
+            for directory in made:
+                try:
+                    directory.rmdir()
+                except OSError:  # not empty: something else is in it now
+                    break
+        raise
+
+
+def _holds_no_thread(path: Path) -> bool:
+    import sqlite3
+
+    if not path.exists():
+        return True
+    try:
+        with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            return "agent_threads" not in tables or conn.execute("SELECT count(*) FROM agent_threads").fetchone()[0] == 0
+    except sqlite3.Error:
+        return False
 
 
 def resolve_url(database_url: str | None) -> str:
