@@ -256,6 +256,42 @@ def test_keep_latest_leaves_a_thread_of_one_checkpoint_alone(url, make_agent):
     assert len(agent.get_checkpoint_history(thread_id)) == 1
 
 
+def test_after_keep_latest_edit_and_regenerate_say_why_not_and_what_still_works(url, make_agent):
+    agent = make_agent(url, thread_ttl_seconds=TTL, thread_ttl_strategy="keep_latest")
+    thread_id = new_thread(agent, "I'm headed to SF!", turns=2)
+    agent.sweep_expired_threads(now=expired_at(agent, thread_id))
+    head = agent.storage.get_thread(thread_id).head_checkpoint_id
+    messages = agent.get_checkpoint_state(thread_id)["messages"]
+    first_user = messages[0]["id"]
+
+    # Both are refused with the true reason, naming the checkpoint the sweep kept; nothing is written.
+    for refused in (
+        lambda: say(agent, "I'm headed to Boston!", thread_id=thread_id, edit_message_id=first_user),
+        lambda: agent.predict(request(None, thread_id=thread_id, regenerate=True)),
+    ):
+        with pytest.raises(InvalidRequest) as error:
+            refused()
+        assert "keep_latest retention sweep" in error.value.message
+        assert "no earlier checkpoint to branch from" in error.value.message
+        assert "empty root" not in error.value.message
+        assert error.value.ids["checkpoint_id"] == head
+    assert [h["checkpoint_id"] for h in agent.get_checkpoint_history(thread_id)] == [head]
+
+    # What the message says still works does: a new turn, then editing and regenerating what it wrote...
+    later = outputs(say(agent, "And then Boston", thread_id=thread_id))
+    later_user = agent.get_checkpoint_state(thread_id)["messages"][len(messages)]["id"]
+    edited = outputs(say(agent, "And then Denver", thread_id=thread_id, edit_message_id=later_user))
+    assert edited["parent_checkpoint_id"] == head
+    again = outputs(agent.predict(request(None, thread_id=thread_id, checkpoint_id=later["checkpoint_id"], regenerate=True)))
+    assert again["parent_checkpoint_id"] == head
+    # ...and update_checkpoint_state in place on the kept checkpoint, after which regenerate works.
+    answer = messages[-1]["id"]
+    updated = agent.update_checkpoint_state(thread_id, head, remove_message_ids=[answer])
+    regenerated = outputs(agent.predict(request(None, thread_id=thread_id, regenerate=True)))
+    assert regenerated["parent_checkpoint_id"] == updated["checkpoint_id"]
+    assert head_messages(agent, thread_id)[-1].type == "ai"
+
+
 # -- concurrency -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("strategy", ["delete", "keep_latest"])
 def test_concurrent_sweepers_handle_each_expired_thread_exactly_once(url, make_agent, strategy):
