@@ -15,6 +15,7 @@ import pytest
 
 from agent.errors import AgentError, ThreadBusy
 from agent.models import OfflineChatModel
+from tests.helpers.claims import other_replica_waits
 from tests.helpers.reliability import (
     HANG_TIMEOUT,
     Child,
@@ -175,7 +176,37 @@ def test_enqueued_turns_land_in_the_order_they_were_sent(backend_url, make_agent
         results = [turn.result(timeout=HANG_TIMEOUT) for turn in queued]
     assert user_texts(head_messages(agent, thread_id)) == ["start", "block here", *texts]
     # Each queued turn started from the one sent before it.
-    assert [outputs(r)["parent_checkpoint_id"] for r in results[1:]] == [outputs(r)["checkpoint_id"] for r in results[:-1]]
+    parents = [outputs(r)["parent_checkpoint_id"] for r in results[1:]]
+    assert parents == [outputs(r)["checkpoint_id"] for r in results[:-1]]
+
+
+def test_a_waiter_that_gave_up_or_died_does_not_hold_up_the_queue(backend_url, make_agent):
+    model = gated_model()
+    agent = make_agent(backend_url, model=model, multitask_strategy="enqueue", enqueue_timeout=0.2)
+    thread_id, _ = start_thread(agent)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(say, agent, "block here", thread_id=thread_id)
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            with pytest.raises(ThreadBusy):
+                say(agent, "gives up after 0.2 s", thread_id=thread_id)
+        finally:
+            model.gate.set()
+        held.result(timeout=HANG_TIMEOUT)
+    # The waiter that gave up left the queue: the free thread is not busy, even under reject.
+    say(agent, "right after", thread_id=thread_id, multitask_strategy="reject")
+
+    # A live ticket of another replica's waiter comes first, also on a free thread...
+    with other_replica_waits(backend_url, thread_id):
+        for strategy in ("reject", "enqueue"):
+            with pytest.raises(ThreadBusy):
+                say(agent, f"behind another replica's waiter ({strategy})", thread_id=thread_id, multitask_strategy=strategy)
+    # ...but not once its ticket expired (its process died and stopped renewing it).
+    with other_replica_waits(backend_url, thread_id, seconds=-1):
+        say(agent, "after the dead waiter's ticket expired", thread_id=thread_id, multitask_strategy="reject")
+    assert user_texts(head_messages(agent, thread_id)) == [
+        "start", "block here", "right after", "after the dead waiter's ticket expired"
+    ]
 
 
 # A child process sending one enqueued turn when told to; it says "waiting" once its first claim attempt

@@ -209,7 +209,8 @@ def test_delete_user_data_also_deletes_the_thread_of_a_turn_that_was_running_and
 
     assert sorted(deleted) == sorted([existing, new_thread])
     assert agent.list_threads(user_id=alice) == []
-    assert all(count == 0 for count in thread_rows(backend_url, new_thread).values()), thread_rows(backend_url, new_thread)
+    rows = thread_rows(backend_url, new_thread)
+    assert all(count == 0 for count in rows.values()), rows
     # The deletion is over: alice can start again.
     again = outputs(say(agent, "after the deletion", user_id=alice))["thread_id"]
     assert [t["thread_id"] for t in agent.list_threads(user_id=alice)] == [again]

@@ -284,7 +284,9 @@ def test_after_keep_latest_edit_and_regenerate_say_why_not_and_what_still_works(
     later_user = agent.get_checkpoint_state(thread_id)["messages"][len(messages)]["id"]
     edited = outputs(say(agent, "And then Denver", thread_id=thread_id, edit_message_id=later_user))
     assert edited["parent_checkpoint_id"] == head
-    again = outputs(agent.predict(request(None, thread_id=thread_id, checkpoint_id=later["checkpoint_id"], regenerate=True)))
+    again = outputs(
+        agent.predict(request(None, thread_id=thread_id, checkpoint_id=later["checkpoint_id"], regenerate=True))
+    )
     assert again["parent_checkpoint_id"] == head
     # ...and update_checkpoint_state in place on the kept checkpoint, after which regenerate works.
     answer = messages[-1]["id"]

@@ -306,7 +306,9 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         self._run("release the user's data", lambda conn: conn.execute(sql.RELEASE_USER_SQL, (held.user_id, held.token)))
 
     def claimed_threads_of_user(self, user_id: str) -> list[str]:
-        rows = self._run("list the user's running turns", lambda conn: conn.execute(sql.CLAIMED_THREADS_OF_USER_SQL, (user_id,)).fetchall())
+        rows = self._run(
+            "list the user's running turns", lambda conn: conn.execute(sql.CLAIMED_THREADS_OF_USER_SQL, (user_id,)).fetchall()
+        )
         return [row["thread_id"] for row in rows]
 
     def sweep_idempotency(self) -> int:

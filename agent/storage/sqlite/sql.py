@@ -36,8 +36,12 @@ SELECT 1 FROM agent_user_claims WHERE user_id = :user_id AND expires_at >= :now 
 RENEW_TICKET_SQL = """
 UPDATE agent_claim_waiters SET expires_at = :expires_at WHERE thread_id = :thread_id AND token = :token RETURNING ticket
 """
-TAKE_TICKET_SQL = "INSERT INTO agent_claim_waiters (thread_id, token, expires_at) VALUES (:thread_id, :token, :expires_at)"
-DONE_WAITING_SQL = "DELETE FROM agent_claim_waiters WHERE thread_id = :thread_id AND (token = :token OR expires_at < :now)"
+TAKE_TICKET_SQL = """
+INSERT INTO agent_claim_waiters (thread_id, token, expires_at) VALUES (:thread_id, :token, :expires_at)
+"""
+DONE_WAITING_SQL = """
+DELETE FROM agent_claim_waiters WHERE thread_id = :thread_id AND (token = :token OR expires_at < :now)
+"""
 LEAVE_QUEUE_SQL = "DELETE FROM agent_claim_waiters WHERE thread_id = ? AND token = ?"
 # A deletion's user claim, taken or extended; no row returned: another unexpired user claim holds the user.
 CLAIM_USER_SQL = """
