@@ -295,6 +295,10 @@ class Child:
             raise RuntimeError(f"child exited with {self.process.returncode}:\n{self.stderr()}")
         return json.loads(line)
 
+    def next_value(self) -> Any:
+        """The next JSON value the child prints; raise if it exits or hangs first."""
+        return self._line()
+
     def stderr(self) -> str:
         self._stderr.seek(0)
         return self._stderr.read()

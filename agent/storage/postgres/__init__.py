@@ -11,7 +11,7 @@ constant), `batch` (the commit's statements in one round trip), `connections`
 Design notes:
 
 * **Short transactions only.** A turn uses a pooled connection twice: one
-  statement to claim its thread and read its start (`agent_begin_turn`), and
+  statement to claim its thread and read its start (`agent_claim_turn`), and
   one query to commit: `BEGIN`, the fencing check, every write and `COMMIT`,
   bound on the client and sent together (`batch`: psycopg's pipeline
   spent 0.4 ms more client CPU on the same statements). Nothing is held while
@@ -21,7 +21,7 @@ Design notes:
   (next point) Postgres plans every statement again, and planning was about
   half of a turn's database time: the claim's four statements took 1.6 ms
   unprepared against 0.7 ms prepared (the start read alone plans in 0.3 ms and
-  runs in 0.1 ms). So the claim (`agent_begin_turn`), the fencing check
+  runs in 0.1 ms). So the claim (`agent_claim_turn`), the fencing check
   (`agent_end_claim`) and the commit's writes (`agent_put_blob`,
   `agent_put_checkpoint`, `agent_upsert_thread`) are plpgsql functions
   (migrations): plpgsql keeps the plans of its statements for the life of the

@@ -2,9 +2,10 @@
 
 Read top to bottom, `MIGRATIONS` is the agent's schema; a migration's position
 in the list is its version, recorded in `agent_migrations` as LangGraph records
-its own in `checkpoint_migrations` and `store_migrations`. Five of them are
+its own in `checkpoint_migrations` and `store_migrations`. Six of them are
 plpgsql functions, for their cached plans (see "Plans cached without prepared
-statements" in the package docstring): the claim (`agent_begin_turn`), the
+statements" in the package docstring): the claim (`agent_claim_turn`, which
+replaced `agent_begin_turn`), the
 commit's fencing check (`agent_end_claim`) and the commit's writes
 (`agent_put_blob`, `agent_put_checkpoint`, `agent_upsert_thread`).
 
@@ -24,6 +25,10 @@ from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATION
 from langgraph.store.postgres.base import MIGRATIONS as STORE_MIGRATIONS
 
 logger = logging.getLogger(__name__)
+
+#: The first key of the per-user advisory locks (the second is the user id's hash): a claim takes its
+#: user's lock shared, a deletion's user claim exclusively (see `storage.turns`). Any constant works.
+USER_LOCK_CLASS = 714_021_392
 
 # The agent's own migrations; a migration's position is its version. Each is idempotent,
 # so setup can re-apply them all when it finds a table missing.
@@ -185,13 +190,126 @@ MIGRATIONS = [
     # A stored response is returned whole, never queried into, and may hold a NUL character (a model's
     # reply can): json keeps the text as given, jsonb refuses the escape \u0000.
     "ALTER TABLE agent_idempotency ALTER COLUMN response TYPE json",
+    # Waiting turns in arrival order, and deleting a user's data while turns may start (see `storage.turns`):
+    # a claim records its user, so a deletion finds the turns running for that user (on new threads too).
+    "ALTER TABLE agent_claims ADD COLUMN IF NOT EXISTS user_id TEXT",
+    "CREATE INDEX IF NOT EXISTS agent_claims_user_id_idx ON agent_claims (user_id) WHERE user_id IS NOT NULL",
+    # The turns waiting for a busy thread; the smallest live ticket is served next.
+    """CREATE TABLE IF NOT EXISTS agent_claim_waiters (
+        thread_id TEXT NOT NULL,
+        ticket BIGINT GENERATED ALWAYS AS IDENTITY,
+        token TEXT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (thread_id, ticket)
+    )""",
+    # A deletion's hold on all of one user's data (a lease, like a claim).
+    """CREATE TABLE IF NOT EXISTS agent_user_claims (
+        user_id TEXT PRIMARY KEY,
+        token TEXT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    )""",
+    # The claim of `agent_begin_turn` (above, kept for processes of the previous release during a rolling
+    # upgrade), plus: the claim row records p_user_id; refused while a user claim other than p_user_claim
+    # holds p_user_id (`user_being_deleted`), taken under the user's shared advisory lock (the user claim
+    # takes it exclusively: see `storage.turns`); and served in ticket order: refused while a live waiter
+    # holds a smaller ticket than p_token's (any, if p_token has none), unless p_token holds the claim
+    # already (a retry of a claim whose answer was lost). With p_queue, a refusal because the thread is
+    # busy gives p_token a ticket; every attempt renews p_token's ticket, and the claim removes it.
+    f"""CREATE OR REPLACE FUNCTION agent_claim_turn(
+        p_thread_id TEXT, p_token TEXT, p_user_id TEXT, p_lease DOUBLE PRECISION, p_key TEXT,
+        p_checkpoint_id TEXT, p_read_start BOOLEAN, p_queue BOOLEAN, p_user_claim TEXT)
+    RETURNS TABLE (
+        claim_fence BIGINT, user_being_deleted BOOLEAN, missing_privileges TEXT[],
+        t_thread_id TEXT, t_user_id TEXT, t_head_checkpoint_id TEXT, t_title TEXT, t_metadata JSONB,
+        t_message_count INTEGER, t_forked_from JSONB, t_ttl_seconds DOUBLE PRECISION, t_created_at TEXT,
+        t_updated_at TEXT,
+        s_thread_id TEXT, s_checkpoint JSONB, s_checkpoint_ns TEXT, s_checkpoint_id TEXT,
+        s_parent_checkpoint_id TEXT, s_metadata JSONB, s_channel_values BYTEA[], s_pending_writes BYTEA[])
+    LANGUAGE plpgsql AS $$
+    DECLARE v_ticket BIGINT;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        user_being_deleted := false;
+        IF p_user_id IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock_shared({USER_LOCK_CLASS}, hashtext(p_user_id));
+            user_being_deleted := EXISTS (
+                SELECT 1 FROM agent_user_claims u WHERE u.user_id = p_user_id
+                  AND u.expires_at >= clock_timestamp() AND u.token IS DISTINCT FROM p_user_claim);
+        END IF;
+        UPDATE agent_claim_waiters SET expires_at = clock_timestamp() + make_interval(secs => p_lease)
+        WHERE thread_id = p_thread_id AND token = p_token
+        RETURNING ticket INTO v_ticket;
+
+        IF NOT user_being_deleted THEN
+            INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel, user_id)
+            SELECT p_thread_id, p_token, 1, clock_timestamp() + make_interval(secs => p_lease), p_key, NULL, p_user_id
+            WHERE NOT EXISTS (
+                SELECT 1 FROM agent_threads t WHERE t.thread_id = p_thread_id AND t.user_id IS DISTINCT FROM p_user_id)
+              AND (NOT EXISTS (
+                    SELECT 1 FROM agent_claim_waiters w
+                    WHERE w.thread_id = p_thread_id AND w.expires_at >= clock_timestamp() AND w.token <> p_token
+                      AND (v_ticket IS NULL OR w.ticket < v_ticket))
+                OR EXISTS (SELECT 1 FROM agent_claims h WHERE h.thread_id = p_thread_id AND h.token = p_token))
+            ON CONFLICT (thread_id) DO UPDATE
+            SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
+                idempotency_key = EXCLUDED.idempotency_key, cancel = NULL, user_id = EXCLUDED.user_id
+            WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
+            RETURNING c.fence INTO claim_fence;
+        END IF;
+
+        SELECT t.thread_id, t.user_id, t.head_checkpoint_id, t.title, t.metadata, t.message_count, t.forked_from,
+            t.ttl_seconds, to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+            to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+        INTO t_thread_id, t_user_id, t_head_checkpoint_id, t_title, t_metadata, t_message_count, t_forked_from,
+            t_ttl_seconds, t_created_at, t_updated_at
+        FROM agent_threads t WHERE t.thread_id = p_thread_id;
+
+        IF claim_fence IS NOT NULL THEN
+            -- Out of the queue; so are waiters of this thread whose process died (their tickets expired).
+            DELETE FROM agent_claim_waiters
+            WHERE thread_id = p_thread_id AND (token = p_token OR expires_at < clock_timestamp());
+        ELSIF p_queue AND v_ticket IS NULL AND NOT user_being_deleted
+              AND (t_thread_id IS NULL OR t_user_id IS NOT DISTINCT FROM p_user_id) THEN
+            INSERT INTO agent_claim_waiters (thread_id, token, expires_at)
+            VALUES (p_thread_id, p_token, clock_timestamp() + make_interval(secs => p_lease));
+        END IF;
+
+        SELECT coalesce(array_agg(p.privilege || ' on ' || w.tbl ORDER BY w.i, p.j), '{{}}')
+        INTO missing_privileges
+        FROM unnest(ARRAY['checkpoints', 'checkpoint_blobs', 'checkpoint_writes', 'agent_threads'])
+            WITH ORDINALITY AS w(tbl, i)
+        CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE']) WITH ORDINALITY AS p(privilege, j)
+        WHERE NOT has_table_privilege(w.tbl, p.privilege);
+
+        IF claim_fence IS NOT NULL AND p_read_start THEN
+            SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
+                (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+                 FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+                 CROSS JOIN LATERAL (
+                    SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
+                    WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+                      AND b.channel = v.channel AND b.version = v.version
+                    OFFSET 0) AS bl),
+                (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+                 FROM checkpoint_writes cw
+                 WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns
+                   AND cw.checkpoint_id = c.checkpoint_id)
+            INTO s_thread_id, s_checkpoint, s_checkpoint_ns, s_checkpoint_id, s_parent_checkpoint_id, s_metadata,
+                s_channel_values, s_pending_writes
+            FROM checkpoints c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = ''
+              AND c.checkpoint_id = COALESCE(p_checkpoint_id, t_head_checkpoint_id);
+        END IF;
+        RETURN NEXT;
+    END $$""",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
 TABLES = (
     "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
     "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency",
-    "store_migrations", "store",
+    "agent_claim_waiters", "agent_user_claims", "store_migrations", "store",
 )  # fmt: skip
 
 # Any constant works; it keeps setup's lock apart from other advisory locks.
@@ -236,16 +354,22 @@ def migrate(conn: psycopg.Connection, *, where: str) -> None:
         conn.execute(SETUP_LOCK_SQL, (SETUP_LOCK_KEY,))
         # Decided under the lock: another process may have just created everything, and
         # needless DDL (ALTER TABLE takes an exclusive lock) would contend with its turns.
+        # The pending migrations first: a table a new migration adds is missing until then.
+        _apply(conn, everything=False)
         missing = missing_tables(conn)
-        everything = bool(missing) and "agent_migrations" not in missing
-        if everything:
+        if missing:
             logger.warning("Tables %s were missing from %s; re-creating them", missing, where)
-        for table, migrations in SCHEMAS:
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
-            row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
-            current = -1 if everything or row["v"] is None else row["v"]
-            for version in range(current + 1, len(migrations)):
-                # LangGraph creates its indexes CONCURRENTLY, which cannot run inside a transaction;
-                # on the new, empty tables this creates, creating them without it is instant.
-                conn.execute(migrations[version].replace("CONCURRENTLY ", ""))
-                conn.execute(f"INSERT INTO {table} (v) VALUES (%s) ON CONFLICT DO NOTHING", (version,))
+            _apply(conn, everything=True)
+
+
+def _apply(conn: psycopg.Connection, *, everything: bool) -> None:
+    """Apply each list's migrations that its migrations table does not record (all of them if `everything`)."""
+    for table, migrations in SCHEMAS:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
+        row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
+        current = -1 if everything or row["v"] is None else row["v"]
+        for version in range(current + 1, len(migrations)):
+            # LangGraph creates its indexes CONCURRENTLY, which cannot run inside a transaction;
+            # on the new, empty tables this creates, creating them without it is instant.
+            conn.execute(migrations[version].replace("CONCURRENTLY ", ""))
+            conn.execute(f"INSERT INTO {table} (v) VALUES (%s) ON CONFLICT DO NOTHING", (version,))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from agent.storage import summaries
 
-BEGIN_TURN_SQL = "SELECT * FROM agent_begin_turn(%s, %s, %s, %s, %s, %s, %s)"
+CLAIM_TURN_SQL = "SELECT * FROM agent_claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 THREAD_COLUMNS = """thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS created_at,
     to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS updated_at"""
@@ -68,6 +68,24 @@ POLL_CANCELS_SQL = """
 SELECT c.thread_id, c.cancel FROM agent_claims c
 JOIN unnest(%s::text[], %s::text[]) AS held(thread_id, token) ON c.thread_id = held.thread_id AND c.token = held.token
 WHERE c.cancel IS NOT NULL
+"""
+# A waiter that gave up leaves the thread's queue (`agent_claim_waiters`).
+LEAVE_QUEUE_SQL = "DELETE FROM agent_claim_waiters WHERE thread_id = %s AND token = %s"
+# A deletion's user claim: taken (or extended) under the user's exclusive advisory lock, which waits for
+# claims running `agent_claim_turn` for that user to commit (see `storage.turns`). No row returned: another
+# unexpired user claim holds the user.
+LOCK_USER_SQL = "SELECT pg_advisory_xact_lock(%s::integer, hashtext(%s))"
+CLAIM_USER_SQL = """
+INSERT INTO agent_user_claims AS u (user_id, token, expires_at)
+VALUES (%(user_id)s, %(token)s, clock_timestamp() + make_interval(secs => %(seconds)s))
+ON CONFLICT (user_id) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+WHERE u.expires_at < clock_timestamp() OR u.token = EXCLUDED.token
+RETURNING u.token
+"""
+RELEASE_USER_SQL = "DELETE FROM agent_user_claims WHERE user_id = %s AND token = %s"
+CLAIMED_THREADS_OF_USER_SQL = """
+SELECT thread_id FROM agent_claims
+WHERE user_id = %s AND token <> '' AND expires_at >= clock_timestamp() ORDER BY thread_id
 """
 UPSERT_THREAD_SQL = "SELECT agent_upsert_thread(%s, %s, %s, %s, %s, %s)"
 # LangGraph's UPSERT_CHECKPOINT_BLOBS_SQL and UPSERT_CHECKPOINTS_SQL as calls of the functions that run them with

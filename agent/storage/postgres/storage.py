@@ -22,7 +22,7 @@ from psycopg.rows import dict_row
 from agent.config import AgentSettings
 from agent.errors import AgentError, LeaseExpired, StorageUnavailable
 from agent.storage.base import ThreadStorage
-from agent.storage.claims import Claim, ClaimKeeper
+from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
 from agent.storage.postgres import schema, sql
 from agent.storage.postgres.batch import StatementBatch, running, running_batch
 from agent.storage.postgres.connections import ROLLED_BACK, SCHEMA_MISSING, PostgresConnections, first_line
@@ -174,10 +174,13 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         self._ready = False
 
     # -- the turn protocol -----------------------------------------------------------------
-    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True):
+    def _try_claim(
+        self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True, queue=False, user_claim=None
+    ):
         def attempt(conn: psycopg.Connection):
-            row = conn.cursor(binary=True).execute(sql.BEGIN_TURN_SQL, (
+            row = conn.cursor(binary=True).execute(sql.CLAIM_TURN_SQL, (
                 thread_id, token, user_id, self.settings.lease_seconds, idempotency_key, checkpoint_id, read_start,
+                queue, user_claim,
             )).fetchone()  # fmt: skip
             record_row = prefixed(row, "t_")
             if row["claim_fence"] is not None and row["missing_privileges"]:
@@ -187,12 +190,12 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                     f"The database role may not write the conversation ({', '.join(row['missing_privileges'])}) "
                     f"at {self.connections.masked}; nothing was written and the model was not called."
                 )
-            return row["claim_fence"], record_row, prefixed(row, "s_")
+            return row["claim_fence"], row["user_being_deleted"], record_row, prefixed(row, "s_")
 
-        fence, record_row, start_row = self._run("claim the thread", attempt, thread_id)
+        fence, user_being_deleted, record_row, start_row = self._run("claim the thread", attempt, thread_id)
         record = to_record(record_row)
         if fence is None:
-            return None, record
+            return ClaimAttempt(None, record, user_being_deleted)
         with self._faults("read the thread", thread_id):
             start = self.saver.load_row(start_row) if start_row else None
         claim = Claim(
@@ -204,7 +207,10 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
             start=start,
             idempotency_key=idempotency_key,
         )
-        return claim, record
+        return ClaimAttempt(claim, record)
+
+    def _leave_queue(self, thread_id: str, token: str) -> None:
+        self._run("leave the thread's queue", lambda conn: conn.execute(sql.LEAVE_QUEUE_SQL, (thread_id, token)))
 
     def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
         thread_id = claim.thread_id
@@ -285,6 +291,25 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         params = ([c.thread_id for c in claims], [c.token for c in claims])
         rows = self._run("poll cancel requests", lambda conn: conn.execute(sql.POLL_CANCELS_SQL, params).fetchall())
         return {row["thread_id"]: row["cancel"] for row in rows}
+
+    def _claim_user(self, held: UserClaim, seconds: float) -> bool:
+        params = {"user_id": held.user_id, "token": held.token, "seconds": seconds}
+
+        def claim_user(conn: psycopg.Connection) -> bool:
+            with conn.transaction():
+                conn.execute(sql.LOCK_USER_SQL, (schema.USER_LOCK_CLASS, held.user_id))
+                return conn.execute(sql.CLAIM_USER_SQL, params).fetchone() is not None
+
+        return self._run("hold the user's data", claim_user)
+
+    def _release_user(self, held: UserClaim) -> None:
+        self._run("release the user's data", lambda conn: conn.execute(sql.RELEASE_USER_SQL, (held.user_id, held.token)))
+
+    def claimed_threads_of_user(self, user_id: str) -> list[str]:
+        rows = self._run(
+            "list the user's running turns", lambda conn: conn.execute(sql.CLAIMED_THREADS_OF_USER_SQL, (user_id,)).fetchall()
+        )
+        return [row["thread_id"] for row in rows]
 
     def sweep_idempotency(self) -> int:
         return self._run("delete expired idempotency keys", lambda conn: conn.execute(sql.SWEEP_IDEMPOTENCY_SQL).rowcount)

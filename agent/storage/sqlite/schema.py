@@ -70,12 +70,33 @@ MIGRATIONS: list[list[str]] = [
         # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone.
         "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
     ],
+    [
+        # Waiting turns in arrival order, and deleting a user's data while turns may start (see
+        # `storage.turns`): a claim records its user, so a deletion finds the turns running for that user.
+        "ALTER TABLE agent_claims ADD COLUMN user_id TEXT",
+        "CREATE INDEX IF NOT EXISTS agent_claims_user_id_idx ON agent_claims (user_id) WHERE user_id IS NOT NULL",
+        # The turns waiting for a busy thread; the smallest live ticket is served next. A new rowid is
+        # larger than every rowid in the table, which is all the order needs.
+        """CREATE TABLE IF NOT EXISTS agent_claim_waiters (
+            ticket INTEGER PRIMARY KEY,
+            thread_id TEXT NOT NULL,
+            token TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS agent_claim_waiters_thread_idx ON agent_claim_waiters (thread_id, ticket)",
+        # A deletion's hold on all of one user's data (a lease, like a claim).
+        """CREATE TABLE IF NOT EXISTS agent_user_claims (
+            user_id TEXT PRIMARY KEY,
+            token TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
 TABLES = (
     "checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency",
-    "store_migrations", "store", "vector_migrations", "store_vectors",
+    "agent_claim_waiters", "agent_user_claims", "store_migrations", "store", "vector_migrations", "store_vectors",
 )  # fmt: skip
 
 #: LangGraph's store (long-term memory, agent.memory): its migration lists and their version tables,

@@ -11,16 +11,48 @@ from __future__ import annotations
 from agent.storage import summaries
 from agent.storage.sqlite.reads import THREAD_COLUMNS
 
-# Claims the thread unless an unexpired claim holds it or the thread belongs to another user
-# (the rule of `records.owned_by`); `changes()` tells whether it did.
+# Claims the thread unless an unexpired claim holds it or the thread belongs to another user (the rule of
+# `records.owned_by`), or a live waiter holds a smaller ticket than :token's (any, if :ticket is NULL) and
+# :token does not hold the claim already (see "Waiting turns" in `storage.turns`); `changes()` tells whether it did.
 CLAIM_SQL = """
-INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
-SELECT :thread_id, :token, 1, :expires_at, :key, NULL
+INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel, user_id)
+SELECT :thread_id, :token, 1, :expires_at, :key, NULL, :user_id
 WHERE NOT EXISTS (SELECT 1 FROM agent_threads t WHERE t.thread_id = :thread_id AND t.user_id IS NOT :user_id)
+  AND (NOT EXISTS (SELECT 1 FROM agent_claim_waiters w
+                   WHERE w.thread_id = :thread_id AND w.expires_at >= :now AND w.token <> :token
+                     AND (:ticket IS NULL OR w.ticket < :ticket))
+       OR EXISTS (SELECT 1 FROM agent_claims h WHERE h.thread_id = :thread_id AND h.token = :token))
 ON CONFLICT (thread_id) DO UPDATE
 SET token = excluded.token, fence = c.fence + 1, expires_at = excluded.expires_at,
-    idempotency_key = excluded.idempotency_key, cancel = NULL
+    idempotency_key = excluded.idempotency_key, cancel = NULL, user_id = excluded.user_id
 WHERE c.expires_at < :now OR c.token = excluded.token
+"""
+# A user claim other than the caller's own (:user_claim) holds :user_id: a deletion of the user's data runs.
+USER_BEING_DELETED_SQL = """
+SELECT 1 FROM agent_user_claims WHERE user_id = :user_id AND expires_at >= :now AND token IS NOT :user_claim
+"""
+# The thread's queue (`agent_claim_waiters`): an attempt renews its ticket, a refused one takes one, the claim
+# (and a waiter that gives up) removes it; the claim also removes the tickets of waiters whose process died.
+RENEW_TICKET_SQL = """
+UPDATE agent_claim_waiters SET expires_at = :expires_at WHERE thread_id = :thread_id AND token = :token RETURNING ticket
+"""
+TAKE_TICKET_SQL = """
+INSERT INTO agent_claim_waiters (thread_id, token, expires_at) VALUES (:thread_id, :token, :expires_at)
+"""
+DONE_WAITING_SQL = """
+DELETE FROM agent_claim_waiters WHERE thread_id = :thread_id AND (token = :token OR expires_at < :now)
+"""
+LEAVE_QUEUE_SQL = "DELETE FROM agent_claim_waiters WHERE thread_id = ? AND token = ?"
+# A deletion's user claim, taken or extended; no row returned: another unexpired user claim holds the user.
+CLAIM_USER_SQL = """
+INSERT INTO agent_user_claims AS u (user_id, token, expires_at) VALUES (:user_id, :token, :expires_at)
+ON CONFLICT (user_id) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at
+WHERE u.expires_at < :now OR u.token = excluded.token
+RETURNING token
+"""
+RELEASE_USER_SQL = "DELETE FROM agent_user_claims WHERE user_id = ? AND token = ?"
+CLAIMED_THREADS_OF_USER_SQL = """
+SELECT thread_id FROM agent_claims WHERE user_id = ? AND token <> '' AND expires_at >= ? ORDER BY thread_id
 """
 CLAIM_FENCE_SQL = "SELECT fence FROM agent_claims WHERE thread_id = ? AND token = ?"
 RELEASE_CLAIM_SQL = """
