@@ -126,7 +126,11 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
     def _backend_put(self, config, checkpoint, metadata, new_versions):
         if config["configurable"].get("checkpoint_ns", ""):
             return SqliteSaver.put(self, config, checkpoint, metadata, new_versions)
-        # Registered and written in one transaction: the running one (a commit), else one of its own.
+        # Registered and written in one transaction: the running one (a commit), else one of its own. Used
+        # directly as a LangGraph checkpointer, the saver may be the first to touch the file: the storage's
+        # setup (its tables, agent_checkpoint_ids among them) comes first, as on Postgres.
+        if not self.in_transaction:
+            self._storage.setup()
         with nullcontext() if self.in_transaction else self.transaction():
             self._register(str(config["configurable"]["thread_id"]), checkpoint["id"])
             return SqliteSaver.put(self, config, checkpoint, metadata, new_versions)
