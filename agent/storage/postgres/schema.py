@@ -40,6 +40,7 @@ the migration that registers what is stored, refusing ids two threads hold.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 
 import psycopg
@@ -328,6 +329,7 @@ SETUP_LOCK_KEY = 7_140_213_911
 SETUP_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s)"
 # Setup's own statements are not limited by statement_timeout_ms (a migration over a big table is slow).
 UNLIMITED_SQL = "SET LOCAL statement_timeout = 0"
+RECORDED_SQL = "SELECT coalesce(max(v), -1) AS v FROM {}"  # a migrations table's last version
 MISSING_TABLES_SQL = "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NULL"
 MIGRATION_VERSIONS_SQL = """
 SELECT (SELECT max(v) FROM checkpoint_migrations) AS langgraph, (SELECT max(v) FROM agent_migrations) AS agent,
@@ -344,6 +346,15 @@ SCHEMAS = (
 
 #: Every index a migration creates CONCURRENTLY (LangGraph's and ours), which `indexes.build` keeps valid.
 CONCURRENT_INDEXES = indexes.concurrent_indexes(statement for _, migrations in SCHEMAS for statement in migrations)
+
+#: The migration (migrations table, version) that creates each table: a table that a migration not yet
+#: applied creates is new (an upgrade), not dropped, and is no reason to re-apply everything.
+CREATED_BY = {
+    table: (name, version)
+    for name, migrations in reversed(SCHEMAS)
+    for version, statement in reversed(list(enumerate(migrations)))
+    for table in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", statement)
+}
 
 def missing_tables(conn: psycopg.Connection) -> list[str]:
     """Those of `TABLES` that do not exist (read only)."""
@@ -366,7 +377,7 @@ CHECKS: dict[str, Callable[[psycopg.Connection, str], None]] = {
 def migrate(conn: psycopg.Connection, *, where: str) -> None:
     """Apply LangGraph's (checkpointer, store) and the agent's missing migrations in one transaction; all of
     them if a table is missing. `where` names the database in the log (its URL, password masked). An index
-    created CONCURRENTLY on a table that existed before is left to `build_indexes` (see `indexes`).
+    created CONCURRENTLY on a table that existed before is left to `indexes.build`.
 
     Raises:
         ConfigurationError: a check refused a migration (`CHECKS`); nothing was applied.
@@ -378,9 +389,11 @@ def migrate(conn: psycopg.Connection, *, where: str) -> None:
         # Decided under the lock: another process may have just created everything, and
         # needless DDL (ALTER TABLE takes an exclusive lock) would contend with its turns.
         missing = missing_tables(conn)
-        everything = bool(missing) and "agent_migrations" not in missing
+        recorded = {name: conn.execute(RECORDED_SQL.format(name)).fetchone()["v"] for name, _ in SCHEMAS if name not in missing}
+        dropped = [t for t in missing if t not in CREATED_BY or recorded.get(CREATED_BY[t][0], -1) >= CREATED_BY[t][1]]
+        everything = bool(dropped) and "agent_migrations" not in missing
         if everything:
-            logger.warning("Tables %s were missing from %s; re-creating them", missing, where)
+            logger.warning("Tables %s were missing from %s; re-creating them", dropped, where)
         for table, migrations in SCHEMAS:
             conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
             row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
@@ -398,7 +411,3 @@ def migrate(conn: psycopg.Connection, *, where: str) -> None:
                 conn.execute(f"INSERT INTO {table} (v) VALUES (%s) ON CONFLICT DO NOTHING", (version,))
 
 
-def build_indexes(conn: psycopg.Connection, *, connect: Callable[[], psycopg.Connection], where: str) -> list[str]:
-    """`indexes.build` for `CONCURRENT_INDEXES`: each one missing or INVALID is built CONCURRENTLY on a
-    connection from `connect` (with no statement timeout); one read when all are valid. The names built."""
-    return indexes.build(conn, CONCURRENT_INDEXES, connect=connect, where=where)

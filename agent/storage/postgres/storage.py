@@ -23,7 +23,7 @@ from agent.config import AgentSettings
 from agent.errors import AgentError, LeaseExpired, StorageUnavailable
 from agent.storage.base import ThreadStorage
 from agent.storage.claims import Claim, ClaimKeeper
-from agent.storage.postgres import schema, sql
+from agent.storage.postgres import indexes, schema, sql
 from agent.storage.postgres.batch import StatementBatch, running, running_batch
 from agent.storage.postgres.connections import ROLLED_BACK, SCHEMA_MISSING, PostgresConnections, first_line
 from agent.storage.postgres.reads import PostgresReads, prefixed
@@ -73,8 +73,11 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                         if missing:
                             raise StorageUnavailable(f"Could not create the tables {missing} in {self.masked}.")
                     # After the migrations' transaction: CREATE INDEX CONCURRENTLY cannot run inside one.
-                    schema.build_indexes(
-                        conn, connect=lambda: self.connections.connect(unlimited=True), where=self.masked
+                    indexes.build(
+                        conn,
+                        schema.CONCURRENT_INDEXES,
+                        connect=lambda: self.connections.connect(unlimited=True),
+                        where=self.masked,
                     )
             self._ready = True
 
