@@ -2,19 +2,21 @@
 
 Read top to bottom, `MIGRATIONS` is the agent's schema; a migration's position
 in the list is its version, recorded in `agent_migrations` as LangGraph records
-its own in `checkpoint_migrations` and `store_migrations`. Five of them are
+its own in `checkpoint_migrations` and `store_migrations`. Six of them are
 plpgsql functions, for their cached plans (see "Plans cached without prepared
-statements" in the package docstring): the claim (`agent_begin_turn`), the
-commit's fencing check (`agent_end_claim`) and the commit's writes
-(`agent_put_blob`, `agent_put_checkpoint`, `agent_upsert_thread`). A function
+statements" in the package docstring): the claim (`agent_begin_turn`, with
+`agent_missing_privileges`), the commit's fencing check (`agent_end_claim`)
+and the commit's writes (`agent_put_blob`, `agent_put_checkpoint`,
+`agent_upsert_thread`). A function
 changed later is created again by a later migration (the earlier text stays,
 as history).
 
 `migrate` applies every missing migration of the three lists in ONE
 transaction under `pg_advisory_xact_lock`, so many processes may set up at
 once, also through PgBouncer; it re-applies every (idempotent) migration when a
-table is missing, since trusting the migrations tables alone left a database
-broken for good. Its statements have no `statement_timeout_ms` (`SET LOCAL`):
+table that an applied migration created is missing (dropped by hand), since
+trusting the migrations tables alone left a database broken for good; a table
+that a pending migration creates is only an upgrade (`CREATED_BY`). Its statements have no `statement_timeout_ms` (`SET LOCAL`):
 a migration over a big table takes what it takes. An index a migration creates
 `CONCURRENTLY` on a table that already existed is built after that transaction
 (`indexes`), so that setup locks out no writer.
