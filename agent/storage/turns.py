@@ -201,7 +201,10 @@ class TurnProtocol(ABC):
             LeaseExpired: the claim expired and another turn took the thread; nothing was written.
             IdempotencyKeyTaken: `apply` stored a response under a key another request stored first;
                 nothing was written.
-            StorageUnavailable: the database failed; the message says whether anything was written.
+            ThreadExists: `apply` wrote a checkpoint whose id another thread holds (a checkpoint id names
+                one thread: `agent_checkpoint_ids`); nothing was written.
+            StorageUnavailable: the database failed, or a statement ran longer than `statement_timeout_ms`;
+                the message says whether anything was written.
         """
         try:
             self._commit(claim, apply)

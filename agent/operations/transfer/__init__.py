@@ -61,7 +61,10 @@ Why this shape:
   so the history reads the same in the new database. Checkpoint ids must stay
   unique across the threads of a database (the message cache and response ids
   key by them), so an import whose checkpoint ids another thread holds is
-  refused (`ThreadExists`). An import under another `thread_id` is a copy, like
+  refused (`ThreadExists`) by the commit itself: the storage's primary key on
+  the checkpoint id decides, not a read before the write, so of two imports
+  racing with the same ids into two new threads one commits and the other
+  writes nothing. An import under another `thread_id` is a copy, like
   `fork_thread`: its checkpoint ids are renewed, deterministically (the
   same document under the same new id gives the same ids, so a repeat is still
   a no-op) and in the same order (each new id keeps its original's time part,

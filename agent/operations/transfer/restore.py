@@ -53,14 +53,6 @@ def import_thread(
     target = check_id("thread_id", thread_id) or restored.document.thread.thread_id
     if target != restored.document.thread.thread_id:
         restored = _renewed(restored, target)
-    ids = [c.checkpoint_id for c in restored.order]
-    others = [t for t in storage.threads_with_checkpoints(ids) if t != target]
-    if others:
-        raise ThreadExists(
-            "Another thread already holds checkpoints of this document; import it under another thread_id "
-            "(a copy with new checkpoint ids). Nothing was written.",
-            thread_id=target,
-        )
     in_use = ThreadExists(
         f"Thread {target!r} already exists with other content (or belongs to another user); import under another "
         "thread_id. Nothing was written.",
@@ -76,7 +68,17 @@ def import_thread(
                 storage.release(claim)
                 return claim.record
             raise in_use
-        _write(storage, claim, restored, user_id=user_id)
+        try:
+            _write(storage, claim, restored, user_id=user_id)
+        except ThreadExists as exc:
+            # The commit's: another thread holds one of the checkpoint ids (a primary key decides, even
+            # for two imports racing; see `agent.storage.postgres.schema`, "Checkpoint ids").
+            raise ThreadExists(
+                "Another thread already holds checkpoints of this document; import it under another thread_id "
+                "(a copy with new checkpoint ids). Nothing was written.",
+                thread_id=target,
+                checkpoint_id=exc.ids.get("checkpoint_id"),
+            ) from None
     except BaseException:
         storage.release(claim)  # does nothing after a commit
         raise

@@ -5,24 +5,50 @@ in the list is its version, recorded in `agent_migrations` as LangGraph records
 its own in `checkpoint_migrations` and `store_migrations`. Six of them are
 plpgsql functions, for their cached plans (see "Plans cached without prepared
 statements" in the package docstring): the claim (`agent_claim_turn`, which
-replaced `agent_begin_turn`), the
-commit's fencing check (`agent_end_claim`) and the commit's writes
-(`agent_put_blob`, `agent_put_checkpoint`, `agent_upsert_thread`).
+replaced `agent_begin_turn`, with `agent_missing_privileges`), the commit's
+fencing check (`agent_end_claim`) and the commit's writes (`agent_put_blob`,
+`agent_put_checkpoint`, `agent_upsert_thread`). A function changed later is
+created again by a later migration (the earlier text stays, as history).
 
 `migrate` applies every missing migration of the three lists in ONE
 transaction under `pg_advisory_xact_lock`, so many processes may set up at
 once, also through PgBouncer; it re-applies every (idempotent) migration when a
-table is missing, since trusting the migrations tables alone left a database
-broken for good.
+table that an applied migration created is missing (dropped by hand), since
+trusting the migrations tables alone left a database broken for good; a table
+that a pending migration creates is only an upgrade (`CREATED_BY`). Its statements have no `statement_timeout_ms` (`SET LOCAL`):
+a migration over a big table takes what it takes. An index a migration creates
+`CONCURRENTLY` on a table that already existed is built after that transaction
+(`indexes`), so that setup locks out no writer.
+
+Checkpoint ids. A response id is `resp_<checkpoint_id>`, so a checkpoint id
+must name one thread, and two imports racing with the same ids into two new
+threads must not both commit. LangGraph's key is (thread_id, checkpoint_ns,
+checkpoint_id), and a unique index on `checkpoints (checkpoint_id)` cannot
+hold the rule: LangGraph's `copy_thread` copies a thread with the same
+checkpoint ids (its conformance suite, run on our savers by
+tests/storage/test_saver_conformance.py, checks that the copy's ids equal the
+source's), and on SQLite `SqliteSaver.put` is an `INSERT OR REPLACE`, which
+would silently delete the other thread's row instead of failing. So the rule
+has a table of its own, `agent_checkpoint_ids`, keyed by the checkpoint id:
+`agent_put_checkpoint` registers every root-namespace checkpoint the saver
+writes (turns, imports, forks, raw LangGraph puts) to its thread and fails
+(TT002) when another thread holds it. Namespaced (subgraph) checkpoints are
+not registered, since no response id names them, nor are a copy's, whose ids
+keep naming the source. `checkpoint_ids` has the rest: lookups, deletes, and
+the migration that registers what is stored, refusing ids two threads hold.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 
 import psycopg
 from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATIONS
 from langgraph.store.postgres.base import MIGRATIONS as STORE_MIGRATIONS
+
+from agent.storage.postgres import checkpoint_ids, indexes
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +113,9 @@ MIGRATIONS = [
     "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
     # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone
-    # (LangGraph's primary key starts with thread_id).
-    "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
+    # (LangGraph's primary key starts with thread_id). CONCURRENTLY (added to this migration's text later,
+    # the same index): on an existing table `migrate` leaves it to `indexes.build`.
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
     # A turn's claim in one statement (see "Plans cached without prepared statements" in the package
     # docstring). It claims the thread unless an unexpired claim holds it or the thread belongs to another user (the rule of
     # `records.owned_by`); re-running it with the same token succeeds, so a claim whose connection died can be
@@ -274,12 +301,109 @@ MIGRATIONS = [
             VALUES (p_thread_id, p_token, clock_timestamp() + make_interval(secs => p_lease));
         END IF;
 
-        SELECT coalesce(array_agg(p.privilege || ' on ' || w.tbl ORDER BY w.i, p.j), '{{}}')
-        INTO missing_privileges
-        FROM unnest(ARRAY['checkpoints', 'checkpoint_blobs', 'checkpoint_writes', 'agent_threads'])
-            WITH ORDINALITY AS w(tbl, i)
-        CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE']) WITH ORDINALITY AS p(privilege, j)
-        WHERE NOT has_table_privilege(w.tbl, p.privilege);
+        missing_privileges := agent_missing_privileges();
+
+        IF claim_fence IS NOT NULL AND p_read_start THEN
+            SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
+                (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+                 FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+                 CROSS JOIN LATERAL (
+                    SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
+                    WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+                      AND b.channel = v.channel AND b.version = v.version
+                    OFFSET 0) AS bl),
+                (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+                 FROM checkpoint_writes cw
+                 WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns
+                   AND cw.checkpoint_id = c.checkpoint_id)
+            INTO s_thread_id, s_checkpoint, s_checkpoint_ns, s_checkpoint_id, s_parent_checkpoint_id, s_metadata,
+                s_channel_values, s_pending_writes
+            FROM checkpoints c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = ''
+              AND c.checkpoint_id = COALESCE(p_checkpoint_id, t_head_checkpoint_id);
+        END IF;
+        RETURN NEXT;
+    END $$""",
+    # The thread each checkpoint id names, unique by this primary key (see "Checkpoint ids" above).
+    """CREATE TABLE IF NOT EXISTS agent_checkpoint_ids (
+        checkpoint_id TEXT PRIMARY KEY,
+        thread_id TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_checkpoint_ids_thread_idx ON agent_checkpoint_ids (thread_id)",
+    # Rows whose checkpoint is gone go (re-applied after a dropped table), then the stored checkpoints are
+    # registered; `migrate` first refuses ids that two threads hold (`checkpoint_ids.refuse_duplicates`).
+    checkpoint_ids.FORGET_STALE_SQL,
+    checkpoint_ids.REGISTER_STORED_SQL,
+    # The commit's checkpoint write, now registering a root-namespace checkpoint's id to its thread first. ON
+    # CONFLICT waits for a concurrent insert of the same id to commit or roll back; then a row of another
+    # thread is TT002 (the id in DETAIL), and the same thread's (LangGraph writing a checkpoint again) is fine.
+    """CREATE OR REPLACE FUNCTION agent_put_checkpoint(
+        p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
+        p_checkpoint JSONB, p_metadata JSONB)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    BEGIN
+        IF p_checkpoint_ns = '' THEN
+            INSERT INTO agent_checkpoint_ids (checkpoint_id, thread_id) VALUES (p_checkpoint_id, p_thread_id)
+            ON CONFLICT (checkpoint_id) DO NOTHING;
+            IF NOT FOUND AND NOT EXISTS (
+                SELECT 1 FROM agent_checkpoint_ids WHERE checkpoint_id = p_checkpoint_id AND thread_id = p_thread_id)
+            THEN
+                RAISE EXCEPTION 'checkpoint % belongs to another thread', p_checkpoint_id
+                    USING ERRCODE = 'TT002', DETAIL = p_checkpoint_id;
+            END IF;
+        END IF;
+        INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+        VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_checkpoint_id, p_checkpoint, p_metadata)
+        ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+        DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata;
+    END $$""",
+    # The privileges a commit needs, which the claim checks before the model runs: a function of its own,
+    # so that a table added later replaces only this. agent_begin_turn is created again to call it.
+    """CREATE OR REPLACE FUNCTION agent_missing_privileges() RETURNS TEXT[]
+    LANGUAGE plpgsql STABLE AS $$
+    BEGIN
+        RETURN (SELECT coalesce(array_agg(n.privilege || ' on ' || n.tbl ORDER BY n.i), '{}')
+                FROM (VALUES (1, 'checkpoints', 'INSERT'), (2, 'checkpoints', 'UPDATE'),
+                             (3, 'checkpoint_blobs', 'INSERT'), (4, 'checkpoint_blobs', 'UPDATE'),
+                             (5, 'checkpoint_writes', 'INSERT'), (6, 'checkpoint_writes', 'UPDATE'),
+                             (7, 'agent_threads', 'INSERT'), (8, 'agent_threads', 'UPDATE'),
+                             (9, 'agent_checkpoint_ids', 'INSERT')) AS n(i, tbl, privilege)
+                WHERE NOT has_table_privilege(n.tbl, n.privilege));
+    END $$""",
+    """CREATE OR REPLACE FUNCTION agent_begin_turn(
+        p_thread_id TEXT, p_token TEXT, p_user_id TEXT, p_lease DOUBLE PRECISION, p_key TEXT,
+        p_checkpoint_id TEXT, p_read_start BOOLEAN)
+    RETURNS TABLE (
+        claim_fence BIGINT, missing_privileges TEXT[],
+        t_thread_id TEXT, t_user_id TEXT, t_head_checkpoint_id TEXT, t_title TEXT, t_metadata JSONB,
+        t_message_count INTEGER, t_forked_from JSONB, t_ttl_seconds DOUBLE PRECISION, t_created_at TEXT,
+        t_updated_at TEXT,
+        s_thread_id TEXT, s_checkpoint JSONB, s_checkpoint_ns TEXT, s_checkpoint_id TEXT,
+        s_parent_checkpoint_id TEXT, s_metadata JSONB, s_channel_values BYTEA[], s_pending_writes BYTEA[])
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        -- The claim need not survive a crash of the server: a lost claim only makes its turn's commit,
+        -- whose fencing check is durable, fail with LeaseExpired. Local to this statement's transaction.
+        PERFORM set_config('synchronous_commit', 'off', true);
+        INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
+        SELECT p_thread_id, p_token, 1, clock_timestamp() + make_interval(secs => p_lease), p_key, NULL
+        WHERE NOT EXISTS (
+            SELECT 1 FROM agent_threads t WHERE t.thread_id = p_thread_id AND t.user_id IS DISTINCT FROM p_user_id)
+        ON CONFLICT (thread_id) DO UPDATE
+        SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
+            idempotency_key = EXCLUDED.idempotency_key, cancel = NULL
+        WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
+        RETURNING c.fence INTO claim_fence;
+
+        SELECT t.thread_id, t.user_id, t.head_checkpoint_id, t.title, t.metadata, t.message_count, t.forked_from,
+            t.ttl_seconds, to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+            to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+        INTO t_thread_id, t_user_id, t_head_checkpoint_id, t_title, t_metadata, t_message_count, t_forked_from,
+            t_ttl_seconds, t_created_at, t_updated_at
+        FROM agent_threads t WHERE t.thread_id = p_thread_id;
+
+        missing_privileges := agent_missing_privileges();
 
         IF claim_fence IS NOT NULL AND p_read_start THEN
             SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
@@ -308,7 +432,7 @@ MIGRATIONS = [
 #: Every table setup must leave behind (LangGraph's and the agent's).
 TABLES = (
     "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
-    "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency",
+    "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
     "agent_claim_waiters", "agent_user_claims", "store_migrations", "store",
 )  # fmt: skip
 
@@ -316,6 +440,9 @@ TABLES = (
 SETUP_LOCK_KEY = 7_140_213_911
 
 SETUP_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s)"
+# Setup's own statements are not limited by statement_timeout_ms (a migration over a big table is slow).
+UNLIMITED_SQL = "SET LOCAL statement_timeout = 0"
+RECORDED_SQL = "SELECT coalesce(max(v), -1) AS v FROM {}"  # a migrations table's last version
 MISSING_TABLES_SQL = "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NULL"
 MIGRATION_VERSIONS_SQL = """
 SELECT (SELECT max(v) FROM checkpoint_migrations) AS langgraph, (SELECT max(v) FROM agent_migrations) AS agent,
@@ -330,6 +457,17 @@ SCHEMAS = (
     ("store_migrations", STORE_MIGRATIONS),
 )
 
+#: Every index a migration creates CONCURRENTLY (LangGraph's and ours), which `indexes.build` keeps valid.
+CONCURRENT_INDEXES = indexes.concurrent_indexes(statement for _, migrations in SCHEMAS for statement in migrations)
+
+#: The migration (migrations table, version) that creates each table: a table that a migration not yet
+#: applied creates is new (an upgrade), not dropped, and is no reason to re-apply everything.
+CREATED_BY = {
+    table: (name, version)
+    for name, migrations in reversed(SCHEMAS)
+    for version, statement in reversed(list(enumerate(migrations)))
+    for table in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", statement)
+}
 
 def missing_tables(conn: psycopg.Connection) -> list[str]:
     """Those of `TABLES` that do not exist (read only)."""
@@ -343,33 +481,46 @@ def migrations_current(conn: psycopg.Connection) -> bool:
     return all(row[names[table]] is not None and row[names[table]] >= len(migrations) - 1 for table, migrations in SCHEMAS)
 
 
+#: Checks run just before a migration (by its text), inside the same transaction.
+CHECKS: dict[str, Callable[[psycopg.Connection, str], None]] = {
+    checkpoint_ids.REGISTER_STORED_SQL: checkpoint_ids.refuse_duplicates,
+}
+
+
 def migrate(conn: psycopg.Connection, *, where: str) -> None:
     """Apply LangGraph's (checkpointer, store) and the agent's missing migrations in one transaction; all of
-    them if a table is missing. `where` names the database in the log (its URL, password masked).
+    them if a table is missing. `where` names the database in the log (its URL, password masked). An index
+    created CONCURRENTLY on a table that existed before is left to `indexes.build`.
 
     Raises:
+        ConfigurationError: a check refused a migration (`CHECKS`); nothing was applied.
         psycopg.Error: as the server answered; nothing was applied (a deadlock's victim may run it again).
     """
     with conn.transaction():
+        conn.execute(UNLIMITED_SQL)
         conn.execute(SETUP_LOCK_SQL, (SETUP_LOCK_KEY,))
         # Decided under the lock: another process may have just created everything, and
         # needless DDL (ALTER TABLE takes an exclusive lock) would contend with its turns.
-        # The pending migrations first: a table a new migration adds is missing until then.
-        _apply(conn, everything=False)
         missing = missing_tables(conn)
-        if missing:
-            logger.warning("Tables %s were missing from %s; re-creating them", missing, where)
-            _apply(conn, everything=True)
+        recorded = {name: conn.execute(RECORDED_SQL.format(name)).fetchone()["v"] for name, _ in SCHEMAS if name not in missing}
+        dropped = [t for t in missing if t not in CREATED_BY or recorded.get(CREATED_BY[t][0], -1) >= CREATED_BY[t][1]]
+        everything = bool(dropped) and "agent_migrations" not in missing
+        if everything:
+            logger.warning("Tables %s were missing from %s; re-creating them", dropped, where)
+        for table, migrations in SCHEMAS:
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
+            row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
+            current = -1 if everything or row["v"] is None else row["v"]
+            for version in range(current + 1, len(migrations)):
+                statement = migrations[version]
+                check = CHECKS.get(statement)
+                if check is not None:
+                    check(conn, where)
+                index = indexes.concurrent_index(statement)
+                if index is None or index.table in missing:
+                    # CONCURRENTLY cannot run inside a transaction; on a table this transaction creates,
+                    # the build is instant without it.
+                    conn.execute(statement.replace("CONCURRENTLY ", ""))
+                conn.execute(f"INSERT INTO {table} (v) VALUES (%s) ON CONFLICT DO NOTHING", (version,))
 
 
-def _apply(conn: psycopg.Connection, *, everything: bool) -> None:
-    """Apply each list's migrations that its migrations table does not record (all of them if `everything`)."""
-    for table, migrations in SCHEMAS:
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
-        row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
-        current = -1 if everything or row["v"] is None else row["v"]
-        for version in range(current + 1, len(migrations)):
-            # LangGraph creates its indexes CONCURRENTLY, which cannot run inside a transaction;
-            # on the new, empty tables this creates, creating them without it is instant.
-            conn.execute(migrations[version].replace("CONCURRENTLY ", ""))
-            conn.execute(f"INSERT INTO {table} (v) VALUES (%s) ON CONFLICT DO NOTHING", (version,))

@@ -138,8 +138,16 @@ LEFT JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = 
 WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
-THREADS_WITH_CHECKPOINTS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id = ANY(%s) ORDER BY thread_id"
-THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = %s AND checkpoint_ns = '' LIMIT 1"
+# The thread a checkpoint id names: the one agent_checkpoint_ids registers it to, else (a checkpoint no commit
+# registered: a LangGraph copy_thread's whose source is gone, one written by an older agent during an upgrade)
+# the first thread holding it (see "Checkpoint ids" in `schema`).
+THREAD_OF_CHECKPOINT_SQL = """
+SELECT thread_id FROM (
+    SELECT thread_id, 0 AS registered FROM agent_checkpoint_ids WHERE checkpoint_id = %(checkpoint_id)s
+    UNION ALL
+    SELECT thread_id, 1 FROM checkpoints WHERE checkpoint_id = %(checkpoint_id)s AND checkpoint_ns = ''
+) AS found ORDER BY registered, thread_id LIMIT 1
+"""
 # The catalogue (`operations.catalogue`): one range scan of agent_threads_activity_idx per page. The
 # position is the row's (updated_at, thread_id); `activity` is updated_at as exact text (microseconds).
 # Qualified columns: a bare `updated_at` in ORDER BY would name the output column (text), not the index's.
@@ -180,6 +188,7 @@ DELETE_THREAD_SQL = [
     "DELETE FROM checkpoint_writes WHERE thread_id = %s",
     "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
     "DELETE FROM checkpoints WHERE thread_id = %s",
+    "DELETE FROM agent_checkpoint_ids WHERE thread_id = %s",
     "DELETE FROM agent_idempotency WHERE thread_id = %s",
     "DELETE FROM agent_threads WHERE thread_id = %s",
 ]
@@ -238,6 +247,8 @@ DELETE_UNKEPT_SQL = [
         AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
     f"""DELETE FROM checkpoints WHERE thread_id = %(thread_id)s
         AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
+    f"""DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s
+        AND ('', checkpoint_id) NOT IN {KEPT_PAIRS}""",
     # Blobs are shared between checkpoints by (channel, version): keep exactly those a kept one points at.
     """DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
         SELECT 1 FROM checkpoints c
@@ -261,6 +272,7 @@ WITH gone AS (
     RETURNING checkpoint_ns)
 SELECT count(*) FILTER (WHERE checkpoint_ns = '') AS removed FROM gone
 """
+DELETE_OTHER_CHECKPOINT_IDS_SQL = "DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s AND checkpoint_id <> %(head)s"
 MAKE_ROOT_SQL = f"""
 UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = CASE
     WHEN jsonb_typeof(metadata -> '{summaries.SUMMARY_KEY}') = 'object'
@@ -291,5 +303,7 @@ IDEMPOTENCY_PKEY = "agent_idempotency_pkey"
 
 #: SQLSTATE raised by `agent_end_claim` when the claim is gone.
 CLAIM_LOST_SQLSTATE = "TT001"
+#: SQLSTATE raised by `agent_put_checkpoint` when another thread holds the checkpoint id (its DETAIL).
+CHECKPOINT_TAKEN_SQLSTATE = "TT002"
 
 READY_SQL = "SELECT 1"

@@ -23,13 +23,13 @@ from agent.config import AgentSettings
 from agent.errors import AgentError, LeaseExpired, StorageUnavailable
 from agent.storage.base import ThreadStorage
 from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
-from agent.storage.postgres import schema, sql
+from agent.storage.postgres import indexes, schema, sql
 from agent.storage.postgres.batch import StatementBatch, running, running_batch
 from agent.storage.postgres.connections import ROLLED_BACK, SCHEMA_MISSING, PostgresConnections, first_line
 from agent.storage.postgres.reads import PostgresReads, prefixed
 from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.postgres.transaction import PostgresTx, to_record
-from agent.storage.records import IdempotencyKeyTaken
+from agent.storage.records import IdempotencyKeyTaken, checkpoint_taken
 from agent.storage.transaction import Tx
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,13 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                         missing = schema.missing_tables(conn)
                         if missing:
                             raise StorageUnavailable(f"Could not create the tables {missing} in {self.masked}.")
+                    # After the migrations' transaction: CREATE INDEX CONCURRENTLY cannot run inside one.
+                    indexes.build(
+                        conn,
+                        schema.CONCURRENT_INDEXES,
+                        connect=lambda: self.connections.connect(unlimited=True),
+                        where=self.masked,
+                    )
             self._ready = True
 
     def exists(self) -> bool:
@@ -234,7 +241,11 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                     ) from None
                 if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == sql.IDEMPOTENCY_PKEY:
                     raise IdempotencyKeyTaken(thread_id) from None
-                if not isinstance(exc, psycopg.OperationalError):
+                if exc.sqlstate == sql.CHECKPOINT_TAKEN_SQLSTATE:
+                    raise checkpoint_taken(thread_id, exc.diag.message_detail) from None
+                # A statement over statement_timeout_ms (QueryCanceled) is no lost connection: the server
+                # rolled the commit back and said so.
+                if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, psycopg.errors.QueryCanceled):
                     with self._faults("commit the turn", thread_id):
                         raise
                 self.connections.suspect_down = True

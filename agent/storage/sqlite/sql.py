@@ -91,7 +91,21 @@ CHECKPOINT_LINKS_SQL = f"""
 SELECT checkpoint_id, parent_checkpoint_id, {summary_field("message_count")}, {summary_field("kept_messages")}
 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 """
-THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = ? AND checkpoint_ns = '' LIMIT 1"
+# The thread a checkpoint id names: the one agent_checkpoint_ids registers it to, else (an id no commit
+# registered: a LangGraph copy_thread copy's once its source is gone) the first thread holding it.
+THREAD_OF_CHECKPOINT_SQL = """
+SELECT thread_id FROM (
+    SELECT thread_id, 0 AS registered FROM agent_checkpoint_ids WHERE checkpoint_id = :checkpoint_id
+    UNION ALL
+    SELECT thread_id, 1 FROM checkpoints WHERE checkpoint_id = :checkpoint_id AND checkpoint_ns = ''
+) ORDER BY registered, thread_id LIMIT 1
+"""
+# A root-namespace checkpoint's id registered to its thread, in the checkpoint's transaction (`TurnSqliteSaver`):
+# nothing changes when a row exists, and CHECKPOINT_OWNER_SQL then tells this thread's from another's.
+REGISTER_CHECKPOINT_SQL = """
+INSERT INTO agent_checkpoint_ids (checkpoint_id, thread_id) VALUES (?, ?) ON CONFLICT (checkpoint_id) DO NOTHING
+"""
+CHECKPOINT_OWNER_SQL = "SELECT thread_id FROM agent_checkpoint_ids WHERE checkpoint_id = ?"
 # Leaves updated_at alone: it is the conversation's last activity (see operations.catalogue).
 UPDATE_THREAD_SQL = f"""
 UPDATE agent_threads SET title = COALESCE(:title, title), metadata = COALESCE(:metadata, metadata),
@@ -106,9 +120,6 @@ INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
-THREADS_WITH_CHECKPOINTS_SQL = """
-SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id IN (SELECT value FROM json_each(?)) ORDER BY thread_id
-"""
 # A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's metadata (its `branch_usage`).
 TOKEN_USAGE_SQL = f"""
 SELECT coalesce(sum({summary_field("usage", index=0)}), 0),
@@ -120,6 +131,7 @@ FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 DELETE_THREAD_SQL = [
     "DELETE FROM writes WHERE thread_id = ?",
     "DELETE FROM checkpoints WHERE thread_id = ?",
+    "DELETE FROM agent_checkpoint_ids WHERE thread_id = ?",
     "DELETE FROM agent_idempotency WHERE thread_id = ?",
     "DELETE FROM agent_threads WHERE thread_id = ?",
     # Only a released claim: the deleting operation's own claim is released by its commit first.
@@ -153,6 +165,7 @@ WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
 DELETE_OTHER_WRITES_SQL = "DELETE FROM writes WHERE thread_id = ? AND NOT (checkpoint_ns = '' AND checkpoint_id = ?)"
 DELETE_OTHER_ROOT_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id <> ?"
 DELETE_NAMESPACED_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns <> ''"
+DELETE_OTHER_CHECKPOINT_IDS_SQL = "DELETE FROM agent_checkpoint_ids WHERE thread_id = ? AND checkpoint_id <> ?"
 # -- the saver's thread operations (`saver_threads.SaverThreadOperations`: prune, copy_thread, delete_for_runs) --
 SELECT_CHECKPOINT_ROW_SQL = """
 SELECT type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
@@ -180,6 +193,7 @@ KEPT_PAIRS = "(SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') F
 DELETE_UNKEPT_SQL = [
     f"DELETE FROM writes WHERE thread_id = :thread_id AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}",
     f"DELETE FROM checkpoints WHERE thread_id = :thread_id AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}",
+    f"DELETE FROM agent_checkpoint_ids WHERE thread_id = :thread_id AND ('', checkpoint_id) NOT IN {KEPT_PAIRS}",
 ]
 
 

@@ -36,6 +36,10 @@ from agent.storage.sqlite.transaction import SqliteTx, epoch
 from agent.storage.transaction import Tx
 
 
+#: The longest busy timeout SQLite takes (milliseconds in a C int), for `statement_timeout_ms=0`.
+MAX_BUSY_SECONDS = (2**31 - 1) / 1000
+
+
 class SqliteThreadStorage(ThreadStorage):
     """SQLite storage for one agent; `path` is a file (its directory is created), or `":memory:"` for
     `memory://`; `keeper` renews its claims (`agent.storage.open_storage` builds both)."""
@@ -45,15 +49,19 @@ class SqliteThreadStorage(ThreadStorage):
         self.path = path
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # statement_timeout_ms bounds the wait for another process's write lock (0: as long as SQLite allows).
+        busy = settings.statement_timeout_ms / 1000 if settings.statement_timeout_ms else MAX_BUSY_SECONDS
         try:
-            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=busy)
             if path != ":memory:":
                 # WAL + NORMAL: durable across application crashes; a power loss
                 # may drop the last turns (https://www.sqlite.org/wal.html).
                 conn.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"Cannot open SQLite database {path!r}: {exc}") from None
-        self.saver = TurnSqliteSaver(conn, self, message_cache_size=settings.message_cache_size)
+        self.saver = TurnSqliteSaver(
+            conn, self, message_cache_size=settings.message_cache_size, time_limit_ms=settings.statement_timeout_ms
+        )
         self._ready = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -64,12 +72,12 @@ class SqliteThreadStorage(ThreadStorage):
             self.saver.setup()
             conn = self.saver.conn
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            schema.migrate(conn, start=version)
+            schema.migrate(conn, start=version, where=f"SQLite database {self.path!r}")
             schema.migrate_store(conn, everything=False)
             if schema.missing_tables(conn):
                 self.saver.is_setup = False  # LangGraph's own tables too, if one of them was dropped
                 self.saver.setup()
-                schema.migrate(conn, start=0)
+                schema.migrate(conn, start=0, where=f"SQLite database {self.path!r}")
                 schema.migrate_store(conn, everything=True)
         self._ready = True
 
@@ -299,12 +307,9 @@ class SqliteThreadStorage(ThreadStorage):
     def threads_of_user(self, user_id: str) -> list[str]:
         return self._read(lambda cur: reads.threads_of_user(cur, user_id))
 
-    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
-        ids = json.dumps(list(checkpoint_ids))
-        return [row[0] for row in self._read(lambda cur: cur.execute(sql.THREADS_WITH_CHECKPOINTS_SQL, (ids,)).fetchall())]
-
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
-        row = self._read(lambda cur: cur.execute(sql.THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,)).fetchone())
+        params = {"checkpoint_id": checkpoint_id}
+        row = self._read(lambda cur: cur.execute(sql.THREAD_OF_CHECKPOINT_SQL, params).fetchone())
         return row[0] if row else None
 
     def list_threads(self, user_id, *, limit, before, metadata):
@@ -336,4 +341,11 @@ class SqliteThreadStorage(ThreadStorage):
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 self._ready = False  # the next request runs setup, which re-creates what is missing
-            raise StorageUnavailable(f"SQLite database {self.path!r} failed: {exc}; nothing was written.") from None
+            # Interrupted by the saver's time limit, or a lock another process held past the busy timeout.
+            limit = self.settings.statement_timeout_ms
+            reason = f" (statement_timeout_ms is {limit})" if str(exc) in ("interrupted", "database is locked") else ""
+            raise StorageUnavailable(
+                f"SQLite database {self.path!r} failed: {exc}{reason}; nothing was written; the request can be retried."
+                if reason
+                else f"SQLite database {self.path!r} failed: {exc}; nothing was written."
+            ) from None
