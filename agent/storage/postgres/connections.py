@@ -23,6 +23,7 @@ connection each say what could not be done, where, and that nothing was written.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import select
@@ -44,6 +45,8 @@ ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFail
 
 #: Errors that mean a table or function of the schema is missing (dropped by hand): setup re-creates it.
 SCHEMA_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
+
+logger = logging.getLogger(__name__)
 
 
 class CachedCredential:
@@ -123,14 +126,40 @@ class PostgresConnections:
         return psycopg.connect(self.conninfo, **kwargs)
 
     def reachable(self) -> bool:
-        """Whether a new connection can be opened now (one attempt, bounded by connect_timeout)."""
+        """Whether a new connection can be opened now (one attempt, bounded by connect_timeout; a second one
+        without `statement_timeout_ms` when a pooler refused the option that carries it, see below)."""
         try:
             self.connect().close()
         except psycopg.OperationalError as exc:
-            self.suspect_down = True
-            self._connect_error = server_reason(exc)
-            return False
+            if not (self._refused_timeout_option(exc) and self.reachable()):
+                self.suspect_down = True
+                self._connect_error = server_reason(exc)
+                return False
         self.suspect_down = False
+        return True
+
+    def _refused_timeout_option(self, exc: psycopg.OperationalError) -> bool:
+        """Whether `exc` is a pooler refusing the `options` startup parameter that only `statement_timeout_ms`
+        put there; if so, the pool's connections go without it from now on, with a warning.
+
+        PgBouncer in its default configuration refuses any startup parameter it does not know ("unsupported
+        startup parameter: options"), and releases before the timeout existed connected through it: refusing
+        to start would break such a deployment on upgrade, for a safeguard. The warning says how to have it
+        (`ALTER ROLE ... SET statement_timeout`, which holds behind any pooler).
+        """
+        reason = server_reason(exc)
+        ours = self._base_kwargs.get("options")
+        without = with_statement_timeout(self.conninfo, 0)
+        if "unsupported startup parameter" not in reason or "options" not in reason or ours == without or without:
+            return False
+        # The pool's kwargs are this dict (or a function reading it): its next connections see the change.
+        self._base_kwargs["options"] = None
+        logger.warning(
+            "%s refused the connection option -c statement_timeout (a pooler such as PgBouncer); connecting "
+            "without it: statement_timeout_ms=%s is not applied. Set it on the role instead "
+            "(ALTER ROLE ... SET statement_timeout = '30s'), or set statement_timeout_ms=0 to silence this.",
+            self.masked, self.settings.statement_timeout_ms,
+        )  # fmt: skip
         return True
 
     def unreachable(self) -> str:
