@@ -1,8 +1,8 @@
 """Postgres backend: `psycopg_pool.ConnectionPool` + LangGraph's `PostgresSaver`, with the turn protocol of `storage.turns`.
 
 Modules, in the shape of langgraph-checkpoint-postgres (statements and
-migrations apart, thin I/O modules): `schema` (the migrations, a migration's
-position its version, and setup's apply), `sql` (every statement as a named
+migrations apart, thin I/O modules): `migrations` (the agent's migrations, a
+migration's position its version), `schema` (setup's apply), `sql` (every statement as a named
 constant), `checkpoint_ids` (the table that makes a checkpoint id name one
 thread), `indexes` (indexes built `CONCURRENTLY` after setup's transaction),
 `batch` (the commit's statements in one round trip), `connections`
@@ -44,7 +44,7 @@ Design notes:
   an application role without DDL rights and a read-only replica pass it
   (their turns then fail at the claim, with the cause). Otherwise it runs
   LangGraph's migration lists (the checkpointer's, and the store's that
-  long-term memory uses) and the agent's (`schema.MIGRATIONS`, a migration's
+  long-term memory uses) and the agent's (`migrations.MIGRATIONS`, a migration's
   position is its version) in ONE transaction under `pg_advisory_xact_lock`:
   safe from many processes at once and through PgBouncer. An index created
   `CONCURRENTLY` (LangGraph's, and the agent's checkpoint-id index) cannot be
