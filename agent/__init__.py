@@ -59,6 +59,7 @@ from agent.errors import (
     ThreadExists,
     ThreadNotFound,
     TurnCancelled,
+    UserBeingDeleted,
 )
 from agent.version import __version__
 
@@ -94,6 +95,7 @@ __all__ = [
     "ThreadExists",
     "ThreadNotFound",
     "TurnCancelled",
+    "UserBeingDeleted",
     "__version__",
     "create_agent",
 ]

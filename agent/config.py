@@ -68,6 +68,11 @@ class AgentSettings(BaseSettings):
     """Seconds after which a pooled connection is replaced; keep it below a managed credential's lifetime."""
     connect_timeout: float = Field(default=5.0, gt=0)
     """Seconds a new connection may take; an unreachable database fails within about this long."""
+    statement_timeout_ms: int = Field(default=30_000, ge=0)
+    """Milliseconds one database statement may run (waits for locks included) before it fails with
+    StorageUnavailable, nothing written. Postgres: `statement_timeout` on every connection; SQLite: the
+    wait for another process's write lock, and each read or transaction's run time. 0: no limit.
+    Setup's migrations and index builds are not limited."""
     prepare_threshold: int | None = None
     """psycopg's `prepare_threshold`: None (default) never prepares statements, which transaction-mode
     poolers such as PgBouncer require; an integer prepares a statement after that many runs."""

@@ -22,6 +22,7 @@ says whether anything was written where that is not obvious.
     │   ├── ThreadBusy          another turn holds the thread
     │   │   └── LeaseExpired    this turn's claim on the thread expired before it committed
     │   ├── TurnCancelled       a newer turn rolled this one back (multitask_strategy "rollback")
+    │   ├── UserBeingDeleted    the user's data is being deleted (delete_user_data) while this request ran
     │   └── ThreadExists        an import names a thread (or checkpoints) already in use with other content
     ├── Unavailable
     │   ├── StorageUnavailable  the database failed
@@ -96,6 +97,11 @@ class InterruptPending(Conflict):
 
 class TurnCancelled(Conflict):
     """A newer turn on the thread rolled this turn back (`multitask_strategy="rollback"`); nothing was written."""
+
+
+class UserBeingDeleted(Conflict):
+    """`delete_user_data` is deleting the user's data: a turn or write for that user (or a second deletion) is
+    refused until it ends; nothing was written."""
 
 
 class ThreadExists(Conflict):

@@ -11,7 +11,7 @@ with; the graph's own nodes call whatever model they like.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.config import load_settings
 from agent.errors import ConfigurationError
@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
     from langgraph.graph import StateGraph
 
+    from agent.agent import Agent
     from agent.responses import LangGraphResponsesAgent
+
+AgentT = TypeVar("AgentT", bound="Agent")
 
 
 def create_agent(
@@ -72,6 +75,39 @@ def create_agent(
         StorageUnavailable: `connect=True` and the database cannot be reached
             within `connect_timeout` (the message shows the URL with its password masked).
     """
+    from agent.responses import LangGraphResponsesAgent
+
+    return build_agent(
+        LangGraphResponsesAgent,
+        database_url,
+        model,
+        tools=tools,
+        instructions=instructions,
+        graph=graph,
+        connect=connect,
+        **settings,
+    )
+
+
+def build_agent(
+    agent_class: type[AgentT],
+    database_url: str | None = None,
+    model: str | BaseChatModel | None = None,
+    *,
+    tools: Sequence[BaseTool | Callable[..., Any]] | None = None,
+    instructions: str | None = None,
+    graph: StateGraph | None = None,
+    connect: bool = True,
+    **settings: Any,
+) -> AgentT:
+    """`create_agent`, building an `agent_class` (`agent.Agent` or a subclass) on the same parts.
+
+    `create_agent` builds a `LangGraphResponsesAgent`, which is an MLflow `ResponsesAgent` and so
+    imports MLflow (about 2 s of CPU here: `mlflow/__init__` loads its tracking client, pandas and
+    `mlflow.genai`). A caller that never calls `predict`, such as the command line's commands on
+    existing threads, builds the plain `agent.Agent` and pays none of it. Arguments, result and
+    errors are `create_agent`'s.
+    """
     from langchain_core.language_models import BaseChatModel
 
     from agent.context.window import ContextWindow
@@ -81,7 +117,6 @@ def create_agent(
     from agent.models import make_chat_model, model_name_of
     from agent.operations.context import OperationContext
     from agent.operations.turns import TurnRunner
-    from agent.responses import LangGraphResponsesAgent
     from agent.storage import open_storage
     from agent.tracing import configure_tracing
 
@@ -139,7 +174,7 @@ def create_agent(
     answer_node = AGENT_NODE if graph is None else None
     turns = TurnRunner(storage, compiled, config, memories, window, answer_node)
     context = OperationContext(storage=storage, settings=config, graph=compiled, turns=turns, memories=memories)
-    return LangGraphResponsesAgent(context)
+    return agent_class(context)
 
 
 def _with_sync_body(made: BaseTool, function: Callable[..., Any]) -> BaseTool:

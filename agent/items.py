@@ -15,18 +15,14 @@ import json
 from collections.abc import Iterable
 
 from langchain_core.messages import BaseMessage
-from mlflow.types.responses import (
-    create_function_call_item,
-    create_function_call_output_item,
-    create_text_output_item,
-    output_to_responses_items_stream,
-)
 
 __all__ = ["to_output_items", "to_state_items"]
 
 
 def to_output_items(messages: Iterable[BaseMessage]) -> list[dict]:
     """Responses output items (`message`, `function_call`, `function_call_output`) for the turn's new messages."""
+    from mlflow.types.responses import output_to_responses_items_stream
+
     return [event.item for event in output_to_responses_items_stream(iter(list(messages)))]
 
 
@@ -40,6 +36,12 @@ def to_state_items(message: BaseMessage) -> list[dict]:
     `function_call` item's id is its `call_id`, as in a turn's output (MLflow's
     `output_to_responses_items_stream`).
     """
+    from mlflow.types.responses import (
+        create_function_call_item,
+        create_function_call_output_item,
+        create_text_output_item,
+    )
+
     kind = message.type
     if kind == "ai":
         items = []

@@ -151,7 +151,12 @@ def parse_request(
         ]
     size = encoded_size("The request", raw)
     if size > settings.max_request_bytes:
-        raise InvalidRequest(f"The request is {size} bytes; the limit is {settings.max_request_bytes} bytes")
+        custom_inputs = raw.get("custom_inputs")
+        hint = ""
+        if isinstance(custom_inputs, dict) and custom_inputs.get("action") == "import_thread":
+            # Threads are not bounded in length; the command line reads a document of any size.
+            hint = "; import a thread this large with `tt-agent import FILE` (no size limit), or raise max_request_bytes"
+        raise InvalidRequest(f"The request is {size} bytes; the limit is {settings.max_request_bytes} bytes{hint}")
     # `is None`, not `or`: an empty list or string is the wrong type, not "none given".
     custom = {} if raw.get("custom_inputs") is None else raw["custom_inputs"]
     context = {} if raw.get("context") is None else raw["context"]

@@ -125,15 +125,16 @@ class Sizes:
     workers_concurrency: int = 32
 
 
+#: The smoke test's sizes (tests/bench): enough for every figure to be computed, not to be trusted.
 QUICK = Sizes(
-    conversations=20,
-    in_process_calls=30,
-    cpu_turns=20,
-    growth_turns=30,
-    chain_threads=4,
-    chain_turns=6,
-    workers_turns=80,
-    workers_concurrency=16,
+    conversations=10,
+    in_process_calls=15,
+    cpu_turns=10,
+    growth_turns=20,
+    chain_threads=3,
+    chain_turns=4,
+    workers_turns=40,
+    workers_concurrency=8,
 )
 
 

@@ -61,7 +61,7 @@ def chat(
 ) -> None:
     """Talk to the agent. Type /help for /show, /edit, /regen, /branches, /switch, /fork, /diff, /resume and more."""
     store = store_label(database_url)
-    with agent_errors(store=store), open_agent(database_url, model, tracing, agent_file=agent_file) as agent:
+    with agent_errors(store=store), open_agent(database_url, model, tracing, responses=True, agent_file=agent_file) as agent:
         # An agent file may choose its own store: name the one it opened.
         _Chat(agent, thread_id=thread_id, user_id=user_id, store=agent.info().store).run()
 

@@ -35,7 +35,7 @@ def demo(
 ) -> None:
     """Run the trip scenario on a fresh thread: memory, history, a branch, and the branch's answer
     (`tt-agent demo memory`: long-term memory crossing threads)."""
-    with agent_errors(store=store_label(database_url)), open_agent(database_url, model, tracing) as agent:
+    with agent_errors(store=store_label(database_url)), open_agent(database_url, model, tracing, responses=True) as agent:
         if scenario == "memory":
             from agent.cli.memory_demo import run_memory_demo
 

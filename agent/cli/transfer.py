@@ -4,24 +4,35 @@ One thread is written as one JSON document (indented). Every thread of a user
 (`export --user-id U` without a thread id) is written as JSON Lines: one
 thread document per line, in thread id order, so an export of many threads is
 written (and read back) one thread at a time, and `head`, `grep` or `split`
-can cut it. `import` reads either form: a file that parses as one JSON value
-is one document, anything else is read line by line. Each thread is imported
-in its own transaction; the command stops at the first failure, and says which
-threads were imported before it.
+can cut it. `import` reads either form: a file whose first line is a JSON
+value on its own is JSON Lines, read a line at a time (so a large export is
+never held whole), and anything else is one document.
+
+`import` reads the file twice: first it checks every document as
+`import_thread` will (`parse_document`: no database is opened, so a bad file
+creates no store and writes nothing), then it imports each thread in its own
+transaction, stopping at the first failure; the threads imported before it
+have been printed. Errors in JSON Lines name the line (1-based). Standard
+input is copied to a temporary file for the second reading. A SQLite store
+that the command created and left without a thread (the first import failed)
+is removed again (`stores.removed_if_left_empty`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TextIO
 
 import typer
 
 from agent.cli.app import DatabaseUrl, UserId, agent_errors, app, console
-from agent.cli.stores import open_agent, store_label
+from agent.cli.stores import open_agent, removed_if_left_empty, store_label
 
 
 @app.command("export")
@@ -63,16 +74,18 @@ def import_(
     """Restore exported threads into the store; importing the same document again changes nothing."""
     from agent.errors import InvalidRequest
 
-    with agent_errors(store=store_label(database_url)):
-        documents = list(_documents(file))
-        if not documents:
+    with agent_errors(store=store_label(database_url)), _readable(file) as stream:
+        count = _check(file, stream)
+        if not count:
             raise InvalidRequest(f"{file} holds no thread document.")
-        if thread_id is not None and len(documents) != 1:
-            raise InvalidRequest(f"--thread-id names one thread, but {file} holds {len(documents)} documents.")
-        with open_agent(database_url, "offline", False) as agent:
-            for document in documents:
+        if thread_id is not None and count != 1:
+            raise InvalidRequest(f"--thread-id names one thread, but {file} holds {count} documents.")
+        with removed_if_left_empty(database_url) as written, open_agent(database_url, "offline", False) as agent:
+            for where, document in _documents(file, stream):
                 present = _present(agent, thread_id or _thread_id_of(document), user_id)
-                thread = agent.import_thread(document, user_id=user_id, thread_id=thread_id)
+                with _located(file, where):
+                    thread = agent.import_thread(document, user_id=user_id, thread_id=thread_id)
+                written.append(thread["thread_id"])
                 if present:  # the import succeeded over an existing thread: the same content, a no-op
                     console.print(f"Thread {thread['thread_id']} is already there with this content; nothing was written.",
                                   markup=False)  # fmt: skip
@@ -139,23 +152,96 @@ def _write(output: Path | None, chunks: Any) -> int:
     return count
 
 
-def _documents(file: Path) -> Iterator[Any]:
-    """The documents in `file`: one JSON value, or JSON Lines (blank lines skipped)."""
+@contextmanager
+def _readable(file: Path) -> Iterator[TextIO]:
+    """`file` opened as text (lines split at newlines only, as JSON Lines are), or standard input copied
+    to a temporary file, so that it can be read twice."""
     from agent.errors import InvalidRequest
 
     try:
-        text = sys.stdin.read() if str(file) == "-" else file.read_text(encoding="utf-8")
+        if str(file) == "-":
+            stream: TextIO = tempfile.TemporaryFile("w+", encoding="utf-8", newline="")
+            shutil.copyfileobj(sys.stdin, stream)
+        else:
+            stream = file.open(encoding="utf-8", newline="")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"Cannot read {file}: {exc}") from None
+    with stream:
+        yield stream
+
+
+def _check(file: Path, stream: TextIO) -> int:
+    """How many documents `stream` holds, each checked as `import_thread` checks it (nothing is opened).
+
+    Raises:
+        InvalidRequest: a line or document that is not a thread document (naming the line in JSON Lines).
+    """
+    from agent.operations.transfer import parse_document
+
+    count = 0
+    for where, document in _documents(file, stream):
+        with _located(file, where):
+            parse_document(document)
+        count += 1
+    return count
+
+
+def _documents(file: Path, stream: TextIO) -> Iterator[tuple[int | None, Any]]:
+    """`(line number, document)` for each document of `stream`, from its start: JSON Lines (blank lines
+    skipped), or one document (line number None) when the first line is not a JSON value on its own.
+
+    Lines end at newlines only (file iteration), not at U+2028 as `str.splitlines()` cuts them: a
+    document written with `ensure_ascii=False` may hold that character inside a string.
+    """
+    from agent.errors import InvalidRequest
+
+    stream.seek(0)
+    numbered = enumerate(stream, start=1)
     try:
-        yield json.loads(text)
-        return
-    except json.JSONDecodeError:
-        pass
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+        for number, line in numbered:
+            if line.strip():
+                break
+        else:
+            return  # nothing but blank lines
         try:
-            yield json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"{file} is neither one JSON document nor JSON Lines (line {number}: {exc.msg}).") from None
+            first = json.loads(line)
+        except json.JSONDecodeError:  # not JSON Lines: one (indented) document
+            stream.seek(0)
+            text = stream.read()
+        else:
+            yield number, first
+            for number, line in numbered:
+                if not line.strip():
+                    continue
+                try:
+                    document = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InvalidRequest(f"{_name(file)}, line {number}: not a JSON document ({exc.msg}).") from None
+                yield number, document
+            return
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"Cannot read {file}: {exc}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"{_name(file)} is neither one JSON document nor JSON Lines (line {exc.lineno}: {exc.msg})."
+        ) from None
+    yield None, document
+
+
+@contextmanager
+def _located(file: Path, line: int | None) -> Iterator[None]:
+    """An `AgentError` raised inside, its message led by "FILE, line N: " when `line` is known (JSON Lines)."""
+    from agent.errors import AgentError
+
+    try:
+        yield
+    except AgentError as exc:
+        if line is None:
+            raise
+        raise type(exc)(f"{_name(file)}, line {line}: {exc.message}", **exc.ids) from None
+
+
+def _name(file: Path) -> str:
+    return "standard input" if str(file) == "-" else str(file)

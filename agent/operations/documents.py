@@ -21,11 +21,13 @@ class ExportArgs:
 def export_thread(context: OperationContext, args: ExportArgs) -> dict[str, Any]:
     """The whole thread as a versioned, JSON-serializable document (`agent.operations.transfer`).
 
-    Out: `{"format": "timetravel-agent.thread", "version": 1, "exported_at", "thread": {thread_id,
+    Out: `{"format": "timetravel-agent.thread", "version": 2, "exported_at", "thread": {thread_id,
     title, metadata, checkpoint_id (the head), forked_from, ttl_seconds, message_count, created_at,
     updated_at}, "checkpoints": [...]}`: every checkpoint, the root included, oldest first, with
-    `checkpoint_id`, `parent_checkpoint_id`, `ts`, `metadata` and its channel values (`messages` as
-    LangChain message dicts). The owner is not in it.
+    `checkpoint_id`, `parent_checkpoint_id`, `ts`, `metadata` and what it changes in its parent's
+    channel values (`message_changes`: the messages it removes, replaces or adds, as LangChain
+    message dicts; `unchanged`; or a whole value), so the document grows linearly with the thread.
+    The owner is not in it.
 
     Raises: `InvalidRequest` (bad ids), `ThreadNotFound` (unknown, or not the caller's).
     """
@@ -40,13 +42,17 @@ class ImportArgs:
 
 
 def import_thread(context: OperationContext, args: ImportArgs) -> dict[str, Any]:
-    """Restore a document from `export_thread` (from any backend) as a thread owned by `user_id`.
+    """Restore a document from `export_thread` (from any backend; version 2, or 1 from before) as a
+    thread owned by `user_id`.
 
     Under the document's thread id: the same checkpoint ids, parents, timestamps and messages, the
     same head, title, metadata and `forked_from`. Under `thread_id`: a copy with new checkpoint ids
     (in the same order). Returns the thread: `thread_id`, `user_id`, `title`, `created_at`,
     `updated_at`, `checkpoint_id` (the head), `message_count`, `metadata`, `forked_from`,
     `ttl_seconds`. Importing the same document again returns the thread and writes nothing.
+
+    As an action the document travels in the request, so it is limited by `max_request_bytes`
+    (1,000,000 bytes by default); `tt-agent import` has no such limit.
 
     Raises: `InvalidRequest` (a malformed document: nothing written), `ThreadExists` (the thread id
     is in use with other content or by another user, or another thread holds its checkpoint ids),

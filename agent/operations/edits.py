@@ -71,8 +71,9 @@ def plan_edit(
     `messages` are that checkpoint's messages; `tree` must know `kept_messages` for the chain.
 
     Raises:
-        InvalidRequest: the message is not in the checkpoint or is not a user message, or (a thread written
-            before threads had a root) there is no checkpoint before it.
+        InvalidRequest: the message is not in the checkpoint or is not a user message, or there is no
+            checkpoint before it (a `keep_latest` sweep kept only the checkpoint that holds it, or the thread
+            was written before threads started with an empty root).
     """
     target = chain[-1]
     position = position_of(messages, message_id, thread_id=tree.thread_id, checkpoint_id=target)
@@ -93,7 +94,7 @@ def plan_regenerate(tree: ThreadTree, chain: Sequence[str], messages: Sequence[B
     """The start of a turn that answers the last user message of the chain's last checkpoint again.
 
     Raises:
-        InvalidRequest: the checkpoint has no user message.
+        InvalidRequest: the checkpoint has no user message, or there is no checkpoint before it (see `plan_edit`).
     """
     target = chain[-1]
     last_user = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].type == "human"), None)
@@ -119,12 +120,7 @@ def _start_before(
     """Start from the checkpoint before message `position` first appeared; send `new` in its place."""
     first = tree.first_seen(chain, len(messages))[position]
     if first == 0:
-        raise InvalidRequest(
-            f"Cannot {what} of thread {tree.thread_id!r}: it was written before threads started with an empty "
-            "root checkpoint, so there is no checkpoint before it; fork the thread or start a new one. "
-            "Nothing was written.",
-            thread_id=tree.thread_id,
-        )
+        raise _no_checkpoint_before(tree, chain[0], what)
     start = chain[first - 1]
     if tree.kept[chain[first]] == position and tree.message_count(start) == position:
         return TurnStart(start, new)  # the start holds exactly the messages before `position`
@@ -183,6 +179,27 @@ def removals(
             checkpoint_id=checkpoint_id,
         )
     return out
+
+
+def _no_checkpoint_before(tree: ThreadTree, root: str, what: str) -> InvalidRequest:
+    """The message first appeared in the thread's root: there is no checkpoint to branch from before it."""
+    if tree.made_root_by_retention(root):
+        return InvalidRequest(
+            f"Cannot {what} of thread {tree.thread_id!r}: the message is in checkpoint {root!r}, which a "
+            "keep_latest retention sweep kept as the thread's only checkpoint (it deleted the earlier ones), so "
+            "there is no earlier checkpoint to branch from. Nothing was written. Still possible: new turns from "
+            "this checkpoint; editing and regenerating messages written after the sweep; update_checkpoint_state "
+            "to replace (edit_message_id) or remove (remove_message_ids) this checkpoint's messages in place, "
+            "after which regenerate answers the last user message again; fork_thread.",
+            thread_id=tree.thread_id,
+            checkpoint_id=root,
+        )
+    return InvalidRequest(
+        f"Cannot {what} of thread {tree.thread_id!r}: it was written before threads started with an empty "
+        "root checkpoint, so there is no checkpoint before it; fork the thread or start a new one. "
+        "Nothing was written.",
+        thread_id=tree.thread_id,
+    )
 
 
 def _not_in_checkpoint(message_id: str, thread_id: str, checkpoint_id: str) -> InvalidRequest:

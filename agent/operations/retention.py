@@ -60,7 +60,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from agent.config import AgentSettings, ThreadTtlStrategy
-from agent.errors import AgentError, InvalidRequest, StorageUnavailable, ThreadBusy, ThreadNotFound
+from agent.errors import AgentError, InvalidRequest, StorageUnavailable, ThreadBusy, ThreadNotFound, UserBeingDeleted
 from agent.operations.lifecycle import delete_rows
 from agent.operations.operation import Operation, param
 from agent.storage import ExpiredThread, ThreadStorage, Tx
@@ -193,8 +193,9 @@ def _expire(
                         outcome[0] = tx.keep_only_head(thread_id, head)
 
                 storage.commit(claim, keep_latest)
-    except (ThreadBusy, ThreadNotFound):
-        # Held by a turn or another sweeper; or (LeaseExpired) taken over mid-commit, nothing written.
+    except (ThreadBusy, ThreadNotFound, UserBeingDeleted):
+        # Held by a turn or another sweeper; or (LeaseExpired) taken over mid-commit, nothing written;
+        # or its owner's data is being deleted, this thread with it.
         return None
     return outcome[0]
 

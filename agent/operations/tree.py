@@ -167,6 +167,15 @@ class ThreadTree:
             out.append(made[index])
         return out
 
+    def made_root_by_retention(self, checkpoint_id: str) -> bool:
+        """Whether the checkpoint is a root that holds messages and recorded `kept_messages` 0: a
+        `keep_latest` sweep made it the thread's root (`Tx.keep_only_head`). The roots of threads written
+        before threads started with an empty root hold messages too, but were written before
+        `kept_messages` existed, so they record none."""
+        return self.parent(checkpoint_id) is None and self.message_count(checkpoint_id) > 0 and (
+            self.links[checkpoint_id].kept_messages == 0
+        )
+
     def missing_kept(self, chain: Sequence[str]) -> list[str]:
         """The chain's checkpoints (but the first) whose `kept_messages` is unknown (written by an older release)."""
         return [c for c in chain[1:] if c not in self.kept]

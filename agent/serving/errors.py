@@ -4,7 +4,7 @@
 |---|---|---|---|
 | `InvalidRequest`, `ConfigurationError` | 400 | `INVALID_PARAMETER_VALUE` | `invalid_request_error` / `invalid_request` |
 | `ThreadNotFound`, `CheckpointNotFound`, `ResponseNotFound`, `MemoryNotFound` | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `not_found` |
-| `ThreadBusy`, `LeaseExpired`, `TurnCancelled`, `ThreadExists`, `InterruptPending` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
+| `ThreadBusy`, `LeaseExpired`, `TurnCancelled`, `UserBeingDeleted`, `ThreadExists`, `InterruptPending` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
 | `StorageUnavailable`, `ModelError` | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `unavailable` |
 | any other `AgentError` | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
 

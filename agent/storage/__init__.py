@@ -9,7 +9,7 @@
 Modules, from the values up:
 
 * `records` (thread records and the other values storage hands out),
-  `claims` (a turn's claim and the keeper that renews it), `transaction`
+  `claims` (a turn's claim, the keeper that renews it, a deletion's user claim), `transaction`
   (`Tx`, the statements of one write transaction), `turns` (the turn
   protocol, written once: why a turn is two short transactions and a lease),
   `base` (`ThreadStorage`, the whole interface, and `ThreadReads`);
@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 from agent.config import AgentSettings, is_postgres_url, mask_secret_fragments, mask_url, store_label
 from agent.errors import ConfigurationError
 from agent.storage.base import CheckpointLink, Claim, ExpiredThread, ThreadReads, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
-from agent.storage.claims import ClaimKeeper
+from agent.storage.claims import ClaimKeeper, UserClaim
 
 __all__ = [
     "CheckpointLink",
@@ -50,6 +50,7 @@ __all__ = [
     "ThreadStorage",
     "Turn",
     "Tx",
+    "UserClaim",
     "open_reader",
     "open_storage",
     "owned_by",

@@ -157,20 +157,14 @@ class ThreadStorage(TurnProtocol):
         """The ids of the threads `user_id` owns, sorted."""
 
     @abstractmethod
-    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
-        """The ids of the threads (any owner) that hold any of `checkpoint_ids`, sorted.
-
-        For imports, which keep checkpoint ids: checkpoint ids are unique across threads (the
-        message cache and response ids rely on it). One read of the index on checkpoint_id
-        (the one `thread_of_checkpoint` uses).
-        """
-
-    @abstractmethod
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
         """The thread whose (root namespace) checkpoint `checkpoint_id` is, or None; one indexed read.
 
-        Checkpoint ids are unique across threads (a fork copies with new ids), which is what lets an
-        OpenAI response id (`resp_<checkpoint_id>`) name its thread.
+        A checkpoint id names one thread, by the primary key of `agent_checkpoint_ids` (every commit
+        registers its checkpoints there; a fork and an import under another thread id write new ids),
+        which is what lets an OpenAI response id (`resp_<checkpoint_id>`) name its thread. An id no
+        commit registered (a LangGraph `copy_thread` copy's, once its source is deleted) is found in
+        the checkpoints, in the first thread (by id) that holds it.
         """
 
     @abstractmethod

@@ -1,4 +1,5 @@
-"""A turn's `Claim` on its thread, and the `ClaimKeeper` that renews the claims of this process's running turns.
+"""A turn's `Claim` on its thread, the `ClaimKeeper` that renews the claims of this process's running turns, and
+a deletion's `UserClaim` on all of one user's data (see `turns` for both protocols).
 
 The keeper knows the database only as `Leases` (renew, poll, release), and
 `open_storage` builds it and hands it to the storage it opens: so this module
@@ -26,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from agent.storage.records import ThreadRecord
 
@@ -78,6 +79,24 @@ class Claim:
         self._on_stop.append(callback)
         if self.stop.is_set():
             callback()
+
+
+@dataclass(frozen=True)
+class UserClaim:
+    """A deletion's hold on all of one user's data (`TurnProtocol.user_claimed`): while it is held, no other
+    claim for `user_id` is given (a turn, a fork, an import, another deletion), except the deletion's own."""
+
+    user_id: str
+    token: str
+
+
+class ClaimAttempt(NamedTuple):
+    """One claim attempt's answer (`TurnProtocol._try_claim`): the claim, or None if refused; the thread's record."""
+
+    claim: Claim | None
+    record: ThreadRecord | None
+    #: Refused because a deletion of the caller's data holds the user (`UserClaim`), not because of the thread.
+    user_being_deleted: bool = False
 
 
 class Leases(Protocol):

@@ -1,5 +1,5 @@
 """The values storage hands out and takes in: thread records, tree links, retention candidates, idempotency
-state, and a turn's buffered writes.
+state, a turn's buffered writes, and the commit's own refusals.
 
 Plain frozen dataclasses with no I/O and no LangGraph import (a checkpoint is a
 `CheckpointTuple` only in annotations), so read-only commands and the layers
@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from agent.errors import ConfigurationError, ThreadExists
 
 if TYPE_CHECKING:  # LangGraph is imported by the backends; read-only commands never load it
     from langgraph.checkpoint.base import CheckpointTuple
@@ -87,6 +89,38 @@ class IdempotencyState:
     thread_id: str | None = None
     response: Mapping[str, Any] | None = None
     running_thread_id: str | None = None
+
+
+def checkpoint_taken(thread_id: str, checkpoint_id: str | None) -> ThreadExists:
+    """The error of a commit that would give `checkpoint_id` (root namespace) to `thread_id` while another
+    thread holds it: a checkpoint id names one thread (the `agent_checkpoint_ids` table of both backends)."""
+    return ThreadExists(
+        f"Checkpoint {checkpoint_id!r} belongs to another thread (a checkpoint id names one thread); "
+        "nothing was written.",
+        thread_id=thread_id,
+        checkpoint_id=checkpoint_id,
+    )
+
+
+#: How many ids `duplicate_checkpoint_ids` names.
+DUPLICATES_SHOWN = 5
+
+
+def duplicate_checkpoint_ids(where: str, duplicates: list[tuple[str, list[str]]], *, total: int) -> ConfigurationError:
+    """Setup's refusal of a database where `total` checkpoint ids are each held by more than one thread;
+    `duplicates` are the first few, each with its threads. `where` names the database (password masked)."""
+    shown = "; ".join(f"{checkpoint_id} in threads {', '.join(map(repr, threads))}" for checkpoint_id, threads in duplicates)
+    more = f" (and {total - len(duplicates)} more)" if total > len(duplicates) else ""
+    return ConfigurationError(
+        f"Cannot set up {where}: {total} checkpoint id(s) belong to more than one thread, and a checkpoint id must "
+        f"name one thread (a response id is resp_<checkpoint_id>): {shown}{more}. With the agent version used so "
+        "far, keep one thread of each and move the others to new checkpoint ids: export each (`tt-agent export "
+        "THREAD_ID -o FILE`), delete it (`agent.delete_thread(thread_id)`), and import it under a new thread id "
+        "(`tt-agent import FILE --thread-id NEW_ID`, a copy with new checkpoint ids); then start this version "
+        "again. The schema change that needs this was not applied.",
+        checkpoint_id=duplicates[0][0],
+        thread_id=duplicates[0][1][0],
+    )
 
 
 class IdempotencyKeyTaken(Exception):

@@ -28,6 +28,26 @@ Why a turn is two short transactions and a lease, not one long transaction:
 * **Double texting.** A turn under `interrupt` or `rollback` that finds its
   thread claimed asks the running turn to stop (`agent_claims.cancel`), then
   waits for the claim like `enqueue` (LangGraph Agent Server's strategies).
+* **Waiting turns are served in arrival order** (`enqueue`, and `interrupt` /
+  `rollback` after their stop request), across processes. A turn refused
+  because its thread is busy takes a ticket in the same round trip
+  (`agent_claim_waiters`, a number that grows with every waiter); a claim is
+  given only when no live waiter holds a smaller ticket, so a newcomer, or a
+  waiter whose poll happens to come first, never overtakes. Each attempt
+  keeps its ticket alive for `lease_seconds`: a waiter whose process died
+  stops blocking the queue after that, as a dead turn's claim does. A waiter
+  that gives up (its timeout, an error) leaves the queue. Before tickets,
+  waiters polled with backoff and whichever polled first after a release won.
+* **Deleting a user's data** (`user_claimed`, `delete_user_data`) holds a
+  `UserClaim` (`agent_user_claims`, a lease) for the whole deletion: every
+  claim for that user is refused meanwhile (`UserBeingDeleted`), and
+  `claimed_threads_of_user` finds the threads whose turns were already running
+  when it began (a new thread has no record until its turn commits), so the
+  deletion waits for them and deletes them too. On Postgres a claim takes a
+  shared advisory lock on its user and the user claim an exclusive one, so a
+  claim that passed the check before the user claim was written has committed
+  its row before the deletion reads the running claims. SQLite's claims are
+  serialized by `BEGIN IMMEDIATE`.
 * **Exactly-once retries.** A claim carries the request's idempotency key
   (scoped by user), so a retry can see that its original still runs; the
   commit stores the result under the key (`Tx.store_response`, primary key
@@ -36,8 +56,9 @@ Why a turn is two short transactions and a lease, not one long transaction:
   the keeper until it can, so the thread is free as soon as the database is
   back instead of after `lease_seconds`.
 
-Backends implement the hooks (`_try_claim`, `_commit`, `try_release`,
-`_request_cancel`, `renew`, `poll_cancels`) and a `Tx` (the statements a write
+Backends implement the hooks (`_try_claim`, `_leave_queue`, `_commit`, `try_release`,
+`_request_cancel`, `renew`, `poll_cancels`, `_claim_user`, `_release_user`,
+`claimed_threads_of_user`) and a `Tx` (the statements a write
 transaction may run, `transaction`); the protocol above is written once, here,
 in `TurnProtocol`, which `base.ThreadStorage` extends with the rest of the
 interface. The claim keeper is handed in (`open_storage` builds it) and knows
@@ -53,9 +74,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from agent.config import AgentSettings, MultitaskStrategy
-from agent.errors import ThreadBusy, ThreadNotFound
-from agent.storage.claims import Claim, ClaimKeeper
-from agent.storage.records import ThreadRecord, owned_by
+from agent.errors import ThreadBusy, ThreadNotFound, UserBeingDeleted
+from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
+from agent.storage.records import owned_by
 from agent.storage.transaction import Tx
 
 
@@ -86,6 +107,7 @@ class TurnProtocol(ABC):
         timeout: float,
         idempotency_key: str | None = None,
         read_start: bool = True,
+        user_claim: UserClaim | None = None,
     ) -> Claim:
         """Claim `thread_id` for one turn, and read its record and the turn's start, without holding a connection.
 
@@ -94,52 +116,83 @@ class TurnProtocol(ABC):
             user_id: the caller; a thread owned by someone else is never claimed.
             checkpoint_id: the checkpoint the turn starts from; None: the head.
             strategy: when another turn holds the thread: `reject` raises at once;
-                `enqueue` waits up to `timeout` seconds; `interrupt` and `rollback`
-                first ask the running turn to stop, then wait like `enqueue`.
+                `enqueue` waits up to `timeout` seconds, behind the turns already
+                waiting (arrival order); `interrupt` and `rollback` first ask the
+                running turn to stop, then wait like `enqueue`.
             timeout: seconds to wait (not `reject`).
             idempotency_key: stored with the claim, so a retry can tell that its original is still running.
             read_start: False: do not read the start checkpoint (`Claim.start` is None), for work
                 that needs only the thread record (the retention sweep's deletions).
+            user_claim: the deletion of `user_id`'s data this claim is part of: its own claims are
+                the only ones that user claim lets through.
 
         Returns:
             The claim; it is renewed until `commit` or `release`.
 
         Raises:
             ThreadNotFound: the thread belongs to another user (worded as if it did not exist).
-            ThreadBusy: another turn holds the thread (`reject`), or held it for `timeout` seconds.
+            ThreadBusy: another turn holds the thread, or turns wait for it (`reject`), or it stayed
+                busy for `timeout` seconds.
+            UserBeingDeleted: `delete_user_data` is deleting `user_id`'s data; nothing was written.
             StorageUnavailable: the database failed; nothing was written.
         """
         self.setup()
         token = uuid.uuid4().hex
-        deadline = time.monotonic() + (0.0 if strategy == "reject" else timeout)
+        waits = strategy != "reject"
+        deadline = time.monotonic() + (timeout if waits else 0.0)
         delay = 0.005
         asked_to_stop = False
-        while True:
-            claim, record = self._try_claim(
-                thread_id,
-                token,
-                user_id=user_id,
-                checkpoint_id=checkpoint_id,
-                idempotency_key=idempotency_key,
-                read_start=read_start,
-            )
-            if claim is not None:
-                self.keeper.add(claim)
-                return claim
-            if record is not None and not owned_by(record, user_id):
-                raise ThreadNotFound(f"Thread {thread_id!r} was not found.", thread_id=thread_id)
-            if strategy in ("interrupt", "rollback") and not asked_to_stop:
-                # Asked once: the turn running now. Waiting turns are not cancelled; they then
-                # run one after another, as under `enqueue`.
-                self.request_cancel(thread_id, strategy)
-                asked_to_stop = True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if strategy == "reject":
-                    raise ThreadBusy(f"Thread {thread_id!r} is busy with another turn.", thread_id=thread_id)
-                raise ThreadBusy(f"Thread {thread_id!r} stayed busy for {timeout} s; the turn was not run.", thread_id=thread_id)
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.1)
+        queued = False  # whether an attempt may have taken a ticket in the thread's queue
+        try:
+            while True:
+                attempt = self._try_claim(
+                    thread_id,
+                    token,
+                    user_id=user_id,
+                    checkpoint_id=checkpoint_id,
+                    idempotency_key=idempotency_key,
+                    read_start=read_start,
+                    queue=waits,
+                    user_claim=user_claim.token if user_claim is not None else None,
+                )
+                if attempt.claim is not None:
+                    queued = False  # the claim's round trip took this turn out of the queue
+                    self.keeper.add(attempt.claim)
+                    return attempt.claim
+                if attempt.user_being_deleted:
+                    raise UserBeingDeleted(
+                        f"The data of user {user_id!r} is being deleted (delete_user_data); the request on thread "
+                        f"{thread_id!r} was refused and nothing was written.",
+                        thread_id=thread_id,
+                        user_id=user_id,
+                    )
+                if attempt.record is not None and not owned_by(attempt.record, user_id):
+                    raise ThreadNotFound(f"Thread {thread_id!r} was not found.", thread_id=thread_id)
+                queued = waits  # refused as busy: the attempt took a ticket (or renewed its own)
+                if strategy in ("interrupt", "rollback") and not asked_to_stop:
+                    # Asked once: the turn running now. Waiting turns are not cancelled; they then
+                    # run one after another, as under `enqueue`.
+                    self.request_cancel(thread_id, strategy)
+                    asked_to_stop = True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    if not waits:
+                        raise ThreadBusy(f"Thread {thread_id!r} is busy with another turn.", thread_id=thread_id)
+                    raise ThreadBusy(
+                        f"Thread {thread_id!r} stayed busy for {timeout} s; the turn was not run.", thread_id=thread_id
+                    )
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.1)
+        finally:
+            if queued:
+                self._leave_queue_quietly(thread_id, token)
+
+    def _leave_queue_quietly(self, thread_id: str, token: str) -> None:
+        """Give up a place in the thread's queue. Never raises: a place not given up expires after `lease_seconds`."""
+        try:
+            self._leave_queue(thread_id, token)
+        except Exception:  # noqa: BLE001 - the database is unreachable; the ticket expires on its own
+            pass
 
     def commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
         """In one transaction: check that `claim` still holds its thread, run `apply`, release the claim.
@@ -148,7 +201,10 @@ class TurnProtocol(ABC):
             LeaseExpired: the claim expired and another turn took the thread; nothing was written.
             IdempotencyKeyTaken: `apply` stored a response under a key another request stored first;
                 nothing was written.
-            StorageUnavailable: the database failed; the message says whether anything was written.
+            ThreadExists: `apply` wrote a checkpoint whose id another thread holds (a checkpoint id names
+                one thread: `agent_checkpoint_ids`); nothing was written.
+            StorageUnavailable: the database failed, or a statement ran longer than `statement_timeout_ms`;
+                the message says whether anything was written.
         """
         try:
             self._commit(claim, apply)
@@ -184,6 +240,7 @@ class TurnProtocol(ABC):
         timeout: float | None = None,
         checkpoint_id: str | None = None,
         read_start: bool = True,
+        user_claim: UserClaim | None = None,
     ) -> Iterator[Claim]:
         """Claim the thread for a short write that does not run the model; release it if the block raises.
 
@@ -196,12 +253,56 @@ class TurnProtocol(ABC):
             strategy=strategy,
             timeout=self.settings.enqueue_timeout if timeout is None else timeout,
             read_start=read_start,
+            user_claim=user_claim,
         )
         try:
             yield claim
         finally:
             if self.keeper.holds(claim):
                 self.release(claim)
+
+    # -- a user's data ---------------------------------------------------------------------------------
+    def user_lease_seconds(self) -> float:
+        """How long a `UserClaim` lasts unrenewed: `renew_user_claim` runs before each thread of a deletion,
+        whose longest step is waiting for one thread (`enqueue_timeout`) and committing (`lease_seconds`)."""
+        return self.settings.enqueue_timeout + self.settings.lease_seconds
+
+    @contextmanager
+    def user_claimed(self, user_id: str) -> Iterator[UserClaim]:
+        """Hold all of `user_id`'s data for the block (a deletion): every other claim for that user is refused
+        meanwhile (`UserBeingDeleted`); claims made with `user_claim=` the held claim are let through.
+
+        The claim is a lease of `user_lease_seconds`, kept by `renew_user_claim`, so a process that dies
+        mid-deletion frees the user after at most that long. Released when the block ends.
+
+        Raises:
+            UserBeingDeleted: another deletion holds the user.
+            StorageUnavailable: the database failed.
+        """
+        self.setup()
+        held = UserClaim(user_id, uuid.uuid4().hex)
+        self.renew_user_claim(held)
+        try:
+            yield held
+        finally:
+            try:
+                self._release_user(held)
+            except Exception:  # noqa: BLE001 - unreachable: the lease expires on its own
+                pass
+
+    def renew_user_claim(self, held: UserClaim) -> None:
+        """Extend `held` by `user_lease_seconds` (taking it again if it expired and nobody else took it).
+
+        Raises:
+            UserBeingDeleted: another deletion holds the user.
+            StorageUnavailable: the database failed.
+        """
+        if not self._claim_user(held, self.user_lease_seconds()):
+            raise UserBeingDeleted(
+                f"The data of user {held.user_id!r} is already being deleted by another request; nothing was deleted "
+                "by this one.",
+                user_id=held.user_id,
+            )
 
     # -- backend hooks for the protocol -------------------------------------------------------------
     @abstractmethod
@@ -214,8 +315,20 @@ class TurnProtocol(ABC):
         checkpoint_id: str | None,
         idempotency_key: str | None,
         read_start: bool = True,
-    ) -> tuple[Claim | None, ThreadRecord | None]:
-        """One attempt, in one round trip: (the claim, or None if refused; the thread record)."""
+        queue: bool = False,
+        user_claim: str | None = None,
+    ) -> ClaimAttempt:
+        """One attempt, in one round trip (see `claim` and the module docstring).
+
+        Refused while a live waiter holds a smaller ticket than this token's (any, if it has none),
+        and while a `UserClaim` on `user_id` other than the one whose token is `user_claim` is held.
+        With `queue`, a refusal because the thread is busy gives the token a ticket if it has none;
+        every attempt renews the token's ticket and the claim removes it.
+        """
+
+    @abstractmethod
+    def _leave_queue(self, thread_id: str, token: str) -> None:
+        """Remove the token's ticket from the thread's queue (a waiter that gave up)."""
 
     @abstractmethod
     def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
@@ -240,3 +353,17 @@ class TurnProtocol(ABC):
     @abstractmethod
     def poll_cancels(self, claims: Sequence[Claim]) -> dict[str, str]:
         """{thread_id: "interrupt" | "rollback"} for the claims a newer turn asked to stop."""
+
+    @abstractmethod
+    def _claim_user(self, held: UserClaim, seconds: float) -> bool:
+        """Write or extend `held` for `seconds` unless another unexpired user claim holds its user; whether it
+        holds now. On Postgres under the exclusive advisory lock of the user (see the module docstring)."""
+
+    @abstractmethod
+    def _release_user(self, held: UserClaim) -> None:
+        """Delete `held` (if it still holds its user)."""
+
+    @abstractmethod
+    def claimed_threads_of_user(self, user_id: str) -> list[str]:
+        """The threads (sorted) that an unexpired claim made for `user_id` holds now (turns running for the user,
+        on new threads too)."""

@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from bench import branches, catalogue, context, load, memory, report, startup, storage
+from bench import branches, catalogue, context, export, load, memory, report, startup, storage
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
@@ -139,6 +139,18 @@ def check_branches(run: Run) -> None:
     assert databases_left(run.server_url, like="tt_branches_%") == []
 
 
+def check_export(run: Run) -> None:
+    result = run.report
+    assert result["error"] is None  # the round trip read back the same, or the run would have failed
+    assert result["targets_total"] == 2
+    measured = result["measurements"]
+    # The figures are what they say: bytes of the documents over bytes of their distinct messages.
+    assert measured["own_message_bytes"] < measured["document_bytes"]
+    assert result["figures"]["document_ratio"]["measured"] == measured["document_bytes"] / measured["own_message_bytes"]
+    assert measured["checkpoints"] == 1 + export.QUICK.turns + export.QUICK.branches * (1 + export.BRANCH_TURNS)
+    assert databases_left(run.server_url, like="tt_export_%") == []
+
+
 def check_catalogue(run: Run) -> None:
     result = run.report
     assert result["error"] is None
@@ -198,6 +210,7 @@ PARTS = [
     Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
     Part("memory", memory.figures, check_memory, timeout=900),
     Part("branches", lambda: branches.figures(branches.QUICK), check_branches, timeout=900),
+    Part("export", lambda: export.figures(export.QUICK), check_export),
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.
@@ -252,7 +265,7 @@ def test_bench_runner_lists_its_parts_and_refuses_an_unknown_one():
 def test_every_part_of_the_runner_has_run_and_print_result():
     # The runner imports each part by name and calls these two; a part without them breaks `scripts/bench.py`.
     parts = runpy.run_path(str(RUNNER), run_name="bench_runner")["PARTS"]
-    assert {"storage", "branches", "catalogue", "context", "memory", "startup", "load"} <= set(parts)
+    assert {"storage", "branches", "export", "catalogue", "context", "memory", "startup", "load"} <= set(parts)
     for name in parts:
         module = importlib.import_module(f"bench.{name}")
         assert callable(module.run) and callable(module.print_result), name

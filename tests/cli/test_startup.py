@@ -84,6 +84,35 @@ def test_listing_threads_on_the_sqlite_default_imports_neither_mlflow_langchain_
     assert loaded(modules, HEAVY) == []
 
 
+@pytest.mark.parametrize(
+    "args", [["usage", "THREAD"], ["export", "THREAD"], ["fork", "THREAD"], ["sweep"]], ids=" ".join
+)
+def test_commands_that_send_no_message_build_an_agent_without_mlflow(default_store, args):
+    # They need the whole agent (LangGraph, the graph) but not MLflow's ResponsesAgent: the plain `Agent`.
+    cwd, thread_id = default_store
+    result, modules = imported_modules(["-m", "agent", *[thread_id if a == "THREAD" else a for a in args]], cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "langgraph" in modules and "agent.factory" in modules  # the whole agent was built
+    assert loaded(modules, ("mlflow",)) == []
+
+
+def test_a_plain_agent_imports_mlflow_only_to_draw_responses_items(default_store):
+    # MLflow's item helpers own the Responses format (agent.items): the first state read loads them.
+    cwd, thread_id = default_store
+    code = (
+        "import sys\n"
+        "from agent.agent import Agent\n"
+        "from agent.factory import build_agent\n"
+        f"with build_agent(Agent, 'sqlite:///{cwd / '.agent' / 'checkpoints.sqlite'}', model='offline') as agent:\n"
+        "    print('mlflow' in sys.modules)\n"
+        f"    state = agent.get_checkpoint_state('{thread_id}')\n"
+        "    print('mlflow' in sys.modules, state.messages[0]['content'][0]['text'])\n"
+    )
+    result, _ = imported_modules(["-c", code], cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["False", "True I'm headed to SF!"]
+
+
 def test_history_of_a_store_of_an_older_layout_still_works_through_the_full_storage(default_store, tmp_path):
     # A file whose agent_threads lacks a column the light reader selects: it is migrated, not refused.
     cwd, thread_id = default_store

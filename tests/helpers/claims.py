@@ -1,4 +1,5 @@
-"""Holding a thread as another replica would: an unexpired row in `agent_claims`, written with plain SQL.
+"""Holding a thread as another replica would: an unexpired row in `agent_claims`, written with plain SQL;
+and waiting for one, as a turn of another replica would (a ticket in `agent_claim_waiters`).
 
     with other_replica_holds(url, thread_id):
         ...  # every turn on thread_id from this process finds it busy
@@ -63,3 +64,33 @@ def is_claimed(url: str, thread_id: str) -> bool:
             "SELECT 1 FROM agent_claims WHERE thread_id = %s AND token <> '' AND expires_at >= now()", (thread_id,)
         ).fetchone()
     return row is not None
+
+
+@contextmanager
+def other_replica_waits(url: str, thread_id: str, *, seconds: float = 600) -> Iterator[None]:
+    """Put a waiter of another replica in `thread_id`'s queue (`agent_claim_waiters`) for the block, as a
+    turn waiting for the thread there would be; its ticket lives `seconds` unless the block ends first."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "INSERT INTO agent_claim_waiters (thread_id, token, expires_at) VALUES (?, ?, ?)",
+                (thread_id, TOKEN, time.time() + seconds),
+            )
+        try:
+            yield
+        finally:
+            with sqlite3.connect(path) as conn:
+                conn.execute("DELETE FROM agent_claim_waiters WHERE thread_id = ? AND token = ?", (thread_id, TOKEN))
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO agent_claim_waiters (thread_id, token, expires_at) "
+            "VALUES (%s, %s, now() + make_interval(secs => %s))",
+            (thread_id, TOKEN, seconds),
+        )
+    try:
+        yield
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DELETE FROM agent_claim_waiters WHERE thread_id = %s AND token = %s", (thread_id, TOKEN))

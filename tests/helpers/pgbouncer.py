@@ -67,8 +67,8 @@ auth_file = {auth_file}
 admin_users = {user}
 max_client_conn = {max_client_conn}
 default_pool_size = {pool_size}
-; psycopg/libpq and JDBC send these at startup; PgBouncer refuses unknown ones.
-ignore_startup_parameters = extra_float_digits,options
+; PgBouncer refuses startup parameters it does not know, unless they are listed here.
+ignore_startup_parameters = {ignored}
 logfile = {logfile}
 pidfile = {pidfile}
 log_connections = 0
@@ -91,6 +91,7 @@ def pgbouncer(
     pool_size: int = 20,
     max_client_conn: int = 500,
     startup_timeout: float = 10.0,
+    ignore_startup_parameters: str = "extra_float_digits,options",
 ) -> Iterator[str]:
     """Run PgBouncer (transaction pooling) in front of the server of `server_url`; yield a URL through it.
 
@@ -99,6 +100,8 @@ def pgbouncer(
         pool_size: server connections per (database, user) pair (`default_pool_size`).
         max_client_conn: client connections PgBouncer accepts in all.
         startup_timeout: seconds to wait for the listener.
+        ignore_startup_parameters: what PgBouncer accepts and drops (its own default is "extra_float_digits",
+            for JDBC; psycopg sends `options` for `statement_timeout_ms`).
 
     Yields:
         `postgresql://<user>[:<password>]@127.0.0.1:<port>/<dbname>`: the same user and database
@@ -125,7 +128,9 @@ def pgbouncer(
         # auth_type=trust skips client passwords, but PgBouncer logs in to the server with this one.
         auth_file.write_text(f"{_quoted(user)} {_quoted(password)}\n")
         run_as = _unprivileged_user()
-        process, port = _start(binary, workdir, server, user, pool_size, max_client_conn, run_as, startup_timeout)
+        process, port = _start(
+            binary, workdir, server, user, pool_size, max_client_conn, run_as, startup_timeout, ignore_startup_parameters
+        )
         try:
             credentials = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
             yield f"postgresql://{credentials}@127.0.0.1:{port}/{quote(dbname, safe='')}"
@@ -160,6 +165,7 @@ def _start(
     max_client_conn: int,
     run_as: str | None,
     startup_timeout: float,
+    ignored: str,
 ) -> tuple[subprocess.Popen, int]:
     # free_port() can race with another process taking the port; a second port fixes that.
     last_error = ""
@@ -177,6 +183,7 @@ def _start(
                 pool_size=pool_size,
                 logfile=logfile,
                 pidfile=workdir / "pgbouncer.pid",
+                ignored=ignored,
             )
         )
         if run_as is not None:

@@ -27,8 +27,11 @@ from tests.helpers.offline import without_input_note
 from tests.helpers.databases import dbname_of, fresh_database, with_dbname  # noqa: F401 - used by the tests
 
 #: The tables that hold a thread's rows, per backend (each has a `thread_id` column).
-POSTGRES_THREAD_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads", "agent_claims", "agent_idempotency")
-SQLITE_THREAD_TABLES = ("checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency")
+POSTGRES_THREAD_TABLES = (
+    "checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads", "agent_claims", "agent_idempotency",
+    "agent_checkpoint_ids",
+)  # fmt: skip
+SQLITE_THREAD_TABLES = ("checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids")
 
 #: Seconds a test waits for something that should happen at once; only a hang reaches it.
 HANG_TIMEOUT = 60
@@ -294,6 +297,10 @@ class Child:
             self.process.wait()
             raise RuntimeError(f"child exited with {self.process.returncode}:\n{self.stderr()}")
         return json.loads(line)
+
+    def next_value(self) -> Any:
+        """The next JSON value the child prints; raise if it exits or hangs first."""
+        return self._line()
 
     def stderr(self) -> str:
         self._stderr.seek(0)

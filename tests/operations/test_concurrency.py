@@ -15,6 +15,7 @@ import pytest
 
 from agent.errors import AgentError, ThreadBusy
 from agent.models import OfflineChatModel
+from tests.helpers.claims import other_replica_waits
 from tests.helpers.reliability import (
     HANG_TIMEOUT,
     Child,
@@ -132,6 +133,132 @@ def test_a_turn_held_on_one_thread_does_not_block_another_thread(backend_url, ma
         held.result(timeout=HANG_TIMEOUT)
     assert user_texts(head_messages(agent, thread_a)) == ["start", "block on A"]
     assert user_texts(head_messages(agent, thread_b)) == ["start", "hello B"]
+
+
+N_QUEUED = 8
+
+
+def report_first_refusal(storage, refused: threading.Semaphore) -> None:
+    """Make `storage` release `refused` once per turn, when its first claim attempt is refused (it now waits)."""
+    original = storage._try_claim
+    seen: set[str] = set()
+
+    def watched(thread_id, token, **options):
+        attempt = original(thread_id, token, **options)
+        if attempt[0] is None and token not in seen:
+            seen.add(token)
+            refused.release()
+        return attempt
+
+    storage._try_claim = watched
+
+
+def test_enqueued_turns_land_in_the_order_they_were_sent(backend_url, make_agent):
+    # Each turn is sent only once the previous one waits, so the order they were sent in is known;
+    # when the held turn ends, they must land in that order, whichever happens to poll first.
+    model = gated_model()
+    agent = make_agent(backend_url, model=model, multitask_strategy="enqueue")
+    thread_id, start = start_thread(agent)
+    refused = threading.Semaphore(0)
+    report_first_refusal(agent.storage, refused)
+    texts = [f"queued {n}" for n in range(N_QUEUED)]
+    with ThreadPoolExecutor(N_QUEUED + 1) as pool:
+        held = pool.submit(say, agent, "block here", thread_id=thread_id)
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            queued = []
+            for text in texts:
+                queued.append(pool.submit(say, agent, text, thread_id=thread_id))
+                assert refused.acquire(timeout=HANG_TIMEOUT), f"{text!r} never found the thread busy"
+        finally:
+            model.gate.set()
+        held.result(timeout=HANG_TIMEOUT)
+        results = [turn.result(timeout=HANG_TIMEOUT) for turn in queued]
+    assert user_texts(head_messages(agent, thread_id)) == ["start", "block here", *texts]
+    # Each queued turn started from the one sent before it.
+    parents = [outputs(r)["parent_checkpoint_id"] for r in results[1:]]
+    assert parents == [outputs(r)["checkpoint_id"] for r in results[:-1]]
+
+
+def test_a_waiter_that_gave_up_or_died_does_not_hold_up_the_queue(backend_url, make_agent):
+    model = gated_model()
+    agent = make_agent(backend_url, model=model, multitask_strategy="enqueue", enqueue_timeout=0.2)
+    thread_id, _ = start_thread(agent)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(say, agent, "block here", thread_id=thread_id)
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            with pytest.raises(ThreadBusy):
+                say(agent, "gives up after 0.2 s", thread_id=thread_id)
+        finally:
+            model.gate.set()
+        held.result(timeout=HANG_TIMEOUT)
+    # The waiter that gave up left the queue: the free thread is not busy, even under reject.
+    say(agent, "right after", thread_id=thread_id, multitask_strategy="reject")
+
+    # A live ticket of another replica's waiter comes first, also on a free thread...
+    with other_replica_waits(backend_url, thread_id):
+        for strategy in ("reject", "enqueue"):
+            with pytest.raises(ThreadBusy):
+                say(agent, f"behind another replica's waiter ({strategy})", thread_id=thread_id, multitask_strategy=strategy)
+    # ...but not once its ticket expired (its process died and stopped renewing it).
+    with other_replica_waits(backend_url, thread_id, seconds=-1):
+        say(agent, "after the dead waiter's ticket expired", thread_id=thread_id, multitask_strategy="reject")
+    assert user_texts(head_messages(agent, thread_id)) == [
+        "start", "block here", "right after", "after the dead waiter's ticket expired"
+    ]
+
+
+# A child process sending one enqueued turn when told to; it says "waiting" once its first claim attempt
+# was refused.
+CHILD_QUEUED_TURN = """
+import json, sys
+from agent import create_agent
+url, thread_id, text = sys.argv[1:]
+agent = create_agent(url, model="offline", tracing=False, enqueue_timeout=120)
+original, said = agent.storage._try_claim, []
+def watched(thread, token, **options):
+    attempt = original(thread, token, **options)
+    if attempt[0] is None and not said:
+        said.append(True)
+        print(json.dumps("waiting"), flush=True)
+    return attempt
+agent.storage._try_claim = watched
+print(json.dumps("ready"), flush=True)
+sys.stdin.readline()
+custom = {"thread_id": thread_id, "multitask_strategy": "enqueue"}
+out = agent.predict({"input": [{"role": "user", "content": text}], "custom_inputs": custom}).custom_outputs
+print(json.dumps(out["checkpoint_id"]), flush=True)
+agent.close()
+"""
+
+
+@pytest.mark.slow
+def test_enqueued_turns_from_several_processes_land_in_the_order_they_were_sent(backend_url, make_agent):
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)
+    thread_id, _ = start_thread(agent)
+    texts = [f"from process {n}" for n in range(4)]
+    children = [Child(CHILD_QUEUED_TURN, backend_url, thread_id, text) for text in texts]
+    try:
+        for child in children:
+            child.wait_ready()
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(say, agent, "block here", thread_id=thread_id)
+            try:
+                assert model.entered.wait(HANG_TIMEOUT)
+                for child in children:
+                    child.go()
+                    assert child.next_value() == "waiting"
+            finally:
+                model.gate.set()
+            held.result(timeout=HANG_TIMEOUT)
+        for child in children:
+            child.results_until_exit()
+    finally:
+        for child in children:
+            child.kill()
+    assert user_texts(head_messages(agent, thread_id)) == ["start", "block here", *texts]
 
 
 # A child process: its own agent on the same database, sending turns to one thread, one

@@ -4,18 +4,22 @@
 blobs and writes (Postgres: checkpoints, checkpoint_blobs, checkpoint_writes;
 SQLite: checkpoints, writes), its owner record (agent_threads) and its claim
 row (agent_claims), also one a crashed process left behind. `delete_user_data` does that for every thread a
-user owns. Both are also actions, and both respect ownership.
+user owns, also the thread of a turn that was running for the user when it started, and no turn for the
+user starts while it runs. Both are also actions, and both respect ownership.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from agent.errors import InvalidRequest, ThreadNotFound
+from agent.errors import InvalidRequest, ThreadNotFound, UserBeingDeleted
+from agent.storage import UserClaim
 from tests.helpers.claims import other_replica_holds
-from tests.helpers.reliability import all_rows, head_messages, thread_rows, user_texts
+from tests.helpers.reliability import HANG_TIMEOUT, all_rows, gated_model, head_messages, thread_rows, user_texts
 from tests.helpers.scenario import outputs, say
 
 DANGLING_CALL = {"type": "function_call", "call_id": "call_1", "name": "calculator", "arguments": '{"expression": "1"}'}
@@ -149,3 +153,75 @@ def test_deleting_a_thread_also_removes_a_claim_left_by_a_crashed_process(agent,
         assert thread_rows(backend_url, thread_id)["agent_claims"] == 1
         agent.delete_thread(thread_id, user_id="alice")
         assert gone(thread_rows(backend_url, thread_id))
+
+
+# -- deleting a user's data while the user's turns run ------------------------------------------------------
+def test_delete_user_data_also_deletes_the_thread_of_a_turn_that_was_running_and_refuses_new_ones(
+    backend_url, make_agent, alice, bob
+):
+    # The race: a turn of alice's on a new thread is inside the model (its thread has no record yet)
+    # when delete_user_data(alice) starts. The deletion used to list alice's threads, miss it and
+    # return; then the turn committed, and alice had a thread after her data was deleted.
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)
+    existing = outputs(say(agent, "an older thread", user_id=alice))["thread_id"]
+    settled = threading.Event()  # the deletion finished, or found a thread busy and waits for it
+    original = agent.storage._try_claim
+
+    def watched(thread_id, token, **options):
+        attempt = original(thread_id, token, **options)
+        if attempt[0] is None and threading.current_thread().name == "deletion":
+            settled.set()
+        return attempt
+
+    agent.storage._try_claim = watched
+
+    def delete() -> list[str]:
+        threading.current_thread().name = "deletion"
+        try:
+            return agent.delete_user_data(alice)
+        finally:
+            settled.set()
+
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(say, agent, "block here: a new thread", user_id=alice)
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            deletion = pool.submit(delete)
+            assert settled.wait(HANG_TIMEOUT)
+            assert not deletion.done(), "the deletion ended while a turn of the user was still running"
+            # Meanwhile no new turn for alice starts (nothing written), nor a second deletion;
+            # other users are not held up.
+            before = agent.list_threads(user_id=alice)
+            with pytest.raises(UserBeingDeleted) as refused:
+                say(agent, "a turn during the deletion", user_id=alice)
+            assert refused.value.ids["user_id"] == alice
+            with pytest.raises(UserBeingDeleted):
+                say(agent, "on the older thread", user_id=alice, thread_id=existing)
+            with pytest.raises(UserBeingDeleted):
+                agent.delete_user_data(alice)
+            assert agent.list_threads(user_id=alice) == before
+            assert outputs(say(agent, "bob is not held up", user_id=bob))["thread_id"]
+        finally:
+            model.gate.set()
+        new_thread = outputs(running.result(timeout=HANG_TIMEOUT))["thread_id"]
+        deleted = deletion.result(timeout=HANG_TIMEOUT)
+
+    assert sorted(deleted) == sorted([existing, new_thread])
+    assert agent.list_threads(user_id=alice) == []
+    rows = thread_rows(backend_url, new_thread)
+    assert all(count == 0 for count in rows.values()), rows
+    # The deletion is over: alice can start again.
+    again = outputs(say(agent, "after the deletion", user_id=alice))["thread_id"]
+    assert [t["thread_id"] for t in agent.list_threads(user_id=alice)] == [again]
+
+
+def test_a_deletion_whose_process_died_frees_the_user_when_its_lease_expires(backend_url, make_agent, alice):
+    agent = make_agent(backend_url)
+    held = UserClaim(alice, "a-dead-process")
+    assert agent.storage._claim_user(held, 600)
+    with pytest.raises(UserBeingDeleted):
+        say(agent, "while the dead process's claim is unexpired", user_id=alice)
+    assert agent.storage._claim_user(held, -1)  # what time does to it: expired
+    assert outputs(say(agent, "after it expired", user_id=alice))["thread_id"]
+    assert agent.delete_user_data(alice)

@@ -2,15 +2,18 @@
 
 A value outside its domain is `InvalidRequest` naming the field, and nothing is written (every
 table's rows counted); a value at the edge of its domain imports and works in every later
-operation: state, history, usage, export (which imports again), a turn, a sweep.
+operation: state, history, usage, export (which imports again), a turn, a sweep. The documents
+are what `export_thread` writes now (version 2); the same checks hold for version 1 documents.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +41,13 @@ def last(document: dict) -> dict:
 
 
 def first_write(document: dict) -> dict:
-    return next(c for c in document["checkpoints"] if c["pending_writes"])["pending_writes"][0]
+    return next(c for c in document["checkpoints"] if c.get("pending_writes"))["pending_writes"][0]
+
+
+def written_messages(document: dict) -> list:
+    """The messages the newest turn's checkpoint holds (version 1) or adds (version 2)."""
+    value = last(document)["channel_values"]["messages"]
+    return value["value"]["add"] if value["type"] == "message_changes" else value["value"]
 
 
 def set_in(path: tuple, value):
@@ -59,7 +68,7 @@ def _nested(depth: int):
 
 
 def _message_data(document: dict) -> dict:
-    return last(document)["channel_values"]["messages"]["value"][-1]["data"]
+    return written_messages(document)[-1]["data"]
 
 
 REFUSED = {
@@ -103,7 +112,7 @@ REFUSED = {
     "ttl 1e308": (set_in(("thread", "ttl_seconds"), 1e308), "ttl_seconds"),
     "message_count negative": (set_in(("thread", "message_count"), -1), "thread.message_count"),
     "forked_from other keys": (set_in(("thread", "forked_from"), {"a": "b"}), "thread.forked_from"),
-    "a message type that is a list": (lambda d: last(d)["channel_values"]["messages"]["value"][0].__setitem__("type", []),
+    "a message type that is a list": (lambda d: written_messages(d)[0].__setitem__("type", []),
                                       "must be {'type'"),  # fmt: skip
     "a tool call that is a list": (lambda d: _message_data(d).__setitem__("tool_calls", [[1]]), "cannot load"),
 }
@@ -150,3 +159,19 @@ def test_a_value_at_the_edge_of_its_domain_works_everywhere_after(agent, exporte
     agent.update_thread(thread_id, ttl_seconds=1)
     swept = agent.sweep_expired_threads(now=datetime.now(UTC) + timedelta(days=1))
     assert swept["deleted_thread_ids"] == [thread_id] and swept["failed_thread_ids"] == []
+
+
+VERSION_1 = Path(__file__).parent / "fixtures" / "thread-v1.json"
+
+
+@pytest.mark.parametrize(
+    ("version", "named"), [(1.5, "channel_versions['messages']"), (float("nan"), "is nan")], ids=["float", "nan"]
+)
+def test_a_version_1_document_goes_through_the_same_checks(agent, version, named):
+    document = json.loads(VERSION_1.read_text(encoding="utf-8"))
+    assert document["version"] == 1
+    last(document)["channel_versions"]["messages"] = version
+    before = all_rows(agent.settings.database_url)
+    with pytest.raises(InvalidRequest, match=re.escape(named)):
+        agent.import_thread(document)
+    assert all_rows(agent.settings.database_url) == before

@@ -64,9 +64,11 @@ PLACE_KEYS = ("checkpoint_id", "branch_checkpoint_id", "siblings")
 # surrogates, which the request layer refuses on purpose. A message starting with "calculate ",
 # "remember that ", "what do you remember" or "forget " would make the offline model call a tool
 # instead of answering (hypothesis draws the string constants of the code it tests, these included).
+# Both with and without the surrounding space: the model reads "calculate " from the unstripped text
+# ("CALCULATE " is a tool call) and the memory prefixes from the stripped one.
 TOOL_PREFIXES = (CALCULATE_PREFIX, REMEMBER_PREFIX, RECALL_PREFIX, FORGET_PREFIX, USE_TOOL_PREFIX)
 texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=20).filter(
-    lambda s: not s.strip().lower().startswith(TOOL_PREFIXES)
+    lambda s: not (s.lower().startswith(TOOL_PREFIXES) or s.strip().lower().startswith(TOOL_PREFIXES))
 )
 # Picks are reduced modulo the number of checkpoints (or messages) when the operation runs.
 picks = st.integers(min_value=0, max_value=10_000)

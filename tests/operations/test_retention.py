@@ -190,7 +190,9 @@ def test_no_row_of_a_deleted_thread_remains_in_any_table(url, make_agent):
     agent.update_checkpoint_state(thread_id, None, [DANGLING_CALL])  # leaves pending writes
     keep = new_thread(agent, "another thread")
     before = rows_in_every_table(url, thread_id)
-    # Every table with a thread_id column holds rows of the thread, or the test would prove little.
+    # Every table with a thread_id column holds rows of the thread, or the test would prove little; but
+    # the queue of turns waiting for the thread, which is empty once they ran.
+    assert before.pop("agent_claim_waiters") == 0
     assert all(count > 0 for count in before.values()), before
     assert set(before) >= set(thread_rows(url, thread_id))
     kept_before = rows_in_every_table(url, keep)
@@ -198,7 +200,7 @@ def test_no_row_of_a_deleted_thread_remains_in_any_table(url, make_agent):
     removed = agent.sweep_expired_threads(now=expired_at(agent, thread_id))
 
     assert thread_id in removed["deleted_thread_ids"]
-    assert rows_in_every_table(url, thread_id) == {table: 0 for table in before}
+    assert rows_in_every_table(url, thread_id) == {table: 0 for table in [*before, "agent_claim_waiters"]}
     if keep not in removed["deleted_thread_ids"]:
         assert rows_in_every_table(url, keep) == kept_before
 
@@ -256,6 +258,44 @@ def test_keep_latest_leaves_a_thread_of_one_checkpoint_alone(url, make_agent):
     agent.sweep_expired_threads(now=expired_at(agent, thread_id))
     assert agent.sweep_expired_threads(now=expired_at(agent, thread_id)) == {"deleted_thread_ids": [], "trimmed": [], "failed_thread_ids": []}
     assert len(agent.get_checkpoint_history(thread_id)) == 1
+
+
+def test_after_keep_latest_edit_and_regenerate_say_why_not_and_what_still_works(url, make_agent):
+    agent = make_agent(url, thread_ttl_seconds=TTL, thread_ttl_strategy="keep_latest")
+    thread_id = new_thread(agent, "I'm headed to SF!", turns=2)
+    agent.sweep_expired_threads(now=expired_at(agent, thread_id))
+    head = agent.storage.get_thread(thread_id).head_checkpoint_id
+    messages = agent.get_checkpoint_state(thread_id)["messages"]
+    first_user = messages[0]["id"]
+
+    # Both are refused with the true reason, naming the checkpoint the sweep kept; nothing is written.
+    for refused in (
+        lambda: say(agent, "I'm headed to Boston!", thread_id=thread_id, edit_message_id=first_user),
+        lambda: agent.predict(request(None, thread_id=thread_id, regenerate=True)),
+    ):
+        with pytest.raises(InvalidRequest) as error:
+            refused()
+        assert "keep_latest retention sweep" in error.value.message
+        assert "no earlier checkpoint to branch from" in error.value.message
+        assert "empty root" not in error.value.message
+        assert error.value.ids["checkpoint_id"] == head
+    assert [h["checkpoint_id"] for h in agent.get_checkpoint_history(thread_id)] == [head]
+
+    # What the message says still works does: a new turn, then editing and regenerating what it wrote...
+    later = outputs(say(agent, "And then Boston", thread_id=thread_id))
+    later_user = agent.get_checkpoint_state(thread_id)["messages"][len(messages)]["id"]
+    edited = outputs(say(agent, "And then Denver", thread_id=thread_id, edit_message_id=later_user))
+    assert edited["parent_checkpoint_id"] == head
+    again = outputs(
+        agent.predict(request(None, thread_id=thread_id, checkpoint_id=later["checkpoint_id"], regenerate=True))
+    )
+    assert again["parent_checkpoint_id"] == head
+    # ...and update_checkpoint_state in place on the kept checkpoint, after which regenerate works.
+    answer = messages[-1]["id"]
+    updated = agent.update_checkpoint_state(thread_id, head, remove_message_ids=[answer])
+    regenerated = outputs(agent.predict(request(None, thread_id=thread_id, regenerate=True)))
+    assert regenerated["parent_checkpoint_id"] == updated["checkpoint_id"]
+    assert head_messages(agent, thread_id)[-1].type == "ai"
 
 
 # -- concurrency -----------------------------------------------------------------------------------------

@@ -180,3 +180,162 @@ def test_any_history_is_repaired_into_one_a_chat_api_accepts(messages):
         m for m in messages if not isinstance(m, ToolMessage)
     ]
     assert close_unanswered_tool_calls(repaired) == repaired
+
+
+# --- Tool results paired by call_id, as the Responses API pairs them ---------------------------
+
+
+def call(call_id: str, expression: str, **extra) -> dict:
+    return {"type": "function_call", "call_id": call_id, "name": "calculator",
+            "arguments": json.dumps({"expression": expression}), **extra}
+
+
+def result(call_id: str, output: str, **extra) -> dict:
+    return {"type": "function_call_output", "call_id": call_id, "output": output, **extra}
+
+
+def as_sent(item) -> tuple:
+    """What an item says, whatever its form (an input dict, an output or a state item): type, role,
+    text, call_id, name, arguments, output."""
+    item = item.model_dump(exclude_none=True) if hasattr(item, "model_dump") else item
+    kind = item.get("type", "message")
+    content = item.get("content")
+    text = content if isinstance(content, str) else "".join(p.get("text", "") for p in content or ())
+    if kind == "message":
+        return (kind, item["role"], text)
+    if kind == "function_call":
+        return (kind, item["call_id"], item["name"], item["arguments"])
+    return (kind, item["call_id"], item["output"])
+
+
+def stored(agent, thread_id: str) -> list[tuple]:
+    """The head's messages as `get_checkpoint_state` shows them (and `conversations.items.list` lists them)."""
+    return [as_sent(item) for item in agent.get_checkpoint_state(thread_id)["messages"]]
+
+
+def model_messages(base_url: str) -> list[dict]:
+    """The messages of the last chat completions request, as the model received them."""
+    return received(base_url)[-1]["messages"]
+
+
+def calls_in(messages: list[dict]) -> list[list[str]]:
+    """The call ids of each assistant message that calls tools, in order."""
+    return [[c["id"] for c in m["tool_calls"]] for m in messages if m["role"] == "assistant" and m.get("tool_calls")]
+
+
+def test_outputs_in_reverse_order_reach_the_model_as_the_results_of_their_calls(fake_agent, openai_url):
+    sent = [{"role": "user", "content": "add both"}, call("c1", "1+1"), call("c2", "2+2"), result("c2", "4"), result("c1", "2")]
+    response = fake_agent.predict({"input": sent})
+
+    messages = model_messages(openai_url)
+    # One assistant message with both calls, then both results, as the model had sent them itself.
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool"]
+    assert calls_in(messages) == [["c1", "c2"]]
+    assert [(m["tool_call_id"], m["content"]) for m in messages[2:]] == [("c2", "4"), ("c1", "2")]
+    assert UNANSWERED_TOOL_CALL not in json.dumps(messages)
+    assert "The calculator says: 4. The calculator says: 2." in text_of(response)
+    # Stored as sent: no "tool call" message, nothing left out.
+    assert stored(fake_agent, outputs(response)["thread_id"])[:-1] == [as_sent(item) for item in sent]
+
+
+def test_an_output_after_an_intervening_message_reaches_the_model_as_its_calls_result(fake_agent, openai_url):
+    sent = [{"role": "user", "content": "add"}, call("c1", "1+1"), {"role": "user", "content": "and then?"}, result("c1", "2")]
+    response = fake_agent.predict({"input": sent})
+
+    messages = model_messages(openai_url)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "user"]
+    assert (messages[2]["tool_call_id"], messages[2]["content"]) == ("c1", "2")
+    assert UNANSWERED_TOOL_CALL not in json.dumps(messages)
+    # Stored with the result in its call's place: what the history shows is what the model read.
+    assert stored(fake_agent, outputs(response)["thread_id"])[:-1] == [as_sent(sent[i]) for i in (0, 1, 3, 2)]
+
+
+def test_a_call_with_no_output_anywhere_is_still_closed_as_not_run_while_its_sibling_gets_its_result(
+    fake_agent, openai_url
+):
+    fake_agent.predict({"input": [{"role": "user", "content": "add"}, call("c1", "1+1"), call("c2", "2+2"), result("c1", "2")]})
+
+    messages = model_messages(openai_url)
+    assert calls_in(messages) == [["c1", "c2"]]
+    assert answers_to(messages, "c1")[0]["content"] == "2"
+    assert UNANSWERED_TOOL_CALL in json.dumps(answers_to(messages, "c2")[0]["content"])
+
+
+def test_an_output_in_the_input_answers_the_call_the_thread_left_open_even_after_a_message(fake_agent, openai_url):
+    thread_id = outputs(say(fake_agent, "I'm headed to SF!"))["thread_id"]
+    fake_agent.update_checkpoint_state(thread_id, None, [DANGLING_CALL])
+
+    say_first = {"input": [{"role": "user", "content": "here is the result"}, result("call_dangling", "42")],
+                 "custom_inputs": {"thread_id": thread_id}}
+    fake_agent.predict(say_first)
+
+    messages = model_messages(openai_url)
+    (call_index,) = [i for i, ids in enumerate(m.get("tool_calls") or [] for m in messages) if ids]
+    assert messages[call_index + 1] == {"role": "tool", "tool_call_id": "call_dangling", "content": "42"}
+    assert messages[call_index + 2]["content"] == "here is the result"
+    assert UNANSWERED_TOOL_CALL not in json.dumps(messages)
+
+
+def test_replaying_the_servers_own_output_items_stores_them_exactly_as_sent(fake_agent, openai_url):
+    """The OpenAI Agents SDK's sessions send the previous response's output items back as the next input."""
+    first = fake_agent.predict(request("calculate 6*7"))
+    replay = [{"role": "user", "content": "calculate 6*7"}, *[item.model_dump(exclude_none=True) for item in first.output]]
+    assert [as_sent(item)[0] for item in replay] == ["message", "function_call", "function_call_output", "message"]
+
+    # The same conversation continued on the server, and replayed by the client into a new thread.
+    say(fake_agent, "thanks", thread_id=outputs(first)["thread_id"])
+    continued = model_messages(openai_url)
+    replayed = fake_agent.predict({"input": [*replay, {"role": "user", "content": "thanks"}]})
+
+    # No "tool call" message nobody wrote: the new thread holds the items as sent, then the answer.
+    thread_id = outputs(replayed)["thread_id"]
+    assert stored(fake_agent, thread_id)[:-1] == [as_sent(item) for item in [*replay, {"role": "user", "content": "thanks"}]]
+    assert all(item[2] != "tool call" for item in stored(fake_agent, thread_id) if item[0] == "message")
+    # And the model reads what it read when the server kept the conversation itself.
+    assert model_messages(openai_url) == continued
+
+
+def test_replayed_assistant_text_with_its_tool_call_is_one_message_again(fake_agent, openai_url):
+    sent = [
+        {"role": "user", "content": "what is 1+1?"},
+        {"type": "message", "role": "assistant", "id": "msg_1",
+         "content": [{"type": "output_text", "text": "Let me add that.", "annotations": []}]},
+        call("call_1", "1+1", id="call_1"),
+        result("call_1", "2"),
+        {"type": "message", "role": "assistant", "id": "msg_2", "content": [{"type": "output_text", "text": "It is 2."}]},
+        {"role": "user", "content": "thanks"},
+    ]
+    response = fake_agent.predict({"input": sent})
+
+    messages = model_messages(openai_url)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
+    assert messages[1]["content"] == "Let me add that."
+    assert calls_in(messages) == [["call_1"]]
+    state = fake_agent.get_checkpoint_state(outputs(response)["thread_id"])["messages"]
+    assert [as_sent(item) for item in state][:-1] == [as_sent(item) for item in sent]
+    assert [item["id"] for item in state[1:3]] == ["msg_1", "call_1"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["no call anywhere", "the call is answered already", "a second output for a call in the input"],
+)
+def test_an_output_that_answers_no_waiting_call_is_refused_and_nothing_is_written(fake_agent, backend_url, case):
+    from agent.errors import InvalidRequest
+    from tests.helpers.reliability import all_rows
+
+    first = fake_agent.predict(request("calculate 6*7"))
+    thread_id = outputs(first)["thread_id"]
+    answered = next(item.call_id for item in first.output if item.type == "function_call")
+    items = {
+        "no call anywhere": [{"role": "user", "content": "hi"}, result("call_nobody_made", "42")],
+        "the call is answered already": [result(answered, "42")],
+        "a second output for a call in the input": [call("c1", "1+1"), result("c1", "2"), result("c1", "3")],
+    }[case]
+    for custom in ({"thread_id": thread_id}, {}):  # an existing thread, and a new one
+        rows = all_rows(backend_url)
+        with pytest.raises(InvalidRequest) as refused:
+            fake_agent.predict({"input": items, "custom_inputs": custom})
+        assert repr(items[-1]["call_id"]) in refused.value.message
+        assert "Nothing was written" in refused.value.message
+        assert all_rows(backend_url) == rows

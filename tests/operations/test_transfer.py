@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from agent import InvalidRequest, ThreadExists, ThreadNotFound
 from agent.models import CALCULATE_PREFIX
+from agent.operations.transfer import parse_document
 from tests.helpers.reliability import head_messages, user_texts
 from tests.helpers.scenario import outputs, say, text_of
 
@@ -117,7 +118,7 @@ def test_a_random_tree_reads_back_the_same_in_the_other_backend(agents, directio
     source, target = agents[direction[0]], agents[direction[1]]
     thread_id = build_tree(source, ops, user_id="alice")
     document = json.loads(json.dumps(source.export_thread(thread_id, user_id="alice")))
-    assert document["format"] == "timetravel-agent.thread" and document["version"] == 1
+    assert document["format"] == "timetravel-agent.thread" and document["version"] == 2
     assert "user_id" not in document["thread"]
 
     imported = target.import_thread(document, user_id="bob")  # the importer decides the owner
@@ -152,8 +153,8 @@ def test_a_thread_with_a_context_summary_continues_alike_after_the_trip(pg_url, 
     for n in range(8):
         say(source, f"message number {n} " + "word " * 40, thread_id=thread_id)
     document = json.loads(json.dumps(source.export_thread(thread_id)))
-    head = next(c for c in document["checkpoints"] if c["checkpoint_id"] == document["thread"]["checkpoint_id"])
-    assert head["channel_values"]["context_summary"]["value"]["text"]  # the summary travels with the state
+    head = parse_document(document).values[document["thread"]["checkpoint_id"]]
+    assert head["context_summary"]["text"]  # the summary travels with the state
     target.import_thread(document)
     replies = [text_of(say(agent, "what did I say?", thread_id=thread_id)) for agent in (source, target)]
     assert replies[0].endswith("with a summary]")
@@ -208,8 +209,19 @@ def _duplicate(doc):
 
 def _message(mutation):
     def mutate(doc):
-        messages = _chain(doc)[2]["channel_values"]["messages"]["value"]
-        mutation(messages)
+        changes = _chain(doc)[2]["channel_values"]["messages"]
+        assert changes["type"] == "message_changes"  # a turn adds its messages to its parent's
+        mutation(changes["value"]["add"])
+
+    return mutate
+
+
+def _changes(mutation):
+    """Mutate the `message_changes` of the second turn's checkpoint: (its value, the parent's messages)."""
+
+    def mutate(doc):
+        root, first, second = _chain(doc)
+        mutation(second["channel_values"]["messages"], copy.deepcopy(first["channel_values"]["messages"]["value"]))
 
     return mutate
 
@@ -217,7 +229,7 @@ def _message(mutation):
 MALFORMED = {
     "not an object": lambda doc: ["a", "list"],
     "wrong format": _set(["format"], "langgraph.thread"),
-    "future version": _set(["version"], 2),
+    "future version": _set(["version"], 3),
     "unknown field": _set(["thread", "owner"], "x"),
     "no checkpoints": _set(["checkpoints"], []),
     "thread id not a string": _set(["thread", "thread_id"], 7),
@@ -243,6 +255,23 @@ MALFORMED = {
     "message content not text": _message(lambda ms: ms[0]["data"].update(content=5)),
     "message without id": _message(lambda ms: ms[0]["data"].update(id=None)),
     "lone surrogate": _message(lambda ms: ms[0]["data"].update(content="\ud800")),
+    # Version 2's changes must apply to the parent.
+    "changes in a version 1 document": _set(["version"], 1),
+    "unchanged with a value": _changes(lambda value, parent: value.update(type="unchanged")),
+    "unchanged without a parent value": lambda doc: _chain(doc)[1]["channel_values"].update(messages={"type": "unchanged"}),
+    "changes without a parent value": lambda doc: _chain(doc)[1]["channel_values"]["messages"].update(
+        type="message_changes", value={"add": []}),
+    "removing a message the parent lacks": _changes(lambda value, parent: value["value"].update(remove=[str(uuid.uuid4())])),
+    "removing a message twice": _changes(
+        lambda value, parent: value["value"].update(remove=[parent[0]["data"]["id"]] * 2)),
+    "removing and replacing a message": _changes(
+        lambda value, parent: value["value"].update(remove=[parent[0]["data"]["id"]], add=[parent[0]])),
+    "an added id twice": _changes(lambda value, parent: value["value"]["add"].append(copy.deepcopy(value["value"]["add"][0]))),
+    "unknown field in the changes": _changes(lambda value, parent: value["value"].update(replace=[])),
+    "changes not an object": _changes(lambda value, parent: value.update(value=[])),
+    "a pending write typed unchanged": lambda doc: _chain(doc)[1].update(
+        pending_writes=[{"task_id": "t", "channel": "messages", "value": {"type": "unchanged"}}]),
+    "added messages not loadable": _changes(lambda value, parent: value["value"]["add"][0].update(type="remove")),
 }
 
 
@@ -377,3 +406,82 @@ def test_cli_exports_a_user_as_json_lines_and_imports_both_forms(tmp_path, monke
     assert refused.exit_code == 1 and "already exists" in refused.output and "Traceback" not in refused.output
     with create_agent(target, model="offline", tracing=False) as agent:
         assert agent.storage.threads_of_user("w") == ids
+
+
+def _cli():
+    from typer.testing import CliRunner
+
+    from agent.cli import app
+
+    return lambda *args, input=None: CliRunner().invoke(app, list(args), input=input)  # noqa: E731
+
+
+@pytest.fixture
+def jsonl_export(tmp_path, monkeypatch):
+    """(the CLI runner, JSON Lines of a user's three threads, one of whose messages holds U+2028)."""
+    from agent import create_agent
+
+    monkeypatch.chdir(tmp_path)
+    source = f"sqlite:///{tmp_path / 'source.sqlite'}"
+    with create_agent(source, model="offline", tracing=False) as agent:
+        for text in ("one\u2028two", "three", "four"):  # str.splitlines() would cut the first line at U+2028
+            say(agent, text, user_id="u")
+    run = _cli()
+    exported = run("export", "--user-id", "u", "--database-url", source)
+    assert exported.exit_code == 0, exported.output
+    lines = exported.stdout.split("\n")[:-1]  # not splitlines(), which cuts at U+2028 too
+    assert len(lines) == 3
+    return run, lines
+
+
+def test_cli_import_checks_every_line_first_and_names_the_bad_one(jsonl_export, tmp_path):
+    run, lines = jsonl_export
+    broken = json.loads(lines[2])
+    broken["checkpoints"][0]["parent_checkpoint_id"] = "not-a-uuid"
+    (tmp_path / "bad.jsonl").write_text("\n".join([lines[0], "", lines[1], json.dumps(broken)]) + "\n", encoding="utf-8")
+    (tmp_path / "garbled.jsonl").write_text("\n".join([lines[0], "{garbled"]) + "\n", encoding="utf-8")
+    target = f"sqlite:///{tmp_path / 'target.sqlite'}"
+    say_ok = run("import", "bad.jsonl", "--database-url", target)
+    assert say_ok.exit_code == 1 and "Traceback" not in say_ok.output
+    assert "bad.jsonl, line 4: Invalid thread document" in " ".join(say_ok.output.split())  # 1-based, blanks counted
+    garbled = run("import", "-", "--database-url", target, input=(tmp_path / "garbled.jsonl").read_text(encoding="utf-8"))
+    assert garbled.exit_code == 1 and "standard input, line 2: not a JSON document" in " ".join(garbled.output.split())
+    # Every line is checked before any is imported: nothing was imported, and no store was created.
+    assert not (tmp_path / "target.sqlite").exists()
+    (tmp_path / "good.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    done = run("import", "good.jsonl", "--user-id", "w", "--database-url", target)
+    assert done.exit_code == 0 and done.output.count("Imported thread") == 3, done.output
+    from agent import create_agent
+
+    with create_agent(target, model="offline", tracing=False) as agent:
+        texts = sorted(user_texts(head_messages(agent, t)) for t in agent.storage.threads_of_user("w"))
+    assert texts == [["four"], ["one\u2028two"], ["three"]]
+
+
+def test_cli_import_into_a_new_sqlite_file_that_fails_leaves_no_file(tmp_path, monkeypatch, jsonl_export):
+    run, lines = jsonl_export
+    (tmp_path / "one.jsonl").write_text(lines[0] + "\n", encoding="utf-8")
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "timetravel-agent.thread", "version": 2}, indent=2))
+    store = tmp_path / "new" / "dir" / "store.sqlite"
+    url = f"sqlite:///{store}"
+
+    refused = run("import", "bad.json", "--database-url", url)  # a bad document: refused before any store is opened
+    assert refused.exit_code == 1 and "Not a timetravel-agent.thread" in refused.output, refused.output
+    assert not (tmp_path / "new").exists()
+
+    # A failure after the check (the write fails): the store it created is removed, with its directories.
+    from agent.errors import StorageUnavailable
+    from agent.operations import transfer
+
+    def fail(*args, **kwargs):
+        raise StorageUnavailable("The database failed; nothing was written.")
+
+    monkeypatch.setattr(transfer, "import_thread", fail)
+    failed = run("import", "one.jsonl", "--database-url", url)
+    assert failed.exit_code == 1 and "one.jsonl, line 1: The database failed" in failed.output, failed.output
+    assert not (tmp_path / "new").exists()
+    # An existing store is never removed, even an empty one that nothing was imported into.
+    store.parent.mkdir(parents=True)
+    sqlite3.connect(store).close()
+    assert run("import", "one.jsonl", "--database-url", url).exit_code == 1
+    assert store.exists()

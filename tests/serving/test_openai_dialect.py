@@ -293,3 +293,34 @@ def test_string_input_is_one_user_message_on_invocations_too(server):
     body = response.json()
     assert body["id"] == body["custom_outputs"]["response_id"]
     assert '"Hi there"' in body["output"][-1]["content"][0]["text"]
+
+
+def test_replayed_output_items_are_listed_as_sent_with_no_invented_message(server):
+    """The OpenAI Agents SDK's sessions send the previous response's output items back as the next input."""
+    client = server.alice
+    first = client.responses.create(model=MODEL, input="calculate 6*7")
+    replay = [{"role": "user", "content": "calculate 6*7"}, *[item.model_dump(exclude_none=True) for item in first.output],
+              {"role": "user", "content": "thanks"}]  # fmt: skip
+    assert [item.get("type") for item in replay[1:-1]] == ["function_call", "function_call_output", "message"]
+
+    replayed = client.responses.create(model=MODEL, input=replay)
+    listed = client.conversations.items.list(replayed.custom_outputs["thread_id"], order="asc").data
+
+    def said(item):
+        item = item if isinstance(item, dict) else item.model_dump(exclude_none=True)
+        content = item.get("content")
+        text = content if isinstance(content, str) else "".join(part["text"] for part in content or ())
+        return item.get("type", "message"), item.get("call_id"), item.get("output"), text
+
+    assert [said(item) for item in listed[:-1]] == [said(item) for item in replay]
+    assert not any(item.type == "message" and item.content[0].text == "tool call" for item in listed)
+
+
+def test_an_output_for_a_call_nobody_made_is_a_400_naming_the_call(server):
+    before = row_counts(server.url)
+    with pytest.raises(openai.BadRequestError) as refused:
+        server.alice.responses.create(
+            model=MODEL, input=[{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_nobody_made", "output": "42"}]
+        )
+    assert "call_nobody_made" in str(refused.value)
+    assert row_counts(server.url) == before

@@ -13,6 +13,7 @@ statement unless `prepare_threshold` is configured, and works when it is.
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +21,7 @@ import psycopg
 import pytest
 
 from agent.storage.postgres import MIGRATIONS, TABLES
-from tests.helpers.databases import dbname_of, with_dbname
+from tests.helpers.databases import dbname_of, fresh_database, with_dbname
 from tests.helpers.reliability import (
     HANG_TIMEOUT,
     Child,
@@ -135,3 +136,17 @@ def test_the_agent_works_with_prepared_statements_when_configured(pg_server_url,
         branched = say(agent, "I'm headed to Tokyo!", thread_id=trips[1]["thread_id"], checkpoint_id=trips[1]["after_turn1"])
         assert outputs(branched)["parent_checkpoint_id"] == trips[1]["after_turn1"]
         assert len(agent.get_checkpoint_history(trips[1]["thread_id"], limit=10)) == 5
+
+
+def test_a_pgbouncer_that_refuses_the_timeout_option_is_connected_to_without_it(pg_server_url, make_agent, caplog):
+    # PgBouncer's default ignore_startup_parameters does not list `options`, which carries statement_timeout_ms:
+    # an agent that worked through it before the setting existed still does, and says what it does without.
+    from tests.helpers.pgbouncer import pgbouncer
+
+    with fresh_database(pg_server_url) as url, pgbouncer(url, ignore_startup_parameters="extra_float_digits") as bounced:
+        with caplog.at_level(logging.WARNING, logger="agent.storage.postgres.connections"):
+            agent = make_agent(bounced)
+        first = say(agent, "I'm headed to SF!")
+        second = say(agent, "Where am I going?", thread_id=first.custom_outputs["thread_id"])
+        assert second.custom_outputs["parent_checkpoint_id"] == first.custom_outputs["checkpoint_id"]
+        assert "statement_timeout_ms=30000 is not applied" in caplog.text and "ALTER ROLE" in caplog.text

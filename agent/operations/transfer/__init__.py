@@ -1,15 +1,31 @@
 """Export and import: a thread's whole checkpoint tree as one versioned JSON document.
 
-The document (`FORMAT`, `VERSION`)::
+The document (`FORMAT`, `VERSION` 2)::
 
-    {"format": "timetravel-agent.thread", "version": 1, "exported_at": "<ISO 8601 UTC>",
+    {"format": "timetravel-agent.thread", "version": 2, "exported_at": "<ISO 8601 UTC>",
      "thread": {"thread_id", "title", "metadata", "checkpoint_id" (the head), "forked_from",
                 "ttl_seconds", "message_count", "created_at", "updated_at"},
      "checkpoints": [{"checkpoint_id", "parent_checkpoint_id", "ts", "metadata", "v",
-                      "channel_versions", "versions_seen", "updated_channels",
-                      "channel_values": {channel: {"type": "messages" | "interrupts" | "json", "value": ...}},
-                      "pending_writes": [{"task_id", "channel", "value": {"type", "value"}}]},
+                      "channel_versions", "versions_seen", "updated_channels" (if not null),
+                      "channel_values": {channel: {"type": ..., "value": ...}},
+                      "pending_writes" (if any): [{"task_id", "channel", "value": {"type", "value"}}]},
                      ...]}   # oldest first (by checkpoint id), the root included
+
+A channel value is one of:
+
+* `{"type": "unchanged"}`: the parent checkpoint's value of the channel, as it is;
+* `{"type": "message_changes", "value": {"remove": [message ids], "add": [messages]}}`: the
+  parent's message list changed as LangGraph's `add_messages` changes it (`transfer.changes`):
+  the parent's messages in order, without those in `remove` (omitted when empty), each replaced
+  by the message of `add` with its id; then the other messages of `add`;
+* `{"type": "messages", "value": [messages]}`: a whole list (the first one of a branch, or a
+  list the rule above cannot express);
+* `{"type": "interrupts", "value": [{"id", "value"}]}` or `{"type": "json", "value": ...}`: a
+  whole value.
+
+Version 1 (still read, no longer written) has the same fields, with every value whole (no
+`unchanged` or `message_changes`), `updated_channels` and `pending_writes` always present, and
+the derived summary fields in each checkpoint's metadata.
 
 Why this shape:
 
@@ -23,10 +39,18 @@ Why this shape:
   other values cannot be exported, and `export_thread` says which channel). Nothing is pickled or loaded by class
   path: `messages_from_dict` only builds the four message classes a thread
   stores, so a document from a stranger cannot instantiate anything else.
-* **Resolved messages.** The storage keeps messages as deltas against a parent
-  (`agent.storage.deltas`); a document holds each checkpoint's full list, so it
-  is independent of that encoding, and the importer re-encodes deltas in its
-  own database by writing through the saver, as `fork_thread` does.
+* **Linear in the thread.** Version 1 held each checkpoint's whole message list,
+  so a thread of N turns was O(N²) bytes (61 turns of 2 kB messages: 6.3 MB,
+  more than the `import_thread` action accepts). Version 2 holds what each
+  checkpoint adds, so each message is in the document once per change, plus
+  about 920 bytes per checkpoint of ids, metadata and LangGraph's channel
+  versions (`bench.export`: a 200-turn thread with 20 branches and 500-byte user
+  messages is 1.48 times the JSON of its distinct messages). It is its own encoding, not the storage's
+  (`agent.storage.deltas` keeps prefixes and backend rows): the importer
+  resolves every checkpoint's whole values and re-encodes them in its own
+  database by writing through the saver, as `fork_thread` does. Metadata the
+  saver derives again (`DERIVED_METADATA`: the history's summary fields) is
+  left out.
 * **No owner.** `user_id` is not part of the document: the importer decides
   who owns the thread. `created_at`/`updated_at` and `ttl_seconds` are there
   for the reader; an imported thread's record is created now (the catalogue
@@ -37,24 +61,29 @@ Why this shape:
   so the history reads the same in the new database. Checkpoint ids must stay
   unique across the threads of a database (the message cache and response ids
   key by them), so an import whose checkpoint ids another thread holds is
-  refused (`ThreadExists`). An import under another `thread_id` is a copy, like
+  refused (`ThreadExists`) by the commit itself: the storage's primary key on
+  the checkpoint id decides, not a read before the write, so of two imports
+  racing with the same ids into two new threads one commits and the other
+  writes nothing. An import under another `thread_id` is a copy, like
   `fork_thread`: its checkpoint ids are renewed, deterministically (the
   same document under the same new id gives the same ids, so a repeat is still
   a no-op) and in the same order (each new id keeps its original's time part,
   which is what orders ids), so new turns still sort after it.
 * **All or nothing, validated first.** The document is parsed into pydantic
   models and checked whole (format and version, types, ids, one root, every
-  parent present, no cycle, the head among the checkpoints, messages that load)
-  before anything is read from or written to the database; the write is one
+  parent present, no cycle, the head among the checkpoints, messages that load,
+  every change applying to its parent) before anything is read from or written
+  to the database; the write is one
   commit of the thread's claim (`storage.commit`), like a turn's.
 * **Idempotent.** Importing into a thread that exists, with the same owner and
   the same content (records and checkpoints compared as documents, leaving out
   the summary fields the saver derives again), returns it and writes nothing;
   other content, or another owner, is `ThreadExists`.
 
-Modules: `document` (the schema: constants and pydantic models), `export`
-(a thread as a document), `parse` (a document validated whole), `restore`
-(a validated document written as a thread); the `export_thread` and `import_thread`
+Modules: `document` (the schema: constants and pydantic models), `changes`
+(the message-list rule of version 2), `export` (a thread as a document),
+`parse` (a document validated whole, its values resolved), `restore` (a
+validated document written as a thread); the `export_thread` and `import_thread`
 operations are `agent.operations.documents`.
 """
 

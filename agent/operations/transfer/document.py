@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -22,8 +22,12 @@ if TYPE_CHECKING:
 
 #: The `format` of a thread document.
 FORMAT = "timetravel-agent.thread"
-#: The document version this code writes and reads.
-VERSION = 1
+#: The document version this code writes.
+VERSION = 2
+#: The versions it reads: 1 (every checkpoint with its whole message list) and 2 (what each checkpoint adds).
+READ_VERSIONS = (1, 2)
+#: Channel value types that only version 2 writes: what a checkpoint changes in its parent's value.
+CHANGE_TYPES = frozenset({"message_changes", "unchanged"})
 #: The channel that holds the branch's messages (LangChain dicts in a document).
 MESSAGES = "messages"
 #: A NUL character in JSON text: the escape backslash-u0000 after an even number of backslashes
@@ -47,10 +51,31 @@ class _Model(BaseModel):
 
 class ChannelValue(_Model):
     """One channel's value: `messages` (a list of LangChain message dicts), `interrupts` (a graph's pending
-    LangGraph `Interrupt`s: `[{"id", "value"}]`, the value plain JSON) or `json` (plain JSON)."""
+    LangGraph `Interrupt`s: `[{"id", "value"}]`, the value plain JSON) or `json` (plain JSON); in version 2
+    also `message_changes` (a `MessageChanges` to the parent's message list) or `unchanged` (the parent's
+    value of the channel, as it is; no `value`). See `agent.operations.transfer`."""
 
-    type: Literal["messages", "interrupts", "json"]
-    value: Any
+    type: Literal["messages", "message_changes", "unchanged", "interrupts", "json"]
+    value: Any = None
+
+    @model_validator(mode="after")
+    def _value_unless_unchanged(self) -> ChannelValue:
+        if (self.type == "unchanged") == ("value" in self.model_fields_set):
+            raise ValueError("a channel value has a 'value' unless its type is 'unchanged'")
+        return self
+
+
+class MessageChanges(_Model):
+    """What a checkpoint changes in its parent's message list (the `value` of a `message_changes`).
+
+    The checkpoint's messages are the parent's, in order, without those whose id is in `remove`,
+    each replaced by the message of `add` with the same id if there is one; then the other
+    messages of `add`, in order. This is LangGraph's `add_messages` with `RemoveMessage`s, which
+    is how a turn, an edit and `update_checkpoint_state` change a branch's messages.
+    """
+
+    remove: list[str] = Field(default_factory=list)
+    add: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class PendingWrite(_Model):
@@ -101,7 +126,7 @@ class ThreadDocument(_Model):
     """A whole thread: see `agent.operations.transfer`."""
 
     format: Literal["timetravel-agent.thread"]
-    version: Literal[1]
+    version: Literal[1, 2]
     exported_at: str | None = None
     thread: ThreadDoc
     checkpoints: list[CheckpointDoc] = Field(min_length=1)
@@ -109,9 +134,13 @@ class ThreadDocument(_Model):
 
 @dataclass(frozen=True)
 class Restored:
-    """A document, validated and ready to write: its checkpoints parents first, messages loaded."""
+    """A document, validated and ready to write: its checkpoints parents first, their values resolved."""
 
     document: ThreadDocument
     order: tuple[CheckpointDoc, ...]
+    values: Mapping[str, Mapping[str, Any]]
+    """Each checkpoint's channel values (checkpoint id -> channel -> value), whole and decoded: message
+    lists as LangChain messages (a message a checkpoint keeps from its parent is the parent's object),
+    interrupts as LangGraph `Interrupt`s, the rest plain JSON."""
     messages: Mapping[str, list[BaseMessage]]
     """Each checkpoint's messages (checkpoint id -> list), for those whose state holds messages."""

@@ -5,8 +5,16 @@ one root, every parent present and no cycle, the head among the checkpoints,
 messages LangChain can load (and only the four message classes a thread
 stores: nothing is built from a class path), and values Postgres text and
 jsonb can hold (no NUL, no NaN), so that both backends refuse the same documents.
-Every value's domain (numbers, timestamps, channel versions, usage, the thread
-record's fields) is `values`, which each document format calls.
+Every value's domain (numbers, nesting, timestamps, channel versions, usage, the
+thread record's fields) is `values`, which both document versions go through.
+
+It also resolves every checkpoint's values, parents first: a version 2
+checkpoint's `unchanged` and `message_changes` values apply to its parent's
+(`transfer.changes`), so a change that names a message the parent lacks, or a
+parent without the channel, is refused here like any other fault. Each message
+of the document is loaded once: a message a checkpoint keeps is its parent's
+object, so the saver re-encodes the messages as deltas by identity, as it does
+for a turn, and a long thread is not loaded once per checkpoint.
 """
 
 from __future__ import annotations
@@ -19,19 +27,23 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from agent.errors import InvalidRequest
+from agent.operations.transfer.changes import apply_changes
 from agent.operations.transfer.document import (
+    CHANGE_TYPES,
     FORMAT,
     MESSAGE_TYPES,
     MESSAGES,
     NUL_ESCAPE,
-    VERSION,
+    READ_VERSIONS,
     WRITE_MESSAGE_TYPES,
     ChannelValue,
     CheckpointDoc,
+    MessageChanges,
     Restored,
     ThreadDocument,
 )
 from agent.operations.transfer.values import check_checkpoint, check_json, check_thread, check_timestamp
+from agent.storage.deltas import is_message_list
 from agent.validation import check_id, encoded_size
 
 if TYPE_CHECKING:
@@ -51,7 +63,8 @@ def parse_document(document: Any) -> Restored:
     try:
         parsed = ThreadDocument.model_validate(dict(document))
     except ValidationError as exc:
-        raise InvalidRequest(f"Not a {FORMAT} version {VERSION} document: {_first_errors(exc)}; nothing was written.") from None
+        versions = " or ".join(str(v) for v in READ_VERSIONS)
+        raise InvalidRequest(f"Not a {FORMAT} version {versions} document: {_first_errors(exc)}; nothing was written.") from None
     thread = parsed.thread
     check_id("thread.thread_id", thread.thread_id)
     check_id("thread.checkpoint_id", thread.checkpoint_id)
@@ -93,19 +106,49 @@ def parse_document(document: Any) -> Restored:
     order = _parents_first(by_id)
     if thread.checkpoint_id not in by_id:
         raise invalid(f"the head {thread.checkpoint_id!r} (thread.checkpoint_id) is not among the checkpoints")
-    messages: dict[str, list[BaseMessage]] = {}
+    values: dict[str, dict[str, Any]] = {}
     for checkpoint in order:
-        for channel, value in checkpoint.channel_values.items():
-            where = f"checkpoint {checkpoint.checkpoint_id!r}, channel {channel!r}"
-            if channel == MESSAGES:
-                if value.type != "messages":
-                    raise invalid(f"{where} must have type 'messages'")
-                messages[checkpoint.checkpoint_id] = load_messages(value.value, where)
-            else:
-                decode_value(value, where)
+        parent = values[checkpoint.parent_checkpoint_id] if checkpoint.parent_checkpoint_id is not None else None
+        values[checkpoint.checkpoint_id] = _resolved(checkpoint, parent, parsed.version)
         for write in checkpoint.pending_writes:
             decode_value(write.value, f"a pending write of checkpoint {checkpoint.checkpoint_id!r}", WRITE_MESSAGE_TYPES)
-    return Restored(parsed, tuple(order), messages)
+    messages = {checkpoint_id: found[MESSAGES] for checkpoint_id, found in values.items() if MESSAGES in found}
+    return Restored(parsed, tuple(order), values, messages)
+
+
+def _resolved(checkpoint: CheckpointDoc, parent: dict[str, Any] | None, version: int) -> dict[str, Any]:
+    """The checkpoint's whole channel values, from its own and (version 2) its parent's resolved ones."""
+    out: dict[str, Any] = {}
+    for channel, value in checkpoint.channel_values.items():
+        where = f"checkpoint {checkpoint.checkpoint_id!r}, channel {channel!r}"
+        if value.type in CHANGE_TYPES:
+            if version < 2:
+                raise invalid(f"{where} has type {value.type!r}, which version {version} documents do not have")
+            if parent is None or channel not in parent:
+                raise invalid(f"{where} has type {value.type!r}, but its parent checkpoint has no value for the channel")
+            before = parent[channel]
+            if value.type == "unchanged":  # the parent's value; a list is copied, so no two checkpoints share one
+                out[channel] = list(before) if isinstance(before, list) else before
+            else:
+                out[channel] = _changed_messages(before, value.value, where)
+        elif channel == MESSAGES and value.type != "messages":
+            raise invalid(f"{where} must have type 'messages', 'message_changes' or 'unchanged'")
+        else:
+            out[channel] = decode_value(value, where)
+    return out
+
+
+def _changed_messages(before: Any, changes: Any, where: str) -> list[BaseMessage]:
+    if not is_message_list(before):
+        raise invalid(f"{where} has type 'message_changes', but its parent's value of the channel is not a message list")
+    try:
+        parsed = MessageChanges.model_validate(changes)
+    except ValidationError as exc:
+        raise invalid(f"{where}: {_first_errors(exc)}") from None
+    try:
+        return apply_changes(before, parsed.remove, load_messages(parsed.add, f"{where}, add"))
+    except ValueError as exc:
+        raise invalid(f"{where}: {exc}") from None
 
 
 def _parents_first(by_id: Mapping[str, CheckpointDoc]) -> list[CheckpointDoc]:
@@ -151,6 +194,10 @@ def load_messages(value: Any, where: str, types: frozenset[str] = MESSAGE_TYPES)
 
 
 def decode_value(value: ChannelValue, where: str, types: frozenset[str] = MESSAGE_TYPES) -> Any:
+    """A whole value (`messages`, `interrupts`, `json`) decoded; a change type (`_resolved` applies
+    those) is refused here, so a pending write is always a whole value."""
+    if value.type in CHANGE_TYPES:
+        raise invalid(f"{where} has type {value.type!r}, which only a checkpoint's channel values may have")
     if value.type == "messages":
         return load_messages(value.value, where, types)
     if value.type == "interrupts":

@@ -18,16 +18,15 @@ from agent.errors import ThreadExists, ThreadNotFound
 from agent.operations.transfer.document import (
     DERIVED_METADATA,
     MESSAGE_TYPES,
-    MESSAGES,
     WRITE_MESSAGE_TYPES,
     ChannelValue,
     CheckpointDoc,
     Restored,
 )
-from agent.operations.transfer.export import document_of
+from agent.operations.transfer.export import ChannelEncoder, document_of
 from agent.operations.transfer.parse import decode_value, load_messages, parse_document
 from agent.storage import ThreadRecord, ThreadStorage, Turn
-from agent.storage.summaries import TURN_REPORT_KEY
+from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary
 from agent.validation import check_id
 
 
@@ -54,14 +53,6 @@ def import_thread(
     target = check_id("thread_id", thread_id) or restored.document.thread.thread_id
     if target != restored.document.thread.thread_id:
         restored = _renewed(restored, target)
-    ids = [c.checkpoint_id for c in restored.order]
-    others = [t for t in storage.threads_with_checkpoints(ids) if t != target]
-    if others:
-        raise ThreadExists(
-            "Another thread already holds checkpoints of this document; import it under another thread_id "
-            "(a copy with new checkpoint ids). Nothing was written.",
-            thread_id=target,
-        )
     in_use = ThreadExists(
         f"Thread {target!r} already exists with other content (or belongs to another user); import under another "
         "thread_id. Nothing was written.",
@@ -77,7 +68,17 @@ def import_thread(
                 storage.release(claim)
                 return claim.record
             raise in_use
-        _write(storage, claim, restored, user_id=user_id)
+        try:
+            _write(storage, claim, restored, user_id=user_id)
+        except ThreadExists as exc:
+            # The commit's: another thread holds one of the checkpoint ids (a primary key decides, even
+            # for two imports racing; see `agent.storage.postgres.schema`, "Checkpoint ids").
+            raise ThreadExists(
+                "Another thread already holds checkpoints of this document; import it under another thread_id "
+                "(a copy with new checkpoint ids). Nothing was written.",
+                thread_id=target,
+                checkpoint_id=exc.ids.get("checkpoint_id"),
+            ) from None
     except BaseException:
         storage.release(claim)  # does nothing after a commit
         raise
@@ -91,17 +92,21 @@ def _write(storage: ThreadStorage, claim: Any, restored: Restored, *, user_id: s
     saver = storage.saver
     thread = restored.document.thread
     turn = Turn(thread_id=claim.thread_id)
+    branch_usage: dict[str, Any] = {}
     with saver.buffering(turn):
         for checkpoint in restored.order:
             configurable: dict[str, Any] = {"thread_id": turn.thread_id, "checkpoint_ns": ""}
-            if checkpoint.parent_checkpoint_id is not None:
-                configurable["checkpoint_id"] = checkpoint.parent_checkpoint_id
+            metadata = dict(checkpoint.metadata)
+            parent = checkpoint.parent_checkpoint_id
+            if parent is not None:
+                configurable["checkpoint_id"] = parent
                 # The saver derives the model-input summary and branch totals from a turn report, as for a turn.
-                configurable[TURN_REPORT_KEY] = _turn_report(checkpoint)
-            values = {
-                channel: restored.messages[checkpoint.checkpoint_id] if channel == MESSAGES else decode_value(value, "")
-                for channel, value in checkpoint.channel_values.items()
-            }
+                configurable[TURN_REPORT_KEY] = report = _turn_report(checkpoint)
+                # It adds the turn's usage to the parent's `branch_usage`, which it reads from the metadata a
+                # buffered parent was handed: computed here the same way, since documents leave it out.
+                derived = model_input_summary(report, parent, {"branch_usage": branch_usage.get(parent)})
+                branch_usage[checkpoint.checkpoint_id] = metadata["branch_usage"] = derived["branch_usage"]
+            values = dict(restored.values[checkpoint.checkpoint_id])
             state = {
                 "v": checkpoint.v,
                 "id": checkpoint.checkpoint_id,
@@ -113,7 +118,7 @@ def _write(storage: ThreadStorage, claim: Any, restored: Restored, *, user_id: s
                 "updated_channels": list(checkpoint.updated_channels) if checkpoint.updated_channels is not None else None,
             }
             # Every channel's value is written anew, as fork_thread does: the new thread has no blobs to point at.
-            saver.put({"configurable": configurable}, state, dict(checkpoint.metadata), dict(checkpoint.channel_versions))
+            saver.put({"configurable": configurable}, state, metadata, dict(checkpoint.channel_versions))
             address = {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint.checkpoint_id}}
             by_task: dict[str, list[tuple[str, Any]]] = {}
             for write in checkpoint.pending_writes:
@@ -173,6 +178,7 @@ def _renewed(restored: Restored, thread_id: str) -> Restored:
     return Restored(
         document.model_copy(update={"thread": thread, "checkpoints": checkpoints}),
         tuple(renew(c) for c in restored.order),
+        {mapping[old]: values for old, values in restored.values.items()},
         {mapping[old]: messages for old, messages in restored.messages.items()},
     )
 
@@ -184,15 +190,17 @@ def _same_content(storage: ThreadStorage, record: ThreadRecord, restored: Restor
 
 
 def _comparable(restored: Restored) -> tuple:
+    """The record and every checkpoint as JSON text, independent of the document's version: values are
+    compared as what each checkpoint changes in its parent (`ChannelEncoder`, as version 2 writes them),
+    which is linear in the thread; equal changes from the same root are equal lists."""
     thread = restored.document.thread
     record = (thread.thread_id, thread.checkpoint_id, thread.title, thread.metadata, thread.forked_from)
+    encoder = ChannelEncoder(restored.values)
     checkpoints = []
     for checkpoint in sorted(restored.order, key=lambda c: c.checkpoint_id):
         dumped = checkpoint.model_dump()
         dumped["metadata"] = {k: v for k, v in dumped["metadata"].items() if k not in DERIVED_METADATA and not k.startswith("tt_")}
-        dumped["channel_values"] = {
-            channel: _normalized(value) for channel, value in checkpoint.channel_values.items()
-        }
+        dumped["channel_values"] = encoder.channels(checkpoint.checkpoint_id, checkpoint.parent_checkpoint_id)
         dumped["pending_writes"] = [
             (w.task_id, w.channel, _normalized(w.value, WRITE_MESSAGE_TYPES)) for w in checkpoint.pending_writes
         ]

@@ -16,10 +16,12 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph.message import add_messages
 
 from agent.config import AgentSettings
 from agent.context import TURN_CONTEXT_KEY, TurnContext
 from agent.errors import InvalidRequest
+from agent.models.pairing import pairing_walk
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.edits import plan_edit, plan_regenerate
 from agent.operations.idempotency import claim_key
@@ -61,10 +63,16 @@ def claim(parts: TurnParts, thread_id: str, args: TurnArgs) -> Claim:
 
 
 def begin(parts: TurnParts, thread_id: str, args: TurnArgs) -> tuple[Claim, Start]:
-    """Claim the thread and decide where the turn starts; the claim is released if that fails."""
+    """Claim the thread and decide where the turn starts; the claim is released if that fails.
+
+    Raises:
+        InvalidRequest: as `plan_start`, or a tool result of the input answers no tool call (`check_tool_results`).
+    """
     held = claim(parts, thread_id, args)
     try:
-        return held, plan_start(parts, held, args)
+        begun = plan_start(parts, held, args)
+        check_tool_results(begun, args)
+        return held, begun
     except BaseException:
         parts.storage.release(held)
         raise
@@ -104,6 +112,46 @@ def answering(begun: Start, args: TurnArgs) -> Start:
     thread_id = begun.loaded.config["configurable"]["thread_id"] if begun.loaded is not None else args.thread_id
     resume, cancelled = answer(pending, args.resume, args.cancel_interrupts, thread_id, begun.checkpoint_id)
     return dataclasses.replace(begun, resume=resume, cancelled=cancelled)
+
+
+def check_tool_results(begun: Start, args: TurnArgs) -> None:
+    """Refuse a turn whose input holds a tool result that answers no tool call waiting for one.
+
+    The input's results stand right after their calls (`agent.messages.to_langchain` pairs them by
+    `call_id`); one whose call is not in the input must answer a call the start checkpoint's messages
+    end with. Anything else (a call nobody made, a call already answered, or one that later messages
+    closed) would be stored for a model that never sees it: `agent.context.repair` leaves such a result
+    out of the model's input. A state update (`update_checkpoint_state`, which does not run `begin`) may
+    still store one: that is an edit of the record, which the model-input repair copes with.
+
+    Raises:
+        InvalidRequest: naming the result's `call_id`; nothing is written (the turn has not run).
+    """
+    if not any(message.type == "tool" for message in args.messages):
+        return
+    history = () if begun.loaded is None else begun.loaded.checkpoint["channel_values"].get("messages") or ()
+    # Copies: add_messages gives each message without an id one, in place, and the turn sends the originals.
+    copies = {id(message): message.model_copy() for message in args.messages}
+    sent = [copies.get(id(message), message) for message in begun.messages]
+    from_input = {id(copy) for copy in copies.values()}
+    # As the graph will apply them (an input message with a stored message's id replaces it).
+    after = add_messages(list(history), sent)
+    for kind, message in pairing_walk(after):
+        if kind == "stray" and id(message) in from_input:
+            calls = {call["id"] for m in after if m.type == "ai" for call in m.tool_calls}
+            if message.tool_call_id in calls:
+                reason = "that call has a result already, or messages after it left it without one"
+            elif begun.loaded is None:
+                reason = "no function_call in the input has that call_id, and the thread is new"
+            else:
+                reason = f"no function_call in the input or in checkpoint {begun.checkpoint_id!r} has that call_id"
+            raise InvalidRequest(
+                f"input: the function_call_output for call_id {message.tool_call_id!r} answers no tool call "
+                f"waiting for a result ({reason}); send it with its function_call, or right after the call it "
+                "answers. Nothing was written.",
+                thread_id=args.thread_id,
+                checkpoint_id=begun.checkpoint_id,
+            )
 
 
 def start_of(claim: Claim, user_id: str | None, checkpoint_id: str | None, *, new_thread_allowed: bool = True) -> str | None:

@@ -1,9 +1,11 @@
 """Postgres backend: `psycopg_pool.ConnectionPool` + LangGraph's `PostgresSaver`, with the turn protocol of `storage.turns`.
 
 Modules, in the shape of langgraph-checkpoint-postgres (statements and
-migrations apart, thin I/O modules): `schema` (the migrations, a migration's
-position its version, and setup's apply), `sql` (every statement as a named
-constant), `batch` (the commit's statements in one round trip), `connections`
+migrations apart, thin I/O modules): `migrations` (the agent's migrations, a
+migration's position its version), `schema` (setup's apply), `sql` (every statement as a named
+constant), `checkpoint_ids` (the table that makes a checkpoint id name one
+thread), `indexes` (indexes built `CONCURRENTLY` after setup's transaction),
+`batch` (the commit's statements in one round trip), `connections`
 (the pool, credentials, and faults as `StorageUnavailable`), `saver`
 (`TurnPostgresSaver`), `transaction` (`PostgresTx`), `reads` and `storage`
 (`PostgresThreadStorage`).
@@ -11,7 +13,7 @@ constant), `batch` (the commit's statements in one round trip), `connections`
 Design notes:
 
 * **Short transactions only.** A turn uses a pooled connection twice: one
-  statement to claim its thread and read its start (`agent_begin_turn`), and
+  statement to claim its thread and read its start (`agent_claim_turn`), and
   one query to commit: `BEGIN`, the fencing check, every write and `COMMIT`,
   bound on the client and sent together (`batch`: psycopg's pipeline
   spent 0.4 ms more client CPU on the same statements). Nothing is held while
@@ -21,7 +23,7 @@ Design notes:
   (next point) Postgres plans every statement again, and planning was about
   half of a turn's database time: the claim's four statements took 1.6 ms
   unprepared against 0.7 ms prepared (the start read alone plans in 0.3 ms and
-  runs in 0.1 ms). So the claim (`agent_begin_turn`), the fencing check
+  runs in 0.1 ms). So the claim (`agent_claim_turn`), the fencing check
   (`agent_end_claim`) and the commit's writes (`agent_put_blob`,
   `agent_put_checkpoint`, `agent_upsert_thread`) are plpgsql functions
   (migrations): plpgsql keeps the plans of its statements for the life of the
@@ -37,19 +39,29 @@ Design notes:
 * **No saver-wide lock.** `PostgresSaver` serializes every query of an
   instance behind one lock even when it is given a pool (langgraph#7259), so
   `_cursor` is overridden to take a pooled connection (or the commit's) without it.
-* **Schema.** `setup()` first only reads: when every table exists and every
-  migration table is up to date, it writes nothing, so an application role
-  without DDL rights and a read-only replica pass it (their turns then fail
-  at the claim, with the cause). Otherwise it runs LangGraph's migration lists
-  (the checkpointer's, and the store's that long-term memory uses) and the
-  agent's (`schema.MIGRATIONS`, a migration's position is its version) in ONE
-  transaction under `pg_advisory_xact_lock`: safe from many processes at
-  once and through PgBouncer. LangGraph creates its indexes `CONCURRENTLY`,
-  which cannot run in a transaction; they are created here without it (on the
-  new, empty tables this creates, that is instant). A missing table (dropped
-  by hand) makes it re-apply every (idempotent) migration: trusting the
-  migrations table alone left a database broken for good. A running agent
-  that finds a table missing re-creates it the same way and runs the request again.
+* **Schema.** `setup()` first only reads: when every table exists, every
+  migration table is up to date and every index valid, it writes nothing, so
+  an application role without DDL rights and a read-only replica pass it
+  (their turns then fail at the claim, with the cause). Otherwise it runs
+  LangGraph's migration lists (the checkpointer's, and the store's that
+  long-term memory uses) and the agent's (`migrations.MIGRATIONS`, a migration's
+  position is its version) in ONE transaction under `pg_advisory_xact_lock`:
+  safe from many processes at once and through PgBouncer. An index created
+  `CONCURRENTLY` (LangGraph's, and the agent's checkpoint-id index) cannot be
+  built in a transaction: on a table that transaction creates it is built
+  inside it without `CONCURRENTLY` (instant on an empty table), on an existing
+  table after it, concurrently, and an INVALID one an interrupted build left
+  is built again (`indexes`). A missing table (dropped by hand) makes it
+  re-apply every (idempotent) migration: trusting the migrations table alone
+  left a database broken for good. A running agent that finds a table missing
+  re-creates it the same way and runs the request again.
+* **Checkpoint ids name one thread**, by a primary key (`agent_checkpoint_ids`,
+  see `schema` and `checkpoint_ids`), not by a read before the write.
+* **A statement timeout on every connection** (`statement_timeout_ms`, the
+  libpq option `-c statement_timeout=…`, `connections.with_statement_timeout`):
+  a statement over it is `StorageUnavailable`, nothing written, never a hang.
+  Setup lifts it for its own work (`SET LOCAL` in the migrations' transaction,
+  a connection without it for index builds).
 * **Faults.** A connection found dead (server restart, `pg_terminate_backend`)
   is replaced and the read or claim is run again (safe: nothing was written).
   The commit is one round trip, sent only on a connection the server has not

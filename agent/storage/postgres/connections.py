@@ -23,7 +23,9 @@ connection each say what could not be done, where, and that nothing was written.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import select
 import threading
 import time
@@ -43,6 +45,8 @@ ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFail
 
 #: Errors that mean a table or function of the schema is missing (dropped by hand): setup re-creates it.
 SCHEMA_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
+
+logger = logging.getLogger(__name__)
 
 
 class CachedCredential:
@@ -83,11 +87,15 @@ class PostgresConnections:
             "prepare_threshold": settings.prepare_threshold,
             "row_factory": dict_row,
             "connect_timeout": max(2, math.ceil(settings.connect_timeout)),
+            "options": with_statement_timeout(conninfo, settings.statement_timeout_ms),
         }
+        self._credential: Callable[[], str] | None = None
         kwargs: Any = base_kwargs
         if settings.credential_provider is not None:
             credential = CachedCredential(settings.credential_provider, settings.credential_cache_seconds)
+            self._credential = credential
             kwargs = lambda: {**base_kwargs, "password": credential()}  # noqa: E731 - psycopg_pool calls it per connection
+        self._base_kwargs = base_kwargs
         self._kwargs = kwargs
         self.pool = ConnectionPool(
             conninfo,
@@ -103,23 +111,55 @@ class PostgresConnections:
         self.suspect_down = False
         self._connect_error: str | None = None
 
-    def connect(self) -> psycopg.Connection:
-        """A new connection outside the pool, with the pool's settings (bounded by `connect_timeout`).
+    def connect(self, *, unlimited: bool = False) -> psycopg.Connection:
+        """A new connection outside the pool, with the pool's settings (bounded by `connect_timeout`); with
+        `unlimited`, without `statement_timeout_ms` (for setup's index builds, which take as long as the table).
 
         Raises:
             psycopg.OperationalError: the server cannot be reached, or refused the connection.
         """
-        return psycopg.connect(self.conninfo, **(self._kwargs() if callable(self._kwargs) else self._kwargs))
+        kwargs = dict(self._base_kwargs)
+        if unlimited:
+            kwargs["options"] = with_statement_timeout(self.conninfo, 0)
+        if self._credential is not None:
+            kwargs["password"] = self._credential()
+        return psycopg.connect(self.conninfo, **kwargs)
 
     def reachable(self) -> bool:
-        """Whether a new connection can be opened now (one attempt, bounded by connect_timeout)."""
+        """Whether a new connection can be opened now (one attempt, bounded by connect_timeout; a second one
+        without `statement_timeout_ms` when a pooler refused the option that carries it, see below)."""
         try:
             self.connect().close()
         except psycopg.OperationalError as exc:
-            self.suspect_down = True
-            self._connect_error = server_reason(exc)
-            return False
+            if not (self._refused_timeout_option(exc) and self.reachable()):
+                self.suspect_down = True
+                self._connect_error = server_reason(exc)
+                return False
         self.suspect_down = False
+        return True
+
+    def _refused_timeout_option(self, exc: psycopg.OperationalError) -> bool:
+        """Whether `exc` is a pooler refusing the `options` startup parameter that only `statement_timeout_ms`
+        put there; if so, the pool's connections go without it from now on, with a warning.
+
+        PgBouncer in its default configuration refuses any startup parameter it does not know ("unsupported
+        startup parameter: options"), and releases before the timeout existed connected through it: refusing
+        to start would break such a deployment on upgrade, for a safeguard. The warning says how to have it
+        (`ALTER ROLE ... SET statement_timeout`, which holds behind any pooler).
+        """
+        reason = server_reason(exc)
+        ours = self._base_kwargs.get("options")
+        without = with_statement_timeout(self.conninfo, 0)
+        if "unsupported startup parameter" not in reason or "options" not in reason or ours == without or without:
+            return False
+        # The pool's kwargs are this dict (or a function reading it): its next connections see the change.
+        self._base_kwargs["options"] = None
+        logger.warning(
+            "%s refused the connection option -c statement_timeout (a pooler such as PgBouncer); connecting "
+            "without it: statement_timeout_ms=%s is not applied. Set it on the role instead "
+            "(ALTER ROLE ... SET statement_timeout = '30s'), or set statement_timeout_ms=0 to silence this.",
+            self.masked, self.settings.statement_timeout_ms,
+        )  # fmt: skip
         return True
 
     def unreachable(self) -> str:
@@ -127,6 +167,8 @@ class PostgresConnections:
         reason = self._connect_error or "no connection"
         if "timeout" in reason or reason == "no connection":
             reason += f" (connect_timeout {self.settings.connect_timeout:g} s)"
+        elif "unsupported startup parameter" in reason and "options" in reason:
+            reason += STARTUP_OPTION_HINT
         return f"Could not connect to {self.masked}: {reason}"
 
     @contextmanager
@@ -211,6 +253,14 @@ class PostgresConnections:
                 f"Could not {action} at {self.masked}: {reason} ({first_line(exc)}); nothing was written.",
                 thread_id=thread_id,
             ) from None
+        except psycopg.errors.QueryCanceled as exc:
+            # statement_timeout_ms (or a cancel): the server ended the statement and rolled its transaction back.
+            limit = f" (statement_timeout_ms is {self.settings.statement_timeout_ms})" if "timeout" in str(exc) else ""
+            raise StorageUnavailable(
+                f"Could not {action} at {self.masked}: {first_line(exc)}{limit}; nothing was written; "
+                "the request can be retried.",
+                thread_id=thread_id,
+            ) from None
         except SCHEMA_MISSING as exc:
             if on_schema_missing is not None:
                 on_schema_missing()
@@ -224,6 +274,29 @@ class PostgresConnections:
                 f"Could not {action} at {self.masked}: {first_line(exc)}; nothing was written.",
                 thread_id=thread_id,
             ) from None
+
+
+#: Said when a pooler refuses the connection option that carries `statement_timeout_ms`.
+STARTUP_OPTION_HINT = (
+    " (a pooler such as PgBouncer: add `options` to its ignore_startup_parameters and set statement_timeout on "
+    "the role instead, or set statement_timeout_ms=0)"
+)
+
+
+def with_statement_timeout(conninfo: str, timeout_ms: int) -> str | None:
+    """The libpq `options` for a connection: `-c statement_timeout=<timeout_ms>` (none when 0), then the
+    options the connection string or `PGOPTIONS` already gives (a keyword argument replaces both, so they are
+    kept here; later settings win). None when there is nothing to send.
+
+    A connection option, not a `SET`: it holds for every statement of the session, reads in autocommit
+    included, costs no round trip, and survives the pool replacing connections.
+    """
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or os.environ.get("PGOPTIONS", "")
+    except psycopg.Error:  # a malformed connection string: connecting says what is wrong with it
+        given = ""
+    ours = f"-c statement_timeout={timeout_ms}" if timeout_ms > 0 else ""
+    return " ".join(part for part in (ours, str(given).strip()) if part) or None
 
 
 def ended_by_server(conn: psycopg.Connection) -> bool:

@@ -75,10 +75,8 @@ class PostgresReads:
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, sql.SELECT_USER_THREADS_SQL, (user_id,))]
 
-    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
-        return [row["thread_id"] for row in self._read(None, sql.THREADS_WITH_CHECKPOINTS_SQL, (list(checkpoint_ids),))]
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
-        rows = self._read(None, sql.THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,))
+        rows = self._read(None, sql.THREAD_OF_CHECKPOINT_SQL, {"checkpoint_id": checkpoint_id})
         return rows[0]["thread_id"] if rows else None
 
     def list_threads(self, user_id, *, limit, before, metadata):

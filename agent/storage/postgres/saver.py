@@ -10,7 +10,9 @@ What it changes in `PostgresSaver`, and why:
   pipelined writes (`put`, `put_writes`) are added to the transaction's
   statement batch (`batch`), sent with its commit in one round trip.
 * **Cached plans.** Its upserts call the plpgsql functions of the migrations
-  (`sql.PUT_BLOB_SQL`, `sql.PUT_CHECKPOINT_SQL`) with LangGraph's parameters.
+  (`sql.PUT_BLOB_SQL`, `sql.PUT_CHECKPOINT_SQL`) with LangGraph's parameters;
+  `agent_put_checkpoint` also registers a root-namespace checkpoint's id to
+  its thread (`agent_checkpoint_ids`, see "Checkpoint ids" in `schema`).
 * **Rows read by the storage's own statements** (the claim's start, a
   checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
 """
@@ -21,12 +23,14 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
+import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg_pool import ConnectionPool
 
 from agent.storage import deltas
 from agent.storage.postgres import sql
 from agent.storage.postgres.batch import running_batch
+from agent.storage.records import checkpoint_taken
 from agent.storage.saver import TurnSaverMixin
 
 
@@ -86,7 +90,12 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         return self.agent_tuple(self._load_checkpoint_tuple(row))
 
     def _backend_put(self, config, checkpoint, metadata, new_versions):
-        return PostgresSaver.put(self, config, checkpoint, metadata, new_versions)
+        try:
+            return PostgresSaver.put(self, config, checkpoint, metadata, new_versions)
+        except psycopg.Error as exc:  # sent at once outside a commit; inside one, the commit says it
+            if exc.sqlstate == sql.CHECKPOINT_TAKEN_SQLSTATE:
+                raise checkpoint_taken(config["configurable"]["thread_id"], exc.diag.message_detail) from None
+            raise
 
     def _backend_put_writes(self, config, writes, task_id, task_path):
         return PostgresSaver.put_writes(self, config, writes, task_id, task_path)

@@ -1,203 +1,41 @@
-"""The Postgres schema: the agent's migrations, beside LangGraph's (checkpointer and store), and how setup applies them.
-
-Read top to bottom, `MIGRATIONS` is the agent's schema; a migration's position
-in the list is its version, recorded in `agent_migrations` as LangGraph records
-its own in `checkpoint_migrations` and `store_migrations`. Five of them are
-plpgsql functions, for their cached plans (see "Plans cached without prepared
-statements" in the package docstring): the claim (`agent_begin_turn`), the
-commit's fencing check (`agent_end_claim`) and the commit's writes
-(`agent_put_blob`, `agent_put_checkpoint`, `agent_upsert_thread`).
+"""How setup applies the Postgres schema: the agent's migrations (`migrations`), beside LangGraph's (checkpointer and store).
 
 `migrate` applies every missing migration of the three lists in ONE
 transaction under `pg_advisory_xact_lock`, so many processes may set up at
 once, also through PgBouncer; it re-applies every (idempotent) migration when a
-table is missing, since trusting the migrations tables alone left a database
-broken for good.
+table that an applied migration created is missing (dropped by hand), since
+trusting the migrations tables alone left a database broken for good; a table
+that a pending migration creates is only an upgrade (`CREATED_BY`). Its statements have no `statement_timeout_ms` (`SET LOCAL`):
+a migration over a big table takes what it takes. An index a migration creates
+`CONCURRENTLY` on a table that already existed is built after that transaction
+(`indexes`), so that setup locks out no writer.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 
 import psycopg
 from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATIONS
 from langgraph.store.postgres.base import MIGRATIONS as STORE_MIGRATIONS
 
+from agent.storage.postgres import checkpoint_ids, indexes
+from agent.storage.postgres.migrations import MIGRATIONS, TABLES, USER_LOCK_CLASS
+
+__all__ = ["MIGRATIONS", "TABLES", "USER_LOCK_CLASS", "migrate", "missing_tables", "migrations_current"]
+
 logger = logging.getLogger(__name__)
 
-# The agent's own migrations; a migration's position is its version. Each is idempotent,
-# so setup can re-apply them all when it finds a table missing.
-MIGRATIONS = [
-    "CREATE TABLE IF NOT EXISTS agent_migrations (v INTEGER PRIMARY KEY)",
-    """CREATE TABLE IF NOT EXISTS agent_threads (
-        thread_id TEXT PRIMARY KEY,
-        user_id TEXT,
-        head_checkpoint_id TEXT NOT NULL,
-        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
-    )""",
-    "CREATE INDEX IF NOT EXISTS agent_threads_user_id_idx ON agent_threads (user_id)",
-    """ALTER TABLE agent_threads
-        ADD COLUMN IF NOT EXISTS title TEXT,
-        ADD COLUMN IF NOT EXISTS metadata JSONB NOT NULL DEFAULT '{}',
-        ADD COLUMN IF NOT EXISTS message_count INTEGER NOT NULL DEFAULT 0,
-        ADD COLUMN IF NOT EXISTS forked_from JSONB,
-        ADD COLUMN IF NOT EXISTS ttl_seconds DOUBLE PRECISION""",
-    "CREATE INDEX IF NOT EXISTS agent_threads_activity_idx ON agent_threads (user_id, updated_at DESC, thread_id DESC)",
-    "CREATE INDEX IF NOT EXISTS agent_threads_updated_at_idx ON agent_threads (updated_at)",
-    """CREATE TABLE IF NOT EXISTS agent_claims (
-        thread_id TEXT PRIMARY KEY,
-        token TEXT NOT NULL,
-        fence BIGINT NOT NULL,
-        expires_at TIMESTAMPTZ NOT NULL,
-        idempotency_key TEXT,
-        cancel TEXT
-    )""",
-    # The commit's fencing check, in the commit's own round trip: it releases the
-    # claim if `token` still holds it, and otherwise aborts the transaction.
-    """CREATE OR REPLACE FUNCTION agent_end_claim(p_thread_id TEXT, p_token TEXT) RETURNS BIGINT
-    LANGUAGE plpgsql AS $$
-    DECLARE v_fence BIGINT;
-    BEGIN
-        UPDATE agent_claims SET token = '', expires_at = '-infinity', cancel = NULL, idempotency_key = NULL
-        WHERE thread_id = p_thread_id AND token = p_token
-        RETURNING fence INTO v_fence;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'the claim on thread % is no longer held', p_thread_id USING ERRCODE = 'TT001';
-        END IF;
-        RETURN v_fence;
-    END $$""",
-    """CREATE TABLE IF NOT EXISTS agent_idempotency (
-        user_key TEXT NOT NULL,
-        key TEXT NOT NULL,
-        request_hash TEXT NOT NULL,
-        thread_id TEXT NOT NULL,
-        response JSONB NOT NULL,
-        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-        expires_at TIMESTAMPTZ NOT NULL,
-        PRIMARY KEY (user_key, key)
-    )""",
-    "CREATE INDEX IF NOT EXISTS agent_idempotency_thread_idx ON agent_idempotency (thread_id)",
-    # A retry looks for a running turn that carries its key; the sweep deletes expired results.
-    "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
-    # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone
-    # (LangGraph's primary key starts with thread_id).
-    "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
-    # A turn's claim in one statement (see "Plans cached without prepared statements" in the package
-    # docstring). It claims the thread unless an unexpired claim holds it or the thread belongs to another user (the rule of
-    # `records.owned_by`); re-running it with the same token succeeds, so a claim whose connection died can be
-    # retried. It returns the thread's record, the privileges a commit needs that the role lacks, and (only
-    # when the claim succeeded and p_read_start) the start: p_checkpoint_id, else the head, in the shape of
-    # sql.SELECT_CHECKPOINTS_COLUMNS (the blobs by one primary-key lookup per channel, as there).
-    """CREATE OR REPLACE FUNCTION agent_begin_turn(
-        p_thread_id TEXT, p_token TEXT, p_user_id TEXT, p_lease DOUBLE PRECISION, p_key TEXT,
-        p_checkpoint_id TEXT, p_read_start BOOLEAN)
-    RETURNS TABLE (
-        claim_fence BIGINT, missing_privileges TEXT[],
-        t_thread_id TEXT, t_user_id TEXT, t_head_checkpoint_id TEXT, t_title TEXT, t_metadata JSONB,
-        t_message_count INTEGER, t_forked_from JSONB, t_ttl_seconds DOUBLE PRECISION, t_created_at TEXT,
-        t_updated_at TEXT,
-        s_thread_id TEXT, s_checkpoint JSONB, s_checkpoint_ns TEXT, s_checkpoint_id TEXT,
-        s_parent_checkpoint_id TEXT, s_metadata JSONB, s_channel_values BYTEA[], s_pending_writes BYTEA[])
-    LANGUAGE plpgsql AS $$
-    BEGIN
-        -- The claim need not survive a crash of the server: a lost claim only makes its turn's commit,
-        -- whose fencing check is durable, fail with LeaseExpired. Local to this statement's transaction.
-        PERFORM set_config('synchronous_commit', 'off', true);
-        INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
-        SELECT p_thread_id, p_token, 1, clock_timestamp() + make_interval(secs => p_lease), p_key, NULL
-        WHERE NOT EXISTS (
-            SELECT 1 FROM agent_threads t WHERE t.thread_id = p_thread_id AND t.user_id IS DISTINCT FROM p_user_id)
-        ON CONFLICT (thread_id) DO UPDATE
-        SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
-            idempotency_key = EXCLUDED.idempotency_key, cancel = NULL
-        WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
-        RETURNING c.fence INTO claim_fence;
-
-        SELECT t.thread_id, t.user_id, t.head_checkpoint_id, t.title, t.metadata, t.message_count, t.forked_from,
-            t.ttl_seconds, to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
-            to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
-        INTO t_thread_id, t_user_id, t_head_checkpoint_id, t_title, t_metadata, t_message_count, t_forked_from,
-            t_ttl_seconds, t_created_at, t_updated_at
-        FROM agent_threads t WHERE t.thread_id = p_thread_id;
-
-        SELECT coalesce(array_agg(p.privilege || ' on ' || w.tbl ORDER BY w.i, p.j), '{}')
-        INTO missing_privileges
-        FROM unnest(ARRAY['checkpoints', 'checkpoint_blobs', 'checkpoint_writes', 'agent_threads'])
-            WITH ORDINALITY AS w(tbl, i)
-        CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE']) WITH ORDINALITY AS p(privilege, j)
-        WHERE NOT has_table_privilege(w.tbl, p.privilege);
-
-        IF claim_fence IS NOT NULL AND p_read_start THEN
-            SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
-                (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
-                 FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
-                 CROSS JOIN LATERAL (
-                    SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
-                    WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
-                      AND b.channel = v.channel AND b.version = v.version
-                    OFFSET 0) AS bl),
-                (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
-                                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
-                 FROM checkpoint_writes cw
-                 WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns
-                   AND cw.checkpoint_id = c.checkpoint_id)
-            INTO s_thread_id, s_checkpoint, s_checkpoint_ns, s_checkpoint_id, s_parent_checkpoint_id, s_metadata,
-                s_channel_values, s_pending_writes
-            FROM checkpoints c
-            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = ''
-              AND c.checkpoint_id = COALESCE(p_checkpoint_id, t_head_checkpoint_id);
-        END IF;
-        RETURN NEXT;
-    END $$""",
-    # A commit's writes as plpgsql functions, for their cached plans (see "Plans cached without prepared
-    # statements"): LangGraph's UPSERT_CHECKPOINT_BLOBS_SQL and UPSERT_CHECKPOINTS_SQL (TurnPostgresSaver
-    # calls these with the same parameters) and the thread record's upsert (UPSERT_THREAD_SQL).
-    """CREATE OR REPLACE FUNCTION agent_put_blob(
-        p_thread_id TEXT, p_checkpoint_ns TEXT, p_channel TEXT, p_version TEXT, p_type TEXT, p_blob BYTEA)
-    RETURNS VOID LANGUAGE plpgsql AS $$
-    BEGIN
-        INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
-        VALUES (p_thread_id, p_checkpoint_ns, p_channel, p_version, p_type, p_blob)
-        ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING;
-    END $$""",
-    """CREATE OR REPLACE FUNCTION agent_put_checkpoint(
-        p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
-        p_checkpoint JSONB, p_metadata JSONB)
-    RETURNS VOID LANGUAGE plpgsql AS $$
-    BEGIN
-        INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
-        VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_checkpoint_id, p_checkpoint, p_metadata)
-        ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
-        DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata;
-    END $$""",
-    """CREATE OR REPLACE FUNCTION agent_upsert_thread(
-        p_thread_id TEXT, p_user_id TEXT, p_head_checkpoint_id TEXT, p_message_count INTEGER, p_title TEXT,
-        p_metadata JSONB)
-    RETURNS VOID LANGUAGE plpgsql AS $$
-    BEGIN
-        INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata)
-        VALUES (p_thread_id, p_user_id, p_head_checkpoint_id, p_message_count, p_title, p_metadata)
-        ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id,
-            message_count = EXCLUDED.message_count, updated_at = now();
-    END $$""",
-    # A stored response is returned whole, never queried into, and may hold a NUL character (a model's
-    # reply can): json keeps the text as given, jsonb refuses the escape \u0000.
-    "ALTER TABLE agent_idempotency ALTER COLUMN response TYPE json",
-]
-
-#: Every table setup must leave behind (LangGraph's and the agent's).
-TABLES = (
-    "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
-    "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency",
-    "store_migrations", "store",
-)  # fmt: skip
 
 # Any constant works; it keeps setup's lock apart from other advisory locks.
 SETUP_LOCK_KEY = 7_140_213_911
 
 SETUP_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s)"
+# Setup's own statements are not limited by statement_timeout_ms (a migration over a big table is slow).
+UNLIMITED_SQL = "SET LOCAL statement_timeout = 0"
+RECORDED_SQL = "SELECT coalesce(max(v), -1) AS v FROM {}"  # a migrations table's last version
 MISSING_TABLES_SQL = "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NULL"
 MIGRATION_VERSIONS_SQL = """
 SELECT (SELECT max(v) FROM checkpoint_migrations) AS langgraph, (SELECT max(v) FROM agent_migrations) AS agent,
@@ -212,6 +50,17 @@ SCHEMAS = (
     ("store_migrations", STORE_MIGRATIONS),
 )
 
+#: Every index a migration creates CONCURRENTLY (LangGraph's and ours), which `indexes.build` keeps valid.
+CONCURRENT_INDEXES = indexes.concurrent_indexes(statement for _, migrations in SCHEMAS for statement in migrations)
+
+#: The migration (migrations table, version) that creates each table: a table that a migration not yet
+#: applied creates is new (an upgrade), not dropped, and is no reason to re-apply everything.
+CREATED_BY = {
+    table: (name, version)
+    for name, migrations in reversed(SCHEMAS)
+    for version, statement in reversed(list(enumerate(migrations)))
+    for table in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", statement)
+}
 
 def missing_tables(conn: psycopg.Connection) -> list[str]:
     """Those of `TABLES` that do not exist (read only)."""
@@ -225,27 +74,46 @@ def migrations_current(conn: psycopg.Connection) -> bool:
     return all(row[names[table]] is not None and row[names[table]] >= len(migrations) - 1 for table, migrations in SCHEMAS)
 
 
+#: Checks run just before a migration (by its text), inside the same transaction.
+CHECKS: dict[str, Callable[[psycopg.Connection, str], None]] = {
+    checkpoint_ids.REGISTER_STORED_SQL: checkpoint_ids.refuse_duplicates,
+}
+
+
 def migrate(conn: psycopg.Connection, *, where: str) -> None:
     """Apply LangGraph's (checkpointer, store) and the agent's missing migrations in one transaction; all of
-    them if a table is missing. `where` names the database in the log (its URL, password masked).
+    them if a table is missing. `where` names the database in the log (its URL, password masked). An index
+    created CONCURRENTLY on a table that existed before is left to `indexes.build`.
 
     Raises:
+        ConfigurationError: a check refused a migration (`CHECKS`); nothing was applied.
         psycopg.Error: as the server answered; nothing was applied (a deadlock's victim may run it again).
     """
     with conn.transaction():
+        conn.execute(UNLIMITED_SQL)
         conn.execute(SETUP_LOCK_SQL, (SETUP_LOCK_KEY,))
         # Decided under the lock: another process may have just created everything, and
         # needless DDL (ALTER TABLE takes an exclusive lock) would contend with its turns.
         missing = missing_tables(conn)
-        everything = bool(missing) and "agent_migrations" not in missing
+        recorded = {name: conn.execute(RECORDED_SQL.format(name)).fetchone()["v"] for name, _ in SCHEMAS if name not in missing}
+        dropped = [t for t in missing if t not in CREATED_BY or recorded.get(CREATED_BY[t][0], -1) >= CREATED_BY[t][1]]
+        everything = bool(dropped) and "agent_migrations" not in missing
         if everything:
-            logger.warning("Tables %s were missing from %s; re-creating them", missing, where)
+            logger.warning("Tables %s were missing from %s; re-creating them", dropped, where)
         for table, migrations in SCHEMAS:
             conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
             row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
             current = -1 if everything or row["v"] is None else row["v"]
             for version in range(current + 1, len(migrations)):
-                # LangGraph creates its indexes CONCURRENTLY, which cannot run inside a transaction;
-                # on the new, empty tables this creates, creating them without it is instant.
-                conn.execute(migrations[version].replace("CONCURRENTLY ", ""))
+                statement = migrations[version]
+                check = CHECKS.get(statement)
+                if check is not None:
+                    check(conn, where)
+                index = indexes.concurrent_index(statement)
+                if index is None or index.table in missing:
+                    # CONCURRENTLY cannot run inside a transaction; on a table this transaction creates,
+                    # the build is instant without it.
+                    conn.execute(statement.replace("CONCURRENTLY ", ""))
                 conn.execute(f"INSERT INTO {table} (v) VALUES (%s) ON CONFLICT DO NOTHING", (version,))
+
+

@@ -15,7 +15,7 @@ import re
 
 from agent.storage import summaries
 
-BEGIN_TURN_SQL = "SELECT * FROM agent_begin_turn(%s, %s, %s, %s, %s, %s, %s)"
+CLAIM_TURN_SQL = "SELECT * FROM agent_claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 THREAD_COLUMNS = """thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS created_at,
     to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS updated_at"""
@@ -71,6 +71,24 @@ SELECT c.thread_id, c.cancel FROM agent_claims c
 JOIN unnest(%s::text[], %s::text[]) AS held(thread_id, token) ON c.thread_id = held.thread_id AND c.token = held.token
 WHERE c.cancel IS NOT NULL
 """
+# A waiter that gave up leaves the thread's queue (`agent_claim_waiters`).
+LEAVE_QUEUE_SQL = "DELETE FROM agent_claim_waiters WHERE thread_id = %s AND token = %s"
+# A deletion's user claim: taken (or extended) under the user's exclusive advisory lock, which waits for
+# claims running `agent_claim_turn` for that user to commit (see `storage.turns`). No row returned: another
+# unexpired user claim holds the user.
+LOCK_USER_SQL = "SELECT pg_advisory_xact_lock(%s::integer, hashtext(%s))"
+CLAIM_USER_SQL = """
+INSERT INTO agent_user_claims AS u (user_id, token, expires_at)
+VALUES (%(user_id)s, %(token)s, clock_timestamp() + make_interval(secs => %(seconds)s))
+ON CONFLICT (user_id) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+WHERE u.expires_at < clock_timestamp() OR u.token = EXCLUDED.token
+RETURNING u.token
+"""
+RELEASE_USER_SQL = "DELETE FROM agent_user_claims WHERE user_id = %s AND token = %s"
+CLAIMED_THREADS_OF_USER_SQL = """
+SELECT thread_id FROM agent_claims
+WHERE user_id = %s AND token <> '' AND expires_at >= clock_timestamp() ORDER BY thread_id
+"""
 UPSERT_THREAD_SQL = "SELECT agent_upsert_thread(%s, %s, %s, %s, %s, %s)"
 # LangGraph's UPSERT_CHECKPOINT_BLOBS_SQL and UPSERT_CHECKPOINTS_SQL as calls of the functions that run them with
 # cached plans (`schema`). The version as text: LangGraph's versions may be int or float
@@ -122,8 +140,16 @@ LEFT JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = 
 WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
-THREADS_WITH_CHECKPOINTS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id = ANY(%s) ORDER BY thread_id"
-THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = %s AND checkpoint_ns = '' LIMIT 1"
+# The thread a checkpoint id names: the one agent_checkpoint_ids registers it to, else (a checkpoint no commit
+# registered: a LangGraph copy_thread's whose source is gone, one written by an older agent during an upgrade)
+# the first thread holding it (see "Checkpoint ids" in `schema`).
+THREAD_OF_CHECKPOINT_SQL = """
+SELECT thread_id FROM (
+    SELECT thread_id, 0 AS registered FROM agent_checkpoint_ids WHERE checkpoint_id = %(checkpoint_id)s
+    UNION ALL
+    SELECT thread_id, 1 FROM checkpoints WHERE checkpoint_id = %(checkpoint_id)s AND checkpoint_ns = ''
+) AS found ORDER BY registered, thread_id LIMIT 1
+"""
 # The catalogue (`operations.catalogue`): one range scan of agent_threads_activity_idx per page. The
 # position is the row's (updated_at, thread_id); `activity` is updated_at as exact text (microseconds).
 # Qualified columns: a bare `updated_at` in ORDER BY would name the output column (text), not the index's.
@@ -166,6 +192,7 @@ DELETE_THREAD_SQL = [
     "DELETE FROM checkpoint_writes WHERE thread_id = %s",
     "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
     "DELETE FROM checkpoints WHERE thread_id = %s",
+    "DELETE FROM agent_checkpoint_ids WHERE thread_id = %s",
     "DELETE FROM agent_idempotency WHERE thread_id = %s",
     "DELETE FROM agent_threads WHERE thread_id = %s",
 ]
@@ -227,6 +254,8 @@ DELETE_UNKEPT_SQL = [
         AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
     f"""DELETE FROM checkpoints WHERE thread_id = %(thread_id)s
         AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
+    f"""DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s
+        AND ('', checkpoint_id) NOT IN {KEPT_PAIRS}""",
     # Blobs are shared between checkpoints by (channel, version): keep exactly those a kept one points at.
     """DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
         SELECT 1 FROM checkpoints c
@@ -250,6 +279,7 @@ WITH gone AS (
     RETURNING checkpoint_ns)
 SELECT count(*) FILTER (WHERE checkpoint_ns = '') AS removed FROM gone
 """
+DELETE_OTHER_CHECKPOINT_IDS_SQL = "DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s AND checkpoint_id <> %(head)s"
 MAKE_ROOT_SQL = f"""
 UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = CASE
     WHEN jsonb_typeof(metadata -> '{summaries.SUMMARY_KEY}') = 'object'
@@ -280,5 +310,7 @@ IDEMPOTENCY_PKEY = "agent_idempotency_pkey"
 
 #: SQLSTATE raised by `agent_end_claim` when the claim is gone.
 CLAIM_LOST_SQLSTATE = "TT001"
+#: SQLSTATE raised by `agent_put_checkpoint` when another thread holds the checkpoint id (its DETAIL).
+CHECKPOINT_TAKEN_SQLSTATE = "TT002"
 
 READY_SQL = "SELECT 1"

@@ -22,14 +22,14 @@ from psycopg.rows import dict_row
 from agent.config import AgentSettings
 from agent.errors import AgentError, LeaseExpired, StorageUnavailable
 from agent.storage.base import ThreadStorage
-from agent.storage.claims import Claim, ClaimKeeper
-from agent.storage.postgres import schema, sql
+from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
+from agent.storage.postgres import indexes, schema, sql
 from agent.storage.postgres.batch import StatementBatch, running, running_batch
 from agent.storage.postgres.connections import ROLLED_BACK, SCHEMA_MISSING, PostgresConnections, first_line
 from agent.storage.postgres.reads import PostgresReads, prefixed
 from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.postgres.transaction import PostgresTx, to_record
-from agent.storage.records import IdempotencyKeyTaken
+from agent.storage.records import IdempotencyKeyTaken, checkpoint_taken
 from agent.storage.transaction import Tx
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,13 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                         missing = schema.missing_tables(conn)
                         if missing:
                             raise StorageUnavailable(f"Could not create the tables {missing} in {self.masked}.")
+                    # After the migrations' transaction: CREATE INDEX CONCURRENTLY cannot run inside one.
+                    indexes.build(
+                        conn,
+                        schema.CONCURRENT_INDEXES,
+                        connect=lambda: self.connections.connect(unlimited=True),
+                        where=self.masked,
+                    )
             self._ready = True
 
     def exists(self) -> bool:
@@ -174,10 +181,13 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         self._ready = False
 
     # -- the turn protocol -----------------------------------------------------------------
-    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True):
+    def _try_claim(
+        self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True, queue=False, user_claim=None
+    ):
         def attempt(conn: psycopg.Connection):
-            row = conn.cursor(binary=True).execute(sql.BEGIN_TURN_SQL, (
+            row = conn.cursor(binary=True).execute(sql.CLAIM_TURN_SQL, (
                 thread_id, token, user_id, self.settings.lease_seconds, idempotency_key, checkpoint_id, read_start,
+                queue, user_claim,
             )).fetchone()  # fmt: skip
             record_row = prefixed(row, "t_")
             if row["claim_fence"] is not None and row["missing_privileges"]:
@@ -187,12 +197,12 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                     f"The database role may not write the conversation ({', '.join(row['missing_privileges'])}) "
                     f"at {self.connections.masked}; nothing was written and the model was not called."
                 )
-            return row["claim_fence"], record_row, prefixed(row, "s_")
+            return row["claim_fence"], row["user_being_deleted"], record_row, prefixed(row, "s_")
 
-        fence, record_row, start_row = self._run("claim the thread", attempt, thread_id)
+        fence, user_being_deleted, record_row, start_row = self._run("claim the thread", attempt, thread_id)
         record = to_record(record_row)
         if fence is None:
-            return None, record
+            return ClaimAttempt(None, record, user_being_deleted)
         claim = Claim(thread_id=thread_id, user_id=user_id, token=token, fence=fence, record=record, start=None,
                       idempotency_key=idempotency_key)  # fmt: skip
         try:
@@ -201,7 +211,10 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         except BaseException:  # stored rows that cannot be read: the committed claim is given back, not held a lease
             self.release(claim)
             raise
-        return claim, record
+        return ClaimAttempt(claim, record)
+
+    def _leave_queue(self, thread_id: str, token: str) -> None:
+        self._run("leave the thread's queue", lambda conn: conn.execute(sql.LEAVE_QUEUE_SQL, (thread_id, token)))
 
     def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
         thread_id = claim.thread_id
@@ -225,7 +238,11 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                     ) from None
                 if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == sql.IDEMPOTENCY_PKEY:
                     raise IdempotencyKeyTaken(thread_id) from None
-                if not isinstance(exc, psycopg.OperationalError):
+                if exc.sqlstate == sql.CHECKPOINT_TAKEN_SQLSTATE:
+                    raise checkpoint_taken(thread_id, exc.diag.message_detail) from None
+                # A statement over statement_timeout_ms (QueryCanceled) is no lost connection: the server
+                # rolled the commit back and said so.
+                if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, psycopg.errors.QueryCanceled):
                     with self._faults("commit the turn", thread_id):
                         raise
                 self.connections.suspect_down = True
@@ -282,6 +299,25 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         params = ([c.thread_id for c in claims], [c.token for c in claims])
         rows = self._run("poll cancel requests", lambda conn: conn.execute(sql.POLL_CANCELS_SQL, params).fetchall())
         return {row["thread_id"]: row["cancel"] for row in rows}
+
+    def _claim_user(self, held: UserClaim, seconds: float) -> bool:
+        params = {"user_id": held.user_id, "token": held.token, "seconds": seconds}
+
+        def claim_user(conn: psycopg.Connection) -> bool:
+            with conn.transaction():
+                conn.execute(sql.LOCK_USER_SQL, (schema.USER_LOCK_CLASS, held.user_id))
+                return conn.execute(sql.CLAIM_USER_SQL, params).fetchone() is not None
+
+        return self._run("hold the user's data", claim_user)
+
+    def _release_user(self, held: UserClaim) -> None:
+        self._run("release the user's data", lambda conn: conn.execute(sql.RELEASE_USER_SQL, (held.user_id, held.token)))
+
+    def claimed_threads_of_user(self, user_id: str) -> list[str]:
+        rows = self._run(
+            "list the user's running turns", lambda conn: conn.execute(sql.CLAIMED_THREADS_OF_USER_SQL, (user_id,)).fetchall()
+        )
+        return [row["thread_id"] for row in rows]
 
     def sweep_idempotency(self) -> int:
         return self._run("delete expired idempotency keys", lambda conn: conn.execute(sql.SWEEP_IDEMPOTENCY_SQL).rowcount)

@@ -8,14 +8,52 @@ Postgres migrations table records its own. LangGraph's checkpoint tables are
 its own lists, recorded in its own version tables (`STORE_SCHEMA`), as
 `SqliteStore.setup()` would. Setup checks that every table exists and
 re-applies everything if one was dropped.
+
+Checkpoint ids name one thread through `agent_checkpoint_ids`, whose primary
+key is the checkpoint id, for the reasons the Postgres schema gives ("Checkpoint
+ids" in `agent.storage.postgres.schema`; here, on top of them, `SqliteSaver.put`
+is an `INSERT OR REPLACE`, which would make a unique index on `checkpoints`
+delete the other thread's row instead of failing). `TurnSqliteSaver` registers
+each root-namespace checkpoint it writes, in the checkpoint's transaction; the
+statements that delete checkpoints delete their rows; a migration registers the
+stored checkpoints after `refuse_duplicate_checkpoint_ids` found no id two
+threads hold (copies by LangGraph's `copy_thread` aside, as on Postgres).
+SQLite has no `CREATE INDEX CONCURRENTLY`, and needs none: one writer at a time
+holds the file anyway.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Callable
 
 from langgraph.store.sqlite.base import MIGRATIONS as STORE_MIGRATIONS
 from langgraph.store.sqlite.base import VECTOR_MIGRATIONS as STORE_VECTOR_MIGRATIONS
+
+from agent.storage import records
+
+# The checkpoints (root namespace) no row of agent_checkpoint_ids names yet, with their thread; a copy LangGraph's
+# copy_thread made (its record's forked_from names a thread holding the same id) is left out: the id stays the source's.
+UNREGISTERED_CHECKPOINTS_SQL = """
+SELECT c.checkpoint_id, c.thread_id FROM checkpoints c
+WHERE c.checkpoint_ns = ''
+  AND NOT EXISTS (SELECT 1 FROM agent_checkpoint_ids r WHERE r.checkpoint_id = c.checkpoint_id)
+  AND NOT EXISTS (
+    SELECT 1 FROM agent_threads t JOIN checkpoints s ON s.thread_id = json_extract(t.forked_from, '$.thread_id')
+    WHERE t.thread_id = c.thread_id AND s.thread_id <> c.thread_id
+      AND s.checkpoint_ns = '' AND s.checkpoint_id = c.checkpoint_id)
+"""
+# The SELECT's WHERE clause keeps SQLite from reading ON CONFLICT as a join's ON (https://sqlite.org/lang_upsert.html).
+REGISTER_STORED_CHECKPOINTS_SQL = f"""
+INSERT INTO agent_checkpoint_ids (checkpoint_id, thread_id) {UNREGISTERED_CHECKPOINTS_SQL}
+ON CONFLICT (checkpoint_id) DO NOTHING
+"""
+# The first few ids more than one thread holds, each with its threads (a JSON array), and how many there are.
+DUPLICATE_CHECKPOINT_IDS_SQL = f"""
+SELECT checkpoint_id, json_group_array(thread_id) AS thread_ids, count(*) OVER () AS total
+FROM ({UNREGISTERED_CHECKPOINTS_SQL}) GROUP BY checkpoint_id HAVING count(*) > 1 ORDER BY checkpoint_id LIMIT ?
+"""
 
 # Each migration is a list of statements; migration i brings the file to user_version i + 1.
 MIGRATIONS: list[list[str]] = [
@@ -70,12 +108,47 @@ MIGRATIONS: list[list[str]] = [
         # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone.
         "CREATE INDEX IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
     ],
+    [
+        # Waiting turns in arrival order, and deleting a user's data while turns may start (see
+        # `storage.turns`): a claim records its user, so a deletion finds the turns running for that user.
+        "ALTER TABLE agent_claims ADD COLUMN user_id TEXT",
+        "CREATE INDEX IF NOT EXISTS agent_claims_user_id_idx ON agent_claims (user_id) WHERE user_id IS NOT NULL",
+        # The turns waiting for a busy thread; the smallest live ticket is served next. A new rowid is
+        # larger than every rowid in the table, which is all the order needs.
+        """CREATE TABLE IF NOT EXISTS agent_claim_waiters (
+            ticket INTEGER PRIMARY KEY,
+            thread_id TEXT NOT NULL,
+            token TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS agent_claim_waiters_thread_idx ON agent_claim_waiters (thread_id, ticket)",
+        # A deletion's hold on all of one user's data (a lease, like a claim).
+        """CREATE TABLE IF NOT EXISTS agent_user_claims (
+            user_id TEXT PRIMARY KEY,
+            token TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+    ],
+    [
+        # The thread each checkpoint id names, unique by this primary key (see the module docstring).
+        """CREATE TABLE IF NOT EXISTS agent_checkpoint_ids (
+            checkpoint_id TEXT PRIMARY KEY,
+            thread_id TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS agent_checkpoint_ids_thread_idx ON agent_checkpoint_ids (thread_id)",
+        # Rows whose checkpoint is gone go (re-applied after a dropped table), then the stored checkpoints are
+        # registered; `migrate` first refuses ids that two threads hold (`refuse_duplicate_checkpoint_ids`).
+        """DELETE FROM agent_checkpoint_ids WHERE NOT EXISTS (
+            SELECT 1 FROM checkpoints c WHERE c.thread_id = agent_checkpoint_ids.thread_id AND c.checkpoint_ns = ''
+              AND c.checkpoint_id = agent_checkpoint_ids.checkpoint_id)""",
+        REGISTER_STORED_CHECKPOINTS_SQL,
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
 TABLES = (
-    "checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency",
-    "store_migrations", "store", "vector_migrations", "store_vectors",
+    "checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
+    "agent_claim_waiters", "agent_user_claims", "store_migrations", "store", "vector_migrations", "store_vectors",
 )  # fmt: skip
 
 #: LangGraph's store (long-term memory, agent.memory): its migration lists and their version tables,
@@ -91,12 +164,38 @@ def missing_tables(conn: sqlite3.Connection) -> list[str]:
     return [table for table in TABLES if table not in present]
 
 
-def migrate(conn: sqlite3.Connection, *, start: int) -> None:
-    """Apply the agent's migrations from index `start` (the file's `user_version`), each in its own transaction."""
+def refuse_duplicate_checkpoint_ids(conn: sqlite3.Connection, where: str) -> None:
+    """Refuse to register the stored checkpoints when an id is held by more than one thread (read only).
+
+    Raises:
+        ConfigurationError: naming the first few ids with their threads, and what to do.
+    """
+    rows = conn.execute(DUPLICATE_CHECKPOINT_IDS_SQL, (records.DUPLICATES_SHOWN,)).fetchall()
+    if rows:
+        found = [(checkpoint_id, sorted(json.loads(threads))) for checkpoint_id, threads, _ in rows]
+        raise records.duplicate_checkpoint_ids(where, found, total=rows[0][2])
+
+
+#: Checks run just before a migration's statement (by its text), inside the same transaction.
+CHECKS: dict[str, Callable[[sqlite3.Connection, str], None]] = {
+    REGISTER_STORED_CHECKPOINTS_SQL: refuse_duplicate_checkpoint_ids,
+}
+
+
+def migrate(conn: sqlite3.Connection, *, start: int, where: str) -> None:
+    """Apply the agent's migrations from index `start` (the file's `user_version`), each in its own transaction.
+    `where` names the file in errors.
+
+    Raises:
+        ConfigurationError: a check refused a migration (`CHECKS`); that migration was not applied.
+    """
     for index in range(start, len(MIGRATIONS)):
         conn.execute("BEGIN IMMEDIATE")
         try:
             for statement in MIGRATIONS[index]:
+                check = CHECKS.get(statement)
+                if check is not None:
+                    check(conn, where)
                 _apply(conn, statement)
             conn.execute(f"PRAGMA user_version = {index + 1}")
             conn.execute("COMMIT")

@@ -11,16 +11,48 @@ from __future__ import annotations
 from agent.storage import summaries
 from agent.storage.sqlite.reads import THREAD_COLUMNS
 
-# Claims the thread unless an unexpired claim holds it or the thread belongs to another user
-# (the rule of `records.owned_by`); `changes()` tells whether it did.
+# Claims the thread unless an unexpired claim holds it or the thread belongs to another user (the rule of
+# `records.owned_by`), or a live waiter holds a smaller ticket than :token's (any, if :ticket is NULL) and
+# :token does not hold the claim already (see "Waiting turns" in `storage.turns`); `changes()` tells whether it did.
 CLAIM_SQL = """
-INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
-SELECT :thread_id, :token, 1, :expires_at, :key, NULL
+INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel, user_id)
+SELECT :thread_id, :token, 1, :expires_at, :key, NULL, :user_id
 WHERE NOT EXISTS (SELECT 1 FROM agent_threads t WHERE t.thread_id = :thread_id AND t.user_id IS NOT :user_id)
+  AND (NOT EXISTS (SELECT 1 FROM agent_claim_waiters w
+                   WHERE w.thread_id = :thread_id AND w.expires_at >= :now AND w.token <> :token
+                     AND (:ticket IS NULL OR w.ticket < :ticket))
+       OR EXISTS (SELECT 1 FROM agent_claims h WHERE h.thread_id = :thread_id AND h.token = :token))
 ON CONFLICT (thread_id) DO UPDATE
 SET token = excluded.token, fence = c.fence + 1, expires_at = excluded.expires_at,
-    idempotency_key = excluded.idempotency_key, cancel = NULL
+    idempotency_key = excluded.idempotency_key, cancel = NULL, user_id = excluded.user_id
 WHERE c.expires_at < :now OR c.token = excluded.token
+"""
+# A user claim other than the caller's own (:user_claim) holds :user_id: a deletion of the user's data runs.
+USER_BEING_DELETED_SQL = """
+SELECT 1 FROM agent_user_claims WHERE user_id = :user_id AND expires_at >= :now AND token IS NOT :user_claim
+"""
+# The thread's queue (`agent_claim_waiters`): an attempt renews its ticket, a refused one takes one, the claim
+# (and a waiter that gives up) removes it; the claim also removes the tickets of waiters whose process died.
+RENEW_TICKET_SQL = """
+UPDATE agent_claim_waiters SET expires_at = :expires_at WHERE thread_id = :thread_id AND token = :token RETURNING ticket
+"""
+TAKE_TICKET_SQL = """
+INSERT INTO agent_claim_waiters (thread_id, token, expires_at) VALUES (:thread_id, :token, :expires_at)
+"""
+DONE_WAITING_SQL = """
+DELETE FROM agent_claim_waiters WHERE thread_id = :thread_id AND (token = :token OR expires_at < :now)
+"""
+LEAVE_QUEUE_SQL = "DELETE FROM agent_claim_waiters WHERE thread_id = ? AND token = ?"
+# A deletion's user claim, taken or extended; no row returned: another unexpired user claim holds the user.
+CLAIM_USER_SQL = """
+INSERT INTO agent_user_claims AS u (user_id, token, expires_at) VALUES (:user_id, :token, :expires_at)
+ON CONFLICT (user_id) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at
+WHERE u.expires_at < :now OR u.token = excluded.token
+RETURNING token
+"""
+RELEASE_USER_SQL = "DELETE FROM agent_user_claims WHERE user_id = ? AND token = ?"
+CLAIMED_THREADS_OF_USER_SQL = """
+SELECT thread_id FROM agent_claims WHERE user_id = ? AND token <> '' AND expires_at >= ? ORDER BY thread_id
 """
 CLAIM_FENCE_SQL = "SELECT fence FROM agent_claims WHERE thread_id = ? AND token = ?"
 RELEASE_CLAIM_SQL = """
@@ -59,7 +91,21 @@ CHECKPOINT_LINKS_SQL = f"""
 SELECT checkpoint_id, parent_checkpoint_id, {summary_field("message_count")}, {summary_field("kept_messages")}
 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 """
-THREAD_OF_CHECKPOINT_SQL = "SELECT thread_id FROM checkpoints WHERE checkpoint_id = ? AND checkpoint_ns = '' LIMIT 1"
+# The thread a checkpoint id names: the one agent_checkpoint_ids registers it to, else (an id no commit
+# registered: a LangGraph copy_thread copy's once its source is gone) the first thread holding it.
+THREAD_OF_CHECKPOINT_SQL = """
+SELECT thread_id FROM (
+    SELECT thread_id, 0 AS registered FROM agent_checkpoint_ids WHERE checkpoint_id = :checkpoint_id
+    UNION ALL
+    SELECT thread_id, 1 FROM checkpoints WHERE checkpoint_id = :checkpoint_id AND checkpoint_ns = ''
+) ORDER BY registered, thread_id LIMIT 1
+"""
+# A root-namespace checkpoint's id registered to its thread, in the checkpoint's transaction (`TurnSqliteSaver`):
+# nothing changes when a row exists, and CHECKPOINT_OWNER_SQL then tells this thread's from another's.
+REGISTER_CHECKPOINT_SQL = """
+INSERT INTO agent_checkpoint_ids (checkpoint_id, thread_id) VALUES (?, ?) ON CONFLICT (checkpoint_id) DO NOTHING
+"""
+CHECKPOINT_OWNER_SQL = "SELECT thread_id FROM agent_checkpoint_ids WHERE checkpoint_id = ?"
 # Leaves updated_at alone: it is the conversation's last activity (see operations.catalogue).
 UPDATE_THREAD_SQL = f"""
 UPDATE agent_threads SET title = COALESCE(:title, title), metadata = COALESCE(:metadata, metadata),
@@ -74,9 +120,6 @@ INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 SELECT_THREAD_MESSAGES_SQL = "SELECT checkpoint_id, type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ?"
-THREADS_WITH_CHECKPOINTS_SQL = """
-SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_id IN (SELECT value FROM json_each(?)) ORDER BY thread_id
-"""
 # A thread's token usage (summed over the checkpoints' `usage`) and one checkpoint's metadata (its `branch_usage`).
 TOKEN_USAGE_SQL = f"""
 SELECT coalesce(sum({summary_field("usage", index=0)}), 0),
@@ -88,6 +131,7 @@ FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 DELETE_THREAD_SQL = [
     "DELETE FROM writes WHERE thread_id = ?",
     "DELETE FROM checkpoints WHERE thread_id = ?",
+    "DELETE FROM agent_checkpoint_ids WHERE thread_id = ?",
     "DELETE FROM agent_idempotency WHERE thread_id = ?",
     "DELETE FROM agent_threads WHERE thread_id = ?",
     # Only a released claim: the deleting operation's own claim is released by its commit first.
@@ -121,6 +165,7 @@ WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
 DELETE_OTHER_WRITES_SQL = "DELETE FROM writes WHERE thread_id = ? AND NOT (checkpoint_ns = '' AND checkpoint_id = ?)"
 DELETE_OTHER_ROOT_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id <> ?"
 DELETE_NAMESPACED_CHECKPOINTS_SQL = "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns <> ''"
+DELETE_OTHER_CHECKPOINT_IDS_SQL = "DELETE FROM agent_checkpoint_ids WHERE thread_id = ? AND checkpoint_id <> ?"
 # -- the saver's thread operations (`saver_threads.SaverThreadOperations`: prune, copy_thread, delete_for_runs) --
 SELECT_CHECKPOINT_ROW_SQL = """
 SELECT type, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?
@@ -148,6 +193,7 @@ KEPT_PAIRS = "(SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') F
 DELETE_UNKEPT_SQL = [
     f"DELETE FROM writes WHERE thread_id = :thread_id AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}",
     f"DELETE FROM checkpoints WHERE thread_id = :thread_id AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}",
+    f"DELETE FROM agent_checkpoint_ids WHERE thread_id = :thread_id AND ('', checkpoint_id) NOT IN {KEPT_PAIRS}",
 ]
 
 

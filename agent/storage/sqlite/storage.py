@@ -21,12 +21,23 @@ from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
 from agent.storage import summaries
 from agent.storage.base import ThreadStorage
-from agent.storage.claims import Claim, ClaimKeeper
-from agent.storage.records import CheckpointLink, ExpiredThread, IdempotencyKeyTaken, IdempotencyState, ThreadRecord
+from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
+from agent.storage.records import (
+    CheckpointLink,
+    ExpiredThread,
+    IdempotencyKeyTaken,
+    IdempotencyState,
+    ThreadRecord,
+    owned_by,
+)
 from agent.storage.sqlite import reads, schema, sql
 from agent.storage.sqlite.saver import TurnSqliteSaver
 from agent.storage.sqlite.transaction import SqliteTx, epoch
 from agent.storage.transaction import Tx
+
+
+#: The longest busy timeout SQLite takes (milliseconds in a C int), for `statement_timeout_ms=0`.
+MAX_BUSY_SECONDS = (2**31 - 1) / 1000
 
 
 class SqliteThreadStorage(ThreadStorage):
@@ -38,15 +49,19 @@ class SqliteThreadStorage(ThreadStorage):
         self.path = path
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # statement_timeout_ms bounds the wait for another process's write lock (0: as long as SQLite allows).
+        busy = settings.statement_timeout_ms / 1000 if settings.statement_timeout_ms else MAX_BUSY_SECONDS
         try:
-            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=busy)
             if path != ":memory:":
                 # WAL + NORMAL: durable across application crashes; a power loss
                 # may drop the last turns (https://www.sqlite.org/wal.html).
                 conn.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"Cannot open SQLite database {path!r}: {exc}") from None
-        self.saver = TurnSqliteSaver(conn, self, message_cache_size=settings.message_cache_size)
+        self.saver = TurnSqliteSaver(
+            conn, self, message_cache_size=settings.message_cache_size, time_limit_ms=settings.statement_timeout_ms
+        )
         self._ready = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -57,12 +72,12 @@ class SqliteThreadStorage(ThreadStorage):
             self.saver.setup()
             conn = self.saver.conn
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            schema.migrate(conn, start=version)
+            schema.migrate(conn, start=version, where=f"SQLite database {self.path!r}")
             schema.migrate_store(conn, everything=False)
             if schema.missing_tables(conn):
                 self.saver.is_setup = False  # LangGraph's own tables too, if one of them was dropped
                 self.saver.setup()
-                schema.migrate(conn, start=0)
+                schema.migrate(conn, start=0, where=f"SQLite database {self.path!r}")
                 schema.migrate_store(conn, everything=True)
         self._ready = True
 
@@ -80,7 +95,9 @@ class SqliteThreadStorage(ThreadStorage):
         return True
 
     # -- the turn protocol -----------------------------------------------------------------
-    def _try_claim(self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True):
+    def _try_claim(
+        self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True, queue=False, user_claim=None
+    ):
         now = time.time()
         params = {
             "thread_id": thread_id,
@@ -89,23 +106,33 @@ class SqliteThreadStorage(ThreadStorage):
             "expires_at": now + self.settings.lease_seconds,
             "key": idempotency_key,
             "now": now,
+            "user_claim": user_claim,
         }
 
         def attempt():
+            # One BEGIN IMMEDIATE transaction: the same steps, in the same order, as Postgres's agent_claim_turn.
             with self.saver.transaction() as cur:
-                cur.execute(sql.CLAIM_SQL, params)
-                fence_row = cur.execute(sql.CLAIM_FENCE_SQL, (thread_id, token)).fetchone()
+                deleting = user_id is not None and cur.execute(sql.USER_BEING_DELETED_SQL, params).fetchone() is not None
+                ticket = cur.execute(sql.RENEW_TICKET_SQL, params).fetchone()
+                fence_row = None
+                if not deleting:
+                    cur.execute(sql.CLAIM_SQL, {**params, "ticket": ticket[0] if ticket else None})
+                    fence_row = cur.execute(sql.CLAIM_FENCE_SQL, (thread_id, token)).fetchone()
                 record = reads.get_thread(cur, thread_id)
+                if fence_row is not None:
+                    cur.execute(sql.DONE_WAITING_SQL, params)
+                elif queue and ticket is None and not deleting and (record is None or owned_by(record, user_id)):
+                    cur.execute(sql.TAKE_TICKET_SQL, params)
                 start = None
                 start_id = checkpoint_id or (record.head_checkpoint_id if record else None)
                 if fence_row is not None and start_id is not None and read_start:
                     config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": start_id}}
                     start = self.saver.agent_tuple(self.saver._backend_get_tuple(config))
-            return fence_row, record, start
+            return fence_row, deleting, record, start
 
-        fence_row, record, start = self._repairing(attempt)
+        fence_row, deleting, record, start = self._repairing(attempt)
         if fence_row is None:
-            return None, record
+            return ClaimAttempt(None, record, deleting)
         claim = Claim(
             thread_id=thread_id,
             user_id=user_id,
@@ -115,7 +142,11 @@ class SqliteThreadStorage(ThreadStorage):
             start=start,
             idempotency_key=idempotency_key,
         )
-        return claim, record
+        return ClaimAttempt(claim, record)
+
+    def _leave_queue(self, thread_id: str, token: str) -> None:
+        with self._errors(), self.saver.cursor() as cur:
+            cur.execute(sql.LEAVE_QUEUE_SQL, (thread_id, token))
 
     def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
         try:
@@ -159,6 +190,20 @@ class SqliteThreadStorage(ThreadStorage):
                 if row is not None:
                     found[claim.thread_id] = row[0]
         return found
+
+    def _claim_user(self, held: UserClaim, seconds: float) -> bool:
+        now = time.time()
+        params = {"user_id": held.user_id, "token": held.token, "expires_at": now + seconds, "now": now}
+        with self._errors(), self.saver.transaction() as cur:
+            return cur.execute(sql.CLAIM_USER_SQL, params).fetchone() is not None
+
+    def _release_user(self, held: UserClaim) -> None:
+        with self._errors(), self.saver.cursor() as cur:
+            cur.execute(sql.RELEASE_USER_SQL, (held.user_id, held.token))
+
+    def claimed_threads_of_user(self, user_id: str) -> list[str]:
+        rows = self._read(lambda cur: cur.execute(sql.CLAIMED_THREADS_OF_USER_SQL, (user_id, time.time())).fetchall())
+        return [row[0] for row in rows]
 
     def find_idempotent(self, user_key: str, key: str, claim_key: str) -> IdempotencyState:
         now = time.time()
@@ -262,12 +307,9 @@ class SqliteThreadStorage(ThreadStorage):
     def threads_of_user(self, user_id: str) -> list[str]:
         return self._read(lambda cur: reads.threads_of_user(cur, user_id))
 
-    def threads_with_checkpoints(self, checkpoint_ids: Sequence[str]) -> list[str]:
-        ids = json.dumps(list(checkpoint_ids))
-        return [row[0] for row in self._read(lambda cur: cur.execute(sql.THREADS_WITH_CHECKPOINTS_SQL, (ids,)).fetchall())]
-
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
-        row = self._read(lambda cur: cur.execute(sql.THREAD_OF_CHECKPOINT_SQL, (checkpoint_id,)).fetchone())
+        params = {"checkpoint_id": checkpoint_id}
+        row = self._read(lambda cur: cur.execute(sql.THREAD_OF_CHECKPOINT_SQL, params).fetchone())
         return row[0] if row else None
 
     def list_threads(self, user_id, *, limit, before, metadata):
@@ -299,4 +341,11 @@ class SqliteThreadStorage(ThreadStorage):
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 self._ready = False  # the next request runs setup, which re-creates what is missing
-            raise StorageUnavailable(f"SQLite database {self.path!r} failed: {exc}; nothing was written.") from None
+            # Interrupted by the saver's time limit, or a lock another process held past the busy timeout.
+            limit = self.settings.statement_timeout_ms
+            reason = f" (statement_timeout_ms is {limit})" if str(exc) in ("interrupted", "database is locked") else ""
+            raise StorageUnavailable(
+                f"SQLite database {self.path!r} failed: {exc}{reason}; nothing was written; the request can be retried."
+                if reason
+                else f"SQLite database {self.path!r} failed: {exc}; nothing was written."
+            ) from None

@@ -92,6 +92,7 @@ class SqliteTx(Tx):
         )
         self.cur.execute(sql.DELETE_OTHER_WRITES_SQL, (thread_id, head_id))
         removed = self.cur.execute(sql.DELETE_OTHER_ROOT_CHECKPOINTS_SQL, (thread_id, head_id)).rowcount
+        self.cur.execute(sql.DELETE_OTHER_CHECKPOINT_IDS_SQL, (thread_id, head_id))
         self.cur.execute(sql.DELETE_NAMESPACED_CHECKPOINTS_SQL, (thread_id,))
         return removed
 

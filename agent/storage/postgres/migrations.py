@@ -1,0 +1,418 @@
+"""The agent's Postgres migrations, in order: a migration's position in `MIGRATIONS` is its version.
+
+Read top to bottom, `MIGRATIONS` is the agent's schema; each version is
+recorded in `agent_migrations` as LangGraph records its own in
+`checkpoint_migrations` and `store_migrations` (`agent.storage.postgres.schema`
+applies them). Six of them are
+plpgsql functions, for their cached plans (see "Plans cached without prepared
+statements" in the package docstring): the claim (`agent_claim_turn`, which
+replaced `agent_begin_turn`, with `agent_missing_privileges`), the commit's
+fencing check (`agent_end_claim`) and the commit's writes (`agent_put_blob`,
+`agent_put_checkpoint`, `agent_upsert_thread`). A function changed later is
+created again by a later migration (the earlier text stays, as history).
+
+Checkpoint ids. A response id is `resp_<checkpoint_id>`, so a checkpoint id
+must name one thread, and two imports racing with the same ids into two new
+threads must not both commit. LangGraph's key is (thread_id, checkpoint_ns,
+checkpoint_id), and a unique index on `checkpoints (checkpoint_id)` cannot
+hold the rule: LangGraph's `copy_thread` copies a thread with the same
+checkpoint ids (its conformance suite, run on our savers by
+tests/storage/test_saver_conformance.py, checks that the copy's ids equal the
+source's), and on SQLite `SqliteSaver.put` is an `INSERT OR REPLACE`, which
+would silently delete the other thread's row instead of failing. So the rule
+has a table of its own, `agent_checkpoint_ids`, keyed by the checkpoint id:
+`agent_put_checkpoint` registers every root-namespace checkpoint the saver
+writes (turns, imports, forks, raw LangGraph puts) to its thread and fails
+(TT002) when another thread holds it. Namespaced (subgraph) checkpoints are
+not registered, since no response id names them, nor are a copy's, whose ids
+keep naming the source. `checkpoint_ids` has the rest: lookups, deletes, and
+the migration that registers what is stored, refusing ids two threads hold.
+"""
+
+from __future__ import annotations
+
+from agent.storage.postgres import checkpoint_ids
+
+#: The first key of the per-user advisory locks (the second is the user id's hash): a claim takes its
+#: user's lock shared, a deletion's user claim exclusively (see `storage.turns`). Any constant works.
+USER_LOCK_CLASS = 714_021_392
+
+# The agent's own migrations; a migration's position is its version. Each is idempotent,
+# so setup can re-apply them all when it finds a table missing.
+MIGRATIONS = [
+    "CREATE TABLE IF NOT EXISTS agent_migrations (v INTEGER PRIMARY KEY)",
+    """CREATE TABLE IF NOT EXISTS agent_threads (
+        thread_id TEXT PRIMARY KEY,
+        user_id TEXT,
+        head_checkpoint_id TEXT NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_threads_user_id_idx ON agent_threads (user_id)",
+    """ALTER TABLE agent_threads
+        ADD COLUMN IF NOT EXISTS title TEXT,
+        ADD COLUMN IF NOT EXISTS metadata JSONB NOT NULL DEFAULT '{}',
+        ADD COLUMN IF NOT EXISTS message_count INTEGER NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS forked_from JSONB,
+        ADD COLUMN IF NOT EXISTS ttl_seconds DOUBLE PRECISION""",
+    "CREATE INDEX IF NOT EXISTS agent_threads_activity_idx ON agent_threads (user_id, updated_at DESC, thread_id DESC)",
+    "CREATE INDEX IF NOT EXISTS agent_threads_updated_at_idx ON agent_threads (updated_at)",
+    """CREATE TABLE IF NOT EXISTS agent_claims (
+        thread_id TEXT PRIMARY KEY,
+        token TEXT NOT NULL,
+        fence BIGINT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL,
+        idempotency_key TEXT,
+        cancel TEXT
+    )""",
+    # The commit's fencing check, in the commit's own round trip: it releases the
+    # claim if `token` still holds it, and otherwise aborts the transaction.
+    """CREATE OR REPLACE FUNCTION agent_end_claim(p_thread_id TEXT, p_token TEXT) RETURNS BIGINT
+    LANGUAGE plpgsql AS $$
+    DECLARE v_fence BIGINT;
+    BEGIN
+        UPDATE agent_claims SET token = '', expires_at = '-infinity', cancel = NULL, idempotency_key = NULL
+        WHERE thread_id = p_thread_id AND token = p_token
+        RETURNING fence INTO v_fence;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the claim on thread % is no longer held', p_thread_id USING ERRCODE = 'TT001';
+        END IF;
+        RETURN v_fence;
+    END $$""",
+    """CREATE TABLE IF NOT EXISTS agent_idempotency (
+        user_key TEXT NOT NULL,
+        key TEXT NOT NULL,
+        request_hash TEXT NOT NULL,
+        thread_id TEXT NOT NULL,
+        response JSONB NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        expires_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (user_key, key)
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_idempotency_thread_idx ON agent_idempotency (thread_id)",
+    # A retry looks for a running turn that carries its key; the sweep deletes expired results.
+    "CREATE INDEX IF NOT EXISTS agent_claims_idempotency_idx ON agent_claims (idempotency_key) WHERE idempotency_key IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS agent_idempotency_expires_idx ON agent_idempotency (expires_at)",
+    # An OpenAI response id is `resp_<checkpoint_id>`: finding its thread needs checkpoint_id alone
+    # (LangGraph's primary key starts with thread_id). CONCURRENTLY (added to this migration's text later,
+    # the same index): on an existing table `migrate` leaves it to `indexes.build`.
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS agent_checkpoints_checkpoint_id_idx ON checkpoints (checkpoint_id)",
+    # A turn's claim in one statement (see "Plans cached without prepared statements" in the package
+    # docstring). It claims the thread unless an unexpired claim holds it or the thread belongs to another user (the rule of
+    # `records.owned_by`); re-running it with the same token succeeds, so a claim whose connection died can be
+    # retried. It returns the thread's record, the privileges a commit needs that the role lacks, and (only
+    # when the claim succeeded and p_read_start) the start: p_checkpoint_id, else the head, in the shape of
+    # sql.SELECT_CHECKPOINTS_COLUMNS (the blobs by one primary-key lookup per channel, as there).
+    """CREATE OR REPLACE FUNCTION agent_begin_turn(
+        p_thread_id TEXT, p_token TEXT, p_user_id TEXT, p_lease DOUBLE PRECISION, p_key TEXT,
+        p_checkpoint_id TEXT, p_read_start BOOLEAN)
+    RETURNS TABLE (
+        claim_fence BIGINT, missing_privileges TEXT[],
+        t_thread_id TEXT, t_user_id TEXT, t_head_checkpoint_id TEXT, t_title TEXT, t_metadata JSONB,
+        t_message_count INTEGER, t_forked_from JSONB, t_ttl_seconds DOUBLE PRECISION, t_created_at TEXT,
+        t_updated_at TEXT,
+        s_thread_id TEXT, s_checkpoint JSONB, s_checkpoint_ns TEXT, s_checkpoint_id TEXT,
+        s_parent_checkpoint_id TEXT, s_metadata JSONB, s_channel_values BYTEA[], s_pending_writes BYTEA[])
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        -- The claim need not survive a crash of the server: a lost claim only makes its turn's commit,
+        -- whose fencing check is durable, fail with LeaseExpired. Local to this statement's transaction.
+        PERFORM set_config('synchronous_commit', 'off', true);
+        INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
+        SELECT p_thread_id, p_token, 1, clock_timestamp() + make_interval(secs => p_lease), p_key, NULL
+        WHERE NOT EXISTS (
+            SELECT 1 FROM agent_threads t WHERE t.thread_id = p_thread_id AND t.user_id IS DISTINCT FROM p_user_id)
+        ON CONFLICT (thread_id) DO UPDATE
+        SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
+            idempotency_key = EXCLUDED.idempotency_key, cancel = NULL
+        WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
+        RETURNING c.fence INTO claim_fence;
+
+        SELECT t.thread_id, t.user_id, t.head_checkpoint_id, t.title, t.metadata, t.message_count, t.forked_from,
+            t.ttl_seconds, to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+            to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+        INTO t_thread_id, t_user_id, t_head_checkpoint_id, t_title, t_metadata, t_message_count, t_forked_from,
+            t_ttl_seconds, t_created_at, t_updated_at
+        FROM agent_threads t WHERE t.thread_id = p_thread_id;
+
+        SELECT coalesce(array_agg(p.privilege || ' on ' || w.tbl ORDER BY w.i, p.j), '{}')
+        INTO missing_privileges
+        FROM unnest(ARRAY['checkpoints', 'checkpoint_blobs', 'checkpoint_writes', 'agent_threads'])
+            WITH ORDINALITY AS w(tbl, i)
+        CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE']) WITH ORDINALITY AS p(privilege, j)
+        WHERE NOT has_table_privilege(w.tbl, p.privilege);
+
+        IF claim_fence IS NOT NULL AND p_read_start THEN
+            SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
+                (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+                 FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+                 CROSS JOIN LATERAL (
+                    SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
+                    WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+                      AND b.channel = v.channel AND b.version = v.version
+                    OFFSET 0) AS bl),
+                (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+                 FROM checkpoint_writes cw
+                 WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns
+                   AND cw.checkpoint_id = c.checkpoint_id)
+            INTO s_thread_id, s_checkpoint, s_checkpoint_ns, s_checkpoint_id, s_parent_checkpoint_id, s_metadata,
+                s_channel_values, s_pending_writes
+            FROM checkpoints c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = ''
+              AND c.checkpoint_id = COALESCE(p_checkpoint_id, t_head_checkpoint_id);
+        END IF;
+        RETURN NEXT;
+    END $$""",
+    # A commit's writes as plpgsql functions, for their cached plans (see "Plans cached without prepared
+    # statements"): LangGraph's UPSERT_CHECKPOINT_BLOBS_SQL and UPSERT_CHECKPOINTS_SQL (TurnPostgresSaver
+    # calls these with the same parameters) and the thread record's upsert (UPSERT_THREAD_SQL).
+    """CREATE OR REPLACE FUNCTION agent_put_blob(
+        p_thread_id TEXT, p_checkpoint_ns TEXT, p_channel TEXT, p_version TEXT, p_type TEXT, p_blob BYTEA)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+        VALUES (p_thread_id, p_checkpoint_ns, p_channel, p_version, p_type, p_blob)
+        ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING;
+    END $$""",
+    """CREATE OR REPLACE FUNCTION agent_put_checkpoint(
+        p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
+        p_checkpoint JSONB, p_metadata JSONB)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+        VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_checkpoint_id, p_checkpoint, p_metadata)
+        ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+        DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata;
+    END $$""",
+    """CREATE OR REPLACE FUNCTION agent_upsert_thread(
+        p_thread_id TEXT, p_user_id TEXT, p_head_checkpoint_id TEXT, p_message_count INTEGER, p_title TEXT,
+        p_metadata JSONB)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata)
+        VALUES (p_thread_id, p_user_id, p_head_checkpoint_id, p_message_count, p_title, p_metadata)
+        ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = EXCLUDED.head_checkpoint_id,
+            message_count = EXCLUDED.message_count, updated_at = now();
+    END $$""",
+    # A stored response is returned whole, never queried into, and may hold a NUL character (a model's
+    # reply can): json keeps the text as given, jsonb refuses the escape \u0000.
+    "ALTER TABLE agent_idempotency ALTER COLUMN response TYPE json",
+    # Waiting turns in arrival order, and deleting a user's data while turns may start (see `storage.turns`):
+    # a claim records its user, so a deletion finds the turns running for that user (on new threads too).
+    "ALTER TABLE agent_claims ADD COLUMN IF NOT EXISTS user_id TEXT",
+    "CREATE INDEX IF NOT EXISTS agent_claims_user_id_idx ON agent_claims (user_id) WHERE user_id IS NOT NULL",
+    # The turns waiting for a busy thread; the smallest live ticket is served next.
+    """CREATE TABLE IF NOT EXISTS agent_claim_waiters (
+        thread_id TEXT NOT NULL,
+        ticket BIGINT GENERATED ALWAYS AS IDENTITY,
+        token TEXT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (thread_id, ticket)
+    )""",
+    # A deletion's hold on all of one user's data (a lease, like a claim).
+    """CREATE TABLE IF NOT EXISTS agent_user_claims (
+        user_id TEXT PRIMARY KEY,
+        token TEXT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    )""",
+    # The claim of `agent_begin_turn` (above, kept for processes of the previous release during a rolling
+    # upgrade), plus: the claim row records p_user_id; refused while a user claim other than p_user_claim
+    # holds p_user_id (`user_being_deleted`), taken under the user's shared advisory lock (the user claim
+    # takes it exclusively: see `storage.turns`); and served in ticket order: refused while a live waiter
+    # holds a smaller ticket than p_token's (any, if p_token has none), unless p_token holds the claim
+    # already (a retry of a claim whose answer was lost). With p_queue, a refusal because the thread is
+    # busy gives p_token a ticket; every attempt renews p_token's ticket, and the claim removes it.
+    f"""CREATE OR REPLACE FUNCTION agent_claim_turn(
+        p_thread_id TEXT, p_token TEXT, p_user_id TEXT, p_lease DOUBLE PRECISION, p_key TEXT,
+        p_checkpoint_id TEXT, p_read_start BOOLEAN, p_queue BOOLEAN, p_user_claim TEXT)
+    RETURNS TABLE (
+        claim_fence BIGINT, user_being_deleted BOOLEAN, missing_privileges TEXT[],
+        t_thread_id TEXT, t_user_id TEXT, t_head_checkpoint_id TEXT, t_title TEXT, t_metadata JSONB,
+        t_message_count INTEGER, t_forked_from JSONB, t_ttl_seconds DOUBLE PRECISION, t_created_at TEXT,
+        t_updated_at TEXT,
+        s_thread_id TEXT, s_checkpoint JSONB, s_checkpoint_ns TEXT, s_checkpoint_id TEXT,
+        s_parent_checkpoint_id TEXT, s_metadata JSONB, s_channel_values BYTEA[], s_pending_writes BYTEA[])
+    LANGUAGE plpgsql AS $$
+    DECLARE v_ticket BIGINT;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        user_being_deleted := false;
+        IF p_user_id IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock_shared({USER_LOCK_CLASS}, hashtext(p_user_id));
+            user_being_deleted := EXISTS (
+                SELECT 1 FROM agent_user_claims u WHERE u.user_id = p_user_id
+                  AND u.expires_at >= clock_timestamp() AND u.token IS DISTINCT FROM p_user_claim);
+        END IF;
+        UPDATE agent_claim_waiters SET expires_at = clock_timestamp() + make_interval(secs => p_lease)
+        WHERE thread_id = p_thread_id AND token = p_token
+        RETURNING ticket INTO v_ticket;
+
+        IF NOT user_being_deleted THEN
+            INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel, user_id)
+            SELECT p_thread_id, p_token, 1, clock_timestamp() + make_interval(secs => p_lease), p_key, NULL, p_user_id
+            WHERE NOT EXISTS (
+                SELECT 1 FROM agent_threads t WHERE t.thread_id = p_thread_id AND t.user_id IS DISTINCT FROM p_user_id)
+              AND (NOT EXISTS (
+                    SELECT 1 FROM agent_claim_waiters w
+                    WHERE w.thread_id = p_thread_id AND w.expires_at >= clock_timestamp() AND w.token <> p_token
+                      AND (v_ticket IS NULL OR w.ticket < v_ticket))
+                OR EXISTS (SELECT 1 FROM agent_claims h WHERE h.thread_id = p_thread_id AND h.token = p_token))
+            ON CONFLICT (thread_id) DO UPDATE
+            SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
+                idempotency_key = EXCLUDED.idempotency_key, cancel = NULL, user_id = EXCLUDED.user_id
+            WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
+            RETURNING c.fence INTO claim_fence;
+        END IF;
+
+        SELECT t.thread_id, t.user_id, t.head_checkpoint_id, t.title, t.metadata, t.message_count, t.forked_from,
+            t.ttl_seconds, to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+            to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+        INTO t_thread_id, t_user_id, t_head_checkpoint_id, t_title, t_metadata, t_message_count, t_forked_from,
+            t_ttl_seconds, t_created_at, t_updated_at
+        FROM agent_threads t WHERE t.thread_id = p_thread_id;
+
+        IF claim_fence IS NOT NULL THEN
+            -- Out of the queue; so are waiters of this thread whose process died (their tickets expired).
+            DELETE FROM agent_claim_waiters
+            WHERE thread_id = p_thread_id AND (token = p_token OR expires_at < clock_timestamp());
+        ELSIF p_queue AND v_ticket IS NULL AND NOT user_being_deleted
+              AND (t_thread_id IS NULL OR t_user_id IS NOT DISTINCT FROM p_user_id) THEN
+            INSERT INTO agent_claim_waiters (thread_id, token, expires_at)
+            VALUES (p_thread_id, p_token, clock_timestamp() + make_interval(secs => p_lease));
+        END IF;
+
+        missing_privileges := agent_missing_privileges();
+
+        IF claim_fence IS NOT NULL AND p_read_start THEN
+            SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
+                (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+                 FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+                 CROSS JOIN LATERAL (
+                    SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
+                    WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+                      AND b.channel = v.channel AND b.version = v.version
+                    OFFSET 0) AS bl),
+                (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+                 FROM checkpoint_writes cw
+                 WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns
+                   AND cw.checkpoint_id = c.checkpoint_id)
+            INTO s_thread_id, s_checkpoint, s_checkpoint_ns, s_checkpoint_id, s_parent_checkpoint_id, s_metadata,
+                s_channel_values, s_pending_writes
+            FROM checkpoints c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = ''
+              AND c.checkpoint_id = COALESCE(p_checkpoint_id, t_head_checkpoint_id);
+        END IF;
+        RETURN NEXT;
+    END $$""",
+    # The thread each checkpoint id names, unique by this primary key (see "Checkpoint ids" above).
+    """CREATE TABLE IF NOT EXISTS agent_checkpoint_ids (
+        checkpoint_id TEXT PRIMARY KEY,
+        thread_id TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_checkpoint_ids_thread_idx ON agent_checkpoint_ids (thread_id)",
+    # Rows whose checkpoint is gone go (re-applied after a dropped table), then the stored checkpoints are
+    # registered; `migrate` first refuses ids that two threads hold (`checkpoint_ids.refuse_duplicates`).
+    checkpoint_ids.FORGET_STALE_SQL,
+    checkpoint_ids.REGISTER_STORED_SQL,
+    # The commit's checkpoint write, now registering a root-namespace checkpoint's id to its thread first. ON
+    # CONFLICT waits for a concurrent insert of the same id to commit or roll back; then a row of another
+    # thread is TT002 (the id in DETAIL), and the same thread's (LangGraph writing a checkpoint again) is fine.
+    """CREATE OR REPLACE FUNCTION agent_put_checkpoint(
+        p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
+        p_checkpoint JSONB, p_metadata JSONB)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    BEGIN
+        IF p_checkpoint_ns = '' THEN
+            INSERT INTO agent_checkpoint_ids (checkpoint_id, thread_id) VALUES (p_checkpoint_id, p_thread_id)
+            ON CONFLICT (checkpoint_id) DO NOTHING;
+            IF NOT FOUND AND NOT EXISTS (
+                SELECT 1 FROM agent_checkpoint_ids WHERE checkpoint_id = p_checkpoint_id AND thread_id = p_thread_id)
+            THEN
+                RAISE EXCEPTION 'checkpoint % belongs to another thread', p_checkpoint_id
+                    USING ERRCODE = 'TT002', DETAIL = p_checkpoint_id;
+            END IF;
+        END IF;
+        INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+        VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_checkpoint_id, p_checkpoint, p_metadata)
+        ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+        DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata;
+    END $$""",
+    # The privileges a commit needs, which the claim checks before the model runs: a function of its own,
+    # so that a table added later replaces only this. agent_begin_turn is created again to call it.
+    """CREATE OR REPLACE FUNCTION agent_missing_privileges() RETURNS TEXT[]
+    LANGUAGE plpgsql STABLE AS $$
+    BEGIN
+        RETURN (SELECT coalesce(array_agg(n.privilege || ' on ' || n.tbl ORDER BY n.i), '{}')
+                FROM (VALUES (1, 'checkpoints', 'INSERT'), (2, 'checkpoints', 'UPDATE'),
+                             (3, 'checkpoint_blobs', 'INSERT'), (4, 'checkpoint_blobs', 'UPDATE'),
+                             (5, 'checkpoint_writes', 'INSERT'), (6, 'checkpoint_writes', 'UPDATE'),
+                             (7, 'agent_threads', 'INSERT'), (8, 'agent_threads', 'UPDATE'),
+                             (9, 'agent_checkpoint_ids', 'INSERT')) AS n(i, tbl, privilege)
+                WHERE NOT has_table_privilege(n.tbl, n.privilege));
+    END $$""",
+    """CREATE OR REPLACE FUNCTION agent_begin_turn(
+        p_thread_id TEXT, p_token TEXT, p_user_id TEXT, p_lease DOUBLE PRECISION, p_key TEXT,
+        p_checkpoint_id TEXT, p_read_start BOOLEAN)
+    RETURNS TABLE (
+        claim_fence BIGINT, missing_privileges TEXT[],
+        t_thread_id TEXT, t_user_id TEXT, t_head_checkpoint_id TEXT, t_title TEXT, t_metadata JSONB,
+        t_message_count INTEGER, t_forked_from JSONB, t_ttl_seconds DOUBLE PRECISION, t_created_at TEXT,
+        t_updated_at TEXT,
+        s_thread_id TEXT, s_checkpoint JSONB, s_checkpoint_ns TEXT, s_checkpoint_id TEXT,
+        s_parent_checkpoint_id TEXT, s_metadata JSONB, s_channel_values BYTEA[], s_pending_writes BYTEA[])
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        -- The claim need not survive a crash of the server: a lost claim only makes its turn's commit,
+        -- whose fencing check is durable, fail with LeaseExpired. Local to this statement's transaction.
+        PERFORM set_config('synchronous_commit', 'off', true);
+        INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
+        SELECT p_thread_id, p_token, 1, clock_timestamp() + make_interval(secs => p_lease), p_key, NULL
+        WHERE NOT EXISTS (
+            SELECT 1 FROM agent_threads t WHERE t.thread_id = p_thread_id AND t.user_id IS DISTINCT FROM p_user_id)
+        ON CONFLICT (thread_id) DO UPDATE
+        SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
+            idempotency_key = EXCLUDED.idempotency_key, cancel = NULL
+        WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
+        RETURNING c.fence INTO claim_fence;
+
+        SELECT t.thread_id, t.user_id, t.head_checkpoint_id, t.title, t.metadata, t.message_count, t.forked_from,
+            t.ttl_seconds, to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+            to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+        INTO t_thread_id, t_user_id, t_head_checkpoint_id, t_title, t_metadata, t_message_count, t_forked_from,
+            t_ttl_seconds, t_created_at, t_updated_at
+        FROM agent_threads t WHERE t.thread_id = p_thread_id;
+
+        missing_privileges := agent_missing_privileges();
+
+        IF claim_fence IS NOT NULL AND p_read_start THEN
+            SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
+                (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+                 FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+                 CROSS JOIN LATERAL (
+                    SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
+                    WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+                      AND b.channel = v.channel AND b.version = v.version
+                    OFFSET 0) AS bl),
+                (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+                 FROM checkpoint_writes cw
+                 WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns
+                   AND cw.checkpoint_id = c.checkpoint_id)
+            INTO s_thread_id, s_checkpoint, s_checkpoint_ns, s_checkpoint_id, s_parent_checkpoint_id, s_metadata,
+                s_channel_values, s_pending_writes
+            FROM checkpoints c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = ''
+              AND c.checkpoint_id = COALESCE(p_checkpoint_id, t_head_checkpoint_id);
+        END IF;
+        RETURN NEXT;
+    END $$""",
+]
+
+#: Every table setup must leave behind (LangGraph's and the agent's).
+TABLES = (
+    "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
+    "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
+    "agent_claim_waiters", "agent_user_claims", "store_migrations", "store",
+)  # fmt: skip

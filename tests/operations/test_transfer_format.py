@@ -1,0 +1,217 @@
+"""The thread document's format (`agent.operations.transfer`): version 2 holds what each checkpoint adds.
+
+* The message-list rule (`transfer.changes`) against LangGraph's own `add_messages`: any change a
+  turn, an edit or a removal makes is expressed, and applying it gives the list back exactly.
+* A copy round trip on each backend: a tree with branches, an edit, an answer edited in place, a
+  removal and a context summary, exported and imported under a new thread id, reads back the same
+  (every checkpoint's state, the history and the branches, ids mapped).
+* Size: every message is in the document once per change, and the issue's thread (61 turns of 2 kB
+  messages, 6.3 MB in version 1) fits the `import_thread` action's request limit.
+* Version 1 still imports: `fixtures/thread-v1.json` was written by the exporter before version 2
+  (commit e25bb0b; a summary, a tool call, two branches, an answer edited in place, a removal), and
+  reads back as it says, and its version 2 export is the same content (importing it is a no-op).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, messages_from_dict, messages_to_dict
+from langgraph.graph.message import add_messages
+
+from agent import InvalidRequest
+from agent.operations.transfer import parse_document
+from agent.operations.transfer.changes import apply_changes, changes_between
+from tests.helpers.scenario import outputs, say
+from tests.operations.test_transfer import row_counts
+
+FIXTURE = Path(__file__).parent / "fixtures" / "thread-v1.json"
+
+
+# -- the rule ---------------------------------------------------------------------------------------
+def _message(n: int, text: str = "") -> HumanMessage | AIMessage:
+    kind = HumanMessage if n % 2 else AIMessage
+    return kind(content=text or f"message {n}", id=f"m{n}")
+
+
+edits = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(0, 3)),
+        st.tuples(st.just("replace"), st.integers(0, 1000), st.text(max_size=5)),
+        st.tuples(st.just("remove"), st.integers(0, 1000)),
+    ),
+    max_size=6,
+)
+
+
+@given(size=st.integers(0, 8), changes=edits)
+@settings(max_examples=200, deadline=None)
+def test_every_add_messages_change_is_expressed_and_applies_back_exactly(size, changes):
+    before = [_message(n) for n in range(size)]
+    update, fresh = [], 100
+    for change in changes:
+        if change[0] == "append":
+            for _ in range(change[1]):
+                update.append(_message(fresh := fresh + 1))
+        elif before and change[0] == "replace":
+            old = before[change[1] % len(before)]
+            update.append(old.model_copy(update={"content": f"edited {change[2]}"}))
+        elif before and change[0] == "remove":
+            victim = before[change[1] % len(before)].id
+            if all(getattr(m, "id", None) != victim for m in update):
+                update.append(RemoveMessage(id=victim))
+    after = add_messages(before, update)
+    found = changes_between(before, after)
+    assert found is not None
+    remove, add = found
+    assert apply_changes(before, remove, add) == after
+    # Only what changed is listed: no kept message is in `add`.
+    assert all(m not in before for m in add)
+
+
+def test_a_list_the_rule_cannot_express_is_none_and_bad_changes_are_refused():
+    a, b, c = (_message(n) for n in range(3))
+    assert changes_between([a, b, c], [b, a, c]) is None  # kept messages in another order
+    assert changes_between([a], [a, a]) is None  # an id twice
+    assert changes_between([a], [a, HumanMessage("no id")]) is None
+    for remove, add, reason in [
+        (["m9"], [], "does not hold"),
+        (["m0", "m0"], [], "twice"),
+        (["m0"], [a], "both removed and added"),
+        ([], [c, c], "twice"),
+    ]:
+        with pytest.raises(ValueError, match=reason):
+            apply_changes([a, b], remove, add)
+
+
+# -- a copy reads the same ----------------------------------------------------------------------------
+def build_thread(agent) -> str:
+    """A tree with every kind of change: turns, a tool call, a branch, an edit, an answer edited in
+    place, a removal, and a context summary (the agent's budget is small)."""
+    first = outputs(say(agent, "I'm planning a trip " + "word " * 30, user_id="ada"))
+    thread_id = first["thread_id"]
+    for n in range(4):
+        say(agent, f"message number {n} " + "word " * 30, thread_id=thread_id, user_id="ada")
+    say(agent, "calculate 6*7", thread_id=thread_id, user_id="ada")
+    say(agent, "I'm headed to New York!", thread_id=thread_id, checkpoint_id=first["checkpoint_id"], user_id="ada")
+    state = agent.get_checkpoint_state(thread_id, user_id="ada")
+    user = [m for m in state["messages"] if m["role"] == "user"][-1]
+    say(agent, "I'm headed to Lisbon!", thread_id=thread_id, edit_message_id=user["id"], user_id="ada")
+    answer = [m for m in agent.get_checkpoint_state(thread_id, user_id="ada")["messages"] if m["role"] == "assistant"][-1]
+    agent.update_checkpoint_state(thread_id, None, [{"role": "assistant", "content": "Lisbon it is.", "id": answer["id"]}],
+                                  user_id="ada")  # fmt: skip
+    say(agent, "and then?", thread_id=thread_id, user_id="ada")
+    first_message = agent.get_checkpoint_state(thread_id, user_id="ada")["messages"][0]["id"]
+    agent.update_checkpoint_state(thread_id, None, None, remove_message_ids=[first_message], user_id="ada")
+    return thread_id
+
+
+def everything(agent, thread_id: str) -> dict:
+    """What a client reads about a thread: history, every checkpoint's state, branches, usage."""
+    history = agent.get_checkpoint_history(thread_id, 1000, user_id="ada")
+    return {
+        "history": history,
+        "states": [agent.get_checkpoint_state(thread_id, e["checkpoint_id"], user_id="ada") for e in history],
+        "branches": agent.list_branches(thread_id, user_id="ada"),
+        "usage": agent.get_usage(thread_id, user_id="ada"),
+    }
+
+
+def test_a_copy_through_a_version_2_document_reads_the_same_on_each_backend(backend_url, make_agent):
+    agent = make_agent(backend_url, max_context_tokens=700, context_strategy="summarize")
+    thread_id = build_thread(agent)
+    document = json.loads(json.dumps(agent.export_thread(thread_id, user_id="ada")))
+    kinds = {v["type"] for c in document["checkpoints"] for v in c["channel_values"].values()}
+    assert {"messages", "message_changes", "unchanged", "json"} <= kinds  # the summary is carried unchanged
+    assert any("remove" in c["channel_values"].get("messages", {}).get("value", {}) for c in document["checkpoints"]
+               if c["channel_values"].get("messages", {}).get("type") == "message_changes")  # fmt: skip
+
+    copy_id = agent.import_thread(document, user_id="ada", thread_id=f"copy-{uuid.uuid4()}")["thread_id"]
+
+    original, copied = everything(agent, thread_id), everything(agent, copy_id)
+    mapping = {a["checkpoint_id"]: b["checkpoint_id"] for a, b in zip(original["history"], copied["history"], strict=True)}
+    text = json.dumps(original, sort_keys=True).replace(thread_id, copy_id)
+    for old, new in mapping.items():
+        text = text.replace(old, new)
+    assert json.loads(text) == copied
+
+
+# -- size ----------------------------------------------------------------------------------------------
+def own_bytes(restored) -> int:
+    """The JSON of each distinct message of the thread once (distinct: the same id and the same content)."""
+    distinct = {json.dumps(d, sort_keys=True) for ms in restored.messages.values() for d in messages_to_dict(ms)}
+    return sum(len(text) for text in distinct)
+
+
+def test_each_message_is_in_the_document_once_per_change(backend_url, make_agent):
+    agent = make_agent(backend_url)
+    thread_id = build_thread(agent)
+    for n in range(8):
+        say(agent, f"more {n}", thread_id=thread_id, user_id="ada")
+    document = agent.export_thread(thread_id, user_id="ada")
+    written = [
+        json.dumps(d, sort_keys=True)
+        for c in document["checkpoints"]
+        for v in c["channel_values"].values()
+        for d in (v["value"] if v["type"] == "messages" else v["value"]["add"] if v["type"] == "message_changes" else [])
+    ]
+    distinct = {json.dumps(d, sort_keys=True) for ms in parse_document(document).messages.values() for d in messages_to_dict(ms)}
+    assert sorted(written) == sorted(distinct)  # each distinct message once, none twice
+
+
+def test_the_issues_thread_fits_the_import_action(make_agent, tmp_path):
+    # 61 turns of 2 kB messages exported to 6.3 MB in version 1, which the action refused (max_request_bytes).
+    agent = make_agent(f"sqlite:///{tmp_path / 'long.sqlite'}")
+    thread_id = str(uuid.uuid4())
+    for n in range(61):
+        say(agent, f"turn {n} " + "x" * 2000, thread_id=thread_id)
+    document = agent.export_thread(thread_id)
+    size = len(json.dumps(document))
+    assert size <= 1.5 * own_bytes(parse_document(document))
+    assert size < agent.settings.max_request_bytes
+    request = {"input": [], "custom_inputs": {"action": "import_thread", "document": document, "thread_id": "by-action"}}
+    thread = agent.predict(request).custom_outputs["thread"]
+    assert thread["message_count"] == 122
+    # A document over the limit is refused with the way to import it.
+    small = make_agent(f"sqlite:///{tmp_path / 'small.sqlite'}", max_request_bytes=size // 2)
+    with pytest.raises(InvalidRequest, match="tt-agent import"):
+        small.predict({**request, "custom_inputs": {**request["custom_inputs"], "thread_id": "too-big"}})
+
+
+# -- version 1 ----------------------------------------------------------------------------------------
+def test_a_version_1_document_still_imports_and_reads_as_it_says(backend_url, make_agent):
+    document = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    assert document["version"] == 1
+    agent = make_agent(backend_url)
+    thread = agent.import_thread(document, user_id="ada")
+    thread_id = thread["thread_id"]
+    assert (thread["checkpoint_id"], thread["title"], thread["metadata"]) == (
+        document["thread"]["checkpoint_id"], "A trip", {"app": "fixture"})  # fmt: skip
+
+    history = {e["checkpoint_id"]: e for e in agent.get_checkpoint_history(thread_id, 1000, user_id="ada")}
+    assert len(history) == len(document["checkpoints"]) == 13
+    for checkpoint in document["checkpoints"]:
+        entry = history[checkpoint["checkpoint_id"]]
+        assert entry["parent_checkpoint_id"] == checkpoint["parent_checkpoint_id"]
+        for key in ("message_count", "last_message", "last_user_message", "branch_usage", "usage"):
+            assert entry.get(key) == checkpoint["metadata"].get(key), key
+        expected = messages_from_dict(checkpoint["channel_values"].get("messages", {}).get("value", []))
+        config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint["checkpoint_id"]}}
+        assert agent.graph.get_state(config).values.get("messages", []) == expected
+
+    # Its version 2 export is the same content: the same resolved values, and importing it writes nothing.
+    again = agent.export_thread(thread_id, user_id="ada")
+    assert again["version"] == 2
+    old, new = parse_document(document), parse_document(again)
+    assert {k: messages_to_dict(v) for k, v in old.messages.items()} == {k: messages_to_dict(v) for k, v in new.messages.items()}
+    assert {k: v.get("context_summary") for k, v in old.values.items()} == {
+        k: v.get("context_summary") for k, v in new.values.items()}  # fmt: skip
+    counts = row_counts(agent)
+    assert agent.import_thread(again, user_id="ada") == thread
+    assert row_counts(agent) == counts
+    assert len(json.dumps(again)) < len(json.dumps(document)) / 2
