@@ -4,9 +4,11 @@ With `user_id_header` set, that header is who the caller is, on every route
 (`agent_server._caller`, `openai.caller`). The server trusts it because a proxy
 in front sets it after authenticating the user; the proxy must **replace** any
 header of that name the client sent. A proxy that **appends** instead leaves
-the client's own value in the request, as a second header line, or joined to
-its own with a comma (HTTP allows a recipient to combine repeated field lines
-into one comma-separated value, RFC 9110 section 5.3; Envoy's append does).
+the client's own value in the request, as a second header line, or in the same
+line before a comma (HTTP lets a recipient combine repeated field lines into one
+comma-separated value, RFC 9110 section 5.3). Envoy's `request_headers_to_add`
+appends by default, and so do Google Cloud load balancers' custom request headers
+(docs/guides/openai-client.md lists what each proxy must be set to).
 Starlette's `request.headers.get` and MLflow's `get_request_headers()` (a
 `dict(request.headers)`) both answer the *first* line, which is the client's:
 the client would choose the user.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
@@ -61,8 +61,6 @@ def execute(url: str, statement_pg: str, statement_sqlite: str, params: tuple) -
 def later(agent, years: float):
     """A time `years` after every thread's last write."""
     latest = max(agent.get_thread(t["thread_id"])["updated_at"] for t in agent.list_threads(limit=100))
-    from datetime import datetime
-
     return datetime.fromisoformat(latest) + timedelta(days=365.25 * years)
 
 

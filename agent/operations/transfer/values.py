@@ -18,8 +18,8 @@ and why each is what it is:
 * **Timestamps** (`ts`, and the thread's `created_at`, `updated_at`,
   `exported_at` when given): ISO 8601 date and time with a UTC offset, the form
   `datetime.isoformat()` writes for an aware datetime (LangGraph's `ts`, the
-  storage's record times). A date alone or a week date, which Python reads and
-  the rest of the world may not, is refused.
+  storage's record times). A date alone, or a week date (`2024-W01-1`, which
+  `datetime.fromisoformat` reads and Postgres's `timestamptz` does not), is refused.
 * **Channel versions** (`channel_versions` and `versions_seen`): the strings
   LangGraph's Postgres and SQLite savers write (`get_next_version`: 32 digits,
   a dot, and the text of a random number). LangGraph compares versions with
@@ -32,8 +32,9 @@ and why each is what it is:
   derives the summary from: `model_input_messages` and `model_input_tokens`
   are integers from 0 to `MAX_TOKENS`, `summary_used` a boolean, `usage`
   `{"input_tokens", "output_tokens"}` integers from 0 to `MAX_TOKENS` (a
-  trillion: no model call comes near, and a thread's sum stays far inside 64
-  bits); `branch_usage` (derived again on import) the same shape.
+  trillion: no model call comes near it, and `get_usage`'s sum over a thread
+  stays inside 64 bits, which SQLite's `sum()` needs, up to 9 million
+  checkpoints at the bound); `branch_usage` (derived again on import) the same shape.
 * **LangGraph's own metadata**: `step` (required) an integer from -1 to
   `MAX_TOKENS` (the loop adds one to it), `source` a string, `parents` an
   object of strings, `counters_since_delta_snapshot` an object of `[n, n]`.
