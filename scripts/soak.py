@@ -42,7 +42,7 @@ def parse(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="how long clients and faults run (default 10)")
     parser.add_argument("--servers", type=int, default=3, help="tt-agent serve processes (default 3)")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent clients, two per user (default 8)")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients, four per user (default 8)")
     parser.add_argument("--fault-interval", type=float, default=2.5, help="mean seconds between faults (default 2.5)")
     parser.add_argument("--model-latency", type=float, default=0.3, help="seconds the model stub takes per reply")
     parser.add_argument("--ttl-strategy", choices=["keep_latest", "delete"], default="keep_latest",

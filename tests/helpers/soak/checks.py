@@ -80,7 +80,7 @@ def tokens_of(message: BaseMessage) -> set[str]:
 
 @dataclass
 class ThreadContent:
-    """Per checkpoint of one thread: its messages' tokens, the tokens new since its parent."""
+    """Per checkpoint of one thread: its messages' tokens, the tokens it brought in (`_new_tokens`)."""
 
     tokens: dict[str, set[str]] = field(default_factory=dict)
     new: dict[str, set[str]] = field(default_factory=dict)
@@ -92,6 +92,7 @@ def read_content(agent: Any, snap: Snapshot, check: Check) -> dict[str, ThreadCo
     for thread_id in sorted(snap.thread_ids()):
         content = contents[thread_id] = ThreadContent()
         parents: dict[str, str | None] = {}
+        listed: dict[str, list[BaseMessage]] = {}
         try:
             tuples = list(agent.storage.saver.list({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}))
         except Exception as exc:  # noqa: BLE001 - a checkpoint that does not load is what this looks for
@@ -113,12 +114,13 @@ def read_content(agent: Any, snap: Snapshot, check: Check) -> dict[str, ThreadCo
             if messages and not interrupted and not _answered(messages[-1]):
                 check.problems.append(f"{where}: ends with a {messages[-1].type} message, not the model's answer")
             content.tokens[checkpoint_id] = set().union(*(tokens_of(m) for m in messages)) if messages else set()
+            listed[checkpoint_id] = messages
             if checkpoint_id == head:
                 content.head_messages = len(messages)
-        for checkpoint_id, tokens in content.tokens.items():
+        for checkpoint_id, messages in listed.items():
             parent = parents.get(checkpoint_id)
             if parent is not None:
-                content.new[checkpoint_id] = tokens - content.tokens.get(parent, set())
+                content.new[checkpoint_id] = _new_tokens(messages, listed.get(parent, []))
         record = snap.threads.get(thread_id)
         if record and content.head_messages is not None and record["message_count"] != content.head_messages:
             check.problems.append(
@@ -126,6 +128,17 @@ def read_content(agent: Any, snap: Snapshot, check: Check) -> dict[str, ThreadCo
             )
     check.detail = f"{snap.checkpoint_count} checkpoints of {len(contents)} threads read"
     return contents
+
+
+def _new_tokens(messages: list[BaseMessage], parent: list[BaseMessage]) -> set[str]:
+    """The ops whose text a checkpoint brought in: the tokens of its user messages that its parent does not
+    hold (by id and text: an edit in place is new), and of its other new messages (the answer, an edited
+    answer) those its parent holds nowhere (an answer quotes the earlier user messages)."""
+    before = {(m.id, str(m.content)) for m in parent}
+    new = [m for m in messages if (m.id, str(m.content)) not in before]
+    seen = set().union(*(tokens_of(m) for m in parent)) if parent else set()
+    from_users = {t for m in new if isinstance(m, HumanMessage) for t in tokens_of(m)}
+    return from_users | {t for m in new if not isinstance(m, HumanMessage) for t in tokens_of(m) - seen}
 
 
 def _answered(message: BaseMessage) -> bool:

@@ -91,11 +91,11 @@ def run(options: Options) -> Report:
             database_url = cluster.create_database("soak")
             create_agent(database_url, model="offline", tracing=False).close()  # set up before the replicas start
             (root / "run").mkdir()
-            started = time.monotonic()
             with fleet(root / "run", pg_port=cluster.port, database_url=database_url, servers=options.servers,
                        model_latency=options.model_latency, ttl_strategy=options.ttl_strategy) as processes:  # fmt: skip
                 stop = threading.Event()
-                users = [f"soak-user-{i}" for i in range(max(1, (options.clients + 1) // 2))]
+                # Four clients per user: turns on a user's shared thread then often overlap.
+                users = [f"soak-user-{i}" for i in range(max(1, (options.clients + 3) // 4))]
                 shared = {user: shared_thread(user, processes.urls, ledger, stop, seed) for user in users}
                 clients = [
                     Client(i, users[i % len(users)], processes.urls, ledger, stop, shared_threads=[shared[users[i % len(users)]]],
@@ -104,6 +104,7 @@ def run(options: Options) -> Report:
                 ]  # fmt: skip
                 injector = FaultInjector(processes, cluster, "soak", ledger, stop, interval=options.fault_interval,
                                          seed=seed, kinds=options.fault_kinds)  # fmt: skip
+                started = time.monotonic()  # the soak proper: from the first client to the last sweep
                 for client in clients:
                     client.start()
                 injector.start()

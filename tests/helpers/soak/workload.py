@@ -1,6 +1,6 @@
 """The soak's clients: threads that each take turns and branch operations on their user's threads, and retry.
 
-Each `Client` is one user's session (several clients share a user): it owns the threads it
+Each `Client` is one user's session (four clients share a user): it owns the threads it
 starts (only it writes them, so the checks know their head), and shares its user's `shared`
 threads with the user's other clients, where turns race under a random double-texting
 strategy (`reject`, `enqueue`, `interrupt`, `rollback`). It picks one op at a time (weights in
@@ -38,7 +38,7 @@ from tests.helpers.soak.ledger import Ledger, Op, ThreadBook
 
 #: Relative weights of the ops a client picks.
 WEIGHTS = {
-    "turn": 30, "new_thread": 6, "shared_turn": 10, "memory": 4, "edit": 8, "regenerate": 7,
+    "turn": 28, "new_thread": 6, "shared_turn": 14, "memory": 4, "edit": 8, "regenerate": 7,
     "update_state": 6, "set_head": 6, "fork": 5, "import": 3, "expire": 3, "read": 6,
 }  # fmt: skip
 
