@@ -159,14 +159,18 @@ class Server:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return []
-        bad, record = [], ""
-        for line in lines:
+        bad, record, frames, collecting = [], "", [], False
+        for line in lines + ["INFO:"]:
             if RECORD_START.match(line):
-                record = line
+                if collecting:  # where the traceback ended: its last frames and the error
+                    bad.append(f"{record} (traceback: {' | '.join(frames[-5:])})")
+                record, frames, collecting = line, [], False
                 if BAD_ANSWER.search(line):
                     bad.append(line)
             elif line.startswith("Traceback") and record.startswith("ERROR") and "-> 5" not in record:
-                bad.append(f"{record} (with a traceback)")
+                collecting = True
+            elif collecting and (line.startswith('  File "') or not line.startswith(" ")):
+                frames.append(line.strip())
         return bad
 
 

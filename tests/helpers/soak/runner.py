@@ -181,6 +181,12 @@ def format_summary(report: Report) -> str:
         lines.append(f"  landed late     {len(late):>7}   (the client gave up; its key's result was stored)")
         lines.append(f"  refused         {sum(refused.values()):>7}   {_counts(refused)}")
         lines.append(f"  unresolved      {sum(unresolved.values()):>7}   {_counts(unresolved)}")
+        # The refusals that are not the shared threads' races (busy under reject, rolled back): an example each.
+        odd = {}
+        for op in chosen:
+            if op.outcome == "refused" and not op.late and op.reason not in ("ThreadBusy", "TurnCancelled"):
+                odd.setdefault((op.kind, op.reason), f"    {op.kind} {op.id}: {op.reason}: {op.extra.get('message', '')}")
+        lines.extend(list(odd.values())[:SHOWN])
 
     outcome_line("turns tried", TURN_KINDS)
     outcome_line("other writes", OTHER_WRITE_KINDS)
@@ -203,7 +209,7 @@ def format_summary(report: Report) -> str:
         lines.append(f"problem: {problem[:300]}")
     if report.log_lines:
         lines.append(f"server logs: {len(report.log_lines)} lines with a 5xx or a traceback")
-        lines += [f"    {line[:300]}" for line in report.log_lines[:SHOWN]]
+        lines += [f"    {line[:1500]}" for line in report.log_lines[:SHOWN]]
     if report.kept:
         lines.append(f"kept: {report.kept}")
     lines.append(f"result: {'PASS' if report.passed else 'FAIL'}")

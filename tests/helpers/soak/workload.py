@@ -318,6 +318,7 @@ class Client(threading.Thread):
                 return answer
             if final:
                 op.outcome, op.reason = "refused", answer.reason
+                op.extra["message"] = answer.message[:300]
                 if answer.reason == "InvalidRequest" and "idempotency_key" in answer.message:
                     self.ledger.problem(f"{op.kind} {op.id}: a retry with its own key was refused: {answer.message}")
                 return None
