@@ -353,9 +353,17 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
 
 def _comparable(document: dict[str, Any]) -> dict[str, Any]:
     """The document without what an import does not keep (docs/guides/operations.md, "What is not restored":
-    the record's timestamps, and `ttl_seconds`, which follows the importing deployment)."""
+    the record's timestamps, and `ttl_seconds`, which follows the importing deployment), and each checkpoint's
+    pending writes in one order: the document lists them in the order the database returns them, which
+    follows LangGraph's `task_path`, a field the document does not carry (so an imported copy lists them
+    by task id)."""
     thread = {k: v for k, v in document["thread"].items() if k not in ("created_at", "updated_at", "ttl_seconds")}
-    return {**{k: v for k, v in document.items() if k != "exported_at"}, "thread": thread}
+    checkpoints = [
+        {**c, "pending_writes": sorted(c.get("pending_writes") or [], key=lambda w: json.dumps(w, sort_keys=True, default=str))}
+        if isinstance(c, dict) else c
+        for c in document.get("checkpoints") or []
+    ]
+    return {**{k: v for k, v in document.items() if k != "exported_at"}, "thread": thread, "checkpoints": checkpoints}
 
 
 def check_run(ledger: Ledger, database_url: str, *, ttl_strategy: str, round_trip_targets: dict[str, str]) -> Verdict:

@@ -313,9 +313,13 @@ class Client(threading.Thread):
             if answer.status is not None and answer.status >= 500 and answer.status != 503:
                 self.ledger.count_server_error(answer.reason, f"{op.kind} {op.id}: {answer.message}")
             final = answer.kind == "final" or (busy_is_final and answer.reason == "ThreadBusy")
-            if final and landed_if is not None and op.attempts > 1 and "in use" in answer.message and landed_if():
-                op.outcome = "landed"
-                return answer
+            if final and landed_if is not None and op.attempts > 1 and "in use" in answer.message:
+                if landed_if():  # an earlier attempt landed
+                    op.outcome = "landed"
+                    return answer
+                # An earlier attempt still holds the new id (its server may have been killed: until its
+                # lease runs out): not an answer yet.
+                final, answer.reason = False, "in use by an earlier attempt"
             if final:
                 op.outcome, op.reason = "refused", answer.reason
                 op.extra["message"] = answer.message[:300]
