@@ -9,7 +9,10 @@ of each checkpoint of the chain with a new id and the thread record (owner,
 deltas within the new thread, never copied as blobs (a delta's base names a
 checkpoint of its own thread), so the fork is independent of the source
 (deleting the source leaves it whole) and its storage is linear in its
-messages like any thread's. New ids rather than the source's: checkpoint ids
+messages like any thread's. Each copy keeps what its turn sent the model and
+used: it is handed to the saver as that turn's report (as `import_thread`
+does), from which the saver also derives the branch totals, so a fork's
+`get_usage` is its source's. New ids rather than the source's: checkpoint ids
 then stay unique across threads, which the message cache and every reader
 that keys by checkpoint id may assume.
 """
@@ -28,6 +31,7 @@ from agent.operations.branches import messages_of
 from agent.operations.operation import Operation, param
 from agent.operations.tree import read_tree
 from agent.storage import ThreadStorage, Turn
+from agent.storage.summaries import TURN_REPORT_KEY, replayed_report
 from agent.types import ForkResult
 
 if TYPE_CHECKING:
@@ -115,6 +119,9 @@ def _write_copies(storage: ThreadStorage, turn: Turn, copies: Sequence[Checkpoin
             configurable: dict[str, Any] = {"thread_id": turn.thread_id, "checkpoint_ns": ""}
             if new_ids:
                 configurable["checkpoint_id"] = new_ids[-1]
+                # Without the turn's report the saver would drop what the turn sent the model and used,
+                # and each copy's branch total would be its source parent's (one turn short).
+                configurable[TURN_REPORT_KEY] = replayed_report(source.metadata, new_ids[-1])
             # Every channel's value is written anew: the new thread has no blobs to point at.
             saver.put({"configurable": configurable}, checkpoint, dict(source.metadata), dict(checkpoint["channel_versions"]))
             written = {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": "", "checkpoint_id": new_id}}

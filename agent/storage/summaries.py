@@ -224,6 +224,22 @@ def model_input_summary(
     return out
 
 
+def replayed_report(metadata: Mapping[str, Any], start: str) -> dict | None:
+    """The turn report that makes the saver write `metadata`'s model input and usage again, for a copy
+    of a checkpoint written as the child of `start` (`fork_thread`'s copies); None when the checkpoint
+    recorded no model call (a root, a state update). Its `branch_usage` then follows from the copy's
+    parent's plus this `usage`, as for the original turn."""
+    if not all(key in metadata for key in ("model_input_messages", "model_input_tokens", "summary_used")):
+        return None
+    return {
+        "start": start,
+        "messages": metadata["model_input_messages"],
+        "tokens": metadata["model_input_tokens"],
+        "summary_used": metadata["summary_used"],
+        "usage": metadata.get("usage"),
+    }
+
+
 def _clip(text: str) -> str:
     # Postgres jsonb refuses NUL, and LangGraph would strip it anyway.
     return text[:LAST_MESSAGE_CHARS].replace("\x00", "")

@@ -368,6 +368,23 @@ def test_fork_is_a_new_thread_of_the_same_user_with_the_ancestor_chain(agent):
         agent.get_checkpoint_state(fork["thread_id"], user_id="bob")
 
 
+def test_a_forks_copies_keep_each_turns_model_input_and_usage_and_the_branch_totals(agent):
+    """The copies carry what each turn sent the model and used, so a fork's branch totals match the source's."""
+    trip = run_trip(agent)
+    fork = agent.fork_thread(trip["thread_id"])
+    keys = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage")
+
+    def report(thread_id):
+        return [{k: e.get(k) for k in keys} for e in agent.get_checkpoint_history(thread_id, limit=100)]
+
+    source = report(trip["thread_id"])
+    assert source[0]["usage"] is not None and source[0]["branch_usage"] != source[0]["usage"]  # three turns add up
+    assert report(fork["thread_id"]) == source
+    source_usage = agent.get_usage(trip["thread_id"])
+    fork_usage = agent.get_usage(fork["thread_id"])
+    assert (fork_usage["thread_usage"], fork_usage["branch_usage"]) == (source_usage["thread_usage"], source_usage["branch_usage"])
+
+
 def test_fork_defaults_to_the_head_and_takes_a_new_thread_id(agent):
     trip = run_trip(agent)
     fork = agent.fork_thread(trip["thread_id"], new_thread_id="my-fork")

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psycopg
 import pytest
+from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg import sql
 
 from agent.errors import AgentError, ModelError, StorageUnavailable
@@ -98,6 +99,42 @@ def test_killed_connections_between_turns_the_next_request_succeeds(pg_server_ur
     # Reads are retried the same way.
     assert len(agent.get_checkpoint_history(thread_id)) == 4  # the root and three turns
     assert agent.storage.get_thread(thread_id).user_id is None
+
+
+@pytest.mark.parametrize("start", ["branch", "regenerate"])
+def test_connections_killed_when_a_turn_away_from_the_head_reads_the_head_a_clear_error_and_nothing_written(
+    pg_server_url, fault_db, make_agent, monkeypatch, start
+):
+    """A turn that starts away from the head (a branch, an edit, a regeneration) reads the head while it
+    runs: LangGraph asks for the latest checkpoint to tell a branch from a continuation
+    (`checkpoint_superseded`). That read failing is `StorageUnavailable`, never the driver's error (a 500
+    over HTTP). Found by the chaos soak."""
+    agent = make_agent(fault_db)
+    first = outputs(say(agent, "I'm headed to SF!"))
+    thread_id = first["thread_id"]
+    say(agent, "And then to LA.", thread_id=thread_id)
+    before, rows = history_ids(agent, thread_id), all_rows(fault_db)
+    read_head = PostgresSaver.get_tuple
+    killed = []
+
+    def kill_then_read(saver, config):
+        if not killed and saver.active_turn(thread_id) is not None:  # the read inside the turn's run
+            killed.append(terminate_backends(pg_server_url, dbname_of(fault_db)))
+        return read_head(saver, config)
+
+    def send():
+        if start == "branch":
+            return outputs(say(agent, "To Tokyo instead.", thread_id=thread_id, checkpoint_id=first["checkpoint_id"]))
+        return outputs(agent.predict(request(thread_id=thread_id, regenerate=True)))
+
+    monkeypatch.setattr(PostgresSaver, "get_tuple", kill_then_read)
+    with pytest.raises(StorageUnavailable) as failed:
+        send()
+    assert killed and killed[0] >= 1
+    assert "nothing was written" in failed.value.message
+    monkeypatch.undo()
+    assert history_ids(agent, thread_id) == before and all_rows(fault_db) == rows
+    assert send()["parent_checkpoint_id"] == first["checkpoint_id"]  # a sibling of the second turn, either way
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["predict", "predict_stream"])

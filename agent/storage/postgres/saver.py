@@ -20,7 +20,7 @@ What it changes in `PostgresSaver`, and why:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol
 
 import psycopg
@@ -42,6 +42,8 @@ class SaverStorage(Protocol):
     def cursor(self, *, pipeline: bool = False) -> AbstractContextManager[Any]: ...
 
     def transaction(self, apply: Callable[[Any], Any]) -> Any: ...
+
+    def faults(self, action: str, thread_id: str | None = None) -> AbstractContextManager[None]: ...
 
 
 class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
@@ -71,7 +73,17 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
             yield cur
 
     def _backend_get_tuple(self, config):
-        return PostgresSaver.get_tuple(self, config)
+        with self._read_faults("read a checkpoint", config):
+            return PostgresSaver.get_tuple(self, config)
+
+    def _read_faults(self, action: str, config) -> AbstractContextManager[None]:
+        """Outside a write transaction, the driver's errors of a read as `StorageUnavailable` (a read
+        while a turn runs, e.g. LangGraph asking for the head to tell a branch from a continuation,
+        would otherwise reach the caller as psycopg's error: a 500). Inside one they propagate, for
+        the commit to settle what was written."""
+        if running_batch() is not None:
+            return nullcontext()
+        return self._storage.faults(action, config["configurable"].get("thread_id"))
 
     def _load_checkpoint_tuple(self, value):
         # With the checkpoint's messages cached, its stored messages value would be decoded only for
@@ -101,7 +113,7 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         return PostgresSaver.put_writes(self, config, writes, task_id, task_path)
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:
-        with self._cursor() as cur:
+        with self._read_faults("read messages", {"configurable": {"thread_id": thread_id}}), self._cursor() as cur:
             cur.execute(sql.SELECT_THREAD_MESSAGES_SQL, (thread_id, checkpoint_ns))
             rows = cur.fetchall()
         decoded: dict[tuple, Any] = {}

@@ -173,6 +173,11 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                     self.setup()
         raise AssertionError("unreachable")
 
+    def faults(self, action: str, thread_id: str | None = None) -> AbstractContextManager[None]:
+        """psycopg's errors inside the block as `StorageUnavailable` saying what could not be done (`action`);
+        for the saver's reads outside a write transaction (`TurnPostgresSaver._read_faults`)."""
+        return self._faults(action, thread_id)
+
     def _faults(self, action: str, thread_id: str | None = None) -> AbstractContextManager[None]:
         """`PostgresConnections.faults`; a missing table makes the next request run setup again."""
         return self.connections.faults(action, thread_id, on_schema_missing=self._forget_setup)
