@@ -36,11 +36,18 @@ this layout hold the same fields flat, beside LangGraph's keys; `unpack` reads
 both, so no migration rewrites stored rows. The agent's own operations read a
 checkpoint's metadata through `agent_view` (the caller's keys with the summary
 fields flat, as before), so nothing above `agent.storage` sees the layout.
+
+**Encrypted previews.** With encryption at rest (`agent.encryption`), the two
+fields that quote messages (`TEXT_FIELDS`) are stored sealed: `pack` takes the
+keyring's `seal_text`, `agent_view` its `open_text`. The other fields stay
+plaintext, because SQL reads them (the tree, token usage) and they hold no
+words. `unpack` and `with_fields` leave sealed values as they are, so a
+rewrite (retention, `delete_for_runs`) keeps them sealed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported on use: `agent.views` reads LAST_MESSAGE_CHARS without loading LangChain
@@ -73,16 +80,25 @@ SHORT_NAMES = {
 #: The summary fields, as the agent reads them (`agent_view`) and as the flat layout stored them.
 SUMMARY_FIELDS = frozenset(SHORT_NAMES)
 _LONG_NAMES = {short: name for name, short in SHORT_NAMES.items()}
+#: Fields that quote a message: sealed when encryption is on (see "Encrypted previews" above).
+TEXT_FIELDS = ("last_message", "last_user_message")
 #: Fields holding a token usage `{"input_tokens", "output_tokens"}`, packed as `[input, output]`.
 _USAGE_FIELDS = frozenset({"usage", "branch_usage"})
 
 
-def pack(summary: Mapping[str, Any]) -> dict:
-    """`{SUMMARY_KEY: …}`: the summary fields under their short names, usages as `[input, output]`."""
+def _same(value: Any) -> Any:
+    return value
+
+
+def pack(summary: Mapping[str, Any], seal: Callable[[str], str] = _same) -> dict:
+    """`{SUMMARY_KEY: …}`: the summary fields under their short names, usages as `[input, output]`, the
+    `TEXT_FIELDS` passed through `seal` (a keyring's `seal_text`)."""
     packed = {}
     for name, value in summary.items():
         if name in _USAGE_FIELDS and isinstance(value, Mapping):
             value = [int(value.get("input_tokens", 0)), int(value.get("output_tokens", 0))]
+        elif name in TEXT_FIELDS and isinstance(value, str) and value:
+            value = seal(value)
         packed[SHORT_NAMES[name]] = value
     return {SUMMARY_KEY: packed}
 
@@ -134,13 +150,19 @@ def with_fields(metadata: Mapping[str, Any] | None, **fields: Any) -> dict:
     return {**metadata, **pack(fields)}
 
 
-def agent_view(metadata: Mapping[str, Any] | None) -> dict:
-    """The metadata as the agent's operations read it: the caller's keys, then the summary fields flat.
+def agent_view(metadata: Mapping[str, Any] | None, open_text: Callable[[Any], Any] = _same) -> dict:
+    """The metadata as the agent's operations read it: the caller's keys, then the summary fields flat,
+    the `TEXT_FIELDS` passed through `open_text` (a keyring's; it raises `EncryptionKeyError` on a sealed
+    value it cannot open).
 
     A caller key named like a summary field is shadowed here (the agent's own graph writes none); the
     stored metadata and LangGraph's reads (`get_tuple`, `list`) keep it.
     """
-    return {**caller_metadata(metadata), **unpack(metadata)}
+    summary = unpack(metadata)
+    for name in TEXT_FIELDS:
+        if name in summary:
+            summary[name] = open_text(summary[name])
+    return {**caller_metadata(metadata), **summary}
 
 
 def message_text(message: BaseMessage | None) -> str:
