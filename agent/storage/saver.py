@@ -218,7 +218,8 @@ class TurnSaverMixin(SaverThreadOperations):
         }
         config = {**config, "configurable": {k: v for k, v in configurable.items() if not k.startswith("tt_")}}
         stored = {**checkpoint, "channel_values": values}
-        return self._backend_put(config, stored, {**clean, **summaries.pack(summary, self.keyring.seal_text)}, new_versions)
+        seal = self.keyring.seal_text if self.keyring.enabled else None
+        return self._backend_put(config, stored, {**clean, **summaries.pack(summary, seal)}, new_versions)
 
     def _parent_metadata(self, config, parent_id: str, turn: Turn | None) -> Mapping[str, Any] | None:
         # A turn's parent is its start, which the claim read (or a root written in the same commit).

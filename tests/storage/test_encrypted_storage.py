@@ -293,7 +293,7 @@ def stored_message_bytes(agent, thread_id: str) -> int:
     ).fetchone()[0]
 
 
-def test_sealed_deltas_stay_linear_and_cost_a_fixed_32_bytes_per_blob(url):
+def test_sealed_deltas_stay_linear_and_cost_at_most_33_bytes_more_per_blob(url):
     sizes = {}
     for key in (None, A):
         with open_agent(url, key) as agent:
@@ -306,5 +306,6 @@ def test_sealed_deltas_stay_linear_and_cost_a_fixed_32_bytes_per_blob(url):
             sizes[key] = at
     sealed, plain = sizes[A], sizes[None]
     assert sealed[40] < 6 * sealed[10] and sealed[40] - sealed[20] < 1.5 * sealed[20]  # deltas, not whole lists
-    # Each sealed blob adds its key id, nonce and tag; a turn writes a few blobs.
-    assert 0 < sealed[40] - plain[40] <= 40 * 4 * OVERHEAD_BYTES
+    # Each sealed blob adds its key id, nonce, tag and format byte, and is compressed first when that helps
+    # (so it may well be smaller); a turn writes a few blobs.
+    assert sealed[40] <= plain[40] + 40 * 4 * OVERHEAD_BYTES
