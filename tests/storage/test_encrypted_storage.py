@@ -239,7 +239,7 @@ def test_the_command_line_exports_sealed_documents_and_decrypted_ones_with_plain
 
     source, target = f"sqlite:///{tmp_path / 'a.sqlite'}", f"sqlite:///{tmp_path / 'b.sqlite'}"
     with open_agent(source, A) as agent:
-        thread_id = outputs(say(agent, "from the command line", user_id="u"))["thread_id"]
+        thread_id = outputs(say(agent, "Quokka", user_id="u"))["thread_id"]
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AGENT_ENCRYPTION_KEY", A)
     run = lambda *args: CliRunner().invoke(app, list(args))  # noqa: E731
@@ -251,9 +251,16 @@ def test_the_command_line_exports_sealed_documents_and_decrypted_ones_with_plain
     assert run("import", "sealed.json", "--user-id", "w", "--database-url", target).exit_code == 0
     again = run("import", "sealed.json", "--user-id", "w", "--database-url", target)
     assert again.exit_code == 0 and "already there" in again.stdout
+    # The read-only commands' light SQLite reader opens the previews and titles too.
+    history = run("history", thread_id, "--user-id", "u", "--database-url", source)
+    listed = run("threads", "--user-id", "u", "--database-url", source)
+    assert history.exit_code == 0 and "Quokka" in history.stdout, history.output
+    assert listed.exit_code == 0 and "Quokka" in listed.stdout, listed.output
     monkeypatch.setenv("AGENT_ENCRYPTION_KEY", B)
-    refused = run("export", thread_id, "--user-id", "u", "--database-url", source)
-    assert refused.exit_code == 1 and "AGENT_ENCRYPTION_KEY" in refused.output and "Traceback" not in refused.output
+    for command in (("export", thread_id), ("history", thread_id), ("threads",)):
+        refused = run(*command, "--user-id", "u", "--database-url", source)
+        assert refused.exit_code == 1 and "AGENT_ENCRYPTION_KEY" in refused.output, (command, refused.output)
+        assert "Traceback" not in refused.output
 
 
 class Note(TypedDict):
