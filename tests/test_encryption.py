@@ -86,7 +86,16 @@ def test_keys_are_base64_of_32_bytes_with_or_without_padding_in_either_alphabet(
     assert parse_keys([A, B]) == parse_keys(f"{A}\n{B}")
 
 
-@pytest.mark.parametrize("value", ["", " , ", "not-a-key", base64.b64encode(b"short").decode(), A + "," + A[:-4]])
+MALFORMED = {
+    "empty": "",
+    "separators only": " , ",
+    "not base64": "not-a-key",
+    "too short": base64.b64encode(b"short").decode(),
+    "second key cut": f"{A},{A[:-4]}",
+}
+
+
+@pytest.mark.parametrize("value", list(MALFORMED.values()), ids=list(MALFORMED))
 def test_a_malformed_key_is_a_configuration_error_naming_the_setting_and_not_the_key(value):
     with pytest.raises(ConfigurationError) as err:
         parse_keys(value)
