@@ -8,6 +8,7 @@ Layout (one responsibility per module; data flows one way, from the edges inward
   (HTTP status, MLflow code, OpenAI type)
 * `types`        typed results crossing layers (`TurnResult`, `CheckpointSummary`)
 * `validation`   checks of single request values
+* `encryption`   encryption at rest: the configured keys, sealing and opening stored values
 * `storage/`     short-term memory: checkpoints, thread records, the claim/commit turn protocol
 * `memory/`      long-term memory: what the agent learns about a user, across threads
 * `models/`      chat model factory, the offline model and its markers
@@ -48,6 +49,7 @@ from agent.errors import (
     AgentError,
     CheckpointNotFound,
     ConfigurationError,
+    EncryptionKeyError,
     InterruptPending,
     InvalidRequest,
     LeaseExpired,
@@ -83,6 +85,7 @@ __all__ = [
     "AgentSettings",
     "CheckpointNotFound",
     "ConfigurationError",
+    "EncryptionKeyError",
     "InterruptPending",
     "InvalidRequest",
     "LangGraphResponsesAgent",

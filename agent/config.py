@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.errors import ConfigurationError, validation_problems
@@ -80,6 +80,13 @@ class AgentSettings(BaseSettings):
     """Called for the Postgres password when the pool opens a connection (Lakebase, Azure AD, RDS IAM tokens)."""
     credential_cache_seconds: float = Field(default=15 * 60.0, ge=0)
     """How long a password from `credential_provider` is reused before the provider is called again."""
+
+    # -- encryption at rest (agent.encryption, docs/encryption.md) ----------------------------
+    encryption_key: SecretStr | None = None
+    """Encrypt stored conversations with AES-256-GCM: one base64 key of 32 bytes, or several separated by
+    commas, newest first (written with the first, read with any: rotation). None: stored in plaintext."""
+    encryption_key_provider: Callable[[], str | list[str]] | None = None
+    """Called once when the storage opens, for the value of `encryption_key` (a secret manager, a KMS)."""
 
     # -- turns on one thread -----------------------------------------------------------------
     multitask_strategy: MultitaskStrategy = "reject"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.errors import AgentError, ConfigurationError, Conflict, InvalidRequest, NotFound, Unavailable
+from agent.errors import AgentError, ConfigurationError, Conflict, EncryptionKeyError, InvalidRequest, NotFound, Unavailable
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class ErrorAnswer:
 
 # Checked in order: the first class the error is an instance of wins.
 ERROR_ANSWERS: tuple[tuple[type[AgentError], ErrorAnswer], ...] = (
+    # Before ConfigurationError: the server's keys cannot open its own data, which no request can fix.
+    (EncryptionKeyError, ErrorAnswer(500, "INTERNAL_ERROR", "server_error", "internal_error")),
     (InvalidRequest, ErrorAnswer(400, "INVALID_PARAMETER_VALUE", "invalid_request_error", "invalid_request")),
     (ConfigurationError, ErrorAnswer(400, "INVALID_PARAMETER_VALUE", "invalid_request_error", "invalid_request")),
     (NotFound, ErrorAnswer(404, "RESOURCE_DOES_NOT_EXIST", "invalid_request_error", "not_found")),

@@ -13,6 +13,7 @@ says whether anything was written where that is not obvious.
     AgentError
     ├── InvalidRequest          the request is malformed
     ├── ConfigurationError      a setting is invalid
+    │   └── EncryptionKeyError  stored data cannot be decrypted with the configured keys
     ├── NotFound
     │   ├── ThreadNotFound      no such thread (or not the caller's)
     │   ├── CheckpointNotFound  no such checkpoint in this thread
@@ -57,6 +58,12 @@ class InvalidRequest(AgentError):
 
 class ConfigurationError(AgentError):
     """A setting is invalid: an unknown database URL scheme, a bad value, a model that cannot be configured."""
+
+
+class EncryptionKeyError(ConfigurationError):
+    """Stored (or imported) data is encrypted and the configured keys cannot open it: no key is set, the key
+    that wrote it is not among them, or it was altered (`agent.encryption`). A server answers 500: the
+    deployment's keys are wrong, not the request."""
 
 
 class NotFound(AgentError):

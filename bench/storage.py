@@ -265,8 +265,8 @@ class Reference(Design):
 class Project(Design):
     """This project: `create_agent(...)`, `predict` with `custom_inputs.thread_id`, `get_checkpoint_history`."""
 
-    def __init__(self, url: str, model: Any = "offline") -> None:
-        self.agent = create_agent(url, model=model, tracing=False)
+    def __init__(self, url: str, model: Any = "offline", **settings: Any) -> None:
+        self.agent = create_agent(url, model=model, tracing=False, **settings)
 
     def turn(self, thread_id: str, text: str) -> None:
         self.agent.predict({"input": [{"role": "user", "content": text}], "custom_inputs": {"thread_id": thread_id}})

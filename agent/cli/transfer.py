@@ -4,7 +4,9 @@ One thread is written as one JSON document (indented). Every thread of a user
 (`export --user-id U` without a thread id) is written as JSON Lines: one
 thread document per line, in thread id order, so an export of many threads is
 written (and read back) one thread at a time, and `head`, `grep` or `split`
-can cut it. `import` reads either form: a file whose first line is a JSON
+can cut it. With encryption at rest on (`AGENT_ENCRYPTION_KEY`), each
+document is sealed with the key unless `--plaintext` is given
+(`agent.operations.transfer.sealed`). `import` reads either form: a file whose first line is a JSON
 value on its own is JSON Lines, read a line at a time (so a large export is
 never held whole), and anything else is one document.
 
@@ -42,6 +44,9 @@ def export(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write here instead of to standard output.")
     ] = None,
+    plaintext: Annotated[
+        bool, typer.Option("--plaintext", help="With encryption at rest on, write the documents decrypted instead of sealed.")
+    ] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Write a thread (or every thread of --user-id, as JSON Lines) as a JSON document. Never creates a store."""
@@ -52,10 +57,11 @@ def export(
             raise InvalidRequest("Name a THREAD_ID, or give --user-id to export every thread of that user.")
         with open_agent(database_url, "offline", False, read_only=True) as agent:
             if thread_id is not None:
-                text = json.dumps(agent.export_thread(thread_id, user_id=user_id), ensure_ascii=False, indent=2) + "\n"
+                document = agent.export_thread(thread_id, user_id=user_id, plaintext=plaintext)
+                text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
                 _write(output, [text])
             else:
-                lines = (json.dumps(doc, ensure_ascii=False) + "\n" for doc in _user_documents(agent, user_id))
+                lines = (json.dumps(doc, ensure_ascii=False) + "\n" for doc in _user_documents(agent, user_id, plaintext))
                 count = _write(output, lines)
                 if output is not None:
                     console.print(f"Exported {count} thread(s) of {user_id} to {output}", markup=False)
@@ -97,7 +103,7 @@ def import_(
                 )
 
 
-def _user_documents(agent, user_id: str) -> Iterator[dict[str, Any]]:
+def _user_documents(agent, user_id: str, plaintext: bool) -> Iterator[dict[str, Any]]:
     """A document per thread of `user_id`, in thread id order, each exported when it is written (a
     thread deleted meanwhile is left out)."""
     from agent.errors import ThreadNotFound
@@ -109,7 +115,7 @@ def _user_documents(agent, user_id: str) -> Iterator[dict[str, Any]]:
         before = page[-1]["cursor"]
     for thread_id in sorted(thread_ids):
         try:
-            yield agent.export_thread(thread_id, user_id=user_id)
+            yield agent.export_thread(thread_id, user_id=user_id, plaintext=plaintext)
         except ThreadNotFound:
             continue
 
@@ -117,6 +123,8 @@ def _user_documents(agent, user_id: str) -> Iterator[dict[str, Any]]:
 def _thread_id_of(document: object) -> str | None:
     thread = document.get("thread") if isinstance(document, dict) else None
     thread_id = thread.get("thread_id") if isinstance(thread, dict) else None
+    if thread_id is None and isinstance(document, dict):  # a sealed document names its thread outside
+        thread_id = document.get("thread_id")
     return thread_id if isinstance(thread_id, str) else None
 
 
@@ -171,16 +179,25 @@ def _readable(file: Path) -> Iterator[TextIO]:
 
 
 def _check(file: Path, stream: TextIO) -> int:
-    """How many documents `stream` holds, each checked as `import_thread` checks it (nothing is opened).
+    """How many documents `stream` holds, each checked as `import_thread` checks it (nothing is opened; a
+    sealed document is opened with the keys of `AGENT_ENCRYPTION_KEY` first).
 
     Raises:
-        InvalidRequest: a line or document that is not a thread document (naming the line in JSON Lines).
+        InvalidRequest: a line or document that is not a thread document (naming the line in JSON Lines),
+            or a sealed one the configured keys cannot open.
     """
+    from agent.config import load_settings
+    from agent.encryption import Keyring
     from agent.operations.transfer import parse_document
+    from agent.operations.transfer.sealed import is_sealed_document, open_document
 
     count = 0
+    keyring: Keyring | None = None
     for where, document in _documents(file, stream):
         with _located(file, where):
+            if is_sealed_document(document):
+                keyring = keyring or Keyring.from_settings(load_settings(model="offline"))
+                document = open_document(document, keyring)
             parse_document(document)
         count += 1
     return count

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from langchain_core.embeddings import Embeddings
 
@@ -83,3 +83,18 @@ class PrecomputedEmbeddings(Embeddings):
 
     def embed_query(self, text: str) -> list[float]:
         return self.embed_documents([text])[0]
+
+
+class OpenedEmbeddings(Embeddings):
+    """`model` given the plaintext of sealed texts (`open_text`, a keyring's): LangGraph's store embeds a
+    memory's stored content, which is sealed when encryption is on (`agent.encryption`)."""
+
+    def __init__(self, model: Embeddings, open_text: Callable[[str], str]) -> None:
+        self.model = model
+        self.open_text = open_text
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.model.embed_documents([self.open_text(text) for text in texts])
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.model.embed_query(self.open_text(text))

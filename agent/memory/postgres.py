@@ -62,7 +62,8 @@ class PostgresMemoryStore(PostgresStore):
 
     def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
         rows = self._execute("read memories", lambda conn: conn.execute(READ_SQL, (prefix, list(keys))).fetchall())
-        return [(to_memory(row["key"], row["value"], row["created_at"], None), None) for row in rows]
+        keyring = self.storage.keyring
+        return [(to_memory(row["key"], row["value"], row["created_at"], None, keyring), None) for row in rows]
 
     def refresh(self, prefix: str, keys: Sequence[str], ttl_seconds: float) -> None:
         self._execute("refresh memories", lambda conn: conn.execute(REFRESH_SQL, (ttl_seconds, prefix, list(keys))))

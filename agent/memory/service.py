@@ -34,6 +34,7 @@ class Memories:
 
     def __init__(self, storage: Any, settings: AgentSettings) -> None:
         self.settings = settings
+        self.keyring = storage.keyring
         self.embeddings: PrecomputedEmbeddings | None = None
         if settings.embedding_model:
             if is_postgres_url(settings.database_url):
@@ -128,7 +129,8 @@ class Memories:
             if artifact is None:
                 continue
             if artifact[ARTIFACT_KIND] == "save":
-                value = {"content": artifact["content"], "thread_id": thread_id, "checkpoint_id": checkpoint_id}
+                content = self.keyring.seal_text(artifact["content"])  # sealed when encryption is on
+                value = {"content": content, "thread_id": thread_id, "checkpoint_id": checkpoint_id}
                 self.store.batch([PutOp(namespace(user_id), artifact["memory_id"], value, None, ttl / 60 if ttl else None)])
             else:
                 self.store.delete_memory(prefix(user_id), artifact["memory_id"])

@@ -19,7 +19,7 @@ import orjson
 from langgraph.store.base import TTLConfig
 from langgraph.store.sqlite import SqliteStore
 
-from agent.memory.embeddings import PrecomputedEmbeddings
+from agent.memory.embeddings import OpenedEmbeddings, PrecomputedEmbeddings
 from agent.memory.store import to_memory
 from agent.storage.sqlite.storage import SqliteThreadStorage
 from agent.types import Memory
@@ -67,6 +67,8 @@ class SqliteMemoryStore(SqliteStore):
     def __init__(
         self, storage: SqliteThreadStorage, *, embeddings: PrecomputedEmbeddings | None, ttl: TTLConfig | None
     ) -> None:
+        if embeddings is not None and storage.keyring.enabled:
+            embeddings = OpenedEmbeddings(embeddings, storage.keyring.open_text)  # the stored content is sealed
         # "text_fields" is what SqliteStore reads ("fields" is PostgresStore's name for it).
         index = {"dims": 0, "embed": embeddings, "text_fields": ["content"]} if embeddings is not None else None
         SqliteStore.__init__(self, storage.saver.conn, index=index, ttl=ttl)
@@ -93,7 +95,7 @@ class SqliteMemoryStore(SqliteStore):
         with self._cursor(transaction=False) as cur:
             rows = cur.execute(READ_SQL, (prefix, json.dumps(list(keys)))).fetchall()
         return [
-            (to_memory(key, orjson.loads(value), created, None), _vector(embedding))
+            (to_memory(key, orjson.loads(value), created, None, self.storage.keyring), _vector(embedding))
             for key, value, created, embedding in rows
         ]
 

@@ -33,6 +33,12 @@ What the agent changes in LangGraph's stores, and why:
 * **Deletion** is SQL too: by memory, by thread, by user, and on SQLite from
   `store_vectors` as well (its foreign key is not enforced without
   `PRAGMA foreign_keys`, so LangGraph's deletes leave vectors behind).
+* **Encryption at rest** (`agent.encryption`): with a key configured, a
+  memory's `content` is stored sealed (its `thread_id` and `checkpoint_id`
+  stay plaintext: deletion by thread queries them) and opened when read, so
+  the in-process copy that searches rank over holds plaintext, and no search
+  needs to decrypt in SQL. On SQLite the embeddings model is handed the
+  plaintext (`embeddings.OpenedEmbeddings`): LangGraph embeds the stored value.
 * **TTL.** LangGraph writes `expires_at` from `TTLConfig.default_ttl`; reads
   skip expired memories; the agent refreshes `expires_at` (to the second, where
   Postgres's `ttl_minutes` column is whole minutes) when memories are used.
@@ -45,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from agent.encryption import NO_KEYS, Keyring
 from agent.types import Memory
 
 #: Words a keyword search ignores: they occur in most sentences.
@@ -98,8 +105,13 @@ class MemoryStore(Protocol):
         """Delete every memory under `prefix`; how many."""
 
 
-def to_memory(key: str, value: Mapping[str, Any], created_at: Any, score: Any) -> Memory:
-    """A `Memory` from a store row (`created_at` a datetime or SQLite's `YYYY-MM-DD HH:MM:SS` in UTC)."""
+def to_memory(key: str, value: Mapping[str, Any], created_at: Any, score: Any, keyring: Keyring = NO_KEYS) -> Memory:
+    """A `Memory` from a store row (`created_at` a datetime or SQLite's `YYYY-MM-DD HH:MM:SS` in UTC), its
+    content opened with `keyring`.
+
+    Raises:
+        EncryptionKeyError: the content is sealed with a key `keyring` lacks.
+    """
     if isinstance(created_at, str):
         created_at = datetime.fromisoformat(created_at)
     if isinstance(created_at, datetime):
@@ -108,7 +120,7 @@ def to_memory(key: str, value: Mapping[str, Any], created_at: Any, score: Any) -
         created_at = created_at.astimezone(timezone.utc).isoformat()
     return Memory(
         memory_id=key,
-        content=value["content"],
+        content=keyring.open_text(value["content"], what=f"Memory {key!r}"),
         thread_id=value["thread_id"],
         checkpoint_id=value["checkpoint_id"],
         created_at=created_at,

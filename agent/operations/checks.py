@@ -16,7 +16,7 @@ from agent.validation import MAX_HISTORY_LIMIT, check_id, check_limit, encoded_s
 
 Check = Callable[[str, Any], Any]
 
-__all__ = ["Check", "check_id", "limit", "messages", "document", "id_list", "named", "required_id", "value_only"]
+__all__ = ["Check", "check_id", "limit", "messages", "document", "flag", "id_list", "named", "required_id", "value_only"]
 
 
 def limit(maximum: int = MAX_HISTORY_LIMIT) -> Check:
@@ -37,6 +37,13 @@ def named(function: Callable[..., Any]) -> Check:
 def value_only(function: Callable[[Any], Any]) -> Check:
     """`function(value)`: a check that names its field itself."""
     return lambda name, value: function(value)
+
+
+def flag(name: str, value: Any) -> bool:
+    """True or false (not 1, 0 or a string)."""
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be true or false, got {value!r:.40}")
+    return value
 
 
 def id_list(name: str, value: Any) -> tuple[str, ...]:

@@ -1,4 +1,8 @@
-"""The export and import operations: a thread as a versioned JSON document and back (`agent.operations.transfer`)."""
+"""The export and import operations: a thread as a versioned JSON document and back (`agent.operations.transfer`).
+
+With encryption at rest on (`agent.encryption`), an export is sealed whole with the agent's newest key unless
+the caller asks for plaintext, and an import opens a sealed document first (`transfer.sealed`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.operations import catalogue, checks, transfer
 from agent.operations.operation import Operation, param
+from agent.operations.transfer.sealed import is_sealed_document, open_document, seal_document
 
 if TYPE_CHECKING:
     from agent.operations.context import OperationContext
@@ -16,6 +21,7 @@ if TYPE_CHECKING:
 class ExportArgs:
     thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
     user_id: str | None = param(None, source="user")
+    plaintext: bool = param(False, check=checks.flag)
 
 
 def export_thread(context: OperationContext, args: ExportArgs) -> dict[str, Any]:
@@ -29,9 +35,17 @@ def export_thread(context: OperationContext, args: ExportArgs) -> dict[str, Any]
     message dicts; `unchanged`; or a whole value), so the document grows linearly with the thread.
     The owner is not in it.
 
-    Raises: `InvalidRequest` (bad ids), `ThreadNotFound` (unknown, or not the caller's).
+    With encryption at rest on (`encryption_key`) and `plaintext` False (the default), the document is sealed
+    whole: `{"format": "timetravel-agent.sealed-thread", "version": 1, "thread_id", "sealed"}`, which only
+    an agent holding that key imports (`transfer.sealed`). `plaintext=True` gives the document itself.
+    Without a key, the document itself.
+
+    Raises: `InvalidRequest` (bad ids), `ThreadNotFound` (unknown, or not the caller's), `EncryptionKeyError`
+    (the thread is encrypted with a key the agent lacks).
     """
-    return transfer.export_thread(context.storage, args.thread_id, user_id=args.user_id)
+    document = transfer.export_thread(context.storage, args.thread_id, user_id=args.user_id)
+    keyring = context.storage.keyring
+    return seal_document(document, keyring) if keyring.enabled and not args.plaintext else document
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,23 +63,28 @@ def import_thread(context: OperationContext, args: ImportArgs) -> dict[str, Any]
     same head, title, metadata and `forked_from`. Under `thread_id`: a copy with new checkpoint ids
     (in the same order). Returns the thread: `thread_id`, `user_id`, `title`, `created_at`,
     `updated_at`, `checkpoint_id` (the head), `message_count`, `metadata`, `forked_from`,
-    `ttl_seconds`. Importing the same document again returns the thread and writes nothing.
+    `ttl_seconds`. Importing the same document again returns the thread and writes nothing. A sealed
+    document (an export of an agent with encryption at rest) is opened with this agent's keys first.
 
     As an action the document travels in the request, so it is limited by `max_request_bytes`
     (1,000,000 bytes by default); `tt-agent import` has no such limit.
 
-    Raises: `InvalidRequest` (a malformed document: nothing written), `ThreadExists` (the thread id
+    Raises: `InvalidRequest` (a malformed document, or a sealed one this agent's keys cannot open:
+    nothing written), `ThreadExists` (the thread id
     is in use with other content or by another user, or another thread holds its checkpoint ids),
     `ThreadBusy`.
     """
-    record = transfer.import_thread(context.storage, args.document, user_id=args.user_id, thread_id=args.thread_id)
+    document = args.document
+    if is_sealed_document(document):
+        document = checks.document("document", open_document(document, context.storage.keyring))
+    record = transfer.import_thread(context.storage, document, user_id=args.user_id, thread_id=args.thread_id)
     return catalogue.thread_dict(record)
 
 
 EXPORT_THREAD = Operation(
     name="export_thread",
     summary="The whole thread (every checkpoint, its messages and the record) as a versioned JSON document, "
-    "in custom_outputs.document.",
+    "in custom_outputs.document; sealed with the agent's key when encryption at rest is on, unless plaintext.",
     args=ExportArgs,
     run=export_thread,
     outputs=lambda document, args: {"thread_id": args.thread_id, "document": document},

@@ -6,6 +6,7 @@
 | `ThreadNotFound`, `CheckpointNotFound`, `ResponseNotFound`, `MemoryNotFound` | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `not_found` |
 | `ThreadBusy`, `LeaseExpired`, `TurnCancelled`, `UserBeingDeleted`, `ThreadExists`, `InterruptPending` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
 | `StorageUnavailable`, `ModelError` | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `unavailable` |
+| `EncryptionKeyError` (the deployment's keys cannot open its data) | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
 | any other `AgentError` | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
 
 Bodies: the Agent Server's own routes answer `{"error_code": ..., "message": ...}`

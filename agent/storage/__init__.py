@@ -146,7 +146,9 @@ def open_reader(url: str, settings: AgentSettings) -> ThreadReads:
     if url.startswith("sqlite:///"):
         from agent.storage.sqlite.reads import SqliteReader
 
-        reader = SqliteReader.open(Path(url[len("sqlite:///") :]))
+        from agent.encryption import Keyring
+
+        reader = SqliteReader.open(Path(url[len("sqlite:///") :]), Keyring.from_settings(settings))
         if reader is not None:
             return reader
     storage = open_storage(url, settings)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent.encryption import Keyring
 from agent.storage.claims import Claim, ClaimKeeper
 from agent.storage.records import (
     CheckpointLink,
@@ -32,6 +33,8 @@ from agent.storage.turns import TurnProtocol
 
 if TYPE_CHECKING:  # LangGraph is imported by the backends; read-only commands never load it
     from langgraph.checkpoint.base import CheckpointTuple
+
+    from agent.config import AgentSettings
 
 __all__ = [
     "CheckpointLink",
@@ -64,6 +67,11 @@ class ThreadStorage(TurnProtocol):
     """
 
     saver: Any  # a TurnSaverMixin subclass of the backend's LangGraph saver
+
+    def __init__(self, settings: AgentSettings, *, keeper: ClaimKeeper) -> None:
+        super().__init__(settings, keeper=keeper)
+        #: The keys that seal what this storage writes (`agent.encryption`); no keys: plaintext.
+        self.keyring = Keyring.from_settings(settings)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -25,6 +25,12 @@ SQLite one on `:memory:`), which provide the `_backend_*` hooks,
 * **Thread operations that know the deltas and the thread records**
   (`delete_thread`, `prune`, `copy_thread`, `delete_for_runs`), inherited from
   `saver_threads.SaverThreadOperations`, which says why LangGraph's own cannot serve.
+* **Encryption at rest** (`agent.encryption`): the saver's serializer is
+  LangGraph's `EncryptedSerializer` with the storage's keyring as its cipher
+  (`encrypted.KeyringSerializer`), so every blob, the message deltas included,
+  is sealed when a key is configured, and the summary's message previews are
+  sealed with it (`summaries.pack`). A delta is sealed as one blob: the
+  encoding, and so the storage's linear growth, is unchanged.
 * **No blocking on the event loop.** Every async method either answers from
   memory (a running turn's buffer) or runs the sync method in a worker thread
   (`asyncio.to_thread`): both backends' drivers are synchronous, and the
@@ -42,7 +48,9 @@ from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, copy_checkpoint
 
+from agent.encryption import Keyring
 from agent.storage import deltas, summaries
+from agent.storage.encrypted import KeyringSerializer
 from agent.storage.records import Turn
 from agent.storage.saver_threads import SaverThreadOperations
 from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary, summarize
@@ -51,7 +59,10 @@ from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary, summar
 class TurnSaverMixin(SaverThreadOperations):
     """Turn buffering, message deltas and summaries, mixed into a LangGraph saver."""
 
-    def _init_turns(self, message_cache_size: int) -> None:
+    def _init_turns(self, message_cache_size: int, keyring: Keyring) -> None:
+        #: Seals what the saver writes (blobs, message previews); without a key it only refuses sealed data.
+        self.keyring = keyring
+        self.serde = KeyringSerializer(keyring, self.serde)
         self._turns: dict[str, Turn] = {}
         self._turns_lock = threading.Lock()
         self.message_cache = deltas.MessageCache(message_cache_size)
@@ -85,7 +96,7 @@ class TurnSaverMixin(SaverThreadOperations):
 
     def agent_tuple(self, tup: CheckpointTuple | None) -> CheckpointTuple | None:
         """`tup` with its metadata as the agent's operations read it (`summaries.agent_view`)."""
-        return None if tup is None else tup._replace(metadata=summaries.agent_view(tup.metadata))
+        return None if tup is None else tup._replace(metadata=summaries.agent_view(tup.metadata, self.keyring.open_text))
 
     # -- BaseCheckpointSaver ------------------------------------------------
     def get_tuple(self, config):
@@ -159,6 +170,14 @@ class TurnSaverMixin(SaverThreadOperations):
         for item in await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit))):
             yield item
 
+    def with_allowlist(self, extra_allowlist):
+        # LangGraph rebuilds an EncryptedSerializer as its own class here (LANGGRAPH_STRICT_MSGPACK), which
+        # would encrypt even without a key; keep the keyring's.
+        clone = super().with_allowlist(extra_allowlist)
+        if clone is not self and not isinstance(clone.serde, KeyringSerializer):
+            clone.serde = KeyringSerializer(self.keyring, getattr(clone.serde, "serde", clone.serde))
+        return clone
+
     # LangGraph's default walk reads resolved checkpoints through get_tuple. The backends' fast paths read
     # stored channel values, which for `messages` would be deltas; and SqliteSaver's sync path and the base
     # class's async one disagreed about a channel stored as None.
@@ -199,7 +218,8 @@ class TurnSaverMixin(SaverThreadOperations):
         }
         config = {**config, "configurable": {k: v for k, v in configurable.items() if not k.startswith("tt_")}}
         stored = {**checkpoint, "channel_values": values}
-        return self._backend_put(config, stored, {**clean, **summaries.pack(summary)}, new_versions)
+        seal = self.keyring.seal_text if self.keyring.enabled else None
+        return self._backend_put(config, stored, {**clean, **summaries.pack(summary, seal)}, new_versions)
 
     def _parent_metadata(self, config, parent_id: str, turn: Turn | None) -> Mapping[str, Any] | None:
         # A turn's parent is its start, which the claim read (or a root written in the same commit).

@@ -36,12 +36,26 @@ this layout hold the same fields flat, beside LangGraph's keys; `unpack` reads
 both, so no migration rewrites stored rows. The agent's own operations read a
 checkpoint's metadata through `agent_view` (the caller's keys with the summary
 fields flat, as before), so nothing above `agent.storage` sees the layout.
+
+**Encrypted previews.** With encryption at rest (`agent.encryption`), the two
+fields that quote messages (`TEXT_FIELDS`) are stored as one sealed value,
+`sealed_previews` (the JSON list `[last_message, last_user_message]`): `pack`
+takes the keyring's `seal_text`, `agent_view` its `open_text`. One value
+rather than two, because each sealed value costs its key id, nonce and tag
+and base64 on top: sealed apart, the previews added 165 bytes to every
+checkpoint, more than the storage benchmark's bound leaves room for. The other
+fields stay plaintext, because SQL reads them (the tree, token usage) and they
+hold no words. `unpack` and `with_fields` leave the sealed value as it is, so
+a rewrite (retention, `delete_for_runs`) keeps it sealed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from agent.encryption import NO_KEYS
 
 if TYPE_CHECKING:  # imported on use: `agent.views` reads LAST_MESSAGE_CHARS without loading LangChain
     from langchain_core.messages import BaseMessage
@@ -69,16 +83,24 @@ SHORT_NAMES = {
     "summary_used": "s",
     "usage": "us",
     "branch_usage": "bu",
+    "sealed_previews": "p",
 }
 #: The summary fields, as the agent reads them (`agent_view`) and as the flat layout stored them.
 SUMMARY_FIELDS = frozenset(SHORT_NAMES)
 _LONG_NAMES = {short: name for name, short in SHORT_NAMES.items()}
+#: Fields that quote a message: sealed when encryption is on (see "Encrypted previews" above).
+TEXT_FIELDS = ("last_message", "last_user_message")
 #: Fields holding a token usage `{"input_tokens", "output_tokens"}`, packed as `[input, output]`.
 _USAGE_FIELDS = frozenset({"usage", "branch_usage"})
 
 
-def pack(summary: Mapping[str, Any]) -> dict:
-    """`{SUMMARY_KEY: …}`: the summary fields under their short names, usages as `[input, output]`."""
+def pack(summary: Mapping[str, Any], seal: Callable[[str], str] | None = None) -> dict:
+    """`{SUMMARY_KEY: …}`: the summary fields under their short names, usages as `[input, output]`; with
+    `seal` (a keyring's `seal_text`), the `TEXT_FIELDS` as one sealed `sealed_previews` value."""
+    summary = dict(summary)
+    if seal is not None and any(summary.get(name) for name in TEXT_FIELDS):
+        previews = [summary.pop(name, "") for name in TEXT_FIELDS]
+        summary["sealed_previews"] = seal(json.dumps(previews, ensure_ascii=False))
     packed = {}
     for name, value in summary.items():
         if name in _USAGE_FIELDS and isinstance(value, Mapping):
@@ -134,13 +156,22 @@ def with_fields(metadata: Mapping[str, Any] | None, **fields: Any) -> dict:
     return {**metadata, **pack(fields)}
 
 
-def agent_view(metadata: Mapping[str, Any] | None) -> dict:
-    """The metadata as the agent's operations read it: the caller's keys, then the summary fields flat.
+def agent_view(metadata: Mapping[str, Any] | None, open_text: Callable[..., Any] = NO_KEYS.open_text) -> dict:
+    """The metadata as the agent's operations read it: the caller's keys, then the summary fields flat,
+    the sealed previews opened with `open_text` (a keyring's).
 
     A caller key named like a summary field is shadowed here (the agent's own graph writes none); the
     stored metadata and LangGraph's reads (`get_tuple`, `list`) keep it.
+
+    Raises:
+        EncryptionKeyError: the previews are sealed with a key `open_text`'s keyring lacks.
     """
-    return {**caller_metadata(metadata), **unpack(metadata)}
+    summary = unpack(metadata)
+    sealed = summary.pop("sealed_previews", None)
+    if sealed is not None:
+        opened = json.loads(open_text(sealed, what="A checkpoint's message previews"))
+        summary.update(zip(TEXT_FIELDS, opened, strict=True))
+    return {**caller_metadata(metadata), **summary}
 
 
 def message_text(message: BaseMessage | None) -> str:

@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from bench import branches, catalogue, context, export, load, memory, report, startup, storage
+from bench import branches, catalogue, context, encryption, export, load, memory, report, startup, storage
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
@@ -178,6 +178,15 @@ def check_memory(run: Run) -> None:
     assert all(result["measurements"][name]["turns_given_memories"] > 0 for name in memory.CONFIGURATIONS)
 
 
+def check_encryption(run: Run) -> None:
+    result, m = run.report, run.report["measurements"]
+    assert result["targets_total"] == 1 and result["turns"] == encryption.QUICK_TURNS
+    # The same thread on both databases: the same message bytes; sealing costs bytes, never saves them.
+    assert m["plain"]["raw_message_bytes"] == m["sealed"]["raw_message_bytes"] > 0
+    assert all(m[name]["value_bytes_after"] > m[name]["value_bytes_before"] > 0 for name in ("plain", "sealed"))
+    assert databases_left(run.server_url, names=list(m["databases"].values())) == []
+
+
 def check_startup(run: Run) -> None:
     # Nothing beyond what every part reports: start-up writes nothing and needs no server.
     del run
@@ -207,6 +216,7 @@ PARTS = [
     Part("startup", lambda: startup.FIGURES, check_startup, takes_database=False),
     Part("context", lambda: context.figures(context.QUICK), check_context),
     Part("storage", storage.figures, check_storage, timeout=300, via_runner=True),
+    Part("encryption", encryption.figures, check_encryption, timeout=300),
     Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
     Part("memory", memory.figures, check_memory, timeout=900),
     Part("branches", lambda: branches.figures(branches.QUICK), check_branches, timeout=900),
@@ -265,7 +275,7 @@ def test_bench_runner_lists_its_parts_and_refuses_an_unknown_one():
 def test_every_part_of_the_runner_has_run_and_print_result():
     # The runner imports each part by name and calls these two; a part without them breaks `scripts/bench.py`.
     parts = runpy.run_path(str(RUNNER), run_name="bench_runner")["PARTS"]
-    assert {"storage", "branches", "export", "catalogue", "context", "memory", "startup", "load"} <= set(parts)
+    assert {"storage", "encryption", "branches", "export", "catalogue", "context", "memory", "startup", "load"} <= set(parts)
     for name in parts:
         module = importlib.import_module(f"bench.{name}")
         assert callable(module.run) and callable(module.print_result), name

@@ -267,6 +267,24 @@ def test_with_an_embeddings_model_memories_are_ranked_by_similarity_on_sqlite(em
     assert "My sister Ana lives in Lisbon" in embedded and "Where does my sister Ana live?" in embedded
 
 
+def test_with_a_key_memories_are_stored_sealed_and_the_embeddings_model_is_given_their_plaintext(
+    embeddings_stub, make_agent, tmp_path, alice
+):
+    from agent.encryption import SEALED_PREFIX, generate_key
+
+    url = f"sqlite:///{tmp_path / 'sealed-memory.sqlite'}"
+    agent = make_agent(url, embedding_model="fake-embed", encryption_key=generate_key())
+    for fact in ("I live in Porto", "My sister Ana lives in Lisbon", "I like green tea"):
+        say(agent, f"Remember that {fact}", user_id=alice)
+    assert [m["content"] for m in agent.list_memories(alice, query="sister Ana")][0] == "My sister Ana lives in Lisbon"
+    embedded = [text for body in embedding_requests(embeddings_stub) for text in body["input"]]
+    assert "My sister Ana lives in Lisbon" in embedded and not any(text.startswith(SEALED_PREFIX) for text in embedded)
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        values = [row[0] for row in conn.execute("SELECT value FROM store WHERE prefix = ?", (prefix(alice),))]
+    assert len(values) == 3 and not any(b"Lisbon" in bytes(value) for value in values)
+    assert all(json.loads(value)["content"].startswith(SEALED_PREFIX) for value in values)
+
+
 def test_an_embeddings_model_on_postgres_is_reported_and_keyword_search_is_used(embeddings_stub, pg_url, make_agent, caplog):
     with caplog.at_level(logging.WARNING, logger="agent.memory.service"):
         agent = make_agent(pg_url, embedding_model="fake-embed")

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from agent.encryption import Keyring
 from agent.errors import InvalidRequest
 from agent.storage import summaries
 from agent.storage.postgres import sql
@@ -35,6 +36,7 @@ class PostgresReads:
     """The `ThreadStorage` reads on Postgres, over the storage's `_run` and `_faults` (see the module docstring)."""
 
     saver: TurnPostgresSaver
+    keyring: Keyring
     _run: Callable[..., Any]
     _faults: Callable[..., Any]
 
@@ -43,7 +45,7 @@ class PostgresReads:
 
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
         rows = self._read(thread_id, sql.SELECT_THREAD_SQL, (thread_id,))
-        return to_record(rows[0]) if rows else None
+        return to_record(rows[0], self.keyring) if rows else None
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
         return bool(self._read(thread_id, sql.CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)))
@@ -67,7 +69,7 @@ class PostgresReads:
 
     def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
         rows = self._read(thread_id, sql.LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit))  # LIMIT NULL: all
-        return [{**row, "metadata": summaries.agent_view(row["metadata"])} for row in rows]
+        return [{**row, "metadata": summaries.agent_view(row["metadata"], self.keyring.open_text)} for row in rows]
 
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         return [CheckpointLink(**row) for row in self._read(thread_id, sql.CHECKPOINT_LINKS_SQL, (thread_id,))]
@@ -94,7 +96,7 @@ class PostgresReads:
                 raise InvalidRequest(f"before is not a cursor of this store: {params['activity'][:40]!r}")
         rows = self._read(None, sql.LIST_THREADS_SQLS[user_id is None, before is not None], params)
         # updated_at is already the exact text of the stored timestamp (THREAD_COLUMNS).
-        return [(to_record(row), (row["updated_at"], row["thread_id"])) for row in rows]
+        return [(to_record(row, self.keyring), (row["updated_at"], row["thread_id"])) for row in rows]
 
     def thread_position(self, thread_id: str) -> tuple[str, str] | None:
         rows = self._read(thread_id, sql.THREAD_POSITION_SQL, (thread_id,))
@@ -119,7 +121,7 @@ class PostgresReads:
         return IdempotencyState(
             request_hash=stored["request_hash"] if stored else None,
             thread_id=stored["thread_id"] if stored else None,
-            response=stored["response"] if stored else None,
+            response=self.keyring.open_json(stored["response"], what="A stored response") if stored else None,
             running_thread_id=running["thread_id"] if running else None,
         )
 

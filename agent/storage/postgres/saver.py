@@ -13,6 +13,11 @@ What it changes in `PostgresSaver`, and why:
   (`sql.PUT_BLOB_SQL`, `sql.PUT_CHECKPOINT_SQL`) with LangGraph's parameters;
   `agent_put_checkpoint` also registers a root-namespace checkpoint's id to
   its thread (`agent_checkpoint_ids`, see "Checkpoint ids" in `schema`).
+* **Inline strings sealed.** LangGraph keeps a channel value that is a string
+  (or another primitive) inside the checkpoint's JSONB row rather than in a
+  blob, where the serializer never sees it; with encryption on, such strings
+  are sealed before `put` and opened when a row is loaded (`agent.encryption`).
+  Numbers and booleans stay as they are.
 * **Rows read by the storage's own statements** (the claim's start, a
   checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
 """
@@ -27,6 +32,7 @@ import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg_pool import ConnectionPool
 
+from agent.encryption import Keyring, is_sealed
 from agent.storage import deltas
 from agent.storage.postgres import sql
 from agent.storage.postgres.batch import running_batch
@@ -38,6 +44,7 @@ class SaverStorage(Protocol):
     """What the saver uses of its storage (`storage.PostgresThreadStorage`, which imports this module)."""
 
     pool: ConnectionPool
+    keyring: Keyring
 
     def cursor(self, *, pipeline: bool = False) -> AbstractContextManager[Any]: ...
 
@@ -56,7 +63,7 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
     def __init__(self, storage: SaverStorage, *, message_cache_size: int) -> None:
         PostgresSaver.__init__(self, storage.pool)
         self._storage = storage
-        self._init_turns(message_cache_size)
+        self._init_turns(message_cache_size, storage.keyring)
 
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
@@ -86,6 +93,14 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         return self._storage.faults(action, config["configurable"].get("thread_id"))
 
     def _load_checkpoint_tuple(self, value):
+        tup = self._load_resolved(value)
+        values = tup.checkpoint.get("channel_values") or {}
+        if not any(is_sealed(v) for v in values.values()):
+            return tup
+        opened = {k: self.keyring.open_text(v, what=f"Channel {k!r}") for k, v in values.items()}
+        return tup._replace(checkpoint={**tup.checkpoint, "channel_values": opened})
+
+    def _load_resolved(self, value):
         # With the checkpoint's messages cached, its stored messages value would be decoded only for
         # `_resolve_tuple` to replace it by the cached list: it is left out instead.
         cached = self.message_cache.get_list(value["checkpoint_id"]) if value["channel_values"] else None
@@ -102,6 +117,10 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         return self.agent_tuple(self._load_checkpoint_tuple(row))
 
     def _backend_put(self, config, checkpoint, metadata, new_versions):
+        values = checkpoint["channel_values"]
+        if self.keyring.enabled and any(isinstance(v, str) for v in values.values()):
+            sealed = {k: self.keyring.seal_text(v) if isinstance(v, str) else v for k, v in values.items()}
+            checkpoint = {**checkpoint, "channel_values": sealed}
         try:
             return PostgresSaver.put(self, config, checkpoint, metadata, new_versions)
         except psycopg.Error as exc:  # sent at once outside a commit; inside one, the commit says it

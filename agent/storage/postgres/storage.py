@@ -205,7 +205,13 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
             return row["claim_fence"], row["user_being_deleted"], record_row, prefixed(row, "s_")
 
         fence, user_being_deleted, record_row, start_row = self._run("claim the thread", attempt, thread_id)
-        record = to_record(record_row)
+        try:
+            record = to_record(record_row, self.keyring)
+        except BaseException:  # a title sealed with a key the keyring lacks: the committed claim is given back
+            if fence is not None:
+                release = lambda conn: conn.execute(sql.RELEASE_CLAIM_SQL, (thread_id, token))  # noqa: E731
+                self._run("release the thread", release, thread_id)
+            raise
         if fence is None:
             return ClaimAttempt(None, record, user_being_deleted)
         claim = Claim(thread_id=thread_id, user_id=user_id, token=token, fence=fence, record=record, start=None,

@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg.types.json import Json, Jsonb
 
+from agent.encryption import Keyring
 from agent.storage import deltas
 from agent.storage.postgres import sql
 from agent.storage.postgres.batch import StatementBatch
@@ -23,9 +24,16 @@ from agent.storage.records import ThreadRecord, Turn
 from agent.storage.transaction import Tx
 
 
-def to_record(row: Mapping[str, Any] | None) -> ThreadRecord | None:
-    """A `ThreadRecord` from a row of `sql.THREAD_COLUMNS`, or None."""
-    return ThreadRecord(**row) if row else None
+def to_record(row: Mapping[str, Any] | None, keyring: Keyring) -> ThreadRecord | None:
+    """A `ThreadRecord` from a row of `sql.THREAD_COLUMNS`, its title opened with `keyring`; or None.
+
+    Raises:
+        EncryptionKeyError: the title is sealed with a key `keyring` lacks.
+    """
+    if not row:
+        return None
+    title = keyring.open_text(row["title"], what=f"The title of thread {row['thread_id']!r}")
+    return ThreadRecord(**{**row, "title": title})
 
 
 class PostgresTx(Tx):
@@ -34,24 +42,26 @@ class PostgresTx(Tx):
     def __init__(self, batch: StatementBatch, saver: TurnPostgresSaver) -> None:
         self.batch = batch
         self.saver = saver
+        self.keyring = saver.keyring
 
     def write_turn(self, turn: Turn) -> None:
         self.saver.write_turn(turn)
 
     def upsert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title=None, metadata=None) -> None:
         self.batch.execute(
-            sql.UPSERT_THREAD_SQL, (thread_id, user_id, head_checkpoint_id, message_count, title, Jsonb(dict(metadata or {})))
+            sql.UPSERT_THREAD_SQL,
+            (thread_id, user_id, head_checkpoint_id, message_count, self.keyring.seal_text(title), Jsonb(dict(metadata or {}))),
         )
 
     def update_thread(self, thread_id, *, user_id, title, metadata, ttl_seconds) -> ThreadRecord | None:
         params = {
             "thread_id": thread_id,
             "user_id": user_id,
-            "title": title,
+            "title": self.keyring.seal_text(title),
             "metadata": Jsonb(dict(metadata)) if metadata is not None else None,
             "ttl_seconds": ttl_seconds,
         }
-        return to_record(self.batch.read(sql.UPDATE_THREAD_SQL, params).fetchone())
+        return to_record(self.batch.read(sql.UPDATE_THREAD_SQL, params).fetchone(), self.keyring)
 
     def delete_thread(self, thread_id: str) -> None:
         for statement in sql.DELETE_THREAD_SQL:
@@ -60,7 +70,8 @@ class PostgresTx(Tx):
 
     def store_response(self, user_key, key, *, request_hash, thread_id, response, ttl_seconds) -> None:
         self.batch.execute(sql.DELETE_EXPIRED_KEY_SQL, (user_key, key))
-        self.batch.execute(sql.STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, Json(response), ttl_seconds))
+        stored = Json(self.keyring.seal_json(response))
+        self.batch.execute(sql.STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, stored, ttl_seconds))
 
     def set_head(self, thread_id: str, head_checkpoint_id: str, *, message_count: int) -> None:
         self.batch.execute(sql.SET_HEAD_SQL, (head_checkpoint_id, message_count, thread_id))
@@ -69,7 +80,7 @@ class PostgresTx(Tx):
         forked = Jsonb(dict(forked_from)) if forked_from is not None else None
         self.batch.execute(
             sql.INSERT_THREAD_SQL,
-            (thread_id, user_id, head_checkpoint_id, message_count, title, Jsonb(dict(metadata)), forked),
+            (thread_id, user_id, head_checkpoint_id, message_count, self.keyring.seal_text(title), Jsonb(dict(metadata)), forked),
         )
 
     def is_expired(self, thread_id: str, *, default_ttl: float | None, now: datetime | None) -> bool:
@@ -93,7 +104,7 @@ class PostgresTx(Tx):
         return int(removed)
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
-        return to_record(self.batch.read(sql.SELECT_THREAD_SQL, (thread_id,)).fetchone())
+        return to_record(self.batch.read(sql.SELECT_THREAD_SQL, (thread_id,)).fetchone(), self.keyring)
 
     def thread_has_rows(self, thread_id: str) -> bool:
         return self.batch.read(sql.THREAD_HAS_ROWS_SQL, (thread_id,)).fetchone() is not None

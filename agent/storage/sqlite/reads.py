@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from agent.encryption import NO_KEYS, Keyring
 from agent.errors import InvalidRequest, StorageUnavailable
 from agent.storage import summaries
 from agent.storage.records import ThreadRecord
@@ -64,9 +65,9 @@ SCHEMA_CHECK_SQL = [
 ]
 
 
-def get_thread(cur: sqlite3.Cursor, thread_id: str) -> ThreadRecord | None:
-    """The thread's record, or None."""
-    return record(cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone())
+def get_thread(cur: sqlite3.Cursor, thread_id: str, keyring: Keyring) -> ThreadRecord | None:
+    """The thread's record (its title opened with `keyring`), or None."""
+    return record(cur.execute(SELECT_THREAD_SQL, (thread_id,)).fetchone(), keyring)
 
 
 def checkpoint_in_thread(cur: sqlite3.Cursor, thread_id: str, checkpoint_id: str) -> bool:
@@ -74,12 +75,15 @@ def checkpoint_in_thread(cur: sqlite3.Cursor, thread_id: str, checkpoint_id: str
     return cur.execute(CHECKPOINT_IN_THREAD_SQL, (thread_id, checkpoint_id)).fetchone() is not None
 
 
-def list_checkpoints(cur: sqlite3.Cursor, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
-    """Up to `limit` rows (None: all) (`checkpoint_id`, `parent_checkpoint_id`, `metadata` dict), newest first."""
+def list_checkpoints(
+    cur: sqlite3.Cursor, thread_id: str, *, limit: int | None, before: str | None, keyring: Keyring
+) -> list[dict]:
+    """Up to `limit` rows (None: all) (`checkpoint_id`, `parent_checkpoint_id`, `metadata` dict, its message
+    previews opened with `keyring`), newest first."""
     # A negative LIMIT is no limit in SQLite.
     rows = cur.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, -1 if limit is None else limit)).fetchall()
     return [
-        {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": summaries.agent_view(json.loads(meta))}
+        {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": summaries.agent_view(json.loads(meta), keyring.open_text)}
         for cid, parent, meta in rows
     ]
 
@@ -90,7 +94,13 @@ def threads_of_user(cur: sqlite3.Cursor, user_id: str) -> list[str]:
 
 
 def list_threads(
-    cur: sqlite3.Cursor, user_id: str | None, *, limit: int, before: tuple[str, str] | None, metadata: Mapping[str, str]
+    cur: sqlite3.Cursor,
+    user_id: str | None,
+    *,
+    limit: int,
+    before: tuple[str, str] | None,
+    metadata: Mapping[str, str],
+    keyring: Keyring,
 ) -> list[tuple[ThreadRecord, tuple[str, str]]]:
     """See `ThreadStorage.list_threads`; `activity` is `repr` of the stored REAL updated_at."""
     params: list[Any] = [user_id]
@@ -109,7 +119,7 @@ def list_threads(
     statement = LIST_THREADS_SQL.format(
         metadata=" ".join([LIST_THREADS_METADATA] * len(metadata)), after=LIST_THREADS_AFTER if before is not None else ""
     )
-    return [(record(row), (repr(row[-1]), row[0])) for row in cur.execute(statement, params).fetchall()]
+    return [(record(row, keyring), (repr(row[-1]), row[0])) for row in cur.execute(statement, params).fetchall()]
 
 
 def thread_position(cur: sqlite3.Cursor, thread_id: str) -> tuple[str, str] | None:
@@ -118,8 +128,13 @@ def thread_position(cur: sqlite3.Cursor, thread_id: str) -> tuple[str, str] | No
     return (repr(row[0]), row[1]) if row else None
 
 
-def record(row: Sequence[Any] | None) -> ThreadRecord | None:
-    """A `ThreadRecord` from a row of `THREAD_COLUMNS` (timestamps are REAL epoch seconds in SQLite)."""
+def record(row: Sequence[Any] | None, keyring: Keyring) -> ThreadRecord | None:
+    """A `ThreadRecord` from a row of `THREAD_COLUMNS` (timestamps are REAL epoch seconds in SQLite), its
+    title opened with `keyring`.
+
+    Raises:
+        EncryptionKeyError: the title is sealed with a key `keyring` lacks.
+    """
     if row is None:
         return None
     thread_id, user_id, head, title, metadata, count, forked_from, ttl, created, updated = row
@@ -127,7 +142,7 @@ def record(row: Sequence[Any] | None) -> ThreadRecord | None:
         thread_id=thread_id,
         user_id=user_id,
         head_checkpoint_id=head,
-        title=title,
+        title=keyring.open_text(title, what=f"The title of thread {thread_id!r}"),
         metadata=json.loads(metadata) if metadata else {},
         message_count=count,
         forked_from=json.loads(forked_from) if forked_from else None,
@@ -144,19 +159,20 @@ def _iso(epoch: float | None) -> str | None:
 class SqliteReader:
     """Reads of an existing SQLite database on a read-only connection (`agent.storage.ThreadReads`).
 
-    Build it with `SqliteReader.open(path)`; close it with `close()` or `with`.
+    Build it with `SqliteReader.open(path, keyring)`; close it with `close()` or `with`.
     Every method raises `StorageUnavailable` when SQLite fails (a locked or
-    corrupt file).
+    corrupt file), and `EncryptionKeyError` on a sealed value `keyring` cannot open.
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path, keyring: Keyring = NO_KEYS) -> None:
         self.conn = conn
         self.path = path
+        self.keyring = keyring
 
     @classmethod
-    def open(cls, path: Path) -> SqliteReader | None:
-        """A reader of the store at `path`, or None when its tables lack a column the reads need
-        (a store of an older version: the full storage migrates it).
+    def open(cls, path: Path, keyring: Keyring = NO_KEYS) -> SqliteReader | None:
+        """A reader of the store at `path` (sealed values opened with `keyring`), or None when its tables
+        lack a column the reads need (a store of an older version: the full storage migrates it).
 
         Raises:
             FileNotFoundError: there is no file at `path` (nothing is created).
@@ -178,11 +194,11 @@ class SqliteReader:
         except sqlite3.DatabaseError as exc:  # not a database, or corrupt
             conn.close()
             raise StorageUnavailable(f"Cannot read SQLite database {str(path)!r}: {exc}") from None
-        return cls(conn, path)
+        return cls(conn, path, keyring)
 
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
         with self._cursor() as cur:
-            return get_thread(cur, thread_id)
+            return get_thread(cur, thread_id, self.keyring)
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
         with self._cursor() as cur:
@@ -190,7 +206,7 @@ class SqliteReader:
 
     def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
         with self._cursor() as cur:
-            return list_checkpoints(cur, thread_id, limit=limit, before=before)
+            return list_checkpoints(cur, thread_id, limit=limit, before=before, keyring=self.keyring)
 
     def threads_of_user(self, user_id: str) -> list[str]:
         with self._cursor() as cur:
@@ -198,7 +214,7 @@ class SqliteReader:
 
     def list_threads(self, user_id, *, limit, before, metadata):
         with self._cursor() as cur:
-            return list_threads(cur, user_id, limit=limit, before=before, metadata=metadata)
+            return list_threads(cur, user_id, limit=limit, before=before, metadata=metadata, keyring=self.keyring)
 
     def thread_position(self, thread_id: str) -> tuple[str, str] | None:
         with self._cursor() as cur:

@@ -53,7 +53,7 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
         """`time_limit_ms` bounds each hold of the lock (see the module docstring); 0: no limit."""
         SqliteSaver.__init__(self, conn)
         self._storage = storage
-        self._init_turns(message_cache_size)
+        self._init_turns(message_cache_size, storage.keyring)
         # Set while this OS thread holds `self.lock` inside an explicit transaction.
         self._in_transaction = threading.local()
         self._time_limit = time_limit_ms / 1000

@@ -118,7 +118,7 @@ class SqliteThreadStorage(ThreadStorage):
                 if not deleting:
                     cur.execute(sql.CLAIM_SQL, {**params, "ticket": ticket[0] if ticket else None})
                     fence_row = cur.execute(sql.CLAIM_FENCE_SQL, (thread_id, token)).fetchone()
-                record = reads.get_thread(cur, thread_id)
+                record = reads.get_thread(cur, thread_id, self.keyring)
                 if fence_row is not None:
                     cur.execute(sql.DONE_WAITING_SQL, params)
                 elif queue and ticket is None and not deleting and (record is None or owned_by(record, user_id)):
@@ -216,7 +216,7 @@ class SqliteThreadStorage(ThreadStorage):
         return IdempotencyState(
             request_hash=stored[0] if stored else None,
             thread_id=stored[1] if stored else None,
-            response=json.loads(stored[2]) if stored else None,
+            response=self.keyring.open_json(json.loads(stored[2]), what="A stored response") if stored else None,
             running_thread_id=running[0] if running else None,
         )
 
@@ -285,7 +285,7 @@ class SqliteThreadStorage(ThreadStorage):
         raise AssertionError("unreachable")
 
     def get_thread(self, thread_id: str) -> ThreadRecord | None:
-        return self._read(lambda cur: reads.get_thread(cur, thread_id))
+        return self._read(lambda cur: reads.get_thread(cur, thread_id, self.keyring))
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool:
         return self._read(lambda cur: reads.checkpoint_in_thread(cur, thread_id, checkpoint_id))
@@ -298,7 +298,7 @@ class SqliteThreadStorage(ThreadStorage):
         return [found for found in (self.get_checkpoint(thread_id, c) for c in sorted(set(checkpoint_ids))) if found]
 
     def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
-        return self._read(lambda cur: reads.list_checkpoints(cur, thread_id, limit=limit, before=before))
+        return self._read(lambda cur: reads.list_checkpoints(cur, thread_id, limit=limit, before=before, keyring=self.keyring))
 
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         rows = self._read(lambda cur: cur.execute(sql.CHECKPOINT_LINKS_SQL, (thread_id,)).fetchall())
@@ -313,7 +313,9 @@ class SqliteThreadStorage(ThreadStorage):
         return row[0] if row else None
 
     def list_threads(self, user_id, *, limit, before, metadata):
-        return self._read(lambda cur: reads.list_threads(cur, user_id, limit=limit, before=before, metadata=metadata))
+        return self._read(
+            lambda cur: reads.list_threads(cur, user_id, limit=limit, before=before, metadata=metadata, keyring=self.keyring)
+        )
 
     def thread_position(self, thread_id: str) -> tuple[str, str] | None:
         return self._read(lambda cur: reads.thread_position(cur, thread_id))

@@ -26,6 +26,7 @@ class SqliteTx(Tx):
     def __init__(self, cur: sqlite3.Cursor, saver: TurnSqliteSaver) -> None:
         self.cur = cur
         self.saver = saver
+        self.keyring = saver.keyring
 
     def write_turn(self, turn: Turn) -> None:
         self.saver.write_turn(turn)
@@ -34,18 +35,19 @@ class SqliteTx(Tx):
         now = time.time()
         self.cur.execute(
             sql.UPSERT_THREAD_SQL,
-            (thread_id, user_id, head_checkpoint_id, message_count, title, json.dumps(dict(metadata or {})), now, now),
+            (thread_id, user_id, head_checkpoint_id, message_count, self.keyring.seal_text(title),
+             json.dumps(dict(metadata or {})), now, now),  # fmt: skip
         )
 
     def update_thread(self, thread_id, *, user_id, title, metadata, ttl_seconds) -> ThreadRecord | None:
         params = {
             "thread_id": thread_id,
             "user_id": user_id,
-            "title": title,
+            "title": self.keyring.seal_text(title),
             "metadata": json.dumps(dict(metadata)) if metadata is not None else None,
             "ttl_seconds": ttl_seconds,
         }
-        return reads.record(self.cur.execute(sql.UPDATE_THREAD_SQL, params).fetchone())
+        return reads.record(self.cur.execute(sql.UPDATE_THREAD_SQL, params).fetchone(), self.keyring)
 
     def delete_thread(self, thread_id: str) -> None:
         for statement in sql.DELETE_THREAD_SQL:
@@ -55,7 +57,8 @@ class SqliteTx(Tx):
         now = time.time()
         self.cur.execute(sql.DELETE_EXPIRED_KEY_SQL, (user_key, key, now))
         self.cur.execute(
-            sql.STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, json.dumps(response), now, now + ttl_seconds)
+            sql.STORE_RESPONSE_SQL,
+            (user_key, key, request_hash, thread_id, json.dumps(self.keyring.seal_json(response)), now, now + ttl_seconds),
         )
 
     def set_head(self, thread_id: str, head_checkpoint_id: str, *, message_count: int) -> None:
@@ -66,7 +69,8 @@ class SqliteTx(Tx):
         forked = json.dumps(dict(forked_from)) if forked_from is not None else None
         self.cur.execute(
             sql.INSERT_THREAD_SQL,
-            (thread_id, user_id, head_checkpoint_id, message_count, title, json.dumps(dict(metadata)), forked, now, now),
+            (thread_id, user_id, head_checkpoint_id, message_count, self.keyring.seal_text(title),
+             json.dumps(dict(metadata)), forked, now, now),  # fmt: skip
         )
 
     def is_expired(self, thread_id: str, *, default_ttl: float | None, now: datetime | None) -> bool:
@@ -97,7 +101,7 @@ class SqliteTx(Tx):
         return removed
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
-        return reads.get_thread(self.cur, thread_id)
+        return reads.get_thread(self.cur, thread_id, self.keyring)
 
     def thread_has_rows(self, thread_id: str) -> bool:
         return self.cur.execute(sql.THREAD_HAS_ROWS_SQL, (thread_id,)).fetchone() is not None
