@@ -106,7 +106,7 @@ def test_a_plain_agent_imports_mlflow_only_to_draw_responses_items(default_store
         f"with build_agent(Agent, 'sqlite:///{cwd / '.agent' / 'checkpoints.sqlite'}', model='offline') as agent:\n"
         "    print('mlflow' in sys.modules)\n"
         f"    state = agent.get_checkpoint_state('{thread_id}')\n"
-        "    print('mlflow' in sys.modules, state.messages[0]['content'][0]['text'])\n"
+        "    print('mlflow' in sys.modules, state['messages'][0]['content'][0]['text'])\n"
     )
     result, _ = imported_modules(["-c", code], cwd)
     assert result.returncode == 0, result.stderr[-2000:]
