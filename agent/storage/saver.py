@@ -206,6 +206,8 @@ class TurnSaverMixin(SaverThreadOperations):
             **summarize(messages if listed else [], checkpoint, self.node_triggers, kept_messages=kept),
             **model_input_summary(configurable.get(TURN_REPORT_KEY), parent_id, parent_summary),
         }
+        if parent_id is None:
+            summary.update({key: metadata[key] for key in summaries.ROOT_CARRIED_FIELDS if key in metadata})
         # The agent's own `tt_` configurable keys (the turn report) are not metadata, nor is a summary
         # handed back in: the agent's copies (fork_thread, import_thread, inside a turn) pass the metadata
         # they read, whose summary fields are recomputed here. A caller's keys are kept.

@@ -223,6 +223,12 @@ def summarize(
     }
 
 
+#: What a root checkpoint keeps of the metadata it is written with: a kept head that a `keep_latest` sweep
+#: made a root still holds its turn's model input and its branch's totals, which nothing can derive again
+#: (its parents are gone), so an import or a copy of it hands them over as they are.
+ROOT_CARRIED_FIELDS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage")
+
+
 def model_input_summary(
     report: Mapping[str, Any] | None, parent_id: str | None, parent_metadata: Mapping[str, Any] | None
 ) -> dict:

@@ -418,3 +418,22 @@ def test_a_ttl_beyond_a_hundred_years_is_refused_so_the_sweep_keeps_working(url,
     agent.update_thread(thread_id, ttl_seconds=100 * 365 * 24 * 3600)
     assert agent.sweep_expired_threads() == {"deleted_thread_ids": [], "trimmed": [], "failed_thread_ids": []}
     assert agent.get_thread(thread_id)["thread_id"] == thread_id
+
+
+def test_a_thread_trimmed_by_keep_latest_exports_and_imports_with_its_usage(url, make_agent):
+    # The kept head is a root whose parents are gone: its turn's usage and the branch's totals cannot be
+    # derived again on import, so the document carries them (found by scripts/soak.py's round trip).
+    agent = make_agent(url, thread_ttl_seconds=TTL, thread_ttl_strategy="keep_latest")
+    thread_id = new_thread(agent, turns=2)
+    agent.sweep_expired_threads(now=expired_at(agent, thread_id))
+    before = agent.get_usage(thread_id)
+    assert before["thread_usage"]["input_tokens"] > 0 and before["branch_usage"]["input_tokens"] > 0
+
+    copy = agent.import_thread(agent.export_thread(thread_id), thread_id="trimmed-copy")
+    assert copy["thread_id"] == "trimmed-copy"
+    after = agent.get_usage("trimmed-copy")
+    assert after["branch_usage"] == before["branch_usage"]
+    assert after["thread_usage"] == before["thread_usage"]
+    # The copy goes on from its head, adding to the carried totals.
+    say(agent, "And then?", thread_id="trimmed-copy")
+    assert agent.get_usage("trimmed-copy")["branch_usage"]["input_tokens"] > before["branch_usage"]["input_tokens"]

@@ -74,7 +74,9 @@ def _checkpoint_doc(tup: Any, encoder: ChannelEncoder) -> dict[str, Any]:
     if checkpoint.get("pending_sends"):
         raise AgentError(f"Checkpoint {checkpoint_id!r} has pending sends, which a document cannot hold.")
     parent = (tup.parent_config or {}).get("configurable", {}).get("checkpoint_id")
-    metadata = {key: value for key, value in tup.metadata.items() if key not in DERIVED_METADATA}
+    # A root's branch total is not derivable when retention made a kept head the root (its parents are gone).
+    derived = DERIVED_METADATA - {"branch_usage"} if parent is None else DERIVED_METADATA
+    metadata = {key: value for key, value in tup.metadata.items() if key not in derived}
     doc: dict[str, Any] = {
         "checkpoint_id": checkpoint_id,
         "parent_checkpoint_id": parent,

@@ -98,7 +98,10 @@ def _write(storage: ThreadStorage, claim: Any, restored: Restored, *, user_id: s
             configurable: dict[str, Any] = {"thread_id": turn.thread_id, "checkpoint_ns": ""}
             metadata = dict(checkpoint.metadata)
             parent = checkpoint.parent_checkpoint_id
-            if parent is not None:
+            if parent is None:
+                # A root keeps what it is handed (storage.summaries.ROOT_CARRIED_FIELDS): a trimmed thread's totals.
+                branch_usage[checkpoint.checkpoint_id] = metadata.get("branch_usage")
+            else:
                 configurable["checkpoint_id"] = parent
                 # The saver derives the model-input summary and branch totals from a turn report, as for a turn.
                 configurable[TURN_REPORT_KEY] = report = _turn_report(checkpoint)
