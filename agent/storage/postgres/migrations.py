@@ -340,7 +340,8 @@ MIGRATIONS = [
         DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata;
     END $$""",
     # The privileges a commit needs, which the claim checks before the model runs: a function of its own,
-    # so that a table added later replaces only this. agent_begin_turn is created again to call it.
+    # so that a table added later replaces only this (agent_claim_turn calls it; agent_begin_turn, kept for
+    # processes of the previous release during a rolling upgrade, keeps its own older list).
     """CREATE OR REPLACE FUNCTION agent_missing_privileges() RETURNS TEXT[]
     LANGUAGE plpgsql STABLE AS $$
     BEGIN
@@ -351,62 +352,6 @@ MIGRATIONS = [
                              (7, 'agent_threads', 'INSERT'), (8, 'agent_threads', 'UPDATE'),
                              (9, 'agent_checkpoint_ids', 'INSERT')) AS n(i, tbl, privilege)
                 WHERE NOT has_table_privilege(n.tbl, n.privilege));
-    END $$""",
-    """CREATE OR REPLACE FUNCTION agent_begin_turn(
-        p_thread_id TEXT, p_token TEXT, p_user_id TEXT, p_lease DOUBLE PRECISION, p_key TEXT,
-        p_checkpoint_id TEXT, p_read_start BOOLEAN)
-    RETURNS TABLE (
-        claim_fence BIGINT, missing_privileges TEXT[],
-        t_thread_id TEXT, t_user_id TEXT, t_head_checkpoint_id TEXT, t_title TEXT, t_metadata JSONB,
-        t_message_count INTEGER, t_forked_from JSONB, t_ttl_seconds DOUBLE PRECISION, t_created_at TEXT,
-        t_updated_at TEXT,
-        s_thread_id TEXT, s_checkpoint JSONB, s_checkpoint_ns TEXT, s_checkpoint_id TEXT,
-        s_parent_checkpoint_id TEXT, s_metadata JSONB, s_channel_values BYTEA[], s_pending_writes BYTEA[])
-    LANGUAGE plpgsql AS $$
-    BEGIN
-        -- The claim need not survive a crash of the server: a lost claim only makes its turn's commit,
-        -- whose fencing check is durable, fail with LeaseExpired. Local to this statement's transaction.
-        PERFORM set_config('synchronous_commit', 'off', true);
-        INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel)
-        SELECT p_thread_id, p_token, 1, clock_timestamp() + make_interval(secs => p_lease), p_key, NULL
-        WHERE NOT EXISTS (
-            SELECT 1 FROM agent_threads t WHERE t.thread_id = p_thread_id AND t.user_id IS DISTINCT FROM p_user_id)
-        ON CONFLICT (thread_id) DO UPDATE
-        SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
-            idempotency_key = EXCLUDED.idempotency_key, cancel = NULL
-        WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
-        RETURNING c.fence INTO claim_fence;
-
-        SELECT t.thread_id, t.user_id, t.head_checkpoint_id, t.title, t.metadata, t.message_count, t.forked_from,
-            t.ttl_seconds, to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
-            to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
-        INTO t_thread_id, t_user_id, t_head_checkpoint_id, t_title, t_metadata, t_message_count, t_forked_from,
-            t_ttl_seconds, t_created_at, t_updated_at
-        FROM agent_threads t WHERE t.thread_id = p_thread_id;
-
-        missing_privileges := agent_missing_privileges();
-
-        IF claim_fence IS NOT NULL AND p_read_start THEN
-            SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
-                (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
-                 FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
-                 CROSS JOIN LATERAL (
-                    SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
-                    WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
-                      AND b.channel = v.channel AND b.version = v.version
-                    OFFSET 0) AS bl),
-                (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
-                                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
-                 FROM checkpoint_writes cw
-                 WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns
-                   AND cw.checkpoint_id = c.checkpoint_id)
-            INTO s_thread_id, s_checkpoint, s_checkpoint_ns, s_checkpoint_id, s_parent_checkpoint_id, s_metadata,
-                s_channel_values, s_pending_writes
-            FROM checkpoints c
-            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = ''
-              AND c.checkpoint_id = COALESCE(p_checkpoint_id, t_head_checkpoint_id);
-        END IF;
-        RETURN NEXT;
     END $$""",
 ]
 
