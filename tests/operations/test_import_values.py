@@ -158,7 +158,8 @@ def test_a_value_at_the_edge_of_its_domain_works_everywhere_after(agent, exporte
     say(agent, "and now?", thread_id=thread_id)
     agent.update_thread(thread_id, ttl_seconds=1)
     swept = agent.sweep_expired_threads(now=datetime.now(UTC) + timedelta(days=1))
-    assert swept["deleted_thread_ids"] == [thread_id] and swept["failed_thread_ids"] == []
+    # The session's database holds other tests' threads too, which this sweep may remove as well.
+    assert thread_id in swept["deleted_thread_ids"] and thread_id not in swept["failed_thread_ids"]
 
 
 VERSION_1 = Path(__file__).parent / "fixtures" / "thread-v1.json"
