@@ -23,7 +23,8 @@ Layout (one responsibility per module; data flows one way, from the edges inward
 * `requests`     request parsing and validation, at the edge; `dialect` the OpenAI fields
 * `responses`    `LangGraphResponsesAgent`: `Agent` plus MLflow's `ResponsesAgent` interface;
   `response_events` the Responses objects and stream events; `mlflow_errors` MLflow's error twins
-* `factory`      `create_agent`
+* `factory`      `create_agent`; `deferred` the agent it returns, which imports MLflow only when
+  MLflow's side of it is first used (`predict`, `isinstance(agent, ResponsesAgent)`)
 * `serving/`     models-from-code entry, the HTTP server, the error mapping
 * `cli`          the `tt-agent` command
 

@@ -26,10 +26,13 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-import numpy  # a dependency of MLflow
+from typing import TYPE_CHECKING
 
 from agent.memory.store import MemoryStore
 from agent.types import Memory
+
+if TYPE_CHECKING:
+    import numpy  # a dependency of MLflow; imported where vectors are ranked (about 0.1 s at start-up)
 
 #: Bytes of memories (text and vectors) one process keeps, about.
 MAX_CACHED_BYTES = 64 * 1024 * 1024
@@ -163,6 +166,8 @@ def rank(
 
 
 def _by_similarity(copy: _UserCopy, query: numpy.ndarray, keys: Collection[str] | None, limit: int) -> list[Memory]:
+    import numpy
+
     if copy.matrix is None:  # built once per copy; a copy is replaced when the user's memories change
         copy.embedded = [entry for entry in copy.entries.values() if entry.vector is not None]
         dims = {entry.vector.shape for entry in copy.embedded}
@@ -189,6 +194,8 @@ def _scored(memory: Memory, score: float) -> Memory:
 def _unit(vector: Sequence[float] | numpy.ndarray | None) -> numpy.ndarray | None:
     if vector is None:
         return None
+    import numpy
+
     array = numpy.asarray(vector, dtype=numpy.float32)
     norm = float(numpy.linalg.norm(array))
     return array / norm if norm else array

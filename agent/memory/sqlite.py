@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import numpy  # a dependency of MLflow
 import orjson
 from langgraph.store.base import TTLConfig
 from langgraph.store.sqlite import SqliteStore
@@ -128,4 +127,8 @@ class SqliteMemoryStore(SqliteStore):
 
 def _vector(blob: bytes | None) -> list[float] | None:
     """A vector from its `store_vectors` blob (sqlite-vec's float32 format, `sqlite_vec.serialize_float32`)."""
-    return None if blob is None else numpy.frombuffer(blob, dtype=numpy.float32)
+    if blob is None:
+        return None
+    import numpy  # a dependency of MLflow; only stored embeddings need it (about 0.1 s to import)
+
+    return numpy.frombuffer(blob, dtype=numpy.float32)

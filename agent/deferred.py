@@ -1,0 +1,58 @@
+"""`DeferredResponsesAgent`: what `create_agent` returns, a plain `Agent` until MLflow's side of it is used.
+
+Why: `create_agent` promises a `LangGraphResponsesAgent`, an MLflow `ResponsesAgent`
+(`mlflow.models.set_model`, `mlflow.pyfunc.log_model` and every models-from-code file rely on
+it), but importing MLflow costs about 2 s of CPU (`mlflow/__init__` loads its tracking client,
+pandas and `mlflow.genai`). A notebook's first cell, the command line and a server that scales
+from zero would pay it even when they only read history. So the object starts as an `Agent` and
+becomes the `LangGraphResponsesAgent` (the same instance: its class is replaced, and nothing else
+changes) the first time MLflow's side of it is touched:
+
+* `isinstance(agent, ResponsesAgent)` (or `PythonModel`, or `LangGraphResponsesAgent`), which is
+  how MLflow's `set_model`, `log_model` and loaders recognise the model: `isinstance` consults
+  `obj.__class__` when `type(obj)` is not a subclass (Python's data model; `unittest.mock`'s
+  `spec=` relies on the same rule), and this class's `__class__` makes the change and answers
+  the new class;
+* any attribute the plain `Agent` lacks: `predict`, `predict_stream`, `apredict`,
+  `apredict_stream`, `load_context`, MLflow's item helpers, … (dunder names and IPython's display
+  probes excepted, so that showing the agent in a notebook does not load MLflow).
+
+Until then `type(agent)` is `DeferredResponsesAgent` (a subclass of `Agent`); afterwards it is
+`LangGraphResponsesAgent`. Every `Agent` method works before and after, without MLflow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.agent import Agent
+
+# The descriptor that sets an object's class; `DeferredResponsesAgent.__class__` shadows it.
+_OBJECT_CLASS = object.__dict__["__class__"]
+
+# Names looked up on any object by IPython's display machinery; answering them needs no MLflow.
+_DISPLAY_PROBES = ("_repr_", "_ipython_")
+
+
+class DeferredResponsesAgent(Agent):
+    """A `LangGraphResponsesAgent` that imports MLflow only when MLflow's interface is first used
+    (module docstring). Build one with `agent.create_agent(...)`."""
+
+    def become_responses_agent(self) -> type:
+        """Turn this instance into a `LangGraphResponsesAgent` (importing MLflow) and return that class.
+        Idempotent; safe from several threads (the import is locked and the class set is atomic)."""
+        from agent.responses import LangGraphResponsesAgent
+
+        _OBJECT_CLASS.__set__(self, LangGraphResponsesAgent)
+        return LangGraphResponsesAgent
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: D105 - see the module docstring
+        return self.become_responses_agent()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names the plain Agent lacks.
+        if name.startswith("__") or name.startswith(_DISPLAY_PROBES):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.become_responses_agent()
+        return getattr(self, name)

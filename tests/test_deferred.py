@@ -1,0 +1,76 @@
+"""`create_agent` returns an agent that imports MLflow only when MLflow's side of it is used (`agent.deferred`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agent import Agent, create_agent
+
+
+def run_python(code: str, cwd) -> list[str]:
+    """Run `code` in a new interpreter with no AGENT_*/MLFLOW_* settings; its stdout lines."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "MLFLOW_", "OPENAI_"))}
+    result = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.splitlines()
+
+
+def test_an_agent_used_through_its_python_methods_never_imports_mlflow(tmp_path):
+    lines = run_python(
+        "import sys\n"
+        "from agent import create_agent\n"
+        f"with create_agent('sqlite:///{tmp_path / 'a.sqlite'}', model='offline') as agent:\n"
+        "    print(type(agent).__name__)\n"
+        "    print(agent.list_threads(), agent.list_memories(user_id='u'), repr(agent)[:1] == '<')\n"
+        "    print(getattr(agent, '_repr_html_', None), getattr(agent, '__wrapped__', None))\n"
+        "print('mlflow' in sys.modules)\n",
+        tmp_path,
+    )
+    assert lines == ["DeferredResponsesAgent", "[] [] True", "None None", "False"]
+
+
+def test_isinstance_and_set_model_see_a_responses_agent_and_it_becomes_one(tmp_path):
+    lines = run_python(
+        "import sys\n"
+        "from agent import create_agent\n"
+        "agent = create_agent('memory://', model='offline', tracing=False)\n"
+        "print('mlflow' in sys.modules)\n"
+        "import mlflow\n"
+        "from mlflow.pyfunc import PythonModel, ResponsesAgent\n"
+        "mlflow.models.set_model(agent)\n"  # refuses anything that is not a PythonModel nor callable
+        "print(type(agent).__name__, isinstance(agent, ResponsesAgent), isinstance(agent, PythonModel))\n"
+        "print(mlflow.models.model.__mlflow_model__ is agent)\n"
+        "agent.close()\n",
+        tmp_path,
+    )
+    assert lines == ["False", "LangGraphResponsesAgent True True", "True"]
+
+
+def test_predict_on_a_new_agent_answers_and_keeps_the_instance_state():
+    with create_agent("memory://", model="offline", tracing=False) as agent:
+        assert agent.list_threads() == []  # a plain Agent method, before MLflow
+        context = agent.operation_context
+        out = agent.predict({"input": [{"role": "user", "content": "I'm headed to SF!"}]})
+        from agent.responses import LangGraphResponsesAgent
+
+        assert type(agent) is LangGraphResponsesAgent
+        assert agent.operation_context is context
+        assert "SF" in out.output[0].content[0]["text"]
+        assert [t["thread_id"] for t in agent.list_threads()] == [out.custom_outputs["thread_id"]]
+
+
+@pytest.mark.parametrize("name", ["apredict", "apredict_stream", "predict_stream", "load_context"])
+def test_each_responses_agent_member_is_reachable_on_a_new_agent(name):
+    with create_agent("memory://", model="offline", tracing=False) as agent:
+        assert callable(getattr(agent, name))
+        assert isinstance(agent, Agent)
+
+
+def test_a_name_neither_class_has_is_still_an_attribute_error():
+    with create_agent("memory://", model="offline", tracing=False) as agent:
+        with pytest.raises(AttributeError, match="get_checkpoint_histroy"):
+            agent.get_checkpoint_histroy  # noqa: B018
