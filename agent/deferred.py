@@ -12,7 +12,9 @@ changes) the first time MLflow's side of it is touched:
   how MLflow's `set_model`, `log_model` and loaders recognise the model: `isinstance` consults
   `obj.__class__` when `type(obj)` is not a subclass (Python's data model; `unittest.mock`'s
   `spec=` relies on the same rule), and this class's `__class__` makes the change and answers
-  the new class;
+  the new class. It does so only once `mlflow.pyfunc.model` (where those classes live) is
+  imported: before that nobody can hold them, so an `isinstance` against any other class (a
+  notebook's display, a logger) leaves the agent as it is and loads nothing;
 * any attribute the plain `Agent` lacks: `predict`, `predict_stream`, `apredict`,
   `apredict_stream`, `load_context`, MLflow's item helpers, … (dunder names and IPython's display
   probes excepted, so that showing the agent in a notebook does not load MLflow).
@@ -23,12 +25,16 @@ Until then `type(agent)` is `DeferredResponsesAgent` (a subclass of `Agent`); af
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from agent.agent import Agent
 
 # The descriptor that sets an object's class; `DeferredResponsesAgent.__class__` shadows it.
 _OBJECT_CLASS = object.__dict__["__class__"]
+
+# The module that defines `PythonModel` and `ResponsesAgent`: an `isinstance` against them needs it imported.
+_MLFLOW_CLASSES = "mlflow.pyfunc.model"
 
 # Names looked up on any object by IPython's display machinery; answering them needs no MLflow.
 _DISPLAY_PROBES = ("_repr_", "_ipython_")
@@ -38,21 +44,24 @@ class DeferredResponsesAgent(Agent):
     """A `LangGraphResponsesAgent` that imports MLflow only when MLflow's interface is first used
     (module docstring). Build one with `agent.create_agent(...)`."""
 
-    def become_responses_agent(self) -> type:
-        """Turn this instance into a `LangGraphResponsesAgent` (importing MLflow) and return that class.
-        Idempotent; safe from several threads (the import is locked and the class set is atomic)."""
-        from agent.responses import LangGraphResponsesAgent
-
-        _OBJECT_CLASS.__set__(self, LangGraphResponsesAgent)
-        return LangGraphResponsesAgent
-
     @property  # type: ignore[misc]
     def __class__(self) -> type:  # noqa: D105 - see the module docstring
-        return self.become_responses_agent()
+        if _MLFLOW_CLASSES not in sys.modules:
+            return type(self)
+        return _become_responses_agent(self)
 
     def __getattr__(self, name: str) -> Any:
         # Only called for names the plain Agent lacks.
         if name.startswith("__") or name.startswith(_DISPLAY_PROBES):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        self.become_responses_agent()
+        _become_responses_agent(self)
         return getattr(self, name)
+
+
+def _become_responses_agent(agent: Agent) -> type:
+    """Turn `agent` into a `LangGraphResponsesAgent` (importing MLflow) and return that class. Idempotent
+    and safe from several threads: the import is locked, and setting the class is one atomic step."""
+    from agent.responses import LangGraphResponsesAgent
+
+    _OBJECT_CLASS.__set__(agent, LangGraphResponsesAgent)
+    return LangGraphResponsesAgent

@@ -27,10 +27,11 @@ def test_an_agent_used_through_its_python_methods_never_imports_mlflow(tmp_path)
         "    print(type(agent).__name__)\n"
         "    print(agent.list_threads(), agent.list_memories(user_id='u'), repr(agent)[:1] == '<')\n"
         "    print(getattr(agent, '_repr_html_', None), getattr(agent, '__wrapped__', None))\n"
+        "    print(isinstance(agent, (dict, str)), type(agent).__name__)\n"
         "print('mlflow' in sys.modules)\n",
         tmp_path,
     )
-    assert lines == ["DeferredResponsesAgent", "[] [] True", "None None", "False"]
+    assert lines == ["DeferredResponsesAgent", "[] [] True", "None None", "False DeferredResponsesAgent", "False"]
 
 
 def test_isinstance_and_set_model_see_a_responses_agent_and_it_becomes_one(tmp_path):
