@@ -60,8 +60,13 @@ class DeferredResponsesAgent(Agent):
 
 def _become_responses_agent(agent: Agent) -> type:
     """Turn `agent` into a `LangGraphResponsesAgent` (importing MLflow) and return that class. Idempotent
-    and safe from several threads: the import is locked, and setting the class is one atomic step."""
-    from agent.responses import LangGraphResponsesAgent
+    and safe from several threads: the import is locked, and setting the class is one atomic step.
 
+    MLflow starts with tracing on when it is imported: a `tracing=False` that `create_agent` applied before
+    (when there was no MLflow to switch off) is applied now, before anything of the agent is traced."""
+    from agent.responses import LangGraphResponsesAgent
+    from agent.tracing import apply_tracing_switch
+
+    apply_tracing_switch()
     _OBJECT_CLASS.__set__(agent, LangGraphResponsesAgent)
     return LangGraphResponsesAgent

@@ -41,9 +41,11 @@ called on every turn (`model_call_span`, `tag_trace`, `scrub_trace_inputs`)
 look for an MLflow that is already imported and do nothing without one, since
 no span can be active in a process that never imported MLflow.
 `disable_tracing` switches off an imported MLflow and, without one, has
-nothing to switch off: MLflow starts with tracing on when it is imported, but
-what MLflow traces on its own (`ResponsesAgent.predict`) imports it when its
-class is defined, before `create_agent` configures tracing.
+nothing to switch off yet: MLflow starts with tracing on when it is imported,
+so the switch is remembered and applied by `apply_tracing_switch()` once MLflow
+is imported. The agent `create_agent` returns imports MLflow only when it first
+becomes a `ResponsesAgent` (`agent.deferred`), after tracing was configured, and
+calls `apply_tracing_switch()` then, before anything of it is traced.
 
 What a trace carries (`tag_trace`), so the MLflow UI groups a thread's turns:
 
@@ -83,6 +85,8 @@ SAMPLING_RATIO_ENV = "MLFLOW_TRACE_SAMPLING_RATIO"
 
 _lock = threading.Lock()
 _applied_ratio: float | None = None
+#: `disable_tracing()` was called while MLflow was not imported: `apply_tracing_switch()` applies it.
+_disable_when_imported = False
 
 
 def _imported_mlflow() -> ModuleType | None:
@@ -122,13 +126,14 @@ def enable_tracing(sample_ratio: float = 1.0) -> None:
     Raises:
         ValueError: `sample_ratio` is not between 0 and 1.
     """
-    global _applied_ratio
+    global _applied_ratio, _disable_when_imported
     if not 0.0 <= sample_ratio <= 1.0:
         raise ValueError(f"sample_ratio must be between 0 and 1, got {sample_ratio}")
     import mlflow
     from mlflow.tracing.provider import is_tracing_enabled
 
     with _lock:
+        _disable_when_imported = False
         use_default_tracking_uri()
         if sample_ratio != _applied_ratio:
             os.environ[SAMPLING_RATIO_ENV] = repr(float(sample_ratio))
@@ -139,13 +144,23 @@ def enable_tracing(sample_ratio: float = 1.0) -> None:
 
 
 def disable_tracing() -> None:
-    """Turn MLflow tracing off for this process; without an imported MLflow there is nothing to turn off
-    (see the module docstring), and MLflow is not imported for it."""
+    """Turn MLflow tracing off for this process. Without an imported MLflow it is not imported for this: the
+    switch is remembered, and `apply_tracing_switch()` applies it once MLflow is imported (module docstring)."""
+    global _disable_when_imported
     mlflow = _imported_mlflow()
-    if mlflow is None:
-        return
     with _lock:
+        if mlflow is None:
+            _disable_when_imported = True
+            return
+        _disable_when_imported = False
         mlflow.tracing.disable()
+
+
+def apply_tracing_switch() -> None:
+    """Apply a `disable_tracing()` made before MLflow was imported, now that it is (a no-op otherwise).
+    Called when the agent first imports MLflow to record (`agent.deferred`)."""
+    if _disable_when_imported and _imported_mlflow() is not None:
+        disable_tracing()
 
 
 def use_default_tracking_uri() -> str:

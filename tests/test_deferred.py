@@ -51,6 +51,23 @@ def test_isinstance_and_set_model_see_a_responses_agent_and_it_becomes_one(tmp_p
     assert lines == ["False", "LangGraphResponsesAgent True True", "True"]
 
 
+@pytest.mark.parametrize("tracing", ["off", "default"])
+def test_tracing_off_holds_for_a_turn_that_imports_mlflow_after_create_agent(tmp_path, tracing):
+    # MLflow starts with tracing on when imported; create_agent switched it off before there was an MLflow.
+    lines = run_python(
+        "import sys\n"
+        "from agent import create_agent\n"
+        f"with create_agent('memory://', model='offline'{', tracing=False' if tracing == 'off' else ''}) as agent:\n"
+        "    print('mlflow' in sys.modules)\n"
+        "    agent.predict({'input': [{'role': 'user', 'content': 'hi'}]})\n"
+        "    from mlflow.tracing.provider import is_tracing_enabled\n"
+        "    print(is_tracing_enabled())\n",
+        tmp_path,
+    )
+    assert lines == ["False", "False"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []  # no mlflow.db, mlruns/ nor .agent/
+
+
 def test_predict_on_a_new_agent_answers_and_keeps_the_instance_state():
     with create_agent("memory://", model="offline", tracing=False) as agent:
         assert agent.list_threads() == []  # a plain Agent method, before MLflow
