@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from agent.operations.branches import get_checkpoint_state
-from tests.helpers.scenario import outputs, request, run_trip, say, text_of
+from tests.helpers.scenario import TRIP, outputs, request, run_trip, say, text_of
 from tests.operations.test_properties import _expected_reply
 
 ITEM_PLACE_KEYS = {"checkpoint_id", "branch_checkpoint_id", "siblings"}
@@ -224,6 +224,56 @@ def test_regenerate_at_an_earlier_checkpoint_branches_there(agent):
     again = regenerate(agent, trip["thread_id"], checkpoint_id=trip["after_turn1"])
     assert outputs(again)["parent_checkpoint_id"] == trip["root"]
     assert text_of(again) == _expected_reply([("user", "I'm planning for an upcoming trip!")])
+
+
+def test_regenerate_message_id_regenerates_that_answer_not_the_one_before_it(agent):
+    trip = run_trip(agent)
+    thread_id = trip["thread_id"]
+    before = agent.get_checkpoint_state(thread_id)
+    second_answer = before["messages"][3]
+    assert second_answer["role"] == "assistant"
+    again = agent.predict(request(None, thread_id=thread_id, regenerate_message_id=second_answer["id"]))
+    # A sibling of turn 2 (from the checkpoint before its user message), answering "I'm headed to SF!" again.
+    assert outputs(again)["parent_checkpoint_id"] == second_answer["branch_checkpoint_id"] == trip["after_turn1"]
+    assert text_of(again) == _expected_reply(texts(before)[:3])
+    state = agent.get_checkpoint_state(thread_id)
+    assert state["checkpoint_id"] == outputs(again)["checkpoint_id"] and state["message_count"] == 4
+    assert [item["id"] for item in state["messages"][:3]] == [item["id"] for item in before["messages"][:3]]
+    assert state["messages"][3]["id"] != second_answer["id"]
+
+
+def test_regenerate_message_id_of_the_last_answer_is_regenerate(agent):
+    trip = run_trip(agent)
+    thread_id = trip["thread_id"]
+    last = agent.get_checkpoint_state(thread_id)["messages"][-1]
+    named = agent.predict(request(None, thread_id=thread_id, regenerate=True, regenerate_message_id=last["id"]))
+    assert outputs(named)["parent_checkpoint_id"] == trip["after_turn2"]
+    assert text_of(named) == trip["answer"]
+
+
+def test_regenerate_message_id_finds_the_answer_in_the_checkpoint_named(agent):
+    trip = run_trip(agent)
+    thread_id = trip["thread_id"]
+    first_answer = agent.get_checkpoint_state(thread_id)["messages"][1]
+    agent.set_head(thread_id, trip["after_turn1"])
+    again = agent.predict(
+        request(None, thread_id=thread_id, checkpoint_id=trip["after_turn3"], regenerate_message_id=first_answer["id"])
+    )
+    assert outputs(again)["parent_checkpoint_id"] == trip["root"]
+    assert text_of(again) == _expected_reply([("user", TRIP[0])])
+
+
+def test_regenerate_message_id_of_an_answer_with_tool_calls_redoes_the_whole_answer(agent):
+    first = say(agent, "calculate 6*7")
+    thread_id = outputs(first)["thread_id"]
+    items = agent.get_checkpoint_state(thread_id)["messages"]
+    for answer in (items[-1], items[1]):  # the final message, and the function_call (named by its call id)
+        again = agent.predict(request(None, thread_id=thread_id, checkpoint_id=outputs(first)["checkpoint_id"],
+                                      regenerate_message_id=answer["id"]))  # fmt: skip
+        assert outputs(again)["parent_checkpoint_id"] == outputs(first)["parent_checkpoint_id"]
+        state = agent.get_checkpoint_state(thread_id)
+        assert [item["type"] for item in state["messages"]] == ["message", "function_call", "function_call_output", "message"]
+        assert state["messages"][0]["id"] == items[0]["id"]
 
 
 # -- replace and remove --------------------------------------------------------------------------------
