@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 def get_checkpoint_state(
-    storage: ThreadStorage, thread_id: str, checkpoint_id: str | None, *, user_id: str | None
+    storage: ThreadStorage, thread_id: str, checkpoint_id: str | None, *, user_id: str | None, alternatives: bool = True
 ) -> CheckpointState:
     """The thread head (or `checkpoint_id`): its history entry and its messages, each placed in the tree.
 
@@ -44,7 +44,8 @@ def get_checkpoint_state(
     deltas, usually cached) and the tree's summaries: three queries whatever
     the thread's size and number of branches; and when a message of the
     branch has alternatives, one more for the messages of the alternatives'
-    checkpoints (`agent.operations.alternatives`).
+    checkpoints (`agent.operations.alternatives`; `alternatives=False` leaves them out,
+    for callers that show no switcher).
 
     Raises:
         ThreadNotFound: unknown thread, or not the caller's.
@@ -55,7 +56,9 @@ def get_checkpoint_state(
     found = checkpoint_of(storage, thread_id, target)
     messages = messages_of(found)
     tree = read_tree(storage, thread_id)
-    places = with_alternatives(storage, tree, messages, places_of(storage, tree, tree.chain(target), messages))
+    places = places_of(storage, tree, tree.chain(target), messages)
+    if alternatives:
+        places = with_alternatives(storage, tree, messages, places)
     summary = _summary(thread_id, found, record.head_checkpoint_id)
     waiting = summary.next_nodes[0] if len(summary.next_nodes) == 1 else None
     interrupts = tuple(replace(i, node=waiting) for i in pending_interrupts(found))

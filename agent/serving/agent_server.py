@@ -37,6 +37,8 @@ What this module adds to MLflow's server:
   answers preflights from those origins (others get no CORS headers); answers of
   1 kB or more are gzip-compressed for clients that accept it (`GZipMiddleware`,
   which leaves server-sent event streams uncompressed, so they still stream).
+* **Typed `GET /openapi.json`.** Every route's request and answers, from existing
+  pydantic models (`serving.schemas`).
 * **One trusted user header.** With `user_id_header` set, a request carrying
   that header twice, or a comma-joined list in it, is a 400 before any route
   runs (`serving.identity` says why).
@@ -79,6 +81,7 @@ from agent.serving.errors import error_body, http_status, log_error_answer, stat
 from agent.serving.identity import TrustedUserHeader
 from agent.serving.limits import RequestBodyLimits, body_limit
 from agent.serving.openai import openai_router
+from agent.serving.schemas import with_typed_openapi
 from agent.tracing import scrub_trace_inputs, tag_trace
 
 _bound_agent: LangGraphResponsesAgent | None = None
@@ -280,6 +283,7 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
 
     _replace_agent_info(app, agent)
     app.include_router(openai_router(agent))
+    with_typed_openapi(app)
 
     @app.get("/ready")
     async def ready() -> JSONResponse:

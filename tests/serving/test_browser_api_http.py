@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sys
 from types import SimpleNamespace
 
@@ -147,3 +148,61 @@ def test_a_page_regenerates_an_answer_by_its_id_and_reads_each_messages_versions
         "/invocations", json={"input": [], "custom_inputs": {"thread_id": thread_id, "regenerate_message_id": user["id"]}}
     )
     assert response.status_code == 400 and "not an assistant answer" in response.json()["message"]
+
+
+# -- GET /openapi.json -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def openapi(server) -> dict:
+    response = server.http.get("/openapi.json")
+    assert response.status_code == 200
+    return response.json()
+
+
+def conforms(openapi: dict, schema: dict, value) -> None:
+    """`value` is valid against `schema`, whose `$ref`s point into the document's components."""
+    import jsonschema
+
+    jsonschema.Draft202012Validator({**schema, "components": openapi["components"]}).validate(value)
+
+
+def answer_schema(openapi: dict, method: str, path: str, status: str = "200") -> dict:
+    return openapi["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]
+
+
+def test_openapi_types_every_routes_request_and_answers(openapi):
+    routes = [(path, method, operation) for path, item in openapi["paths"].items() for method, operation in item.items()]
+    assert len(routes) >= 13
+    for path, method, operation in routes:
+        assert "$ref" in answer_schema(openapi, method, path), (method, path)  # a model, not an empty schema
+        assert "422" not in operation["responses"], (method, path)  # FastAPI's, never answered here
+        if method == "post":
+            assert "$ref" in operation["requestBody"]["content"]["application/json"]["schema"], path
+    turn = openapi["paths"]["/responses"]["post"]
+    assert turn["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ResponsesAgentRequest")
+    assert answer_schema(openapi, "post", "/responses")["$ref"].endswith("/ResponsesAgentResponse")
+    assert turn["responses"]["200"]["content"]["text/event-stream"]["schema"]["$ref"].endswith("/ResponsesAgentStreamEvent")
+    assert answer_schema(openapi, "post", "/invocations", "404")["$ref"].endswith("/ErrorAnswer")
+    assert answer_schema(openapi, "get", "/conversations/{conversation_id}", "404")["$ref"].endswith("/OpenAIErrorAnswer")
+    names = {p["name"] for p in openapi["paths"]["/conversations/{conversation_id}/items"]["get"]["parameters"]}
+    assert {"conversation_id", "after", "limit", "order"} <= names
+    text = json.dumps(openapi)
+    assert all(ref in openapi["components"]["schemas"] for ref in re.findall(r'"#/components/schemas/([^"]+)"', text))
+
+
+def test_the_servers_answers_conform_to_the_schemas_it_publishes(server, openapi):
+    for path in ("/health", "/ready", "/agent/info"):
+        conforms(openapi, answer_schema(openapi, "get", path), server.http.get(path).json())
+    turn = server.http.post("/invocations", json={"input": [{"role": "user", "content": TRIP[0]}]})
+    conforms(openapi, answer_schema(openapi, "post", "/invocations"), turn.json())
+    missing = server.http.post("/invocations", json={"input": [], "custom_inputs": {"action": "list_branches", "thread_id": "nope"}})
+    assert missing.status_code == 404
+    conforms(openapi, answer_schema(openapi, "post", "/invocations", "404"), missing.json())
+    created = server.http.post("/conversations", json={"items": [{"role": "user", "content": "Hi"}], "metadata": {"a": "b"}})
+    conforms(openapi, answer_schema(openapi, "post", "/conversations"), created.json())
+    items = server.http.get(f"/conversations/{created.json()['id']}/items")
+    conforms(openapi, answer_schema(openapi, "get", "/conversations/{conversation_id}/items"), items.json())
+    unknown = server.http.get("/conversations/no-such-conversation")
+    assert unknown.status_code == 404
+    conforms(openapi, answer_schema(openapi, "get", "/conversations/{conversation_id}", "404"), unknown.json())
