@@ -15,7 +15,8 @@ run on the async path and follow the thread's multitask strategy for free.
   brings back what X's branch had replaced.
 * **Regenerate** at X: rerun the model on X's messages up to its last user
   message u (with `regenerate_message_id` a: the user message u that answer a
-  of X answers, the last one before a; X's messages after u are left out). It starts from the newest checkpoint on X's branch that holds
+  of X answers, the last one before a; X's messages after u are left out).
+  It starts from the newest checkpoint on X's branch that holds
   exactly those messages (u not answered yet), with no input; if there is none
   (the usual case: u and its answer were written by one turn), from the
   checkpoint before u first appeared, sending u again (the same message, same

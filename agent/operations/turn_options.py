@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from agent.operations.envelope import Envelope
 
 #: The `custom_inputs` keys of a turn, besides the envelope's.
-TURN_KEYS = frozenset({"edit_message_id", "regenerate", "regenerate_message_id", "metadata", "max_context_tokens", "resume", "cancel_interrupts"})
+TURN_KEYS = frozenset(
+    {"edit_message_id", "regenerate", "regenerate_message_id", "metadata", "max_context_tokens", "resume", "cancel_interrupts"}
+)
 
 #: What the action table says of a turn.
 TURN_SUMMARY = "Run the model on the input from the head (or from checkpoint_id: a branch); the default."

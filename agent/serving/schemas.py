@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from agent.operations.conversations import DEFAULT_PAGE, MAX_PAGE
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
@@ -79,10 +81,12 @@ def routes() -> dict[tuple[str, str], RouteDoc]:
     )
     from openai.types.responses import Response, ResponseInputItemParam, ResponseItemList
 
+    from agent.serving.openai import MAX_ITEMS_PER_CALL
+
     class ConversationItemsBody(BaseModel):
         """`POST /conversations/{id}/items`: the items to append (OpenAI's `items.create` body)."""
 
-        items: list[ResponseInputItemParam] = Field(description="Responses input items, at most 20.")
+        items: list[ResponseInputItemParam] = Field(min_length=1, max_length=MAX_ITEMS_PER_CALL)
 
     turn = RouteDoc(ResponsesAgentResponse, ResponsesAgentRequest, stream=ResponsesAgentStreamEvent)
     return {
@@ -110,9 +114,11 @@ STATUS_MEANINGS = {
     503: "StorageUnavailable, ModelError: try again later; nothing was written.",
 }
 
+#: OpenAI's paging query parameters, with this server's bounds (`operations.conversations.page`).
 PAGING = [
     {"name": "after", "in": "query", "required": False, "schema": {"type": "string"}, "description": "An item id: the page after it."},
-    {"name": "limit", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+    {"name": "limit", "in": "query", "required": False,
+     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE}},
     {"name": "order", "in": "query", "required": False, "schema": {"type": "string", "enum": ["asc", "desc"], "default": "desc"}},
 ]  # fmt: skip
 
@@ -145,7 +151,9 @@ def typed(schema: dict[str, Any], docs: dict[tuple[str, str], RouteDoc]) -> None
             value = getattr(doc, part)
             if value is not None:
                 types[f"{method} {path} {part}"] = value
-    inputs = [(key, "validation" if key.endswith(" request") else "serialization", TypeAdapter(value)) for key, value in types.items()]
+    inputs = [
+        (key, "validation" if key.endswith(" request") else "serialization", TypeAdapter(value)) for key, value in types.items()
+    ]
     refs, definitions = TypeAdapter.json_schemas(inputs, ref_template=REF_TEMPLATE)
     ref = {key: value for (key, _mode), value in refs.items()}
     schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions.get("$defs", {}))
@@ -154,7 +162,8 @@ def typed(schema: dict[str, Any], docs: dict[tuple[str, str], RouteDoc]) -> None
         if operation is None:  # a route this app does not mount
             continue
         if doc.request is not None:
-            operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref[f"{method} {path} request"]}}}
+            body = {"application/json": {"schema": ref[f"{method} {path} request"]}}
+            operation["requestBody"] = {"required": True, "content": body}
         answer: dict[str, Any] = {"application/json": {"schema": ref[f"{method} {path} response"]}}
         if doc.stream is not None:
             answer["text/event-stream"] = {"schema": ref[f"{method} {path} stream"]}
