@@ -99,19 +99,21 @@ def plan_regenerate(
     answer `message_id` answers (the last user message before it), or with None the last user message.
 
     Raises:
-        InvalidRequest: `message_id` is not a message (or tool call) of the checkpoint, or not an assistant
-            answer, or no user message comes before it; the checkpoint has no user message; or there is no
+        InvalidRequest: `message_id` is not a message (or tool call) of the checkpoint, or not part of an
+            assistant answer (an assistant message, tool call or tool result), or no user message comes before it; the checkpoint has no user message; or there is no
             checkpoint before it (see `plan_edit`).
     """
     target = chain[-1]
     end = len(messages)
     if message_id is not None:
         position = position_of(messages, message_id, thread_id=tree.thread_id, checkpoint_id=target)
-        if messages[position].type != "ai":
-            # An answer is what a regeneration redoes; a user message is changed with edit_message_id.
+        if messages[position].type not in ("ai", "tool"):
+            # An answer (its text, tool calls and their results) is what a regeneration redoes; a user message is
+            # changed with edit_message_id.
             raise InvalidRequest(
                 f"Message {message_id!r} is not an assistant answer: regenerate_message_id names the answer to "
-                "redo (to change a user message, send edit_message_id). Nothing was written.",
+                "redo, or one of its tool calls or results (to change a user message, send edit_message_id). "
+                "Nothing was written.",
                 thread_id=tree.thread_id,
                 checkpoint_id=target,
                 message_id=message_id,

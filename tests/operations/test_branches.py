@@ -267,7 +267,8 @@ def test_regenerate_message_id_of_an_answer_with_tool_calls_redoes_the_whole_ans
     first = say(agent, "calculate 6*7")
     thread_id = outputs(first)["thread_id"]
     items = agent.get_checkpoint_state(thread_id)["messages"]
-    for answer in (items[-1], items[1]):  # the final message, and the function_call (named by its call id)
+    # The final message, the function_call (named by its call id) and its result: each names the same answer.
+    for answer in (items[-1], items[1], items[2]):
         again = agent.predict(request(None, thread_id=thread_id, checkpoint_id=outputs(first)["checkpoint_id"],
                                       regenerate_message_id=answer["id"]))  # fmt: skip
         assert outputs(again)["parent_checkpoint_id"] == outputs(first)["parent_checkpoint_id"]
