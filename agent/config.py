@@ -14,15 +14,16 @@ and `import agent` must stay fast.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent.errors import ConfigurationError, validation_problems
 
@@ -38,6 +39,9 @@ OFFLINE_MODEL_NAME = "offline"
 #: What a turn does when another turn holds its thread (LangGraph Agent Server's double-texting strategies).
 MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback"]
 MULTITASK_STRATEGIES: tuple[str, ...] = ("reject", "enqueue", "interrupt", "rollback")
+
+#: What a CORS origin looks like (a browser's `Origin` header): scheme://host[:port].
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 
 ContextStrategy = Literal["trim", "summarize"]
 MemoryScope = Literal["user", "branch"]
@@ -111,6 +115,11 @@ class AgentSettings(BaseSettings):
     """Most input items (messages, tool calls and results) one request may carry."""
     body_timeout: float = Field(default=30.0, gt=0)
     """Seconds a client may take to send a request body before the server answers 408."""
+    # NoDecode: the environment gives a comma-separated list (`_origins`), not only JSON.
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Origins whose web pages may call `tt-agent serve` from a browser (CORS), e.g.
+    `["https://chat.example.com"]`; `AGENT_CORS_ORIGINS` takes them comma-separated. `["*"]`: any
+    origin. Empty: none (a page on another origin gets no CORS headers, so browsers block it)."""
 
     # -- memory and context --------------------------------------------------------------------
     message_cache_size: int = Field(default=1024, ge=0)
@@ -147,6 +156,21 @@ class AgentSettings(BaseSettings):
     or a Databricks runtime), else off. `tt-agent serve` turns it on."""
     trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
     """The fraction of turns traced when tracing is on."""
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            value = json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)):
+            for origin in value:
+                # A browser's Origin header is exactly scheme://host[:port]; anything else would never match.
+                if isinstance(origin, str) and origin != "*" and not _ORIGIN.fullmatch(origin):
+                    raise ValueError(
+                        f"{origin!r} is not an origin: write scheme://host[:port], without a path or a trailing slash, or *"
+                    )
+        return value
 
     @model_validator(mode="after")
     def _resolve(self) -> AgentSettings:

@@ -103,7 +103,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         """Run one turn, or one `custom_inputs.action`, and return the whole response.
 
         In: a Responses request; `custom_inputs` as documented in `agent.requests` (a turn may
-        also carry `edit_message_id` or `regenerate`; see `agent.operations.edits`).
+        also carry `edit_message_id`, `regenerate` or `regenerate_message_id`; see `agent.operations.edits`).
         Out: `output` items for the new messages; `custom_outputs` with
         `thread_id`, `checkpoint_id` (the head after the turn) and
         `parent_checkpoint_id` (where the turn started), or the action's results.
@@ -265,6 +265,7 @@ def _turn_args(parsed: ParsedRequest) -> TurnArgs:
         max_context_tokens=options.max_context_tokens if options else None,
         edit_message_id=options.edit_message_id if options else None,
         regenerate=options.regenerate if options else False,
+        regenerate_message_id=options.regenerate_message_id if options else None,
         metadata=options.metadata if options else None,
         resume=options.resume if options else None,
         cancel_interrupts=options.cancel_interrupts if options else False,

@@ -3,7 +3,8 @@
 * What a turn yields (`TurnResult`, `TextDelta`, `NewMessages`, `StoredResponse`, `PendingInterrupt`):
   `agent.turn_events`, re-exported here.
 * `CheckpointSummary`: one history entry (`get_checkpoint_history`).
-* `CheckpointState` (`get_checkpoint_state`), `BranchSummary` (`list_branches`), `HeadMove`
+* `CheckpointState` (`get_checkpoint_state`, its messages placed by `MessagePlace` with their
+  `Alternatives`), `BranchSummary` (`list_branches`), `HeadMove`
   (`set_head`), `ForkResult` (`fork_thread`), `CheckpointDiff` (`compare_checkpoints`): the
   branch operations. Their messages stay LangChain messages until `as_dict()` turns them into
   Responses items (`agent.items.to_state_items`, imported there so this module stays light).
@@ -88,6 +89,45 @@ class CheckpointSummary:
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """One version of a message that a "< i/n >" switcher offers: an edit of a user message, or a
+    regeneration of an answer."""
+
+    checkpoint_id: str
+    """The checkpoint where this version first appeared (an edit's versions that differ only in their
+    answers, such as the original and its regenerations, are one version: the oldest of them)."""
+    latest_checkpoint_id: str
+    """The newest checkpoint after it (of all its checkpoints, for a version with several): where to
+    `set_head` to show it with everything written after it."""
+    preview: str
+    """Its text (an answer's: its last message, or the tools it calls), at most `LAST_MESSAGE_CHARS`."""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"checkpoint_id": self.checkpoint_id, "latest_checkpoint_id": self.latest_checkpoint_id, "preview": self.preview}
+
+
+@dataclass(frozen=True)
+class Alternatives:
+    """A message's versions, oldest first (`agent.operations.alternatives`): for a user message its edits
+    (the user messages at the same place), for an answer its regenerations (the answers to the same user
+    message)."""
+
+    kind: str
+    """`"edits"` (a user message) or `"regenerations"` (an answer: an assistant message, tool call or result)."""
+    index: int
+    """This message's version in `options` (a UI shows `index + 1` / `count`)."""
+    options: tuple[Alternative, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "index": self.index,
+            "count": len(self.options),
+            "options": [option.as_dict() for option in self.options],
+        }
+
+
+@dataclass(frozen=True)
 class MessagePlace:
     """Where one message of a checkpoint sits in its thread's tree (LangGraph `useStream`'s message metadata:
     `firstSeenState`, `branch`, `branchOptions`)."""
@@ -95,14 +135,18 @@ class MessagePlace:
     checkpoint_id: str
     """The checkpoint where the message first appeared on this branch."""
     branch_checkpoint_id: str | None
-    """The checkpoint just before it: where an edit or a regeneration of it branches from
-    (the thread's root for the first message)."""
+    """The checkpoint just before it (the thread's root for the first message): the parent of its
+    alternatives. A turn that edits or regenerates it names the message (`edit_message_id`,
+    `regenerate_message_id`), not this checkpoint."""
     sibling_checkpoint_ids: tuple[str, ...]
     """Every alternative at this position, this one included, each named by the checkpoint where it first
     appeared: the children of `branch_checkpoint_id`, oldest first."""
     sibling_latest_checkpoint_ids: tuple[str, ...] = ()
     """For each alternative, the newest checkpoint that descends from it (its newest leaf): where to
     `set_head` to show that alternative with everything written after it."""
+    alternatives: Alternatives | None = None
+    """This message's own versions, edits and regenerations apart (`get_checkpoint_state` sets them; the
+    siblings above are every child of `branch_checkpoint_id`, for the user message and its answer alike)."""
 
     @property
     def sibling_index(self) -> int:
@@ -119,6 +163,7 @@ class MessagePlace:
                 "checkpoint_ids": list(self.sibling_checkpoint_ids),
                 "latest_checkpoint_ids": list(self.sibling_latest_checkpoint_ids),
             },
+            **({} if self.alternatives is None else {"alternatives": self.alternatives.as_dict()}),
         }
 
 

@@ -138,11 +138,12 @@ def led_to(entry: dict[str, Any]) -> Text:
 
 def state_view(state: dict[str, Any], *, title: str | None = None) -> RenderableType:
     """A checkpoint's messages (`get_checkpoint_state`), numbered from 1, with "‹i/n›" where a message has
-    alternatives (its `siblings`). The numbers are what `/edit <n>` in `tt-agent chat` takes."""
+    alternatives (a user message's edits, an answer's regenerations: its `alternatives`, else its `siblings`).
+    The numbers are what `/edit <n>` and `/regen <n>` in `tt-agent chat` take."""
     table = Table(
         title=title or f"Checkpoint {short_id(state['checkpoint_id'])} ({state['message_count']} messages)",
         header_style="bold",
-        caption="‹i/n›: this message is alternative i of n (edits, regenerations, branches at that point)",
+        caption="‹i/n›: this message is version i of n (a user message's edits, an answer's regenerations)",
         caption_justify="left",
     )
     table.add_column("#", justify="right", no_wrap=True)
@@ -151,8 +152,8 @@ def state_view(state: dict[str, Any], *, title: str | None = None) -> Renderable
     table.add_column("alternatives", no_wrap=True)
     for number, item in enumerate(state["messages"], start=1):
         who, text = item_text(item)
-        siblings = item.get("siblings") or {"count": 1}
-        choice = f"‹{siblings['index'] + 1}/{siblings['count']}›" if siblings["count"] > 1 else ""
+        versions = item.get("alternatives") or item.get("siblings") or {"count": 1}
+        choice = f"‹{versions['index'] + 1}/{versions['count']}›" if versions["count"] > 1 else ""
         table.add_row(str(number), who, Text(text), choice)
     if not state["messages"]:
         table.add_row("—", "", Text("no messages (the thread's root)", style="dim"), "")

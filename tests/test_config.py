@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from agent import ConfigurationError, StorageUnavailable, create_agent
-from agent.config import mask_url
+from agent.config import load_settings, mask_url
 from agent.storage.postgres import PostgresThreadStorage
 from agent.storage.sqlite import SqliteThreadStorage
 from tests.helpers.openai_stub import free_port
@@ -162,6 +162,28 @@ def test_unknown_or_invalid_setting_is_a_configuration_error_naming_it(settings,
     with pytest.raises(ConfigurationError) as err:
         create_agent("memory://", model="offline", tracing=False, **settings)
     assert named in err.value.message
+
+
+@pytest.mark.parametrize(
+    "value, origins",
+    [
+        ("https://chat.example.com, http://localhost:5173", ["https://chat.example.com", "http://localhost:5173"]),
+        ('["https://chat.example.com"]', ["https://chat.example.com"]),
+        ("*", ["*"]),
+        ("", []),
+    ],
+)
+def test_cors_origins_come_from_the_environment_comma_separated_or_as_json(monkeypatch, value, origins):
+    monkeypatch.setenv("AGENT_CORS_ORIGINS", value)
+    assert load_settings(database_url="memory://").cors_origins == origins
+
+
+def test_no_cors_origin_by_default_and_one_with_a_path_is_a_configuration_error(monkeypatch):
+    monkeypatch.delenv("AGENT_CORS_ORIGINS", raising=False)
+    assert load_settings(database_url="memory://").cors_origins == []
+    for wrong in ("https://chat.example.com/", "chat.example.com", "https://chat.example.com/app"):
+        with pytest.raises(ConfigurationError, match="cors_origins"):
+            load_settings(database_url="memory://", cors_origins=[wrong])
 
 
 def test_environment_configures_database_model_and_settings(tmp_path, monkeypatch):

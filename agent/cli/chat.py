@@ -30,7 +30,7 @@ CHAT_HELP = """\
 Commands:
   /show [id]            the messages of the head (or of checkpoint id), numbered, with ‹i/n› alternatives
   /edit <n> <text>      send text in place of message n of /show (a sibling branch; the first message too)
-  /regen                answer the last user message again (a sibling answer)
+  /regen [n]            regenerate answer n of /show (default: the last answer): a sibling answer
   /branches             the thread's branches (one per leaf), newest first
   /switch <id>          make checkpoint id the head (no new checkpoint); the next message continues there
   /fork                 copy this branch (up to the head, or /branch's checkpoint) into a new thread
@@ -251,7 +251,15 @@ class _Chat:
         self.send(text.strip(), edit_message_id=items[int(number) - 1]["id"])
 
     def regen(self, rest: str) -> None:
-        self.send("", regenerate=True)
+        if not rest.strip():
+            self.send("", regenerate=True)
+            return
+        items = self.agent.get_checkpoint_state(self.thread_id, self.branch_from, user_id=self.user_id)["messages"]
+        number = rest.strip()
+        if not number.isdigit() or not 1 <= int(number) <= len(items):
+            console.print(f"[red]Usage: /regen \\[n][/], n from 1 to {len(items)} (the number of an answer in /show)")
+            return
+        self.send("", regenerate_message_id=items[int(number) - 1]["id"])
 
     def branches(self, rest: str) -> None:
         console.print(branches_table(self.agent.list_branches(self.thread_id, user_id=self.user_id)))

@@ -27,13 +27,15 @@ def send_turn(
     user_id: str | None = None,
     edit_message_id: str | None = None,
     regenerate: bool = False,
+    regenerate_message_id: str | None = None,
     resume: Any = NO_RESUME,
     cancel_interrupts: bool = False,
 ) -> dict[str, Any]:
     """Send one user message with `predict_stream` (with `regenerate` or `resume`, none), printing the reply as it
     arrives, and any question the graph stops at (`interrupt()`) as a card.
 
-    `edit_message_id`: the message sends `text` in place of that one (a sibling branch). `resume`: answer the
+    `edit_message_id`: the message sends `text` in place of that one (a sibling branch). `regenerate_message_id`
+    (implies `regenerate`): the answer to regenerate, else the last one. `resume`: answer the
     thread's pending interrupt with this JSON value (`custom_inputs.resume`). `cancel_interrupts`: send the
     message although an interrupt waits (it stays unanswered).
 
@@ -47,8 +49,10 @@ def send_turn(
         console.print(Text.assemble(("  you › ", "bold cyan"), text))
     custom: dict[str, Any] = {
         "thread_id": thread_id, "checkpoint_id": checkpoint_id, "user_id": user_id, "edit_message_id": edit_message_id,
+        "regenerate_message_id": regenerate_message_id,
     }  # fmt: skip
     custom = {k: v for k, v in custom.items() if v is not None}
+    regenerate = regenerate or regenerate_message_id is not None
     if regenerate:
         custom["regenerate"] = True
     if cancel_interrupts:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.operations import checks
 from agent.operations.access import authorize, checkpoint_not_found
+from agent.operations.alternatives import with_alternatives
 from agent.operations.interrupts import pending_interrupts
 from agent.operations.operation import Operation, param
 from agent.operations.tree import ThreadTree, places_of, read_tree
@@ -35,13 +36,16 @@ if TYPE_CHECKING:
 
 
 def get_checkpoint_state(
-    storage: ThreadStorage, thread_id: str, checkpoint_id: str | None, *, user_id: str | None
+    storage: ThreadStorage, thread_id: str, checkpoint_id: str | None, *, user_id: str | None, alternatives: bool = True
 ) -> CheckpointState:
     """The thread head (or `checkpoint_id`): its history entry and its messages, each placed in the tree.
 
     Reads the thread record, the checkpoint (messages resolved from their
     deltas, usually cached) and the tree's summaries: three queries whatever
-    the thread's size and number of branches.
+    the thread's size and number of branches; and when a message of the
+    branch has alternatives, one more for the messages of the alternatives'
+    checkpoints (`agent.operations.alternatives`; `alternatives=False` leaves them out,
+    for callers that show no switcher).
 
     Raises:
         ThreadNotFound: unknown thread, or not the caller's.
@@ -53,6 +57,8 @@ def get_checkpoint_state(
     messages = messages_of(found)
     tree = read_tree(storage, thread_id)
     places = places_of(storage, tree, tree.chain(target), messages)
+    if alternatives:
+        places = with_alternatives(storage, tree, messages, places)
     summary = _summary(thread_id, found, record.head_checkpoint_id)
     waiting = summary.next_nodes[0] if len(summary.next_nodes) == 1 else None
     interrupts = tuple(replace(i, node=waiting) for i in pending_interrupts(found))
@@ -164,10 +170,13 @@ def get_state(context: OperationContext, args: StateArgs) -> CheckpointState:
     `message_count`, `last_user_message`, `is_head`, …) and `messages`, the whole
     list as Responses items (`message`, `function_call`, `function_call_output`),
     oldest first, each with its `id` and: `checkpoint_id` (where the message first
-    appeared), `branch_checkpoint_id` (the checkpoint before it: where an edit or a
-    regeneration of it branches from; the thread's root for the first message) and
-    `siblings` (`{"index", "count", "checkpoint_ids"}`: every alternative at that
-    position, this one included, oldest first). At the root: no messages. A checkpoint
+    appeared), `branch_checkpoint_id` (the checkpoint before it, the parent of its
+    alternatives; the thread's root for the first message),
+    `siblings` (`{"index", "count", "checkpoint_ids", "latest_checkpoint_ids"}`: every
+    child of `branch_checkpoint_id`, this one included, oldest first) and `alternatives`
+    (`{"kind", "index", "count", "options"}`: a user message's edits or an answer's
+    regenerations, oldest first, each `{"checkpoint_id", "latest_checkpoint_id", "preview"}`).
+    At the root: no messages. A checkpoint
     where the graph waits on `interrupt()` also has `interrupts` (`[{"id", "value", "node"}]`:
     what `custom_inputs.resume` answers).
 

@@ -111,7 +111,7 @@ def response_object(
 
     checkpoint_id = checkpoint_of(response)
     record = thread_of_response(storage, checkpoint_id, user_id=user_id)
-    state = branches.get_checkpoint_state(storage, record.thread_id, checkpoint_id, user_id=user_id)
+    state = branches.get_checkpoint_state(storage, record.thread_id, checkpoint_id, user_id=user_id, alternatives=False)
     before, produced = split_turn(state)
     summary = state.summary
     parent = summary.parent_checkpoint_id
@@ -143,13 +143,11 @@ def response_input_items(
         ResponseNotFound: unknown response id, or another user's.
         InvalidRequest: `after` is not an item of the list; a bad `limit` or `order`.
     """
-    from agent.messages import to_state_items
-
     checkpoint_id = checkpoint_of(response)
     record = thread_of_response(storage, checkpoint_id, user_id=user_id)
-    state = branches.get_checkpoint_state(storage, record.thread_id, checkpoint_id, user_id=user_id)
+    state = branches.get_checkpoint_state(storage, record.thread_id, checkpoint_id, user_id=user_id, alternatives=False)
     before, _ = split_turn(state)
-    return page([item for message in before for item in to_state_items(message)], after=after, limit=limit, order=order)
+    return page(_items(before), after=after, limit=limit, order=order)
 
 
 def conversation_object(record: ThreadRecord) -> dict[str, Any]:
@@ -180,7 +178,7 @@ def conversation_items(
         ThreadNotFound: unknown conversation, or another user's.
         InvalidRequest: `after` is not an item of the head; a bad `limit` or `order`.
     """
-    state = branches.get_checkpoint_state(storage, conversation_id, None, user_id=user_id)
+    state = branches.get_checkpoint_state(storage, conversation_id, None, user_id=user_id, alternatives=False)
     return page(_items(state.messages), after=after, limit=limit, order=order)
 
 
@@ -223,9 +221,10 @@ def page(items: Sequence[Mapping[str, Any]], *, after: str | None, limit: int, o
 
 
 def _items(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """The Responses items of stored messages, each `completed` (OpenAI's conversation items require a `status`)."""
     from agent.messages import to_state_items
 
-    return [item for message in messages for item in to_state_items(message)]
+    return [{"status": "completed", **item} for message in messages for item in to_state_items(message)]
 
 
 def _epoch(timestamp: str | None) -> int | None:

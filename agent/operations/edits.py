@@ -14,7 +14,9 @@ run on the async path and follow the thread's multitask strategy for free.
   messages before m (`RemoveMessage(REMOVE_ALL_MESSAGES)`), so the edit never
   brings back what X's branch had replaced.
 * **Regenerate** at X: rerun the model on X's messages up to its last user
-  message u. It starts from the newest checkpoint on X's branch that holds
+  message u (with `regenerate_message_id` a: the user message u that answer a
+  of X answers, the last one before a; X's messages after u are left out).
+  It starts from the newest checkpoint on X's branch that holds
   exactly those messages (u not answered yet), with no input; if there is none
   (the usual case: u and its answer were written by one turn), from the
   checkpoint before u first appeared, sending u again (the same message, same
@@ -90,24 +92,46 @@ def plan_edit(
     return _start_before(tree, chain, messages, position, list(new), what=f"edit message {message_id!r}")
 
 
-def plan_regenerate(tree: ThreadTree, chain: Sequence[str], messages: Sequence[BaseMessage]) -> TurnStart:
-    """The start of a turn that answers the last user message of the chain's last checkpoint again.
+def plan_regenerate(
+    tree: ThreadTree, chain: Sequence[str], messages: Sequence[BaseMessage], message_id: str | None = None
+) -> TurnStart:
+    """The start of a turn that answers a user message of the chain's last checkpoint again: the one that
+    answer `message_id` answers (the last user message before it), or with None the last user message.
 
     Raises:
-        InvalidRequest: the checkpoint has no user message, or there is no checkpoint before it (see `plan_edit`).
+        InvalidRequest: `message_id` is not a message (or tool call) of the checkpoint, or not part of an
+            assistant answer (an assistant message, tool call or tool result), or no user message comes before it; the checkpoint has no user message; or there is no
+            checkpoint before it (see `plan_edit`).
     """
     target = chain[-1]
-    last_user = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].type == "human"), None)
+    end = len(messages)
+    if message_id is not None:
+        position = position_of(messages, message_id, thread_id=tree.thread_id, checkpoint_id=target)
+        if messages[position].type not in ("ai", "tool"):
+            # An answer (its text, tool calls and their results) is what a regeneration redoes; a user message is
+            # changed with edit_message_id.
+            raise InvalidRequest(
+                f"Message {message_id!r} is not an assistant answer: regenerate_message_id names the answer to "
+                "redo, or one of its tool calls or results (to change a user message, send edit_message_id). "
+                "Nothing was written.",
+                thread_id=tree.thread_id,
+                checkpoint_id=target,
+                message_id=message_id,
+            )
+        end = position
+    last_user = next((i for i in range(end - 1, -1, -1) if messages[i].type == "human"), None)
     if last_user is None:
+        answer = "" if message_id is None else f" before answer {message_id!r}"
         raise InvalidRequest(
-            f"Checkpoint {target!r} of thread {tree.thread_id!r} has no user message to regenerate the answer to; "
-            "nothing was written.",
+            f"Checkpoint {target!r} of thread {tree.thread_id!r} has no user message{answer} to regenerate the "
+            "answer to; nothing was written.",
             thread_id=tree.thread_id,
             checkpoint_id=target,
         )
     wanted = last_user + 1
     first = tree.first_seen(chain, len(messages))[last_user]
-    # The newest checkpoint on the branch that holds exactly the messages up to the user message.
+    # The newest checkpoint on the branch that holds exactly the messages up to the user message (positions up
+    # to `last_user` are unchanged from chain[first] on, so such a checkpoint holds exactly those).
     for index in range(len(chain) - 1, first - 1, -1):
         if tree.message_count(chain[index]) == wanted:
             return TurnStart(chain[index], [])

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from agent.operations.envelope import Envelope
 
 #: The `custom_inputs` keys of a turn, besides the envelope's.
-TURN_KEYS = frozenset({"edit_message_id", "regenerate", "metadata", "max_context_tokens", "resume", "cancel_interrupts"})
+TURN_KEYS = frozenset(
+    {"edit_message_id", "regenerate", "regenerate_message_id", "metadata", "max_context_tokens", "resume", "cancel_interrupts"}
+)
 
 #: What the action table says of a turn.
 TURN_SUMMARY = "Run the model on the input from the head (or from checkpoint_id: a branch); the default."
@@ -32,6 +34,9 @@ class TurnOptions:
     """Branch from the checkpoint before this message and send the input in its place (`operations.edits`)."""
     regenerate: bool = False
     """Rerun the model on the last user message (input empty; `operations.edits`)."""
+    regenerate_message_id: str | None = None
+    """The answer to regenerate: rerun the model on the user message it answers (input empty; implies
+    `regenerate`). None with `regenerate`: the last answer."""
     metadata: Mapping[str, str] | None = None
     """Stored with the thread when this turn creates it."""
     max_context_tokens: int | None = None
@@ -59,10 +64,17 @@ def parse_turn_options(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOpt
     if not isinstance(cancel_interrupts, bool):
         raise InvalidRequest(f"cancel_interrupts must be true or false, got {cancel_interrupts!r}")
     if "resume" in custom:
-        if envelope.messages or regenerate or custom.get("edit_message_id") is not None or cancel_interrupts:
+        if (
+            envelope.messages
+            or regenerate
+            or custom.get("edit_message_id") is not None
+            or custom.get("regenerate_message_id") is not None
+            or cancel_interrupts
+        ):
             raise InvalidRequest(
                 "resume answers the thread's pending interrupts and takes an empty input "
-                "(no messages, regenerate, edit_message_id or cancel_interrupts); nothing was written"
+                "(no messages, regenerate, regenerate_message_id, edit_message_id or cancel_interrupts); "
+                "nothing was written"
             )
         if envelope.thread_id is None and not envelope.thread_of_checkpoint:
             raise InvalidRequest(
@@ -71,20 +83,33 @@ def parse_turn_options(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOpt
             )
         return TurnOptions(resume=Resume(custom["resume"]), max_context_tokens=_budget(custom))
     edit_message_id = check_id("edit_message_id", custom.get("edit_message_id"))
+    regenerate_message_id = check_id("regenerate_message_id", custom.get("regenerate_message_id"))
+    if regenerate_message_id is not None:
+        if custom.get("regenerate", True) is not True:
+            raise InvalidRequest("regenerate_message_id regenerates an answer: leave out regenerate, or send it true")
+        regenerate = True
     if regenerate and edit_message_id is not None:
-        raise InvalidRequest("A turn either edits a message (edit_message_id) or regenerates an answer, not both")
+        raise InvalidRequest(
+            "A turn either edits a message (edit_message_id) or regenerates an answer (regenerate, "
+            "regenerate_message_id), not both"
+        )
     if regenerate and envelope.messages:
-        raise InvalidRequest("regenerate takes an empty input: it answers the last user message again")
+        raise InvalidRequest(
+            "regenerate and regenerate_message_id take an empty input: they answer a user message of the thread again"
+        )
     if not regenerate and not envelope.messages:
         raise InvalidRequest(
             "input is empty: the turn action needs at least one message (or regenerate: true, or resume)"
         )
     if (regenerate or edit_message_id is not None) and envelope.thread_id is None and not envelope.thread_of_checkpoint:
-        raise InvalidRequest("edit_message_id and regenerate need custom_inputs.thread_id (the thread to change)")
+        raise InvalidRequest(
+            "edit_message_id, regenerate and regenerate_message_id need custom_inputs.thread_id (the thread to change)"
+        )
     metadata = check_metadata(custom.get("metadata"))
     return TurnOptions(
         edit_message_id=edit_message_id,
         regenerate=regenerate,
+        regenerate_message_id=regenerate_message_id,
         metadata=metadata,
         max_context_tokens=_budget(custom),
         cancel_interrupts=cancel_interrupts,

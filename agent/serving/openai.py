@@ -171,7 +171,7 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
                 raise InvalidRequest("items must hold at least one item")
             ops.get_conversation(storage, conversation_id, user_id=user)  # unknown: 404, not a new thread
             result = agent.update_checkpoint_state(conversation_id, None, items, user_id=user)
-            state = get_checkpoint_state(storage, conversation_id, result["checkpoint_id"], user_id=user)
+            state = get_checkpoint_state(storage, conversation_id, result["checkpoint_id"], user_id=user, alternatives=False)
             return ops.added_items(state)
 
         return await answer(request, add)

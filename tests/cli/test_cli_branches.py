@@ -64,6 +64,8 @@ def test_chat_edits_the_first_message_regenerates_lists_switches_forks_and_compa
         f"/thread {thread_id}",
         f"/diff {turn2[-SHORT:]} {edited[-SHORT:]}",
         "/switch",
+        "/regen 2",
+        "/regen x",
     )
     assert f"The head is now checkpoint {turn2[-SHORT:]} (was {regenerated[-SHORT:]})" in out
     assert "SF" in replies(out)[0]
@@ -74,6 +76,10 @@ def test_chat_edits_the_first_message_regenerates_lists_switches_forks_and_compa
     only_a, only_b = diff.split("only in A", 1)[1].split("only in B", 1)
     assert TRIP[1] in only_a and "cruise" in only_b and TRIP[1] not in only_b
     assert "Usage: /switch <checkpoint_id>" in out
+    # /regen n regenerates answer n of /show (here the first answer): a sibling of turn 1, under the root.
+    regenerated_first = section(out, "/regen 2")
+    assert f"(parent {root[-SHORT:]})" in regenerated_first and "SF" not in regenerated_first
+    assert "Usage: /regen [n]" in section(out, "/regen x")
 
 
 def test_history_tree_labels_each_checkpoint_with_the_user_message_that_led_to_it(tmp_path):

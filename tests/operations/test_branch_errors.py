@@ -190,6 +190,26 @@ def test_regenerate_where_there_is_no_user_message_is_invalid_request(agent, tri
     assert "no user message" in err.value.message and mine["root"] in err.value.message
 
 
+@HOW
+def test_regenerate_message_id_that_is_not_an_answer_on_the_path_is_invalid_request(agent, trips, how):
+    mine = trips["mine"]
+    state = agent.get_checkpoint_state(mine["thread_id"], user_id="alice")
+    tokyo = agent.get_checkpoint_state(mine["thread_id"], mine["tokyo"], user_id="alice")["messages"][3]
+    assert tokyo["role"] == "assistant" and tokyo["id"] not in {item["id"] for item in state["messages"]}
+    cases = {
+        "no-such-message": "No message or tool call",
+        tokyo["id"]: "No message or tool call",  # an answer of another branch than the head's
+        state["messages"][2]["id"]: "not an assistant answer",  # a user message of the head
+    }
+    with writes_nothing(agent, trips):
+        for message_id, says in cases.items():
+            body = request(None, thread_id=mine["thread_id"], regenerate_message_id=message_id, user_id="alice")
+            with pytest.raises(InvalidRequest) as err:
+                run(agent, how, body)
+            assert says in err.value.message and message_id in err.value.message
+            assert "othing was written" in err.value.message
+
+
 USER_ITEMS = [{"role": "user", "content": "hi"}]
 
 #: (custom_inputs besides thread_id and user_id, input, whether the request names the thread, what the error says)
@@ -199,6 +219,13 @@ BAD_ARGUMENTS = {
     "regenerate not a bool": ({"regenerate": "yes"}, [], True, "regenerate"),
     "edit without a thread": ({"edit_message_id": "m"}, USER_ITEMS, False, "thread_id"),
     "regenerate without a thread": ({"regenerate": True}, [], False, "thread_id"),
+    "regenerate_message_id with input": ({"regenerate_message_id": "m"}, USER_ITEMS, True, "empty input"),
+    "regenerate_message_id and edit": ({"regenerate_message_id": "m", "edit_message_id": "m"}, USER_ITEMS, True,
+                                       "not both"),
+    "regenerate_message_id and regenerate false": ({"regenerate_message_id": "m", "regenerate": False}, [], True,
+                                                   "regenerate"),
+    "regenerate_message_id without a thread": ({"regenerate_message_id": "m"}, [], False, "thread_id"),
+    "regenerate_message_id not a string": ({"regenerate_message_id": 5}, [], True, "regenerate_message_id"),
     "set_head without a checkpoint": ({"action": "set_head"}, [], True, "checkpoint_id"),
     "compare without checkpoints": ({"action": "compare_checkpoints"}, [], True, "checkpoint_a"),
     "remove_message_ids not a list": ({"action": "update_checkpoint_state", "remove_message_ids": "m"}, [], True,

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from agent.operations.branches import get_checkpoint_state
-from tests.helpers.scenario import outputs, request, run_trip, say, text_of
+from tests.helpers.scenario import TRIP, outputs, request, run_trip, say, text_of
 from tests.operations.test_properties import _expected_reply
 
 ITEM_PLACE_KEYS = {"checkpoint_id", "branch_checkpoint_id", "siblings"}
@@ -224,6 +224,134 @@ def test_regenerate_at_an_earlier_checkpoint_branches_there(agent):
     again = regenerate(agent, trip["thread_id"], checkpoint_id=trip["after_turn1"])
     assert outputs(again)["parent_checkpoint_id"] == trip["root"]
     assert text_of(again) == _expected_reply([("user", "I'm planning for an upcoming trip!")])
+
+
+def test_regenerate_message_id_regenerates_that_answer_not_the_one_before_it(agent):
+    trip = run_trip(agent)
+    thread_id = trip["thread_id"]
+    before = agent.get_checkpoint_state(thread_id)
+    second_answer = before["messages"][3]
+    assert second_answer["role"] == "assistant"
+    again = agent.predict(request(None, thread_id=thread_id, regenerate_message_id=second_answer["id"]))
+    # A sibling of turn 2 (from the checkpoint before its user message), answering "I'm headed to SF!" again.
+    assert outputs(again)["parent_checkpoint_id"] == second_answer["branch_checkpoint_id"] == trip["after_turn1"]
+    assert text_of(again) == _expected_reply(texts(before)[:3])
+    state = agent.get_checkpoint_state(thread_id)
+    assert state["checkpoint_id"] == outputs(again)["checkpoint_id"] and state["message_count"] == 4
+    assert [item["id"] for item in state["messages"][:3]] == [item["id"] for item in before["messages"][:3]]
+    assert state["messages"][3]["id"] != second_answer["id"]
+
+
+def test_regenerate_message_id_of_the_last_answer_is_regenerate(agent):
+    trip = run_trip(agent)
+    thread_id = trip["thread_id"]
+    last = agent.get_checkpoint_state(thread_id)["messages"][-1]
+    named = agent.predict(request(None, thread_id=thread_id, regenerate=True, regenerate_message_id=last["id"]))
+    assert outputs(named)["parent_checkpoint_id"] == trip["after_turn2"]
+    assert text_of(named) == trip["answer"]
+
+
+def test_regenerate_message_id_finds_the_answer_in_the_checkpoint_named(agent):
+    trip = run_trip(agent)
+    thread_id = trip["thread_id"]
+    first_answer = agent.get_checkpoint_state(thread_id)["messages"][1]
+    agent.set_head(thread_id, trip["after_turn1"])
+    again = agent.predict(
+        request(None, thread_id=thread_id, checkpoint_id=trip["after_turn3"], regenerate_message_id=first_answer["id"])
+    )
+    assert outputs(again)["parent_checkpoint_id"] == trip["root"]
+    assert text_of(again) == _expected_reply([("user", TRIP[0])])
+
+
+def test_regenerate_message_id_of_an_answer_with_tool_calls_redoes_the_whole_answer(agent):
+    first = say(agent, "calculate 6*7")
+    thread_id = outputs(first)["thread_id"]
+    items = agent.get_checkpoint_state(thread_id)["messages"]
+    # The final message, the function_call (named by its call id) and its result: each names the same answer.
+    for answer in (items[-1], items[1], items[2]):
+        again = agent.predict(request(None, thread_id=thread_id, checkpoint_id=outputs(first)["checkpoint_id"],
+                                      regenerate_message_id=answer["id"]))  # fmt: skip
+        assert outputs(again)["parent_checkpoint_id"] == outputs(first)["parent_checkpoint_id"]
+        state = agent.get_checkpoint_state(thread_id)
+        assert [item["type"] for item in state["messages"]] == ["message", "function_call", "function_call_output", "message"]
+        assert state["messages"][0]["id"] == items[0]["id"]
+
+
+# -- alternatives: edits and regenerations apart ---------------------------------------------------------
+
+
+def test_a_user_messages_alternatives_are_its_edits_and_an_answers_are_its_regenerations(agent, monkeypatch):
+    thread_id = outputs(say(agent, TRIP[0]))["thread_id"]
+    original = agent.get_checkpoint_state(thread_id)
+    cruise = outputs(edit(agent, thread_id, original["messages"][0]["id"], "I'm planning a cruise!"))
+    first_answer = agent.get_checkpoint_state(thread_id)["messages"][1]
+    again = outputs(agent.predict(request(None, thread_id=thread_id, regenerate_message_id=first_answer["id"])))
+    reads = []
+    read = agent.storage.get_checkpoints
+    monkeypatch.setattr(agent.storage, "get_checkpoints", lambda *a, **k: reads.append(a) or read(*a, **k))
+    state = agent.get_checkpoint_state(thread_id)
+    assert len(reads) == 1  # the alternatives' messages: one query, whatever their number
+    user, answer = state["messages"]
+    assert user["siblings"]["count"] == answer["siblings"]["count"] == 3  # every child of the root, as before
+    assert user["alternatives"] == {
+        "kind": "edits",
+        "index": 1,
+        "count": 2,
+        "options": [
+            {"checkpoint_id": original["checkpoint_id"], "latest_checkpoint_id": original["checkpoint_id"], "preview": TRIP[0]},
+            # The edit and its regeneration hold the same user message: one version, switched to at its newest.
+            {"checkpoint_id": cruise["checkpoint_id"], "latest_checkpoint_id": again["checkpoint_id"],
+             "preview": "I'm planning a cruise!"},
+        ],
+    }  # fmt: skip
+    assert answer["alternatives"]["kind"] == "regenerations"
+    assert (answer["alternatives"]["index"], answer["alternatives"]["count"]) == (1, 2)
+    options = answer["alternatives"]["options"]
+    assert [o["checkpoint_id"] for o in options] == [cruise["checkpoint_id"], again["checkpoint_id"]]
+    assert [o["latest_checkpoint_id"] for o in options] == [cruise["checkpoint_id"], again["checkpoint_id"]]
+    reply = _expected_reply([("user", "I'm planning a cruise!")])
+    assert [o["preview"] for o in options] == [reply[:100], reply[:100]]
+    # Switching to an option shows it at its place among the same options.
+    agent.set_head(thread_id, options[0]["latest_checkpoint_id"])
+    switched = agent.get_checkpoint_state(thread_id)["messages"]
+    assert switched[1]["alternatives"]["index"] == 0 and switched[1]["alternatives"]["options"] == options
+    agent.set_head(thread_id, user["alternatives"]["options"][0]["latest_checkpoint_id"])
+    back = agent.get_checkpoint_state(thread_id)["messages"]
+    assert back[0]["alternatives"]["index"] == 0 and back[0]["alternatives"]["count"] == 2
+    assert back[1]["alternatives"]["count"] == 1  # the original answer was never regenerated
+
+
+def test_a_regenerated_answer_leaves_its_user_message_with_one_version(agent):
+    trip = run_trip(agent)
+    thread_id = trip["thread_id"]
+    plain = agent.get_checkpoint_state(thread_id)["messages"]
+    for index, item in enumerate(plain):  # no branches: each message is its only version
+        alternatives = item["alternatives"]
+        assert (alternatives["index"], alternatives["count"]) == (0, 1)
+        assert alternatives["kind"] == ("edits" if item["role"] == "user" else "regenerations")
+        assert alternatives["options"][0] == {
+            "checkpoint_id": item["checkpoint_id"],
+            "latest_checkpoint_id": trip["after_turn3"],
+            "preview": item["content"][0]["text"][:100],
+        }
+    again = outputs(regenerate(agent, thread_id))
+    user, answer = agent.get_checkpoint_state(thread_id)["messages"][4:]
+    assert user["siblings"]["count"] == 2 and user["alternatives"]["count"] == 1
+    assert user["alternatives"]["options"][0]["latest_checkpoint_id"] == again["checkpoint_id"]
+    assert [o["checkpoint_id"] for o in answer["alternatives"]["options"]] == [trip["after_turn3"], again["checkpoint_id"]]
+    assert answer["alternatives"]["index"] == 1
+
+
+def test_every_message_of_an_answer_with_tool_calls_has_the_same_regenerations(agent):
+    first = outputs(say(agent, "calculate 6*7"))
+    thread_id = first["thread_id"]
+    answer_id = agent.get_checkpoint_state(thread_id)["messages"][-1]["id"]
+    agent.predict(request(None, thread_id=thread_id, regenerate_message_id=answer_id))
+    items = agent.get_checkpoint_state(thread_id)["messages"]
+    assert items[0]["alternatives"]["count"] == 1
+    lists = [item["alternatives"] for item in items[1:]]
+    assert all(alternatives == lists[0] for alternatives in lists) and lists[0]["count"] == 2
+    assert lists[0]["options"][0]["preview"] == items[-1]["content"][0]["text"][:100]  # the answer's last message
 
 
 # -- replace and remove --------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from tests.storage.test_storage import stored_message_bytes
 
 MAX_EXAMPLES = 25
 MIN_OPERATIONS, MAX_OPERATIONS = 5, 14
-PLACE_KEYS = ("checkpoint_id", "branch_checkpoint_id", "siblings")
+PLACE_KEYS = ("checkpoint_id", "branch_checkpoint_id", "siblings", "alternatives")
 
 # Short texts from any alphabet (accents, CJK, emoji, control characters, NUL), except lone
 # surrogates, which the request layer refuses on purpose. A message starting with "calculate ",
@@ -142,6 +142,40 @@ class TreeModel:
         """The most recently written checkpoint without children among `checkpoint_id` and its descendants."""
         below = [c for c in self.order if checkpoint_id in self.chain(c)]
         return max((c for c in below if not self.children(c)), key=self.order.index)
+
+    def alternatives(self, checkpoint_id: str, position: int, first: str) -> dict:
+        """A message's versions: a user message's distinct user messages at its place among the siblings
+        (several siblings holding one are one version), an answer's siblings answering the same user message."""
+        mine = self.messages[checkpoint_id]
+        siblings = self.children(self.parents[first])
+        if mine[position][1] == "user":
+            versions: list[tuple[Message, list[str]]] = []
+            for sibling in siblings:
+                theirs = self.messages[sibling]
+                if len(theirs) > position and theirs[position][1] == "user":
+                    same = next((members for known, members in versions if known == theirs[position]), None)
+                    versions.append((theirs[position], [sibling])) if same is None else same.append(sibling)
+            options = [
+                {"checkpoint_id": members[0], "latest_checkpoint_id": max((self.newest_leaf(m) for m in members),
+                 key=self.order.index), "preview": message[2][:100]}
+                for message, members in versions
+            ]  # fmt: skip
+            index = next(i for i, (_, members) in enumerate(versions) if first in members)
+            return {"kind": "edits", "index": index, "count": len(options), "options": options}
+        asked = next((i for i in range(position - 1, -1, -1) if mine[i][1] == "user"), None)
+        start = 0 if asked is None else asked + 1
+        options = []
+        for sibling in siblings:
+            theirs = self.messages[sibling]
+            if len(theirs) <= start or theirs[start][1] == "user" or (asked is not None and theirs[asked] != mine[asked]):
+                continue
+            end = start
+            while end + 1 < len(theirs) and theirs[end + 1][1] != "user":
+                end += 1
+            options.append({"checkpoint_id": sibling, "latest_checkpoint_id": self.newest_leaf(sibling),
+                            "preview": theirs[end][2][:100]})  # fmt: skip
+        index = [option["checkpoint_id"] for option in options].index(first)
+        return {"kind": "regenerations", "index": index, "count": len(options), "options": options}
 
     def fork_point(self, checkpoint_id: str) -> str | None:
         current = checkpoint_id
@@ -365,6 +399,7 @@ def check_against_model(run: Run, model: TreeModel) -> None:
                 "checkpoint_ids": siblings,
                 "latest_checkpoint_ids": [model.newest_leaf(sibling) for sibling in siblings],
             }
+            assert item["alternatives"] == model.alternatives(checkpoint_id, position, first), (checkpoint_id, position)
     history = agent.get_checkpoint_history(model.thread_id, limit=1000)
     assert [entry["checkpoint_id"] for entry in history] == sorted(model.order, reverse=True)
     for entry in history:

@@ -210,3 +210,11 @@ def test_openai_client_raises_typed_errors_for_branch_operations(server, alices_
         create(server, thread_id=alices_trip["thread_id"], checkpoint_id=alices_trip["root"], regenerate=True,
                user_id="alice", stream=True)  # fmt: skip
     assert "no user message" in invalid.value.message
+
+
+def test_without_cors_origins_a_preflight_gets_no_cors_headers(server):
+    # The module's server has no AGENT_CORS_ORIGINS: no origin may call it from a browser.
+    response = server.http.options(
+        "/responses", headers={"Origin": "https://chat.example.com", "Access-Control-Request-Method": "POST"}
+    )
+    assert response.status_code == 405 and "access-control-allow-origin" not in response.headers

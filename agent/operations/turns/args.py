@@ -51,6 +51,8 @@ class TurnArgs:
     """Put `messages` in place of this message of the start checkpoint (a sibling branch; see `edits`)."""
     regenerate: bool = False
     """Answer the start checkpoint's last user message again (`messages` empty; see `edits`)."""
+    regenerate_message_id: str | None = None
+    """With `regenerate`: answer again the user message that this answer of the start checkpoint answers."""
     metadata: Mapping[str, str] | None = None
     """Stored with the thread when this turn creates it (`catalogue`); ignored on an existing thread."""
     resume: Resume | None = None

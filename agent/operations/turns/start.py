@@ -95,7 +95,7 @@ def plan_start(parts: TurnParts, claim: Claim, args: TurnArgs) -> Start:
     chain = tree.chain(start)
     fill_kept(storage, tree, chain)
     if args.regenerate:
-        plan = plan_regenerate(tree, chain, messages)
+        plan = plan_regenerate(tree, chain, messages, args.regenerate_message_id)
     else:
         plan = plan_edit(tree, chain, messages, args.edit_message_id, args.messages)
     if plan.checkpoint_id == start:
