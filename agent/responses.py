@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 
@@ -50,7 +51,7 @@ from agent.operations.history import head
 from agent.operations.turns import TurnArgs
 from agent.operations.turns.bridge import LoopThreads
 from agent.requests import ParsedRequest, keeping_item_ids, parse_request, with_string_input
-from agent.response_events import StreamEvents, completed_event, custom_outputs, response
+from agent.response_events import StreamEvents, action_events, custom_outputs, response
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.messages import to_output_items
 from agent.types import NewMessages, StoredResponse, TurnResult
@@ -166,9 +167,11 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
     async def _aresponse(self, parsed: ParsedRequest) -> ResponsesAgentResponse:
         """The whole response of `parsed`: a turn's output items and `custom_outputs`, or an action's."""
         context = self.operation_context
+        created_at, model = time.time(), self.settings.model
         parsed = await context.in_io(self._resolved, parsed)
         if not parsed.is_turn:
-            return ResponsesAgentResponse(output=[], custom_outputs=await context.in_io(self._run_action, parsed))
+            outputs = await context.in_io(self._run_action, parsed)
+            return response([], outputs, None, model=model, created_at=created_at)
         output: list[dict] = []
         result: TurnResult | None = None
         async for event in context.turns.arun(_turn_args(parsed), stream_tokens=False):  # consumed to its end
@@ -179,17 +182,18 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                 output.extend(interrupt.as_item() for interrupt in result.interrupts)
             elif isinstance(event, StoredResponse):
                 self._tagged(event, parsed)
-                return response(event.output, event.custom_outputs, parsed)
-        return response(output, custom_outputs(result), parsed)
+                return response(event.output, event.custom_outputs, parsed, model=model, created_at=created_at)
+        return response(output, custom_outputs(result), parsed, model=model, created_at=created_at)
 
     async def _aevents(self, parsed: ParsedRequest) -> AsyncIterator[ResponsesAgentStreamEvent]:
         """The stream events of `parsed`: a turn's as they happen, or an action's one `response.completed`."""
         context = self.operation_context
-        parsed = await context.in_io(self._resolved, parsed)
+        stream = StreamEvents(parsed, model=self.settings.model)
+        parsed = stream.parsed = await context.in_io(self._resolved, parsed)
         if not parsed.is_turn:
-            yield completed_event(await context.in_io(self._run_action, parsed))
+            for event in action_events(await context.in_io(self._run_action, parsed), model=self.settings.model):
+                yield event
             return
-        stream = StreamEvents(parsed)
         async with contextlib.aclosing(context.turns.arun(_turn_args(parsed), stream_tokens=True)) as turn:
             async for event in turn:
                 for out in stream.events(self._tagged(event, parsed)):
