@@ -43,6 +43,9 @@ from agent.messages import to_output_items
 from agent.requests import ParsedRequest
 from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult, TurnStarted
 
+#: The events of MLflow's own streams (`ResponsesAgent.predict_stream`): a stream without the lifecycle has only these.
+MLFLOW_EVENTS = frozenset({"response.output_text.delta", "response.output_item.done", "response.completed"})
+
 #: Item types that have a `status` (OpenAI's schema).
 STATUS_TYPES = frozenset({"message", "function_call", "function_call_output"})
 
@@ -53,11 +56,16 @@ REQUEST_SETTINGS = {"tools": [], "tool_choice": "auto", "parallel_tool_calls": T
 class StreamEvents:
     """Turns a turn's events into Responses stream events (module docstring): numbered, each item
     opened and closed, the last message's `output_item.done` held until the commit so that it can
-    carry `custom_outputs`, and `response.completed` last."""
+    carry `custom_outputs`, and `response.completed` last.
 
-    def __init__(self, parsed: ParsedRequest | None, *, model: str) -> None:
+    `lifecycle=False` (MLflow's stream: `predict_stream`, `/invocations`) leaves out the events
+    MLflow's own streams do not have (`MLFLOW_EVENTS` are kept), numbering the rest.
+    """
+
+    def __init__(self, parsed: ParsedRequest | None, *, model: str, lifecycle: bool = True) -> None:
         self.parsed = parsed
         self.model = model
+        self.lifecycle = lifecycle
         self.created_at = time.time()
         self.response_id: str | None = None
         self.sequence = 0
@@ -71,40 +79,50 @@ class StreamEvents:
     def events(
         self, event: TurnStarted | TextDelta | NewMessages | TurnResult | StoredResponse
     ) -> list[ResponsesAgentStreamEvent]:
+        """The stream events for one event of a turn."""
         if isinstance(event, StoredResponse):
-            return self.replay(event)
+            return self.numbered(self.replay(event))
         if isinstance(event, TurnStarted):
-            return self.started(event.response_id)
+            return self.numbered(self.started(event.response_id))
         if isinstance(event, TextDelta):
-            return self.delta(event.item_id, event.text)
+            return self.numbered(self.delta(event.item_id, event.text))
         if isinstance(event, NewMessages):
             out = self.release()
             for item in to_output_items(event.messages):
                 out += self.finished_item(item)
-            return out
-        return self.finished(custom_outputs(event), [interrupt.as_item() for interrupt in event.interrupts],
-                             interrupted=event.status == "interrupted")  # fmt: skip
+            return self.numbered(out)
+        tail = [interrupt.as_item() for interrupt in event.interrupts]
+        return self.numbered(self.finished(custom_outputs(event), tail, interrupted=event.status == "interrupted"))
+
+    def numbered(self, events: list[dict[str, Any]]) -> list[ResponsesAgentStreamEvent]:
+        """`events` (those of this kind of stream), numbered on from the last one, as MLflow's type."""
+        out = []
+        for event in events:
+            if self.lifecycle or event["type"] in MLFLOW_EVENTS:
+                out.append(ResponsesAgentStreamEvent(**event, sequence_number=self.sequence))
+                self.sequence += 1
+        return out
 
     # -- the steps of a stream ---------------------------------------------------------------------
-    def started(self, response_id: str) -> list[ResponsesAgentStreamEvent]:
+    def started(self, response_id: str) -> list[dict[str, Any]]:
         self.response_id = response_id
         return [
             self.event("response.created", response=self.response("in_progress")),
             self.event("response.in_progress", response=self.response("in_progress")),
         ]
 
-    def delta(self, item_id: str, text: str) -> list[ResponsesAgentStreamEvent]:
+    def delta(self, item_id: str, text: str) -> list[dict[str, Any]]:
         out = [] if item_id in self.open else self.release() + self.opened({**ResponsesAgent.create_text_output_item(text="", id=item_id)})
         index = self.open[item_id]
         self.items[index]["content"][0]["text"] += text
         out.append(self.text_delta(item_id, index, text))
         return out
 
-    def finished_item(self, item: dict, **extra: Any) -> list[ResponsesAgentStreamEvent]:
+    def finished_item(self, item: dict, **extra: Any) -> list[dict[str, Any]]:
         """The events that finish `item` (opening it first unless its text streamed); a message's
         `output_item.done` is held (`release`) unless `extra` (its `custom_outputs`) is given."""
         index = self.open.pop(item.get("id"), None) if item.get("type") == "message" else None
-        out: list[ResponsesAgentStreamEvent] = []
+        out: list[dict[str, Any]] = []
         if index is None:
             out += self.opened(item)
             index = len(self.items) - 1
@@ -120,18 +138,18 @@ class StreamEvents:
         out.append(self.event("response.output_item.done", item=item, output_index=index, **extra))
         return out
 
-    def release(self) -> list[ResponsesAgentStreamEvent]:
+    def release(self) -> list[dict[str, Any]]:
         """The held `output_item.done`, once another item follows its message."""
         if self.held is None:
             return []
         index, self.held = self.held, None
         return [self.event("response.output_item.done", item=self.items[index], output_index=index)]
 
-    def finished(self, custom: dict[str, Any], tail: list[dict], *, interrupted: bool = False) -> list[ResponsesAgentStreamEvent]:
+    def finished(self, custom: dict[str, Any], tail: list[dict], *, interrupted: bool = False) -> list[dict[str, Any]]:
         """The end of a committed turn: messages still streaming closed (an interrupted turn keeps their
         text), the held message and `tail` (the graph's questions) done, the last of them with
         `custom_outputs`, then `response.completed`."""
-        out: list[ResponsesAgentStreamEvent] = []
+        out: list[dict[str, Any]] = []
         for index in list(self.open.values()):
             item = {**self.items[index], "status": "incomplete" if interrupted else "completed"}
             out += self.release() + self.finished_item(item)
@@ -147,7 +165,7 @@ class StreamEvents:
         out.append(self.event("response.completed", response=self.response(status), custom_outputs=custom))
         return out
 
-    def replay(self, stored: StoredResponse) -> list[ResponsesAgentStreamEvent]:
+    def replay(self, stored: StoredResponse) -> list[dict[str, Any]]:
         """A stored response as the events of a stream, its last item's `output_item.done` with `custom_outputs`."""
         custom = stored.custom_outputs
         out = self.started(custom.get("response_id") or new_response_id())
@@ -157,12 +175,11 @@ class StreamEvents:
         return out + self.finished(custom, [])
 
     # -- building blocks ---------------------------------------------------------------------------
-    def event(self, type: str, **fields: Any) -> ResponsesAgentStreamEvent:
-        event = ResponsesAgentStreamEvent(type=type, sequence_number=self.sequence, **fields)
-        self.sequence += 1
-        return event
+    @staticmethod
+    def event(type: str, **fields: Any) -> dict[str, Any]:
+        return {"type": type, **fields}
 
-    def opened(self, item: dict) -> list[ResponsesAgentStreamEvent]:
+    def opened(self, item: dict) -> list[dict[str, Any]]:
         """`output_item.added` for a new item (in progress: a message without its text yet), and a
         message's `content_part.added`."""
         index = len(self.items)
@@ -178,11 +195,11 @@ class StreamEvents:
                        part=empty_text_part()),
         ]  # fmt: skip
 
-    def text_delta(self, item_id: str, index: int, text: str) -> ResponsesAgentStreamEvent:
+    def text_delta(self, item_id: str, index: int, text: str) -> dict[str, Any]:
         return self.event(**ResponsesAgent.create_text_delta(delta=text, item_id=item_id), output_index=index,
                           content_index=0, logprobs=[])  # fmt: skip
 
-    def text_done(self, item: dict, index: int) -> list[ResponsesAgentStreamEvent]:
+    def text_done(self, item: dict, index: int) -> list[dict[str, Any]]:
         part = (item.get("content") or [empty_text_part()])[0]
         return [
             self.event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
@@ -230,11 +247,12 @@ def response(
     return ResponsesAgentResponse(custom_outputs=custom_outputs, **fields)
 
 
-def action_events(custom_outputs: dict[str, Any], *, model: str) -> list[ResponsesAgentStreamEvent]:
+def action_events(custom_outputs: dict[str, Any], *, model: str, lifecycle: bool = True) -> list[ResponsesAgentStreamEvent]:
     """An action's stream: `response.created`, `response.in_progress` and `response.completed` (with an
-    empty `output`, the results in `custom_outputs`), at once."""
-    stream = StreamEvents(None, model=model)
-    return stream.started(custom_outputs.get("response_id") or new_response_id()) + stream.finished(custom_outputs, [])
+    empty `output`, the results in `custom_outputs`), at once; only the last without `lifecycle`."""
+    stream = StreamEvents(None, model=model, lifecycle=lifecycle)
+    started = stream.started(custom_outputs.get("response_id") or new_response_id())
+    return stream.numbered(started + stream.finished(custom_outputs, []))
 
 
 def new_response_id() -> str:

@@ -44,7 +44,7 @@ from mlflow.pyfunc import ResponsesAgent
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
 
 from agent.agent import Agent, agent_errors
-from agent.errors import AgentError, InvalidRequest
+from agent.errors import AgentError, InvalidRequest, PreviousResponseNotFound, ResponseNotFound
 from agent.mlflow_errors import as_mlflow_exception
 from agent.operations.conversations import thread_of_response
 from agent.operations.history import head
@@ -152,14 +152,17 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         user_id: str | None = None,
         idempotency_key: str | None = None,
         trusted_user: bool = False,
+        openai_events: bool = False,
     ) -> AsyncIterator[ResponsesAgentStreamEvent]:
         """`predict_stream` on the event loop (for servers). Cancelling the consumer ends the turn, writing nothing.
-        `user_id`, `idempotency_key` and `trusted_user` as for `apredict`."""
+        `user_id`, `idempotency_key` and `trusted_user` as for `apredict`; `openai_events`: the whole event set of
+        OpenAI's Responses API (`response.created` … `response.completed`, `agent.response_events`), as `POST
+        /responses` streams, instead of MLflow's (text deltas, `output_item.done`, `response.completed`)."""
         with agent_errors():
             parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key, trusted_user=trusted_user)
             # Closed at once when the consumer leaves (not by the garbage collector, which may run after the
             # event loop closed and leave the turn's claim held).
-            async with contextlib.aclosing(self._aevents(parsed)) as events:
+            async with contextlib.aclosing(self._aevents(parsed, lifecycle=openai_events)) as events:
                 async for event in events:
                     yield event
 
@@ -185,13 +188,15 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                 return response(event.output, event.custom_outputs, parsed, model=model, created_at=created_at)
         return response(output, custom_outputs(result), parsed, model=model, created_at=created_at)
 
-    async def _aevents(self, parsed: ParsedRequest) -> AsyncIterator[ResponsesAgentStreamEvent]:
-        """The stream events of `parsed`: a turn's as they happen, or an action's one `response.completed`."""
+    async def _aevents(self, parsed: ParsedRequest, *, lifecycle: bool = False) -> AsyncIterator[ResponsesAgentStreamEvent]:
+        """The stream events of `parsed`: a turn's as they happen, or an action's `response.completed` (after
+        `response.created` and `response.in_progress` with `lifecycle`: `StreamEvents`)."""
         context = self.operation_context
-        stream = StreamEvents(parsed, model=self.settings.model)
+        stream = StreamEvents(parsed, model=self.settings.model, lifecycle=lifecycle)
         parsed = stream.parsed = await context.in_io(self._resolved, parsed)
         if not parsed.is_turn:
-            for event in action_events(await context.in_io(self._run_action, parsed), model=self.settings.model):
+            outputs = await context.in_io(self._run_action, parsed)
+            for event in action_events(outputs, model=self.settings.model, lifecycle=lifecycle):
                 yield event
             return
         async with contextlib.aclosing(context.turns.arun(_turn_args(parsed), stream_tokens=True)) as turn:
@@ -218,12 +223,19 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         """`parsed` with the thread of its `previous_response_id` filled in, after checking that a
         `conversation` exists (a turn would otherwise create it). A storage read; nothing else changes.
 
-        Raises: `ResponseNotFound`, `ThreadNotFound` (unknown, or another user's).
+        Raises: `PreviousResponseNotFound`, `ThreadNotFound` (unknown, or another user's).
         """
         envelope = parsed.envelope
         storage = self.operation_context.storage
         if envelope.thread_of_checkpoint:
-            record = thread_of_response(storage, envelope.checkpoint_id, user_id=envelope.user_id)
+            try:
+                record = thread_of_response(storage, envelope.checkpoint_id, user_id=envelope.user_id)
+            except ResponseNotFound as exc:
+                # OpenAI's wording and code (`previous_response_not_found`): clients look for them to resend the
+                # whole history instead.
+                raise PreviousResponseNotFound(
+                    f"Previous response with id 'resp_{envelope.checkpoint_id}' not found.", **exc.ids
+                ) from None
             return dataclasses.replace(parsed, envelope=dataclasses.replace(envelope, thread_id=record.thread_id))
         if envelope.existing_thread:
             head(storage, envelope.thread_id, user_id=envelope.user_id)
