@@ -64,10 +64,10 @@ def http_status(error: BaseException) -> int:
     return answer_for(error).status
 
 
-def status_answer(status: int) -> ErrorAnswer:
-    """The answer of the table with HTTP `status` (its first row), for an error answer no `AgentError` caused
-    (an unknown route, a body too large); `INTERNAL` for a 5xx it lacks, a 400's for any other 4xx."""
+def status_answer(status: int) -> ErrorAnswer | None:
+    """The table's answer with HTTP `status` (its first row), for an error answer no `AgentError` caused
+    (an unknown route, a body too large); None when no row has that status."""
     for _, answer in ERROR_ANSWERS:
         if answer.status == status and answer.openai_param is None:
             return answer
-    return INTERNAL if status >= 500 else answer_for(InvalidRequest("a 4xx answer"))
+    return None

@@ -5,9 +5,10 @@ The wire format is OpenAI's whole (`openai.types.responses.Response` and
 `responses.stream()` helper consumes a stream), carried in MLflow's
 `ResponsesAgentStreamEvent` / `ResponsesAgentResponse`, which allow the extra fields:
 
-* A response has `id`, `object`, `created_at`, `status`, `model` (the server's),
-  `output`, and the request settings it ran with (`tools: []`, `tool_choice: "auto"`,
-  `parallel_tool_calls: true`: the agent's own tools are not client tools), plus
+* A response has `id`, `object`, `created_at` (when its turn took its thread: the time in
+  its id), `status`, `model` (the server's), `output`, and the request settings it ran with
+  (`agent.dialect.RESPONSE_SETTINGS`: `tools: []`, `tool_choice: "auto"`,
+  `parallel_tool_calls: true`; the agent's own tools are not client tools), plus
   `instructions` and `previous_response_id` when the request had them.
 * A turn's response `id` is `resp_<checkpoint_id>` (also `custom_outputs.response_id`), so the
   `openai` client's `previous_response_id` names a checkpoint. It is known once the turn holds its
@@ -38,10 +39,14 @@ from typing import Any
 from mlflow.pyfunc import ResponsesAgent
 from mlflow.types.responses import ResponsesAgentResponse, ResponsesAgentStreamEvent
 
+from agent.dialect import RESPONSE_SETTINGS
 from agent.errors import AgentError
 from agent.messages import to_output_items
 from agent.requests import ParsedRequest
 from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult, TurnStarted
+
+#: 100 ns intervals from 1582-10-15 (the uuid epoch) to 1970-01-01.
+GREGORIAN_TO_UNIX = 0x01B21DD213814000
 
 #: The events of MLflow's own streams (`ResponsesAgent.predict_stream`): a stream without the lifecycle has only these.
 MLFLOW_EVENTS = frozenset({"response.output_text.delta", "response.output_item.done", "response.completed"})
@@ -49,8 +54,6 @@ MLFLOW_EVENTS = frozenset({"response.output_text.delta", "response.output_item.d
 #: Item types that have a `status` (OpenAI's schema).
 STATUS_TYPES = frozenset({"message", "function_call", "function_call_output"})
 
-#: What a response says about the request settings it ran with (what the agent accepts: `agent.dialect`).
-REQUEST_SETTINGS = {"tools": [], "tool_choice": "auto", "parallel_tool_calls": True}
 
 
 class StreamEvents:
@@ -66,7 +69,6 @@ class StreamEvents:
         self.parsed = parsed
         self.model = model
         self.lifecycle = lifecycle
-        self.created_at = time.time()
         self.response_id: str | None = None
         self.sequence = 0
         #: The response's output items, by output_index (a streamed message: as it stands so far).
@@ -209,25 +211,24 @@ class StreamEvents:
 
     def response(self, status: str) -> dict[str, Any]:
         output = list(self.items) if status != "in_progress" else []
-        return response_object(output, self.response_id, status, parsed=self.parsed, model=self.model,
-                               created_at=self.created_at)  # fmt: skip
+        return response_object(output, self.response_id, status, parsed=self.parsed, model=self.model)
 
 
 def response_object(
-    output: list[dict], response_id: str | None, status: str, *, parsed: ParsedRequest | None, model: str,
-    created_at: float,
-) -> dict[str, Any]:  # fmt: skip
+    output: list[dict], response_id: str | None, status: str, *, parsed: ParsedRequest | None, model: str
+) -> dict[str, Any]:
     """A Responses API `response` (module docstring): `id` (a fresh one that names nothing when
-    `response_id` is None), `status`, `model`, `created_at`, `output`, the request settings, and the
-    `instructions` and `previous_response_id` the request had."""
+    `response_id` is None), `status`, `model`, `created_at` (`created_at`), `output`, the request
+    settings, and the `instructions` and `previous_response_id` the request had."""
+    response_id = response_id or new_response_id()
     fields: dict[str, Any] = {
-        "id": response_id or new_response_id(),
+        "id": response_id,
         "object": "response",
-        "created_at": created_at,
+        "created_at": created_at(response_id),
         "status": status,
         "model": model,
         "output": output,
-        **REQUEST_SETTINGS,
+        **RESPONSE_SETTINGS,
     }
     envelope = parsed.envelope if parsed is not None else None
     if envelope is not None and envelope.instructions is not None:
@@ -238,13 +239,26 @@ def response_object(
 
 
 def response(
-    output: list[dict], custom_outputs: dict[str, Any], parsed: ParsedRequest | None, *, model: str, created_at: float
+    output: list[dict], custom_outputs: dict[str, Any], parsed: ParsedRequest | None, *, model: str
 ) -> ResponsesAgentResponse:
     """The whole response of a turn (`custom_outputs.response_id` its id) or of an action (a fresh id)."""
     status = "incomplete" if custom_outputs.get("status") == "interrupted" else "completed"
-    fields = response_object(output, custom_outputs.get("response_id"), status, parsed=parsed, model=model,
-                             created_at=created_at)  # fmt: skip
+    fields = response_object(output, custom_outputs.get("response_id"), status, parsed=parsed, model=model)
     return ResponsesAgentResponse(custom_outputs=custom_outputs, **fields)
+
+
+def created_at(response_id: str) -> float:
+    """When the response was created, in Unix seconds: the time in its id when that is a uuid6 (a turn's
+    checkpoint id, made when the turn took its thread: `Turn.head_id`), so that a response, its stream and
+    its idempotent retries all say the same; now for any other id (an action's)."""
+    from langgraph.checkpoint.base.id import UUID
+
+    try:
+        uuid = UUID(response_id.removeprefix("resp_"))
+    except ValueError:
+        return time.time()
+    # uuid6 counts 100 ns intervals from the start of the Gregorian calendar (RFC 9562, section 5.6).
+    return (uuid.time - GREGORIAN_TO_UNIX) / 1e7 if uuid.version == 6 else time.time()
 
 
 def action_events(custom_outputs: dict[str, Any], *, model: str, lifecycle: bool = True) -> list[ResponsesAgentStreamEvent]:

@@ -33,7 +33,6 @@ import dataclasses
 import functools
 import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 
@@ -170,11 +169,11 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
     async def _aresponse(self, parsed: ParsedRequest) -> ResponsesAgentResponse:
         """The whole response of `parsed`: a turn's output items and `custom_outputs`, or an action's."""
         context = self.operation_context
-        created_at, model = time.time(), self.settings.model
+        model = self.settings.model
         parsed = await context.in_io(self._resolved, parsed)
         if not parsed.is_turn:
             outputs = await context.in_io(self._run_action, parsed)
-            return response([], outputs, None, model=model, created_at=created_at)
+            return response([], outputs, None, model=model)
         output: list[dict] = []
         result: TurnResult | None = None
         async for event in context.turns.arun(_turn_args(parsed), stream_tokens=False):  # consumed to its end
@@ -185,8 +184,8 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                 output.extend(interrupt.as_item() for interrupt in result.interrupts)
             elif isinstance(event, StoredResponse):
                 self._tagged(event, parsed)
-                return response(event.output, event.custom_outputs, parsed, model=model, created_at=created_at)
-        return response(output, custom_outputs(result), parsed, model=model, created_at=created_at)
+                return response(event.output, event.custom_outputs, parsed, model=model)
+        return response(output, custom_outputs(result), parsed, model=model)
 
     async def _aevents(self, parsed: ParsedRequest, *, lifecycle: bool = False) -> AsyncIterator[ResponsesAgentStreamEvent]:
         """The stream events of `parsed`: a turn's as they happen, or an action's `response.completed` (after

@@ -20,7 +20,8 @@ Answers that are not an `AgentError` (the body middleware's, MLflow's and
 FastAPI's own `HTTPException`s, unknown routes, wrong methods) get the same
 body, with the `error_code` of their status (`status_error_body`), and on the
 OpenAI routes the `type` and `code` of the table's row with that status
-(`error_answers.status_answer`: 400 `invalid_request`, 404 `not_found`, 500 `internal_error` …):
+(`error_answers.status_answer`: 400 `invalid_request`, 404 `not_found`, 500 `internal_error` …), else
+`invalid_request_error` (`server_error` for a 5xx) and the `error_code` below in lower case:
 
 | HTTP | `error_code` |
 |---|---|
@@ -109,7 +110,12 @@ def status_answer_body(path: str, status: int, message: str) -> dict[str, Any]:
     if not speaks_openai(path):
         return status_error_body(status, message)
     answer = status_answer(status)
-    return {"error": {"message": message, "type": answer.openai_type, "code": answer.openai_code, "param": None}}
+    if answer is not None:
+        kind, code = answer.openai_type, answer.openai_code
+    else:
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        code = status_error_body(status, message)["error_code"].lower()
+    return {"error": {"message": message, "type": kind, "code": code, "param": None}}
 
 
 def error_code(body: dict[str, Any]) -> str | None:

@@ -28,6 +28,7 @@ from agent import create_agent
 from agent.models import OfflineChatModel
 from agent.serving.agent_server import build_app
 from tests.helpers.claims import is_claimed, other_replica_holds
+from tests.helpers.error_bodies import assert_error_body, openai_code
 from tests.helpers.scenario import TRIP, request
 from tests.helpers.servers import free_port, in_process_server, server_process
 
@@ -185,18 +186,8 @@ def test_agent_errors_get_their_status_and_a_json_body_without_traceback(server,
         response = server.http.post(path, json={**bodies[case], "stream": stream})
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
-    body = response.json()
-    if path == "/responses":  # OpenAI's error body on its route; MLflow's on /invocations
-        assert set(body) == {"error"} and body["error"]["code"] == OPENAI_CODES[error_code]
-        message = body["error"]["message"]
-    else:
-        assert set(body) == {"error_code", "message"} and body["error_code"] == error_code
-        message = body["message"]
+    message = assert_error_body(path, response.json(), error_code)  # OpenAI's body on /responses, MLflow's on /invocations
     assert message and "Traceback" not in response.text and 'File "' not in response.text
-
-
-#: The OpenAI error code of each MLflow error code (`agent.error_answers`).
-OPENAI_CODES = {"INVALID_PARAMETER_VALUE": "invalid_request", "RESOURCE_DOES_NOT_EXIST": "not_found", "RESOURCE_CONFLICT": "conflict"}
 
 
 def test_openai_client_raises_typed_errors_with_the_agent_message(server):
@@ -331,7 +322,7 @@ def test_error_after_the_first_event_ends_the_stream_with_an_error_event():
         assert [event["type"] for event in events[:2]] == ["response.created", "response.in_progress"]
         assert any(event["type"] == "response.output_text.delta" for event in events[2:-2])
         error = events[-2]
-        assert error["type"] == "error" and error["code"] == "unavailable"
+        assert error["type"] == "error" and error["code"] == openai_code("TEMPORARILY_UNAVAILABLE")
         assert error["sequence_number"] == events[-3]["sequence_number"] + 1
         assert "The chat model failed" in error["message"] and "upstream connection reset" in error["message"]
         assert events[-1] == "[DONE]"
@@ -411,9 +402,7 @@ def test_a_body_that_is_not_a_json_object_is_a_400_with_the_error_body(server, b
     for path in ("/invocations", "/responses"):
         response = server.http.post(path, content=body, headers={"Content-Type": "application/json"})
         assert response.status_code == 400, (path, body, response.text)
-        answer = response.json()
-        code = answer["error"]["code"] if path == "/responses" else answer["error_code"]
-        assert code == ("invalid_request" if path == "/responses" else "INVALID_PARAMETER_VALUE")
+        assert_error_body(path, response.json(), "INVALID_PARAMETER_VALUE")
         assert "Traceback" not in response.text
 
 
