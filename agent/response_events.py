@@ -13,7 +13,9 @@ The wire format is OpenAI's whole (`openai.types.responses.Response` and
 * A turn's response `id` is `resp_<checkpoint_id>` (also `custom_outputs.response_id`), so the
   `openai` client's `previous_response_id` names a checkpoint. It is known once the turn holds its
   thread (`TurnStarted`), before the model runs: the turn's checkpoint is given that id when it
-  commits (`agent.storage.records.Turn.name_head`).
+  commits (`agent.storage.records.Turn.name_head`). Except for a turn that stops at the graph's
+  `interrupt()`: its checkpoint keeps LangGraph's id (LangGraph derives the interrupts' ids from
+  it), so its `response.completed` names another id than `response.created` did.
 * A stream numbers its events (`sequence_number` 0, 1, 2, ...) and goes: `response.created`,
   `response.in_progress`; per output item `response.output_item.added`, for a message
   `response.content_part.added`, its `response.output_text.delta`s (as the model produces tokens),
@@ -164,6 +166,8 @@ class StreamEvents:
             extra = {"custom_outputs": custom} if position == len(last) - 1 else {}
             out.append(self.event("response.output_item.done", item=self.items[index], output_index=index, **extra))
         status = "incomplete" if custom.get("status") == "interrupted" else "completed"
+        # The announced id, except for a turn stopped at the graph's `interrupt()` (`Turn.name_head`).
+        self.response_id = custom.get("response_id") or self.response_id
         out.append(self.event("response.completed", response=self.response(status), custom_outputs=custom))
         return out
 
