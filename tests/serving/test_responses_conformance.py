@@ -5,7 +5,7 @@ models, and the client's `responses.stream()` helper consumes a turn.
 Modelled on the Open Responses compliance cases (a text turn, a tool-call turn, an error turn, a
 non-streamed response, stored responses), with our stateful ones: sibling branches from one
 `previous_response_id`, `store: false`, an idempotent retry replayed as a stream, an unknown
-`previous_response_id` (`previous_response_not_found`).
+`previous_response_id` (`previous_response_not_found`), a turn that stops at the graph's `interrupt()`.
 
 One in-process server for the module (the offline model, an in-memory store); its model breaks
 mid-stream when asked to, for the error event.
@@ -13,6 +13,7 @@ mid-stream when asked to, for the error event.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -29,6 +30,7 @@ from agent.models.offline import OfflineChatModel
 from agent.serving.agent_server import build_app
 from tests.helpers.scenario import TRIP
 from tests.helpers.servers import in_process_server
+from tests.operations.test_interrupts import BOOK, approval_graph
 
 MODEL = "timetravel-agent"
 EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -233,3 +235,21 @@ def test_a_turn_that_fails_mid_stream_ends_with_an_error_event_that_validates(se
     with pytest.raises(openai.APIError, match="The chat model failed") as raised:
         list(server.client.responses.create(model=MODEL, input=BREAK, stream=True))
     assert raised.value.code == "unavailable"
+
+
+def test_a_turn_that_stops_at_an_interrupt_streams_events_that_validate_and_names_the_waiting_checkpoint():
+    # In process (`apredict_stream` with OpenAI's events, as `POST /responses` streams them): a graph of its own.
+    async def events(agent, body):
+        return [event.model_dump(exclude_none=True) async for event in agent.apredict_stream(body, openai_events=True)]
+
+    with create_agent("memory://", graph=approval_graph(), tracing=False) as agent:
+        asked = asyncio.run(events(agent, {"input": BOOK}))
+        for event in asked:
+            EVENT.validate_python(event)
+        final, custom = Response.model_validate(asked[-1]["response"]), asked[-1]["custom_outputs"]
+        # Its checkpoint keeps LangGraph's id (the interrupt's id derives from it): the final id is that one.
+        assert final.id == f"resp_{custom['checkpoint_id']}" and final.output[-1].type == "mcp_approval_request"
+        assert final.output[-1].id == custom["interrupts"][0]["id"]
+        answered = asyncio.run(events(agent, {"input": [], "previous_response_id": final.id, "custom_inputs": {"resume": "yes"}}))
+        assert_conforms(answered)
+        assert "booked Tokyo" in Response.model_validate(answered[-1]["response"]).output_text
