@@ -57,7 +57,6 @@ MLFLOW_EVENTS = frozenset({"response.output_text.delta", "response.output_item.d
 STATUS_TYPES = frozenset({"message", "function_call", "function_call_output"})
 
 
-
 class StreamEvents:
     """Turns a turn's events into Responses stream events (module docstring): numbered, each item
     opened and closed, the last message's `output_item.done` held until the commit so that it can
@@ -116,7 +115,10 @@ class StreamEvents:
         ]
 
     def delta(self, item_id: str, text: str) -> list[dict[str, Any]]:
-        out = [] if item_id in self.open else self.release() + self.opened({**ResponsesAgent.create_text_output_item(text="", id=item_id)})
+        """A text delta, after opening its message (and releasing the one held) when it is the first."""
+        out = []
+        if item_id not in self.open:
+            out = self.release() + self.opened(ResponsesAgent.create_text_output_item(text="", id=item_id))
         index = self.open[item_id]
         self.items[index]["content"][0]["text"] += text
         out.append(self.text_delta(item_id, index, text))
