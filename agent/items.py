@@ -16,7 +16,15 @@ from collections.abc import Iterable
 
 from langchain_core.messages import BaseMessage
 
-__all__ = ["to_output_items", "to_state_items"]
+__all__ = ["STATUS_TYPES", "completed", "to_output_items", "to_state_items"]
+
+#: Item types that have a `status` in OpenAI's schema (its item models require one).
+STATUS_TYPES = frozenset({"message", "function_call", "function_call_output"})
+
+
+def completed(item: dict) -> dict:
+    """`item` with `status: "completed"` when its type has one: a stored item, or one that is whole."""
+    return {**item, "status": "completed"} if item.get("type", "message") in STATUS_TYPES else item
 
 
 def to_output_items(messages: Iterable[BaseMessage]) -> list[dict]:
@@ -31,7 +39,7 @@ def to_output_items(messages: Iterable[BaseMessage]) -> list[dict]:
     items = []
     for message in messages:
         for event in output_to_responses_items_stream(iter([message])):
-            item = {**event.item, "status": "completed"}
+            item = completed(event.item)
             if item.get("type") == "function_call_output":
                 item.setdefault("id", message.id or f"fco_{item['call_id']}")
             items.append(item)

@@ -43,6 +43,7 @@ from mlflow.types.responses import ResponsesAgentResponse, ResponsesAgentStreamE
 
 from agent.dialect import RESPONSE_SETTINGS
 from agent.errors import AgentError
+from agent.items import STATUS_TYPES
 from agent.messages import to_output_items
 from agent.requests import ParsedRequest
 from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult, TurnStarted
@@ -53,8 +54,6 @@ GREGORIAN_TO_UNIX = 0x01B21DD213814000
 #: The events of MLflow's own streams (`ResponsesAgent.predict_stream`): a stream without the lifecycle has only these.
 MLFLOW_EVENTS = frozenset({"response.output_text.delta", "response.output_item.done", "response.completed"})
 
-#: Item types that have a `status` (OpenAI's schema).
-STATUS_TYPES = frozenset({"message", "function_call", "function_call_output"})
 
 
 class StreamEvents:

@@ -146,13 +146,11 @@ def response_input_items(
         ResponseNotFound: unknown response id, or another user's.
         InvalidRequest: `after` is not an item of the list; a bad `limit` or `order`.
     """
-    from agent.messages import to_state_items
-
     checkpoint_id = checkpoint_of(response)
     record = thread_of_response(storage, checkpoint_id, user_id=user_id)
     state = branches.get_checkpoint_state(storage, record.thread_id, checkpoint_id, user_id=user_id)
     before, _ = split_turn(state)
-    return page([item for message in before for item in to_state_items(message)], after=after, limit=limit, order=order)
+    return page(_items(before), after=after, limit=limit, order=order)
 
 
 def conversation_object(record: ThreadRecord) -> dict[str, Any]:
@@ -226,9 +224,10 @@ def page(items: Sequence[Mapping[str, Any]], *, after: str | None, limit: int, o
 
 
 def _items(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    from agent.messages import to_state_items
+    """The stored messages as the items of OpenAI's lists, each with its `status` (their models require one)."""
+    from agent.items import completed, to_state_items
 
-    return [item for message in messages for item in to_state_items(message)]
+    return [completed(item) for message in messages for item in to_state_items(message)]
 
 
 def _epoch(timestamp: str | None) -> int | None:

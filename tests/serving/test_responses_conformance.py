@@ -22,7 +22,8 @@ import httpx
 import openai
 import pydantic
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.conversations import ConversationItem
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from openai.types.shared import ErrorObject
 
 from agent import create_agent
@@ -34,6 +35,8 @@ from tests.operations.test_interrupts import BOOK, approval_graph
 
 MODEL = "timetravel-agent"
 EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+RESPONSE_ITEM = pydantic.TypeAdapter(ResponseItem)
+CONVERSATION_ITEM = pydantic.TypeAdapter(ConversationItem)
 #: What makes the module's model lose its connection after its first chunk.
 BREAK = "break mid-stream"
 
@@ -139,6 +142,20 @@ def test_the_clients_stream_helper_consumes_a_turn_and_its_id_continues_the_thre
     # Stored: it reads back whole, and validates.
     stored = server.http.get(f"/responses/{second.id}").json()
     assert Response.model_validate(stored).output_text == second.output_text
+
+
+def test_the_items_of_stored_responses_and_conversations_validate(server):
+    first = server.http.post("/responses", json={"input": "calculate 6*7"}).json()
+    second = server.http.post("/responses", json={"input": "thanks", "previous_response_id": first["id"]}).json()
+    inputs = server.http.get(f"/responses/{second['id']}/input_items", params={"order": "asc"}).json()["data"]
+    head = server.http.get(f"/conversations/{second['custom_outputs']['thread_id']}/items", params={"order": "asc"}).json()["data"]
+    types = ["message", "function_call", "function_call_output", "message", "message"]
+    assert [item["type"] for item in inputs] == types and [item["type"] for item in head] == [*types, "message"]
+    for item in inputs:
+        RESPONSE_ITEM.validate_python(item)
+    for item in head:
+        CONVERSATION_ITEM.validate_python(item)
+    assert {item["status"] for item in head} == {"completed"}
 
 
 def test_a_non_streamed_response_and_a_stored_one_validate(server):
