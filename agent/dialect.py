@@ -68,6 +68,10 @@ HARMLESS_FIELDS: dict[str, Callable[[Any], bool]] = {
     "include": lambda value: value == [],
 }
 
+#: What a response says it ran with (OpenAI's `Response` requires them): the values above that ask for what the
+#: agent does anyway (its own tools are the server's, not client tools).
+RESPONSE_SETTINGS: dict[str, Any] = {"tools": [], "tool_choice": "auto", "parallel_tool_calls": True}
+
 #: Why a Responses API field is refused (any field neither honoured nor harmless is refused).
 REFUSED_BECAUSE = {
     "background": "turns run in the request (background: true is not supported)",

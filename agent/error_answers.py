@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.errors import AgentError, ConfigurationError, Conflict, EncryptionKeyError, InvalidRequest, NotFound, Unavailable
+from agent.errors import (
+    AgentError,
+    ConfigurationError,
+    Conflict,
+    EncryptionKeyError,
+    InvalidRequest,
+    NotFound,
+    PreviousResponseNotFound,
+    Unavailable,
+)
 
 
 @dataclass(frozen=True)
@@ -19,6 +28,8 @@ class ErrorAnswer:
     mlflow_code: str
     openai_type: str
     openai_code: str
+    #: The request field OpenAI's error names (`param`), when the class of error is about one.
+    openai_param: str | None = None
 
 
 # Checked in order: the first class the error is an instance of wins.
@@ -27,6 +38,12 @@ ERROR_ANSWERS: tuple[tuple[type[AgentError], ErrorAnswer], ...] = (
     (EncryptionKeyError, ErrorAnswer(500, "INTERNAL_ERROR", "server_error", "internal_error")),
     (InvalidRequest, ErrorAnswer(400, "INVALID_PARAMETER_VALUE", "invalid_request_error", "invalid_request")),
     (ConfigurationError, ErrorAnswer(400, "INVALID_PARAMETER_VALUE", "invalid_request_error", "invalid_request")),
+    # OpenAI's code, which clients look for to resend the whole history instead. OpenAI answers 400; a 404
+    # here, as for every id that names nothing (the openai client raises NotFoundError, with this code).
+    (
+        PreviousResponseNotFound,
+        ErrorAnswer(404, "RESOURCE_DOES_NOT_EXIST", "invalid_request_error", "previous_response_not_found", "previous_response_id"),
+    ),
     (NotFound, ErrorAnswer(404, "RESOURCE_DOES_NOT_EXIST", "invalid_request_error", "not_found")),
     (Conflict, ErrorAnswer(409, "RESOURCE_CONFLICT", "invalid_request_error", "conflict")),
     (Unavailable, ErrorAnswer(503, "TEMPORARILY_UNAVAILABLE", "server_error", "unavailable")),
@@ -45,3 +62,12 @@ def answer_for(error: BaseException) -> ErrorAnswer:
 def http_status(error: BaseException) -> int:
     """The HTTP status for `error` (400, 404, 409, 503, or 500 for anything else)."""
     return answer_for(error).status
+
+
+def status_answer(status: int) -> ErrorAnswer | None:
+    """The table's answer with HTTP `status` (its first row), for an error answer no `AgentError` caused
+    (an unknown route, a body too large); None when no row has that status."""
+    for _, answer in ERROR_ANSWERS:
+        if answer.status == status and answer.openai_param is None:
+            return answer
+    return None

@@ -18,6 +18,7 @@ says whether anything was written where that is not obvious.
     │   ├── ThreadNotFound      no such thread (or not the caller's)
     │   ├── CheckpointNotFound  no such checkpoint in this thread
     │   ├── ResponseNotFound    no such response id (or not the caller's)
+    │   │   └── PreviousResponseNotFound  a request's previous_response_id names none
     │   └── MemoryNotFound      no such long-term memory (or not the caller's)
     ├── Conflict
     │   ├── ThreadBusy          another turn holds the thread
@@ -80,6 +81,11 @@ class CheckpointNotFound(NotFound):
 
 class ResponseNotFound(NotFound):
     """The response id (`resp_<checkpoint_id>`) names no checkpoint, or one of another user's thread (worded the same)."""
+
+
+class PreviousResponseNotFound(ResponseNotFound):
+    """A request's `previous_response_id` names no response, or one of another user's thread (worded the same);
+    OpenAI's code for it is `previous_response_not_found`, which clients look for to resend the whole history."""
 
 
 class MemoryNotFound(NotFound):

@@ -16,14 +16,34 @@ from collections.abc import Iterable
 
 from langchain_core.messages import BaseMessage
 
-__all__ = ["to_output_items", "to_state_items"]
+__all__ = ["STATUS_TYPES", "completed", "to_output_items", "to_state_items"]
+
+#: Item types that have a `status` in OpenAI's schema (its item models require one).
+STATUS_TYPES = frozenset({"message", "function_call", "function_call_output"})
+
+
+def completed(item: dict) -> dict:
+    """`item` with `status: "completed"` when its type has one: a stored item, or one that is whole."""
+    return {**item, "status": "completed"} if item.get("type", "message") in STATUS_TYPES else item
 
 
 def to_output_items(messages: Iterable[BaseMessage]) -> list[dict]:
-    """Responses output items (`message`, `function_call`, `function_call_output`) for the turn's new messages."""
+    """Responses output items (`message`, `function_call`, `function_call_output`) for the turn's new messages.
+
+    MLflow's items, with what OpenAI's schema adds (`openai.types.responses.ResponseOutputItem`): every
+    item's `status` ("completed": a message is an item once it is whole), and a `function_call_output`'s
+    `id` (its tool message's id, as `to_state_items` gives it).
+    """
     from mlflow.types.responses import output_to_responses_items_stream
 
-    return [event.item for event in output_to_responses_items_stream(iter(list(messages)))]
+    items = []
+    for message in messages:
+        for event in output_to_responses_items_stream(iter([message])):
+            item = completed(event.item)
+            if item.get("type") == "function_call_output":
+                item.setdefault("id", message.id or f"fco_{item['call_id']}")
+            items.append(item)
+    return items
 
 
 def to_state_items(message: BaseMessage) -> list[dict]:

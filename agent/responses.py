@@ -43,14 +43,14 @@ from mlflow.pyfunc import ResponsesAgent
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
 
 from agent.agent import Agent, agent_errors
-from agent.errors import AgentError, InvalidRequest
+from agent.errors import AgentError, InvalidRequest, PreviousResponseNotFound, ResponseNotFound
 from agent.mlflow_errors import as_mlflow_exception
 from agent.operations.conversations import thread_of_response
 from agent.operations.history import head
 from agent.operations.turns import TurnArgs
 from agent.operations.turns.bridge import LoopThreads
 from agent.requests import ParsedRequest, keeping_item_ids, parse_request, with_string_input
-from agent.response_events import StreamEvents, completed_event, custom_outputs, response
+from agent.response_events import StreamEvents, action_events, custom_outputs, response
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.messages import to_output_items
 from agent.types import NewMessages, StoredResponse, TurnResult
@@ -151,14 +151,17 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         user_id: str | None = None,
         idempotency_key: str | None = None,
         trusted_user: bool = False,
+        openai_events: bool = False,
     ) -> AsyncIterator[ResponsesAgentStreamEvent]:
         """`predict_stream` on the event loop (for servers). Cancelling the consumer ends the turn, writing nothing.
-        `user_id`, `idempotency_key` and `trusted_user` as for `apredict`."""
+        `user_id`, `idempotency_key` and `trusted_user` as for `apredict`; `openai_events`: the whole event set of
+        OpenAI's Responses API (`response.created` … `response.completed`, `agent.response_events`), as `POST
+        /responses` streams, instead of MLflow's (text deltas, `output_item.done`, `response.completed`)."""
         with agent_errors():
             parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key, trusted_user=trusted_user)
             # Closed at once when the consumer leaves (not by the garbage collector, which may run after the
             # event loop closed and leave the turn's claim held).
-            async with contextlib.aclosing(self._aevents(parsed)) as events:
+            async with contextlib.aclosing(self._aevents(parsed, lifecycle=openai_events)) as events:
                 async for event in events:
                     yield event
 
@@ -166,9 +169,11 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
     async def _aresponse(self, parsed: ParsedRequest) -> ResponsesAgentResponse:
         """The whole response of `parsed`: a turn's output items and `custom_outputs`, or an action's."""
         context = self.operation_context
+        model = self.settings.model
         parsed = await context.in_io(self._resolved, parsed)
         if not parsed.is_turn:
-            return ResponsesAgentResponse(output=[], custom_outputs=await context.in_io(self._run_action, parsed))
+            outputs = await context.in_io(self._run_action, parsed)
+            return response([], outputs, None, model=model)
         output: list[dict] = []
         result: TurnResult | None = None
         async for event in context.turns.arun(_turn_args(parsed), stream_tokens=False):  # consumed to its end
@@ -179,17 +184,20 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                 output.extend(interrupt.as_item() for interrupt in result.interrupts)
             elif isinstance(event, StoredResponse):
                 self._tagged(event, parsed)
-                return response(event.output, event.custom_outputs, parsed)
-        return response(output, custom_outputs(result), parsed)
+                return response(event.output, event.custom_outputs, parsed, model=model)
+        return response(output, custom_outputs(result), parsed, model=model)
 
-    async def _aevents(self, parsed: ParsedRequest) -> AsyncIterator[ResponsesAgentStreamEvent]:
-        """The stream events of `parsed`: a turn's as they happen, or an action's one `response.completed`."""
+    async def _aevents(self, parsed: ParsedRequest, *, lifecycle: bool = False) -> AsyncIterator[ResponsesAgentStreamEvent]:
+        """The stream events of `parsed`: a turn's as they happen, or an action's `response.completed` (after
+        `response.created` and `response.in_progress` with `lifecycle`: `StreamEvents`)."""
         context = self.operation_context
-        parsed = await context.in_io(self._resolved, parsed)
+        stream = StreamEvents(parsed, model=self.settings.model, lifecycle=lifecycle)
+        parsed = stream.parsed = await context.in_io(self._resolved, parsed)
         if not parsed.is_turn:
-            yield completed_event(await context.in_io(self._run_action, parsed))
+            outputs = await context.in_io(self._run_action, parsed)
+            for event in action_events(outputs, model=self.settings.model, lifecycle=lifecycle):
+                yield event
             return
-        stream = StreamEvents(parsed)
         async with contextlib.aclosing(context.turns.arun(_turn_args(parsed), stream_tokens=True)) as turn:
             async for event in turn:
                 for out in stream.events(self._tagged(event, parsed)):
@@ -214,12 +222,19 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         """`parsed` with the thread of its `previous_response_id` filled in, after checking that a
         `conversation` exists (a turn would otherwise create it). A storage read; nothing else changes.
 
-        Raises: `ResponseNotFound`, `ThreadNotFound` (unknown, or another user's).
+        Raises: `PreviousResponseNotFound`, `ThreadNotFound` (unknown, or another user's).
         """
         envelope = parsed.envelope
         storage = self.operation_context.storage
         if envelope.thread_of_checkpoint:
-            record = thread_of_response(storage, envelope.checkpoint_id, user_id=envelope.user_id)
+            try:
+                record = thread_of_response(storage, envelope.checkpoint_id, user_id=envelope.user_id)
+            except ResponseNotFound as exc:
+                # OpenAI's wording and code (`previous_response_not_found`): clients look for them to resend the
+                # whole history instead.
+                raise PreviousResponseNotFound(
+                    f"Previous response with id 'resp_{envelope.checkpoint_id}' not found.", **exc.ids
+                ) from None
             return dataclasses.replace(parsed, envelope=dataclasses.replace(envelope, thread_id=record.thread_id))
         if envelope.existing_thread:
             head(storage, envelope.thread_id, user_id=envelope.user_id)

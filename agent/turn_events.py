@@ -1,4 +1,4 @@
-"""What a turn yields: text deltas and new messages while it runs, then its `TurnResult` (or, for a
+"""What a turn yields: `TurnStarted` once it holds its thread, text deltas and new messages while it runs, then its `TurnResult` (or, for a
 retry, the `StoredResponse` of the first request), and the `PendingInterrupt`s it stopped at.
 
 Plain dataclasses (a leaf: no LangChain at import), shared by the turn runner, the
@@ -93,6 +93,14 @@ class TurnResult:
         if self.cancelled_interrupts:
             out["cancelled_interrupts"] = list(self.cancelled_interrupts)
         return out
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    """The turn holds its thread and runs; `response_id` is the id its response will have
+    (`resp_<checkpoint_id>` of the checkpoint it will write, or the unstored id of a `store: false` turn)."""
+
+    response_id: str
 
 
 @dataclass(frozen=True)

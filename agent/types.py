@@ -1,6 +1,6 @@
 """Typed results that cross layers; dicts exist only at the wire (`as_dict()`).
 
-* What a turn yields (`TurnResult`, `TextDelta`, `NewMessages`, `StoredResponse`, `PendingInterrupt`):
+* What a turn yields (`TurnStarted`, `TurnResult`, `TextDelta`, `NewMessages`, `StoredResponse`, `PendingInterrupt`):
   `agent.turn_events`, re-exported here.
 * `CheckpointSummary`: one history entry (`get_checkpoint_history`).
 * `CheckpointState` (`get_checkpoint_state`, its messages placed by `MessagePlace` with their
@@ -20,12 +20,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent.turn_events import NewMessages, PendingInterrupt, StoredResponse, TextDelta, TurnResult, TurnStatus
+from agent.turn_events import (
+    NewMessages,
+    PendingInterrupt,
+    StoredResponse,
+    TextDelta,
+    TurnResult,
+    TurnStarted,
+    TurnStatus,
+)
 
 if TYPE_CHECKING:  # `tt-agent history` uses CheckpointSummary without loading LangChain
     from langchain_core.messages import BaseMessage
 
-__all__ = ["NewMessages", "PendingInterrupt", "StoredResponse", "TextDelta", "TurnResult", "TurnStatus"]
+__all__ = ["NewMessages", "PendingInterrupt", "StoredResponse", "TextDelta", "TurnResult", "TurnStarted", "TurnStatus"]
 
 @dataclass(frozen=True)
 class CheckpointSummary:

@@ -101,12 +101,14 @@ def response_object(
     Out: `id`, `object` ("response"), `created_at` (Unix seconds), `status` ("completed", or
     "incomplete" for a turn another one interrupted), `model`, `output` (the turn's items, oldest
     first), `previous_response_id` (the checkpoint the turn started from; None for a thread's first
-    turn), `conversation` (`{"id": thread_id}`), `metadata` (the thread's) and `custom_outputs`
-    (`thread_id`, `checkpoint_id`, `parent_checkpoint_id`, `response_id`).
+    turn), `conversation` (`{"id": thread_id}`), `metadata` (the thread's), `tools`, `tool_choice` and
+    `parallel_tool_calls` (`agent.dialect.RESPONSE_SETTINGS`) and `custom_outputs` (`thread_id`,
+    `checkpoint_id`, `parent_checkpoint_id`, `response_id`).
 
     Raises:
         ResponseNotFound: unknown response id, or another user's.
     """
+    from agent.dialect import RESPONSE_SETTINGS
     from agent.messages import to_output_items
 
     checkpoint_id = checkpoint_of(response)
@@ -125,6 +127,7 @@ def response_object(
         "previous_response_id": response_id(parent) if parent is not None and before else None,
         "conversation": {"id": record.thread_id},
         "metadata": dict(record.metadata),
+        **RESPONSE_SETTINGS,
         "custom_outputs": {
             "thread_id": record.thread_id,
             "checkpoint_id": checkpoint_id,
@@ -221,10 +224,10 @@ def page(items: Sequence[Mapping[str, Any]], *, after: str | None, limit: int, o
 
 
 def _items(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """The Responses items of stored messages, each `completed` (OpenAI's conversation items require a `status`)."""
-    from agent.messages import to_state_items
+    """The stored messages as the items of OpenAI's lists, each with its `status` (their models require one)."""
+    from agent.items import completed, to_state_items
 
-    return [{"status": "completed", **item} for message in messages for item in to_state_items(message)]
+    return [completed(item) for message in messages for item in to_state_items(message)]
 
 
 def _epoch(timestamp: str | None) -> int | None:

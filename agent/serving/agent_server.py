@@ -24,14 +24,17 @@ What this module adds to MLflow's server:
 * **Errors keep their status.** MLflow answers any handler exception with 500
   (mlflow 3.17, `AgentServer._handle_invoke_request`) and reports a streaming
   error inside a 200 stream. Here an `AgentError` answers with its own status
-  (`serving.errors`: 400, 404, 409, 503) and the JSON body
-  `{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "..."}`, also for a
-  stream that fails before its first event. A stream that fails later (the
-  status is already sent) ends with one `{"type": "error", "code": ...,
-  "message": ..., "error": {...}}` event and `[DONE]`; the `openai` client
-  raises `openai.APIError` with the message. No traceback ever reaches a client.
-  Every other error answer (bad JSON, unknown routes, wrong methods, a body too
-  large, too deep or too slow) has the same body. A 4xx is logged as one line,
+  (`serving.errors`: 400, 404, 409, 503) and the route's JSON body: OpenAI's
+  `{"error": {"message", "type", "code", "param"}}` on `/responses` and
+  `/conversations`, MLflow's `{"error_code": "RESOURCE_DOES_NOT_EXIST", "message":
+  "..."}` on `/invocations`; also for a stream that fails before its first output
+  (`response.created` and `response.in_progress` wait for it). A stream that
+  fails later (the status is already sent) ends with one `{"type": "error",
+  "code": ..., "message": ..., "error": {...}}` event (on `/responses` also
+  `param` and `sequence_number`: OpenAI's error event) and `[DONE]`; the `openai`
+  client raises `openai.APIError` with the message and code. No traceback ever
+  reaches a client. Every other error answer (bad JSON, unknown routes, wrong
+  methods, a body too large, too deep or too slow) has the same body. A 4xx is logged as one line,
   a 5xx with its traceback (`serving.errors.log_error_answer`).
 * **Browsers and bandwidth.** With `cors_origins` set, Starlette's `CORSMiddleware`
   answers preflights from those origins (others get no CORS headers); answers of
@@ -50,6 +53,7 @@ process serves one agent: `build_app(agent)` binds it (a second call rebinds).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -77,7 +81,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from agent.errors import AgentError, InvalidRequest, validation_problems
 from agent.requests import keeping_item_ids, with_string_input
 from agent.responses import LangGraphResponsesAgent
-from agent.serving.errors import error_body, http_status, log_error_answer, status_error_body
+from agent.serving.errors import answer_body, http_status, log_error_answer, speaks_openai, status_answer_body
 from agent.serving.identity import TrustedUserHeader
 from agent.serving.limits import RequestBodyLimits, body_limit
 from agent.serving.openai import openai_router
@@ -120,7 +124,11 @@ async def respond(request: ResponsesAgentRequest) -> ResponsesAgentResponse:
 async def respond_stream(request: ResponsesAgentRequest) -> AsyncIterator[ResponsesAgentStreamEvent]:
     """The bound agent's `apredict_stream` events; the last one is `response.completed`, with `custom_outputs`."""
     try:
-        async for event in _agent().apredict_stream(request, idempotency_key=_idempotency_header(), **_caller()):
+        # OpenAI's whole event set on its route; `/invocations` keeps MLflow's stream.
+        openai_events = speaks_openai(_route.get())
+        async for event in _agent().apredict_stream(
+            request, idempotency_key=_idempotency_header(), openai_events=openai_events, **_caller()
+        ):
             yield event
     except InvalidRequest:
         scrub_trace_inputs()
@@ -162,6 +170,11 @@ class _ResponsesAgentServer(AgentServer):
         super().__init__(*args, **kwargs)
         self.validator = _KeepItemIds()
 
+    async def _handle_invocations_request(self, request: Request) -> Any:
+        # `/invocations` and `/responses` share MLflow's handler; a stream's error event has the shape of its route.
+        _route.set(request.url.path)
+        return await super()._handle_invocations_request(request)
+
     async def _handle_invoke_request(self, request: ResponsesAgentRequest, return_trace_id: bool) -> dict[str, Any]:
         handler = get_invoke_function()
         if handler is None:
@@ -182,23 +195,34 @@ class _ResponsesAgentServer(AgentServer):
             raise HTTPException(status_code=500, detail="No stream function registered")
         events: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BUFFER_EVENTS)
         producer = asyncio.create_task(self._produce(handler, request, return_trace_id, events))
+        # `response.created` and `response.in_progress` go out with the turn's first output, so that a turn
+        # whose model fails before it answers still answers with its status (as one refused at its start).
+        lead: list[dict[str, Any]] = []
         try:
             first = await events.get()
+            while isinstance(first, dict) and first.get("type") in LIFECYCLE_EVENTS:
+                lead.append(first)
+                first = await events.get()
         except BaseException:
             producer.cancel()
             raise
-        if isinstance(first, BaseException):  # refused before its first event: a 4xx/5xx answer
+        if isinstance(first, BaseException):  # refused before its first output: a 4xx/5xx answer
             await asyncio.gather(producer, return_exceptions=True)
             raise first
+        route = _route.get()
 
         async def sse() -> AsyncIterator[str]:
             try:
+                for item in lead:
+                    yield f"data: {json.dumps(item)}\n\n"
+                sequence = lead[-1]["sequence_number"] + 1 if lead else 0
                 item = first
                 while item is not _END:
                     if isinstance(item, BaseException):  # failed after the status went out
-                        yield f"data: {json.dumps(_error_event(item))}\n\n"
+                        yield f"data: {json.dumps(_error_event(item, route, sequence))}\n\n"
                         break
                     yield f"data: {json.dumps(item)}\n\n"
+                    sequence = item.get("sequence_number", sequence - 1) + 1
                     item = await events.get()
                 yield "data: [DONE]\n\n"
             finally:
@@ -239,7 +263,11 @@ GZIP_MIN_BYTES = 1024
 
 #: Events a stream's producer may run ahead of a slow client.
 STREAM_BUFFER_EVENTS = 64
+#: The events that open a stream, sent with the first event after them (`_handle_stream_request`).
+LIFECYCLE_EVENTS = frozenset({"response.created", "response.in_progress"})
 _END = object()
+#: The path of the request a stream answers (`/responses` or `/invocations`).
+_route: contextvars.ContextVar[str] = contextvars.ContextVar("route", default="/invocations")
 
 
 def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
@@ -248,8 +276,8 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     Binds `agent` to this module's handlers (one agent per process; a second
     call rebinds). The caller keeps ownership of `agent` and closes it.
 
-    Every error answer has the body `{"error_code", "message"}` (`serving.errors`):
-    the agent's errors, MLflow's and FastAPI's `HTTPException`s (bad JSON,
+    Every error answer has the body of its route (`serving.errors.answer_body`: OpenAI's
+    on `/responses` and `/conversations`, `{"error_code", "message"}` elsewhere): the agent's errors, MLflow's and FastAPI's `HTTPException`s (bad JSON,
     invalid parameters, unknown routes, wrong methods), request validation
     errors, and any other exception (500, "Internal error", the traceback only in
     the log).
@@ -308,7 +336,7 @@ def _replace_agent_info(app: FastAPI, agent: LangGraphResponsesAgent) -> None:
 
 # -- errors ----------------------------------------------------------------------------------
 async def _agent_error_response(request: Request, exc: AgentError) -> JSONResponse:
-    body, status = error_body(exc), http_status(exc)
+    body, status = answer_body(request.url.path, exc), http_status(exc)
     log_error_answer(request.method, request.url.path, status, body, exc)
     return JSONResponse(body, status_code=status)
 
@@ -317,31 +345,35 @@ async def _http_error_response(request: Request, exc: StarletteHTTPException) ->
     if isinstance(exc.__context__, AgentError):  # an AgentError some MLflow code wrapped
         return await _agent_error_response(request, exc.__context__)
     message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail, default=str)
-    body = status_error_body(exc.status_code, message)
+    body = status_answer_body(request.url.path, exc.status_code, message)
     log_error_answer(request.method, request.url.path, exc.status_code, body, exc)
     return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
 async def _validation_error_response(request: Request, exc: RequestValidationError) -> JSONResponse:
-    body = status_error_body(400, f"Invalid request: {validation_problems(list(exc.errors()))}")
+    body = status_answer_body(request.url.path, 400, f"Invalid request: {validation_problems(list(exc.errors()))}")
     log_error_answer(request.method, request.url.path, 400, body)
     return JSONResponse(body, status_code=400)
 
 
 async def _unexpected_error_response(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises the exception after this answer, and uvicorn logs it with its traceback.
-    body = status_error_body(500, f"Internal error ({type(exc).__name__}); see the server log.")
+    body = status_answer_body(request.url.path, 500, f"Internal error ({type(exc).__name__}); see the server log.")
     return JSONResponse(body, status_code=500)
 
 
-def _error_event(exc: BaseException) -> dict[str, Any]:
-    # `type`/`code`/`message` is the Responses API's error event; the `error`
-    # object makes the openai client raise APIError with the message.
+def _error_event(exc: BaseException, route: str, sequence_number: int) -> dict[str, Any]:
+    # `type`/`code`/`message`/`param`/`sequence_number` is the Responses API's error event; the `error`
+    # object (the route's error body) makes the openai client raise APIError with its message and code.
     if isinstance(exc, AgentError):
-        body, status = error_body(exc), http_status(exc)
+        body, status = answer_body(route, exc), http_status(exc)
     else:
-        body, status = status_error_body(500, f"Internal error ({type(exc).__name__}); see the server log."), 500
-    log_error_answer("POST", "(stream, after its first event)", status, body, exc)
+        body, status = status_answer_body(route, 500, f"Internal error ({type(exc).__name__}); see the server log."), 500
+    log_error_answer("POST", f"{route} (stream, after its first event)", status, body, exc)
+    if speaks_openai(route):
+        error = body["error"]
+        return {"type": "error", "sequence_number": sequence_number, "code": error["code"], "message": error["message"],
+                "param": error["param"], "error": error}  # fmt: skip
     return {"type": "error", "code": body["error_code"], "message": body["message"], "error": body}
 
 

@@ -3,19 +3,25 @@
 | error | HTTP | MLflow `error_code` | OpenAI `type` / `code` |
 |---|---|---|---|
 | `InvalidRequest`, `ConfigurationError` | 400 | `INVALID_PARAMETER_VALUE` | `invalid_request_error` / `invalid_request` |
+| `PreviousResponseNotFound` (a request's `previous_response_id`) | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `previous_response_not_found`, `param` `previous_response_id` |
 | `ThreadNotFound`, `CheckpointNotFound`, `ResponseNotFound`, `MemoryNotFound` | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `not_found` |
 | `ThreadBusy`, `LeaseExpired`, `TurnCancelled`, `UserBeingDeleted`, `ThreadExists`, `InterruptPending` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
 | `StorageUnavailable`, `ModelError` | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `unavailable` |
 | `EncryptionKeyError` (the deployment's keys cannot open its data) | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
 | any other `AgentError` | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
 
-Bodies: the Agent Server's own routes answer `{"error_code": ..., "message": ...}`
-(MLflow's shape, also what `mlflow models serve` answers); the OpenAI-dialect
-routes answer `{"error": {"message", "type", "code", "param"}}`.
+Bodies: the MLflow routes (`/invocations`, and every route outside the two below) answer
+`{"error_code": ..., "message": ...}` (MLflow's shape, also what `mlflow models serve`
+answers); every route under `/responses` and `/conversations` (`OPENAI_PATHS`, `POST /responses`
+included) answers OpenAI's `{"error": {"message", "type", "code", "param"}}`, so that the `openai`
+client's `exc.code`, `exc.type` and `exc.param` say what happened (`answer_body`).
 
 Answers that are not an `AgentError` (the body middleware's, MLflow's and
 FastAPI's own `HTTPException`s, unknown routes, wrong methods) get the same
-body, with the `error_code` of their status (`status_error_body`):
+body, with the `error_code` of their status (`status_error_body`), and on the
+OpenAI routes the `type` and `code` of the table's row with that status
+(`error_answers.status_answer`: 400 `invalid_request`, 404 `not_found`, 500 `internal_error` …), else
+`invalid_request_error` (`server_error` for a 5xx) and the `error_code` below in lower case:
 
 | HTTP | `error_code` |
 |---|---|
@@ -33,10 +39,24 @@ twins, for `mlflow models serve`, are `agent.mlflow_errors`.
 from __future__ import annotations
 
 import logging
-from agent.error_answers import ERROR_ANSWERS, INTERNAL, ErrorAnswer, answer_for, http_status
+from typing import Any
+
+from agent.error_answers import ERROR_ANSWERS, INTERNAL, ErrorAnswer, answer_for, http_status, status_answer
 from agent.errors import AgentError
 
-__all__ = ["ERROR_ANSWERS", "INTERNAL", "ErrorAnswer", "answer_for", "error_body", "http_status", "log_error_answer"]
+__all__ = [
+    "ERROR_ANSWERS",
+    "INTERNAL",
+    "OPENAI_PATHS",
+    "ErrorAnswer",
+    "answer_body",
+    "answer_for",
+    "error_body",
+    "http_status",
+    "log_error_answer",
+    "speaks_openai",
+    "status_answer_body",
+]
 
 
 logger = logging.getLogger("agent.serving")
@@ -64,9 +84,43 @@ def status_error_body(status: int, message: str) -> dict[str, str]:
 
 
 def openai_error_body(error: AgentError, *, param: str | None = None) -> dict[str, dict[str, str | None]]:
-    """`{"error": {"message", "type", "code", "param"}}`, the body the OpenAI API (and its client) uses."""
+    """`{"error": {"message", "type", "code", "param"}}`, the body the OpenAI API (and its client) uses;
+    `param` defaults to the field the table names for the error's class."""
     answer = answer_for(error)
+    param = param or answer.openai_param
     return {"error": {"message": error.message, "type": answer.openai_type, "code": answer.openai_code, "param": param}}
+
+
+#: The routes that speak OpenAI's dialect, and answer errors in its shape (each path and everything under it).
+OPENAI_PATHS = ("/responses", "/conversations")
+
+
+def speaks_openai(path: str) -> bool:
+    """Whether the route at `path` answers errors in OpenAI's shape (`OPENAI_PATHS`)."""
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in OPENAI_PATHS)
+
+
+def answer_body(path: str, error: AgentError) -> dict[str, Any]:
+    """The body of the answer to `error` on the route at `path`: OpenAI's shape or MLflow's."""
+    return openai_error_body(error) if speaks_openai(path) else error_body(error)
+
+
+def status_answer_body(path: str, status: int, message: str) -> dict[str, Any]:
+    """The body of an answer with HTTP `status` that no `AgentError` caused, on the route at `path`."""
+    if not speaks_openai(path):
+        return status_error_body(status, message)
+    answer = status_answer(status)
+    if answer is not None:
+        kind, code = answer.openai_type, answer.openai_code
+    else:
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        code = status_error_body(status, message)["error_code"].lower()
+    return {"error": {"message": message, "type": kind, "code": code, "param": None}}
+
+
+def error_code(body: dict[str, Any]) -> str | None:
+    """The code of an error body of either shape (for the log line)."""
+    return body.get("error_code") or (body.get("error") or {}).get("code")
 
 
 def log_error_answer(method: str, path: str, status: int, body: dict[str, str], error: BaseException | None = None) -> None:
@@ -74,7 +128,8 @@ def log_error_answer(method: str, path: str, status: int, body: dict[str, str], 
     ERROR with the traceback of `error` (the server's problem, to be fixed; the client never sees it)."""
     line = "%s %s -> %d %s: %s"
     # One line even when the message has several (pydantic's do): a log line per answer.
-    args = (method, path, status, body.get("error_code"), " ".join(str(body.get("message")).split()))
+    message = body.get("message") or (body.get("error") or {}).get("message")
+    args = (method, path, status, error_code(body), " ".join(str(message).split()))
     if status < 500:
         logger.info(line, *args)
     else:

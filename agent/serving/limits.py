@@ -23,7 +23,7 @@ import asyncio
 import json
 from typing import Any
 
-from agent.serving.errors import log_error_answer, status_error_body
+from agent.serving.errors import log_error_answer, status_answer_body
 
 #: Deepest accepted nesting of JSON objects and arrays in a body (a Responses request is about 6 deep).
 MAX_JSON_DEPTH = 100
@@ -123,7 +123,7 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 
 async def _refuse(scope: dict, send: Any, status: int, message: str, *, close: bool = False) -> None:
-    body = status_error_body(status, message)
+    body = status_answer_body(scope.get("path", ""), status, message)
     log_error_answer(scope["method"], scope.get("path", ""), status, body)
     payload = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]

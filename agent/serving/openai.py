@@ -81,7 +81,7 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
         except AgentError as exc:
             code = http_status(exc)
             body = openai_error_body(exc)
-            log_error_answer(request.method, request.url.path, code, {"error_code": body["error"]["code"], "message": exc.message}, exc)
+            log_error_answer(request.method, request.url.path, code, body, exc)
             return JSONResponse(body, status_code=code)
 
     @router.get("/responses/{response_id}")

@@ -141,6 +141,31 @@ class Turn:
     writes: list[tuple] = field(default_factory=list)
     #: Checkpoints this turn has read (or written), by id, as resolved CheckpointTuples.
     loaded: dict[str, CheckpointTuple | None] = field(default_factory=dict)
+    #: The id its last checkpoint is given when it commits (`name_head`), chosen once the turn holds its
+    #: thread, so that the turn's response id (`resp_<id>`) is known before the model runs (a stream's
+    #: `response.created` carries it). None: the last checkpoint keeps LangGraph's id (so does a head
+    #: that waits at an `interrupt()`).
+    head_id: str | None = None
+
+    def name_head(self) -> str | None:
+        """Give the last buffered checkpoint the id `head_id`, unless writes wait on it; returns the head's id.
+
+        LangGraph makes a checkpoint's id when it writes it (with `durability="exit"`, when the run
+        ends). `head_id` is a uuid6 made after the claim, so it still sorts after the turn's start
+        checkpoint and before anything written after the turn, as LangGraph's own id would. A head
+        with pending writes (a run stopped at `interrupt()`) keeps LangGraph's id: LangGraph derives
+        its tasks' ids, and so the interrupts' ids, from the checkpoint id.
+        """
+        if self.head_id is None or not self.puts:
+            return self.new_head
+        config, checkpoint, metadata, versions = self.puts[-1]
+        old = checkpoint["id"]
+        if any(c["configurable"].get("checkpoint_id") == old for c, *_ in self.writes):
+            return old
+        self.puts[-1] = (config, {**checkpoint, "id": self.head_id}, metadata, versions)
+        if old in self.loaded:
+            self.loaded[self.head_id] = self.loaded.pop(old)
+        return self.head_id
 
     @property
     def new_head(self) -> str | None:

@@ -25,6 +25,7 @@ import pytest
 
 from agent.config import load_settings
 from agent.errors import InvalidRequest, ModelError
+from tests.helpers.error_bodies import assert_error_body
 from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.reliability import (
     HANG_TIMEOUT,
@@ -333,7 +334,7 @@ def test_the_idempotency_key_header_makes_retries_exactly_once_over_the_agent_se
     different = http.post(path, json=request("something else", thread_id=thread_id), headers=headers)
     disagree = http.post(path, json=request("x", thread_id=thread_id, idempotency_key="other"), headers=headers)
     for refused in (different, disagree):
-        assert refused.status_code == 400 and refused.json()["error_code"] == "INVALID_PARAMETER_VALUE"
+        assert refused.status_code == 400 and assert_error_body(path, refused.json(), "INVALID_PARAMETER_VALUE")
     assert model_calls(stub_url) == calls
     listed = http.post(path, json=request(action="get_checkpoint_history", thread_id=thread_id, limit=10))
     assert [e["checkpoint_id"] for e in listed.json()["custom_outputs"]["history"]][0] == first.json()["custom_outputs"]["checkpoint_id"]

@@ -28,6 +28,7 @@ from agent import create_agent
 from agent.models import OfflineChatModel
 from agent.serving.agent_server import build_app
 from tests.helpers.claims import is_claimed, other_replica_holds
+from tests.helpers.error_bodies import assert_error_body, openai_code
 from tests.helpers.scenario import TRIP, request
 from tests.helpers.servers import free_port, in_process_server, server_process
 
@@ -185,9 +186,8 @@ def test_agent_errors_get_their_status_and_a_json_body_without_traceback(server,
         response = server.http.post(path, json={**bodies[case], "stream": stream})
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
-    body = response.json()
-    assert set(body) == {"error_code", "message"} and body["error_code"] == error_code
-    assert body["message"] and "Traceback" not in response.text and 'File "' not in response.text
+    message = assert_error_body(path, response.json(), error_code)  # OpenAI's body on /responses, MLflow's on /invocations
+    assert message and "Traceback" not in response.text and 'File "' not in response.text
 
 
 def test_openai_client_raises_typed_errors_with_the_agent_message(server):
@@ -195,7 +195,7 @@ def test_openai_client_raises_typed_errors_with_the_agent_message(server):
     missing = str(uuid.uuid4())
     with pytest.raises(openai.NotFoundError) as not_found:
         create(server, "hi", thread_id=thread, checkpoint_id=missing, stream=True)
-    assert missing in not_found.value.message and not_found.value.body["error_code"] == "RESOURCE_DOES_NOT_EXIST"
+    assert missing in not_found.value.message and not_found.value.code == "not_found"
     with pytest.raises(openai.BadRequestError) as invalid:
         create(server, "hi", thread_id=thread, limit=0)
     assert "limit" in invalid.value.message
@@ -319,9 +319,11 @@ def test_error_after_the_first_event_ends_the_stream_with_an_error_event():
         response = httpx.post(f"{url}/responses", json={**request(TRIP[1]), "stream": True}, timeout=30)
         assert response.status_code == 200  # the status went out with the first event
         events = sse_events(response.text)
-        assert events[0]["type"] == "response.output_text.delta"
+        assert [event["type"] for event in events[:2]] == ["response.created", "response.in_progress"]
+        assert any(event["type"] == "response.output_text.delta" for event in events[2:-2])
         error = events[-2]
-        assert error["type"] == "error" and error["code"] == "TEMPORARILY_UNAVAILABLE"
+        assert error["type"] == "error" and error["code"] == openai_code("TEMPORARILY_UNAVAILABLE")
+        assert error["sequence_number"] == events[-3]["sequence_number"] + 1
         assert "The chat model failed" in error["message"] and "upstream connection reset" in error["message"]
         assert events[-1] == "[DONE]"
         assert "Traceback" not in response.text
@@ -400,7 +402,7 @@ def test_a_body_that_is_not_a_json_object_is_a_400_with_the_error_body(server, b
     for path in ("/invocations", "/responses"):
         response = server.http.post(path, content=body, headers={"Content-Type": "application/json"})
         assert response.status_code == 400, (path, body, response.text)
-        assert response.json()["error_code"] == "INVALID_PARAMETER_VALUE"
+        assert_error_body(path, response.json(), "INVALID_PARAMETER_VALUE")
         assert "Traceback" not in response.text
 
 

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.error_bodies import assert_error_body
 from tests.helpers.scenario import TRIP, request
 from tests.helpers.servers import free_port, server_process
 from tests.test_errors import MISSING_CHECKPOINT, row_counts
@@ -197,8 +198,7 @@ def test_branch_errors_get_their_status_and_write_nothing(server, local, alices_
     before = row_counts(local), local.get_checkpoint_history(alices_trip["thread_id"], limit=1000, user_id="alice")
     response = server.http.post(path, json={**build(alices_trip), "stream": stream})
     assert response.status_code == status, response.text
-    body = response.json()
-    assert body["error_code"] == CODES[status] and "Traceback" not in response.text
+    assert assert_error_body(path, response.json(), CODES[status]) and "Traceback" not in response.text
     assert (row_counts(local), local.get_checkpoint_history(alices_trip["thread_id"], limit=1000, user_id="alice")) == before
 
 

@@ -170,10 +170,10 @@ def test_the_trusted_header_is_the_only_source_of_the_user(server):
         headers={HEADER: "alice"},
         json={"input": "hi", "custom_inputs": {"user_id": "bob"}},
     )
-    assert response.status_code == 400 and "disagree" in response.json()["message"]
+    assert response.status_code == 400 and "disagree" in response.json()["error"]["message"]
     # ... nor name a user when the header is absent.
     response = server.http.post("/responses", json={"input": "hi", "context": {"user_id": "alice"}})
-    assert response.status_code == 400 and "trusted header" in response.json()["message"]
+    assert response.status_code == 400 and "trusted header" in response.json()["error"]["message"]
 
 
 REFUSED = [

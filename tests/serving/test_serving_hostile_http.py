@@ -1,5 +1,5 @@
 """Hostile input over HTTP: every error answer of the Agent Server has the documented
-body `{"error_code", "message"}`, deep nesting is a 400 on every path, a slow body is a 408, too many
+body of its route (`{"error_code", "message"}`, OpenAI's on `/responses`), deep nesting is a 400 on every path, a slow body is a 408, too many
 input items is a 400, and a 4xx is logged as one line while a 5xx keeps its traceback in the log.
 
 Apps are served in-process with uvicorn (real sockets, real HTTP), so the tests can read the log records.
@@ -20,6 +20,7 @@ from agent import create_agent
 from agent.models import OfflineChatModel
 from agent.serving.agent_server import build_app
 from agent.serving.limits import MAX_JSON_DEPTH
+from tests.helpers.error_bodies import assert_error_body as error_body_of_route
 from tests.helpers.scenario import request
 from tests.helpers.servers import in_process_server
 
@@ -42,12 +43,12 @@ def http(base_url):
 
 
 def assert_error_body(response: httpx.Response, status: int, error_code: str) -> dict:
+    """The answer's body has the error shape of its route (OpenAI's on /responses); returns {"message": ...}."""
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
-    body = response.json()
-    assert set(body) == {"error_code", "message"} and body["error_code"] == error_code, body
-    assert body["message"] and "Traceback" not in response.text and 'File "' not in response.text
-    return body
+    message = error_body_of_route(response.request.url.path, response.json(), error_code)
+    assert message and "Traceback" not in response.text and 'File "' not in response.text
+    return {"message": message}
 
 
 # --- the error body on every kind of error answer -------------------------------------------------
@@ -149,7 +150,8 @@ def test_a_body_slower_than_body_timeout_gets_a_408_and_the_connection_is_closed
     head, _, payload = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b"connection: close" in head.lower()
-    assert json.loads(payload) == {"error_code": "DEADLINE_EXCEEDED", "message": "The request body did not arrive within 1 s"}
+    message = error_body_of_route("/responses", json.loads(payload), "DEADLINE_EXCEEDED")
+    assert message == "The request body did not arrive within 1 s"
     assert time.monotonic() - started < 20  # the server ended it, not the client's 30 s timeout
 
 
@@ -198,7 +200,7 @@ def test_a_4xx_is_logged_as_one_line_and_a_5xx_with_its_traceback(caplog):
             not_json = http.post("/responses", content=b"{oops", headers={"content-type": "application/json"})
             assert not_json.status_code == 400
             failed = http.post("/responses", json=request("hi"))
-            assert failed.status_code == 503 and "Traceback" not in failed.text and "KeyError" in failed.json()["message"]
+            assert failed.status_code == 503 and "Traceback" not in failed.text and "KeyError" in failed.json()["error"]["message"]
     records = [r for r in caplog.records if r.name.startswith("agent")]
     client_errors = [r for r in records if " -> 4" in r.getMessage()]
     assert len(client_errors) == 2

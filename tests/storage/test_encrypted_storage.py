@@ -26,6 +26,7 @@ from agent.encryption import OVERHEAD_BYTES, Keyring, generate_key, parse_keys
 from agent.serving.agent_server import build_app
 from agent.storage.postgres import PostgresThreadStorage
 from tests.helpers.databases import fresh_database
+from tests.helpers.error_bodies import assert_error_body
 from tests.helpers.scenario import outputs, request, say, text_of
 from tests.helpers.servers import in_process_server
 
@@ -202,8 +203,7 @@ def test_over_http_a_wrong_key_is_a_500_with_the_message_and_no_traceback(tmp_pa
         for body in (request("more", thread_id=thread_id), request(action="get_checkpoint_history", thread_id=thread_id)):
             answer = http.post("/responses", json=body)
             assert answer.status_code == 500, answer.text
-            assert answer.json()["error_code"] == "INTERNAL_ERROR"
-            assert "AGENT_ENCRYPTION_KEY" in answer.json()["message"]
+            assert "AGENT_ENCRYPTION_KEY" in assert_error_body("/responses", answer.json(), "INTERNAL_ERROR")
             assert "Traceback" not in answer.text and 'File "' not in answer.text
 
 

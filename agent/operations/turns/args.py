@@ -16,13 +16,14 @@ from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.types import Command
 
 from agent.config import MultitaskStrategy
-from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult
+from agent.types import NewMessages, StoredResponse, TextDelta, TurnResult, TurnStarted
 
 if TYPE_CHECKING:
     from agent.operations.turn_options import Resume
 
-#: What a turn yields: text deltas (when streaming tokens), new messages, and last its result (or a stored one).
-TurnEvent = TextDelta | NewMessages | TurnResult | StoredResponse
+#: What a turn yields: that it started (with its response id), text deltas (when streaming tokens), new
+#: messages, and last its result; or only a stored one (an idempotent retry).
+TurnEvent = TurnStarted | TextDelta | NewMessages | TurnResult | StoredResponse
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ def finish(
         if claim.cancel == "interrupt":
             keep_interrupted(parts, turn, start, begun.messages, progress)
             status = "interrupted"
+    turn.name_head()  # the id its response was announced with (`TurnStarted`)
     waiting = tuple(stopped_at(progress.interrupts, turn.writes)) if status == "completed" else ()
     result = TurnResult(
         claim.thread_id, turn.new_head, start, status, interrupts=waiting, cancelled_interrupts=begun.cancelled
@@ -86,7 +87,8 @@ def commit(
             None,
             result.parent_checkpoint_id if existing else None,
             result.status,
-            unstored_response_id=f"resp_{uuid.uuid4().hex}",
+            # The id the turn was announced with (`TurnStarted`); it names nothing, as OpenAI's unstored responses.
+            unstored_response_id=f"resp_{turn.head_id or uuid.uuid4().hex}",
         )
     apply = functools.partial(write_turn, parts, turn, result.parent_checkpoint_id, args)
     if args.idempotency_key is None:

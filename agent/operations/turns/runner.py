@@ -48,7 +48,7 @@ from agent.operations.turns.progress import Progress, modes, until
 from agent.operations.turns.start import begin, check_budget, prepare, recall
 from agent.operations.turns.updates import update_state
 from agent.storage import ThreadStorage
-from agent.types import TurnResult
+from agent.types import TurnResult, TurnStarted
 
 if TYPE_CHECKING:
     from agent.context.window import ContextWindow
@@ -170,6 +170,7 @@ class TurnRunner:
         done = False
         try:
             turn, start_id, config = prepare(parts, claim, args, begun)
+            yield TurnStarted(f"resp_{turn.head_id}")
             await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config)
             progress = Progress()
             stop = asyncio.Event()

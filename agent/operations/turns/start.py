@@ -16,6 +16,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph.message import add_messages
 
 from agent.config import AgentSettings
@@ -176,13 +177,16 @@ def start_of(claim: Claim, user_id: str | None, checkpoint_id: str | None, *, ne
 
 
 def prepare(parts: TurnParts, claim: Claim, args: TurnArgs, begun: Start) -> tuple[Turn, str, dict]:
-    """The turn's buffer, its start checkpoint id, and the graph config that starts there."""
+    """The turn's buffer (with the id its checkpoint will have, `Turn.head_id`), its start checkpoint id,
+    and the graph config that starts there."""
     turn = Turn(thread_id=claim.thread_id, record=claim.record)
     start = begun.checkpoint_id
     if start is None:
         start = add_root(parts.storage.saver, turn)
     else:
         turn.loaded[start] = begun.loaded
+    # Made after the claim and the root, so it sorts after the start checkpoint (`Turn.name_head`).
+    turn.head_id = str(uuid6(clock_seq=-1))
     config = graph_config(claim.thread_id, start)
     context = TurnContext(
         thread_id=claim.thread_id,
