@@ -47,6 +47,7 @@ from agent.errors import AgentError, InvalidRequest, PreviousResponseNotFound, R
 from agent.mlflow_errors import as_mlflow_exception
 from agent.operations.conversations import thread_of_response
 from agent.operations.history import head
+from agent.operations.render import STATE, with_state
 from agent.operations.turns import TurnArgs
 from agent.operations.turns.bridge import LoopThreads
 from agent.requests import ParsedRequest, keeping_item_ids, parse_request, with_string_input
@@ -180,10 +181,10 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             if isinstance(event, NewMessages):
                 output.extend(to_output_items(event.messages))
             elif isinstance(event, TurnResult):
-                result = self._tagged(event, parsed)
+                result = await self._finished(self._tagged(event, parsed), parsed)
                 output.extend(interrupt.as_item() for interrupt in result.interrupts)
             elif isinstance(event, StoredResponse):
-                self._tagged(event, parsed)
+                event = await self._finished(self._tagged(event, parsed), parsed)
                 return response(event.output, event.custom_outputs, parsed, model=model)
         return response(output, custom_outputs(result), parsed, model=model)
 
@@ -200,7 +201,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             return
         async with contextlib.aclosing(context.turns.arun(_turn_args(parsed), stream_tokens=True)) as turn:
             async for event in turn:
-                for out in stream.events(self._tagged(event, parsed)):
+                for out in stream.events(await self._finished(self._tagged(event, parsed), parsed)):
                     yield out
 
     # -- internals -------------------------------------------------------------------------
@@ -250,6 +251,15 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                 outputs["thread_id"], outputs["checkpoint_id"], outputs.get("parent_checkpoint_id"), user_id=envelope.user_id
             )
         return outputs
+
+    async def _finished(self, event: Any, parsed: ParsedRequest) -> Any:
+        """`event`, a turn's result carrying `state` when the request has `include: ["state"]`
+        (`agent.operations.render`); any other event as it is."""
+        options = parsed.args
+        if not isinstance(event, (TurnResult, StoredResponse)) or options is None or STATE not in options.include:
+            return event
+        context = self.operation_context
+        return await context.in_io(functools.partial(with_state, user_id=parsed.envelope.user_id), context.storage, event)
 
     @staticmethod
     def _tagged(event: Any, parsed: ParsedRequest) -> Any:

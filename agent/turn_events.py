@@ -7,6 +7,7 @@ Responses adapter and the servers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -69,6 +70,9 @@ class TurnResult:
     cancelled_interrupts: tuple[str, ...] = ()
     """Ids of the interrupts that waited at the start and that this turn left unanswered
     (`custom_inputs.cancel_interrupts`)."""
+    state: Mapping[str, Any] | None = None
+    """What a client re-renders, as `get_checkpoint_state` gives it (`include: ["state"]`,
+    `agent.operations.render`); None: not asked for."""
 
     @property
     def response_id(self) -> str | None:
@@ -77,8 +81,8 @@ class TurnResult:
             return self.unstored_response_id
         return None if self.checkpoint_id is None else f"resp_{self.checkpoint_id}"
 
-    def as_dict(self) -> dict[str, str | None]:
-        out: dict[str, str | None] = {
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "thread_id": self.thread_id,
             "checkpoint_id": self.checkpoint_id,
             "parent_checkpoint_id": self.parent_checkpoint_id,
@@ -92,6 +96,8 @@ class TurnResult:
             out["interrupts"] = [interrupt.as_dict() for interrupt in self.interrupts]
         if self.cancelled_interrupts:
             out["cancelled_interrupts"] = list(self.cancelled_interrupts)
+        if self.state is not None:
+            out["state"] = dict(self.state)
         return out
 
 

@@ -192,15 +192,28 @@ class CheckpointState:
 
     summary: CheckpointSummary
     messages: tuple[BaseMessage, ...]
+    """The checkpoint's messages from `message_offset` on (all of them unless a client asked for the rest of
+    what it shows: `after_message_id`, or a write's `include: ["state"]`)."""
     places: tuple[MessagePlace, ...]
     """One per message, in order."""
     interrupts: tuple[PendingInterrupt, ...] = ()
     """The graph's questions this checkpoint waits on (LangGraph `interrupt()`), answered with `resume`."""
+    message_offset: int = 0
+    """The position of `messages[0]` among the checkpoint's messages: a client keeps its first
+    `message_offset` messages and puts these after them."""
+    head_checkpoint_id: str | None = None
+    """The thread's head (the summary's `is_head` says whether it is this checkpoint)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The history entry's fields, `messages` (Responses items, each with its id and place) and, only
-        when the checkpoint waits on a question, `interrupts` (`[{"id", "value", "node"}]`)."""
-        out = {**self.summary.as_dict(), "messages": _placed_items(self.messages, self.places)}
+        """The history entry's fields, `message_offset`, `head_checkpoint_id`, `messages` (Responses items,
+        each with its id and place) and, only when the checkpoint waits on a question, `interrupts`
+        (`[{"id", "value", "node"}]`)."""
+        out = {
+            **self.summary.as_dict(),
+            "head_checkpoint_id": self.head_checkpoint_id,
+            "message_offset": self.message_offset,
+            "messages": _placed_items(self.messages, self.places),
+        }
         if self.interrupts:
             out["interrupts"] = [interrupt.as_dict() for interrupt in self.interrupts]
         return out
@@ -226,13 +239,18 @@ class HeadMove:
     thread_id: str
     checkpoint_id: str
     previous_checkpoint_id: str
+    state: CheckpointState | None = None
+    """What a client re-renders (`include: ["state"]`, `agent.operations.render`)."""
 
-    def as_dict(self) -> dict[str, str]:
-        return {
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "thread_id": self.thread_id,
             "checkpoint_id": self.checkpoint_id,
             "previous_checkpoint_id": self.previous_checkpoint_id,
         }
+        if self.state is not None:
+            out["state"] = self.state.as_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -244,13 +262,18 @@ class ForkResult:
     """The new thread's head (a copy of the source checkpoint, with a new id)."""
     forked_from_thread_id: str
     forked_from_checkpoint_id: str
+    state: CheckpointState | None = None
+    """The new thread's head, every message placed (`include: ["state"]`, `agent.operations.render`)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "thread_id": self.thread_id,
             "checkpoint_id": self.checkpoint_id,
             "forked_from": {"thread_id": self.forked_from_thread_id, "checkpoint_id": self.forked_from_checkpoint_id},
         }
+        if self.state is not None:
+            out["state"] = self.state.as_dict()
+        return out
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ COMMANDS: tuple[dict[str, Any], ...] = (
         'params': (
             {'name': 'thread_id', 'type': 'str', 'required': True, 'argument': True, 'help': 'The thread.'},
             {'name': 'checkpoint_id', 'type': 'str', 'optional': True, 'help': 'Default: the head.', 'metavar': 'CHECKPOINT_ID', 'checkpoint': True},
+            {'name': 'after_message_id', 'type': 'str', 'optional': True, 'help': 'Only the messages after this one (what a client that shows up to it lacks).', 'metavar': 'MESSAGE_ID'},
             {'name': 'user_id', 'type': 'str', 'optional': True},
         ),
     },

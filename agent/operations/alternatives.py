@@ -48,11 +48,18 @@ REGENERATIONS = "regenerations"
 
 
 def with_alternatives(
-    storage: ThreadStorage, tree: ThreadTree, messages: Sequence[BaseMessage], places: Sequence[MessagePlace]
+    storage: ThreadStorage,
+    tree: ThreadTree,
+    messages: Sequence[BaseMessage],
+    places: Sequence[MessagePlace],
+    *,
+    start: int = 0,
 ) -> list[MessagePlace]:
-    """`places` (one per message of `messages`, from `tree.places`), each with its message's `Alternatives`.
+    """`places[start:]` (one per message of `messages`, from `tree.places`), each with its message's `Alternatives`.
 
-    One query for the messages of the siblings off the shown branch, when any message has siblings.
+    One query for the messages of the siblings off the shown branch, when any message from `start` on
+    has siblings (the messages before `start` are what a client already shows: `get_checkpoint_state`'s
+    `after_message_id`).
     """
     # A checkpoint of the shown branch holds the shown messages up to the last one placed at it, and no more
     # unless a later checkpoint replaced or removed some (then it is read like the siblings off the branch).
@@ -60,11 +67,11 @@ def with_alternatives(
     for position, place in enumerate(places):
         held[place.checkpoint_id] = messages[: position + 1]
     held = {c: held_ for c, held_ in held.items() if tree.message_count(c) == len(held_)}
-    wanted = sorted({s for place in places for s in place.sibling_checkpoint_ids if s not in held})
+    wanted = sorted({s for place in places[start:] for s in place.sibling_checkpoint_ids if s not in held})
     for found in storage.get_checkpoints(tree.thread_id, wanted) if wanted else ():
         held[found.config["configurable"]["checkpoint_id"]] = found.checkpoint["channel_values"].get("messages") or ()
     out = []
-    for position, place in enumerate(places):
+    for position, place in enumerate(places[start:], start):
         siblings = [s for s in place.sibling_checkpoint_ids if s in held]  # one deleted meanwhile is left out
         if messages[position].type == "human":
             alternatives = _edits(tree, messages, position, place, siblings, held)

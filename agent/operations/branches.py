@@ -24,7 +24,7 @@ from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.alternatives import with_alternatives
 from agent.operations.interrupts import pending_interrupts
 from agent.operations.operation import Operation, param
-from agent.operations.tree import ThreadTree, places_of, read_tree
+from agent.operations.tree import ThreadTree, fill_kept, places_of, read_tree
 from agent.storage import ThreadStorage
 from agent.storage.deltas import common_prefix
 from agent.types import BranchSummary, CheckpointDiff, CheckpointState, CheckpointSummary, HeadMove
@@ -36,9 +36,22 @@ if TYPE_CHECKING:
 
 
 def get_checkpoint_state(
-    storage: ThreadStorage, thread_id: str, checkpoint_id: str | None, *, user_id: str | None, alternatives: bool = True
+    storage: ThreadStorage,
+    thread_id: str,
+    checkpoint_id: str | None,
+    *,
+    user_id: str | None,
+    alternatives: bool = True,
+    after_message_id: str | None = None,
+    since_checkpoint_id: str | None = None,
 ) -> CheckpointState:
     """The thread head (or `checkpoint_id`): its history entry and its messages, each placed in the tree.
+
+    `after_message_id` (a message of the checkpoint): only the messages after it, for a client that
+    shows the messages up to it. `since_checkpoint_id` (another checkpoint of the thread): only the
+    messages from the first one that differs from that checkpoint's (or has another place in the tree),
+    for a client that shows it (`agent.operations.render`). Either way `message_offset` says where the
+    messages returned start.
 
     Reads the thread record, the checkpoint (messages resolved from their
     deltas, usually cached) and the tree's summaries: three queries whatever
@@ -49,20 +62,34 @@ def get_checkpoint_state(
 
     Raises:
         ThreadNotFound: unknown thread, or not the caller's.
-        CheckpointNotFound: `checkpoint_id` is not a checkpoint of this thread.
+        CheckpointNotFound: `checkpoint_id` (or `since_checkpoint_id`) is not a checkpoint of this thread.
+        InvalidRequest: `after_message_id` is not a message (or tool call) of the checkpoint.
     """
     record = authorize(storage.get_thread(thread_id), thread_id, user_id)
     target = checkpoint_id or record.head_checkpoint_id
     found = checkpoint_of(storage, thread_id, target)
     messages = messages_of(found)
+    offset = 0
+    if after_message_id is not None:
+        # Here, not at the top: `edits` imports LangChain, and the command line's reads load none of it.
+        from agent.operations.edits import position_of
+
+        offset = position_of(messages, after_message_id, thread_id=thread_id, checkpoint_id=target) + 1
     tree = read_tree(storage, thread_id)
     places = places_of(storage, tree, tree.chain(target), messages)
+    if since_checkpoint_id is not None:
+        fill_kept(storage, tree, tree.chain(since_checkpoint_id))
+        offset = min(tree.shared_messages(since_checkpoint_id, target), len(messages))
     if alternatives:
-        places = with_alternatives(storage, tree, messages, places)
+        places = with_alternatives(storage, tree, messages, places, start=offset)
+    else:
+        places = places[offset:]
     summary = _summary(thread_id, found, record.head_checkpoint_id)
     waiting = summary.next_nodes[0] if len(summary.next_nodes) == 1 else None
     interrupts = tuple(replace(i, node=waiting) for i in pending_interrupts(found))
-    return CheckpointState(summary, messages, tuple(places), interrupts)
+    return CheckpointState(
+        summary, messages[offset:], tuple(places), interrupts, message_offset=offset, head_checkpoint_id=record.head_checkpoint_id
+    )
 
 
 def list_branches(storage: ThreadStorage, thread_id: str, *, user_id: str | None) -> list[BranchSummary]:
@@ -160,6 +187,11 @@ class StateArgs:
     checkpoint_id: str | None = param(
         None, source="checkpoint", check=checks.check_id, cli={"metavar": "CHECKPOINT_ID", "help": "Default: the head."}
     )
+    after_message_id: str | None = param(
+        None,
+        check=checks.check_id,
+        cli={"metavar": "MESSAGE_ID", "help": "Only the messages after this one (what a client that shows up to it lacks)."},
+    )
     user_id: str | None = param(None, source="user")
 
 
@@ -178,11 +210,19 @@ def get_state(context: OperationContext, args: StateArgs) -> CheckpointState:
     regenerations, oldest first, each `{"checkpoint_id", "latest_checkpoint_id", "preview"}`).
     At the root: no messages. A checkpoint
     where the graph waits on `interrupt()` also has `interrupts` (`[{"id", "value", "node"}]`:
-    what `custom_inputs.resume` answers).
+    what `custom_inputs.resume` answers). Also `head_checkpoint_id` (the thread's head) and
+    `message_offset` (the position of the first message returned: 0).
 
-    Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`.
+    `after_message_id`: only the messages after that one (a message or tool call of the checkpoint),
+    with their places and alternatives; `message_offset` is its position + 1. A client that shows the
+    messages up to it keeps them and appends these.
+
+    Raises: `InvalidRequest` (bad ids; `after_message_id` not in the checkpoint), `ThreadNotFound`,
+    `CheckpointNotFound`.
     """
-    return get_checkpoint_state(context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id)
+    return get_checkpoint_state(
+        context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id, after_message_id=args.after_message_id
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +252,7 @@ class SetHeadArgs:
     checkpoint_id: str = param(
         source="checkpoint", check=checks.required_id, cli={"argument": True, "help": "The checkpoint to switch to."}
     )
+    include: tuple[str, ...] = param((), check=checks.include)
     user_id: str | None = param(None, source="user")
 
 
@@ -219,11 +260,20 @@ def switch_head(context: OperationContext, args: SetHeadArgs) -> HeadMove:
     """Switch the thread to another branch: `checkpoint_id` (any checkpoint of it) becomes the head,
     without writing a checkpoint; the next turn continues there.
 
-    Returns `thread_id`, `checkpoint_id` and `previous_checkpoint_id` (the head before).
+    Returns `thread_id`, `checkpoint_id` and `previous_checkpoint_id` (the head before); with
+    `include=["state"]` also `state`: `checkpoint_id` as `get_checkpoint_state` gives it, from where
+    its branch parts from the previous head's on (`message_offset`; `agent.operations.render`).
 
-    Raises: `InvalidRequest` (bad ids), `ThreadNotFound`, `CheckpointNotFound`, `ThreadBusy`.
+    Raises: `InvalidRequest` (bad ids, or `include` names something else), `ThreadNotFound`,
+    `CheckpointNotFound`, `ThreadBusy`.
     """
-    return set_head(context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id)
+    move = set_head(context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id)
+    if checks.STATE not in args.include:
+        return move
+    state = get_checkpoint_state(
+        context.storage, move.thread_id, move.checkpoint_id, user_id=args.user_id, since_checkpoint_id=move.previous_checkpoint_id
+    )
+    return replace(move, state=state)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,7 +320,7 @@ SET_HEAD = Operation(
     run=switch_head,
     positional=2,
     writes=True,
-    returns="dict[str, str]",
+    returns="dict[str, Any]",
     cli="switch",
 )
 COMPARE_CHECKPOINTS = Operation(

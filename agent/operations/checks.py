@@ -16,7 +16,7 @@ from agent.validation import MAX_HISTORY_LIMIT, check_id, check_limit, encoded_s
 
 Check = Callable[[str, Any], Any]
 
-__all__ = ["Check", "check_id", "limit", "messages", "document", "flag", "id_list", "named", "required_id", "value_only"]
+__all__ = ["Check", "check_id", "include", "limit", "messages", "document", "flag", "id_list", "named", "required_id", "value_only"]
 
 
 def limit(maximum: int = MAX_HISTORY_LIMIT) -> Check:
@@ -44,6 +44,25 @@ def flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest(f"{name} must be true or false, got {value!r:.40}")
     return value
+
+
+#: `include: ["state"]`: a write's answer carries what a client re-renders (`agent.operations.render`).
+STATE = "state"
+
+#: What a write's `include` may name.
+INCLUDES = (STATE,)
+
+
+def include(name: str, value: Any) -> tuple[str, ...]:
+    """None or a list of names from `INCLUDES`, as a tuple without repeats."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise InvalidRequest(f"{name} must be a list of strings from {list(INCLUDES)}, got {value!r:.60}")
+    unknown = [v for v in value if v not in INCLUDES]
+    if unknown:
+        raise InvalidRequest(f"{name} takes {list(INCLUDES)}, got {unknown[0]!r:.60}")
+    return tuple(dict.fromkeys(value))
 
 
 def id_list(name: str, value: Any) -> tuple[str, ...]:

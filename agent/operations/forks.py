@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import InvalidRequest, ThreadBusy, ThreadNotFound
@@ -29,6 +29,7 @@ from agent.operations import checks
 from agent.operations.access import authorize
 from agent.operations.branches import messages_of
 from agent.operations.operation import Operation, param
+from agent.operations.render import render_state
 from agent.operations.tree import read_tree
 from agent.storage import ThreadStorage, Turn
 from agent.storage.summaries import TURN_REPORT_KEY, replayed_report
@@ -146,6 +147,7 @@ class ForkArgs:
         None, source="checkpoint", check=checks.check_id, cli={"metavar": "CHECKPOINT_ID", "help": "Default: the head."}
     )
     new_thread_id: str | None = param(None, check=checks.check_id, cli={"metavar": "THREAD_ID", "help": "Default: a new id."})
+    include: tuple[str, ...] = param((), check=checks.include)
     user_id: str | None = param(None, source="user")
 
 
@@ -154,13 +156,20 @@ def fork(context: OperationContext, args: ForkArgs) -> ForkResult:
     (default: the head), with the same messages; independent of the source afterwards.
 
     Returns `thread_id` and `checkpoint_id` (the new thread and its head) and
-    `forked_from` (`{"thread_id", "checkpoint_id"}`, also kept in the new thread's record).
+    `forked_from` (`{"thread_id", "checkpoint_id"}`, also kept in the new thread's record); with
+    `include=["state"]` also `state`: the new thread's head as `get_checkpoint_state` gives it, every
+    message placed in the new thread's tree (`agent.operations.render`).
 
-    Raises: `InvalidRequest` (bad ids, or `new_thread_id` in use), `ThreadNotFound`, `CheckpointNotFound`.
+    Raises: `InvalidRequest` (bad ids, `new_thread_id` in use, or `include` names something else),
+    `ThreadNotFound`, `CheckpointNotFound`.
     """
-    return fork_thread(
+    result = fork_thread(
         context.storage, args.thread_id, args.checkpoint_id, new_thread_id=args.new_thread_id, user_id=args.user_id
     )
+    if checks.STATE not in args.include:
+        return result
+    state = render_state(context.storage, result.thread_id, result.checkpoint_id, None, user_id=args.user_id)
+    return replace(result, state=state)
 
 
 

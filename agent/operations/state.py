@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from agent.errors import InvalidRequest
 from agent.operations import checks
 from agent.operations.operation import Operation, param
+from agent.operations.render import with_state
 from agent.types import TurnResult
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ class UpdateArgs:
     new_messages: list[Any] = param(None, source="input", check=checks.messages)
     remove_message_ids: tuple[str, ...] = param(None, check=checks.id_list)
     edit_message_id: str | None = param(None, check=checks.check_id)
+    include: tuple[str, ...] = param((), check=checks.include)
     user_id: str | None = param(None, source="user")
     multitask_strategy: str | None = param(None, source="envelope", python=False)
     idempotency_key: str | None = param(None, source="envelope", python=False)
@@ -46,12 +48,15 @@ def update_checkpoint_state(context: OperationContext, args: UpdateArgs) -> Turn
     `function_call` item's id) are removed first; removing a tool call removes its
     result too. `edit_message_id` with exactly one item: that item replaces the message
     with that id, in place. It becomes the thread head. Returns `thread_id`,
-    `checkpoint_id` (the new one) and `parent_checkpoint_id`.
+    `checkpoint_id` (the new one) and `parent_checkpoint_id`; with `include=["state"]`
+    also `state`: the new checkpoint as `get_checkpoint_state` gives it, from its first
+    message that differs from the parent's on (`message_offset`; `agent.operations.render`).
 
-    Raises: `InvalidRequest` (also: an id to remove is not in the checkpoint, or nothing
-    would be left), `ThreadNotFound`, `CheckpointNotFound`, `ThreadBusy`.
+    Raises: `InvalidRequest` (also: an id to remove is not in the checkpoint, nothing
+    would be left, or `include` names something else), `ThreadNotFound`,
+    `CheckpointNotFound`, `ThreadBusy`.
     """
-    return context.turns.update_state(
+    result = context.turns.update_state(
         args.thread_id,
         args.checkpoint_id,
         args.new_messages,
@@ -62,6 +67,9 @@ def update_checkpoint_state(context: OperationContext, args: UpdateArgs) -> Turn
         remove_message_ids=args.remove_message_ids,
         edit_message_id=args.edit_message_id,
     )
+    if checks.STATE not in args.include:
+        return result
+    return with_state(context.storage, result, user_id=args.user_id)
 
 
 UPDATE_CHECKPOINT_STATE = Operation(
@@ -72,5 +80,5 @@ UPDATE_CHECKPOINT_STATE = Operation(
     run=update_checkpoint_state,
     positional=3,
     writes=True,
-    returns="dict[str, str | None]",
+    returns="dict[str, Any]",
 )

@@ -135,6 +135,25 @@ class ThreadTree:
         ancestors_a = set(self.chain(a))
         return next((c for c in reversed(self.chain(b)) if c in ancestors_a), None)
 
+    def shared_messages(self, a: str, b: str) -> int:
+        """How many leading messages checkpoints `a` and `b` hold alike (with the same places in the tree).
+
+        Those of their newest common ancestor that every checkpoint on the way down to either kept
+        (`kept_messages`). Requires `kept` for both chains (see `fill_kept`).
+
+        Raises:
+            CheckpointNotFound: either checkpoint is not in this thread.
+        """
+        chain_a, chain_b = self.chain(a), self.chain(b)
+        common = self.common_ancestor(a, b)
+        if common is None:
+            return 0
+        shared = self.message_count(common)
+        for chain in (chain_a, chain_b):
+            for checkpoint_id in chain[chain.index(common) + 1 :]:
+                shared = min(shared, self.kept[checkpoint_id])
+        return shared
+
     def first_seen(self, chain: Sequence[str], message_count: int) -> list[int]:
         """For each message position of the chain's last checkpoint, the chain index where it first appeared.
 

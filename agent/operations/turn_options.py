@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import InvalidRequest
+from agent.operations import checks
 from agent.operations.thread_values import check_metadata
 from agent.validation import check_id
 
@@ -19,7 +20,16 @@ if TYPE_CHECKING:
 
 #: The `custom_inputs` keys of a turn, besides the envelope's.
 TURN_KEYS = frozenset(
-    {"edit_message_id", "regenerate", "regenerate_message_id", "metadata", "max_context_tokens", "resume", "cancel_interrupts"}
+    {
+        "edit_message_id",
+        "regenerate",
+        "regenerate_message_id",
+        "metadata",
+        "max_context_tokens",
+        "resume",
+        "cancel_interrupts",
+        "include",
+    }
 )
 
 #: What the action table says of a turn.
@@ -45,6 +55,8 @@ class TurnOptions:
     """Answer the interrupts the start checkpoint waits on (LangGraph `Command(resume=...)`; input empty)."""
     cancel_interrupts: bool = False
     """Send the input although interrupts wait at the start: they stay unanswered on that checkpoint."""
+    include: tuple[str, ...] = ()
+    """`("state",)`: the result carries what a client re-renders (`agent.operations.render`)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,7 @@ def parse_turn_options(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOpt
     regenerate = custom.get("regenerate", False)
     if not isinstance(regenerate, bool):
         raise InvalidRequest(f"regenerate must be true or false, got {regenerate!r}")
+    include = checks.include("include", custom.get("include"))
     cancel_interrupts = custom.get("cancel_interrupts", False)
     if not isinstance(cancel_interrupts, bool):
         raise InvalidRequest(f"cancel_interrupts must be true or false, got {cancel_interrupts!r}")
@@ -81,7 +94,7 @@ def parse_turn_options(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOpt
                 "resume needs the thread whose interrupt it answers: custom_inputs.thread_id, conversation, "
                 "or previous_response_id"
             )
-        return TurnOptions(resume=Resume(custom["resume"]), max_context_tokens=_budget(custom))
+        return TurnOptions(resume=Resume(custom["resume"]), max_context_tokens=_budget(custom), include=include)
     edit_message_id = check_id("edit_message_id", custom.get("edit_message_id"))
     regenerate_message_id = check_id("regenerate_message_id", custom.get("regenerate_message_id"))
     if regenerate_message_id is not None:
@@ -113,6 +126,7 @@ def parse_turn_options(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOpt
         metadata=metadata,
         max_context_tokens=_budget(custom),
         cancel_interrupts=cancel_interrupts,
+        include=include,
     )
 
 

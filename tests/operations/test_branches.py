@@ -58,8 +58,9 @@ def test_state_of_the_head_has_the_history_entry_and_every_message_with_its_plac
     thread_id = trip["thread_id"]
     state = agent.get_checkpoint_state(thread_id)
     entry = agent.get_checkpoint_history(thread_id, limit=1)[0]
-    assert {k: v for k, v in state.items() if k != "messages"} == entry
+    assert {k: v for k, v in state.items() if k not in ("messages", "message_offset", "head_checkpoint_id")} == entry
     assert state["checkpoint_id"] == trip["after_turn3"] and state["is_head"]
+    assert state["head_checkpoint_id"] == trip["after_turn3"] and state["message_offset"] == 0  # every message
     assert [role for role, _ in texts(state)] == ["user", "assistant"] * 3
     assert texts(state)[4] == ("user", "Where did I say I'm going?") and texts(state)[5][1] == trip["answer"]
     ids = [item["id"] for item in state["messages"]]
