@@ -199,8 +199,9 @@ class CheckpointState:
     interrupts: tuple[PendingInterrupt, ...] = ()
     """The graph's questions this checkpoint waits on (LangGraph `interrupt()`), answered with `resume`."""
     message_offset: int = 0
-    """The position of `messages[0]` among the checkpoint's messages: a client keeps its first
-    `message_offset` messages and puts these after them."""
+    """How many items of the checkpoint's whole `messages` list (Responses items: an assistant message
+    with tool calls is several) come before the first of these: a client keeps its first
+    `message_offset` items and puts these after them."""
     head_checkpoint_id: str | None = None
     """The thread's head (the summary's `is_head` says whether it is this checkpoint)."""
 

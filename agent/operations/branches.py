@@ -50,8 +50,8 @@ def get_checkpoint_state(
     `after_message_id` (a message of the checkpoint): only the messages after it, for a client that
     shows the messages up to it. `since_checkpoint_id` (another checkpoint of the thread): only the
     messages from the first one that differs from that checkpoint's (or has another place in the tree),
-    for a client that shows it (`agent.operations.render`). Either way `message_offset` says where the
-    messages returned start.
+    for a client that shows it (`agent.operations.render`). Either way `message_offset` is how many
+    items of the whole `messages` list come before the first one returned.
 
     Reads the thread record, the checkpoint (messages resolved from their
     deltas, usually cached) and the tree's summaries: three queries whatever
@@ -70,10 +70,11 @@ def get_checkpoint_state(
     found = checkpoint_of(storage, thread_id, target)
     messages = messages_of(found)
     offset = 0
-    if after_message_id is not None:
-        # Here, not at the top: `edits` imports LangChain, and the command line's reads load none of it.
-        from agent.operations.edits import position_of
+    # Here, not at the top: these import LangChain, and the command line's reads load none of it.
+    from agent.items import to_state_items
+    from agent.operations.edits import position_of
 
+    if after_message_id is not None:
         offset = position_of(messages, after_message_id, thread_id=thread_id, checkpoint_id=target) + 1
     tree = read_tree(storage, thread_id)
     places = places_of(storage, tree, tree.chain(target), messages)
@@ -88,7 +89,12 @@ def get_checkpoint_state(
     waiting = summary.next_nodes[0] if len(summary.next_nodes) == 1 else None
     interrupts = tuple(replace(i, node=waiting) for i in pending_interrupts(found))
     return CheckpointState(
-        summary, messages[offset:], tuple(places), interrupts, message_offset=offset, head_checkpoint_id=record.head_checkpoint_id
+        summary,
+        messages[offset:],
+        tuple(places),
+        interrupts,
+        message_offset=sum(len(to_state_items(message)) for message in messages[:offset]),
+        head_checkpoint_id=record.head_checkpoint_id,
     )
 
 
@@ -211,11 +217,11 @@ def get_state(context: OperationContext, args: StateArgs) -> CheckpointState:
     At the root: no messages. A checkpoint
     where the graph waits on `interrupt()` also has `interrupts` (`[{"id", "value", "node"}]`:
     what `custom_inputs.resume` answers). Also `head_checkpoint_id` (the thread's head) and
-    `message_offset` (the position of the first message returned: 0).
+    `message_offset` (the index of the first item returned in the whole list: 0).
 
     `after_message_id`: only the messages after that one (a message or tool call of the checkpoint),
-    with their places and alternatives; `message_offset` is its position + 1. A client that shows the
-    messages up to it keeps them and appends these.
+    with their places and alternatives; `message_offset` is the number of items up to it (its
+    message's last item included). A client that shows the items up to it keeps them and appends these.
 
     Raises: `InvalidRequest` (bad ids; `after_message_id` not in the checkpoint), `ThreadNotFound`,
     `CheckpointNotFound`.

@@ -7,7 +7,7 @@ A branching chat client used to make two requests per action: the turn (or
 `include=["state"]`) the write's answer carries `state`: the new checkpoint as
 `get_checkpoint_state` gives it, but only the messages from the first one that
 differs from where the write started, with `message_offset` (how many leading
-messages are unchanged: keep them, replace the rest) and `head_checkpoint_id`.
+items of the whole list are unchanged: keep them, replace the rest) and `head_checkpoint_id`.
 A streamed turn carries it in `custom_outputs` on its last event
 (`response.completed`), a non-streamed one and an action in `custom_outputs`.
 
