@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 
+from agent.errors import InvalidRequest
 from agent.operations.branches import get_checkpoint_state
 from tests.helpers.scenario import TRIP, outputs, request, run_trip, say, text_of
 from tests.operations.test_properties import _expected_reply
@@ -106,6 +107,43 @@ def test_state_shows_tool_calls_and_results_as_items_with_ids(agent):
     assert result["output"] == "42" and result["id"] and result["id"] != call["id"]
     # The turn's output names the tool call with the same id.
     assert [i["id"] for i in (o.model_dump() for o in first.output) if i["type"] == "function_call"] == [call["id"]]
+
+
+def test_state_after_a_message_has_only_the_later_items_with_their_places_and_alternatives(agent):
+    thread_id = run_trip(agent)["thread_id"]
+    first = agent.get_checkpoint_state(thread_id)["messages"]
+    edit(agent, thread_id, first[2]["id"], "I'm headed to LA!")  # the third item gets alternatives
+    whole = agent.get_checkpoint_state(thread_id)
+    part = agent.get_checkpoint_state(thread_id, after_message_id=whole["messages"][1]["id"])
+    assert part["message_offset"] == 2 and part["messages"] == whole["messages"][2:]
+    assert part["messages"][0]["alternatives"]["count"] == 2
+    assert {k: v for k, v in part.items() if k not in ("messages", "message_offset")} == {
+        k: v for k, v in whole.items() if k not in ("messages", "message_offset")
+    }
+    assert part["head_checkpoint_id"] == whole["checkpoint_id"]
+    last = agent.get_checkpoint_state(thread_id, after_message_id=whole["messages"][-1]["id"])
+    assert (last["message_offset"], last["messages"]) == (4, [])  # the client is up to date
+    # The same through the action, on an earlier checkpoint (which names the head apart).
+    body = request(action="get_checkpoint_state", thread_id=thread_id, checkpoint_id=first[2]["checkpoint_id"])
+    earlier = agent.predict({**body, "custom_inputs": {**body["custom_inputs"], "after_message_id": first[0]["id"]}})
+    assert earlier.custom_outputs["messages"] == agent.get_checkpoint_state(thread_id, first[2]["checkpoint_id"])["messages"][1:]
+    assert earlier.custom_outputs["head_checkpoint_id"] == whole["checkpoint_id"] and not earlier.custom_outputs["is_head"]
+
+
+def test_state_after_a_tool_call_starts_after_the_message_that_made_it(agent):
+    thread_id = outputs(say(agent, "calculate 6*7"))["thread_id"]
+    whole = agent.get_checkpoint_state(thread_id)["messages"]
+    part = agent.get_checkpoint_state(thread_id, after_message_id=whole[1]["call_id"])
+    assert part["message_offset"] == 2 and part["messages"] == whole[2:]
+
+
+def test_state_after_a_message_not_in_the_checkpoint_is_refused(agent):
+    trip = run_trip(agent)
+    later = agent.get_checkpoint_state(trip["thread_id"])["messages"][-1]["id"]
+    with pytest.raises(InvalidRequest, match="No message or tool call"):
+        agent.get_checkpoint_state(trip["thread_id"], trip["after_turn1"], after_message_id=later)
+    with pytest.raises(InvalidRequest, match="after_message_id"):
+        agent.get_checkpoint_state(trip["thread_id"], after_message_id="")
 
 
 # -- edit ---------------------------------------------------------------------------------------------
