@@ -24,7 +24,8 @@ The wire format is OpenAI's whole (`openai.types.responses.Response` and
   deltas carry their `output_index`; deltas their `content_index` and `logprobs` (`[]`).
 * The last message's `output_item.done` is held back until the turn is committed, so that it can
   carry `custom_outputs` with the new `checkpoint_id` (the Databricks reference drops
-  `custom_outputs` on streams); `response.completed` carries them too.
+  `custom_outputs` on streams); `response.completed` carries them too, and alone carries their
+  `state` (`include: ["state"]`, `agent.operations.render`), so that the stream holds it once.
 * A retry with an idempotency key whose first request committed gets that request's response
   again (`StoredResponse`); streamed, it is replayed as the same events, each message's text as
   one delta.
@@ -164,7 +165,7 @@ class StreamEvents:
             out += self.opened(item)
             last.append(len(self.items) - 1)
         for position, index in enumerate(last):
-            extra = {"custom_outputs": custom} if position == len(last) - 1 else {}
+            extra = {"custom_outputs": _on_item(custom)} if position == len(last) - 1 else {}
             out.append(self.event("response.output_item.done", item=self.items[index], output_index=index, **extra))
         status = "incomplete" if custom.get("status") == "interrupted" else "completed"
         # The announced id, except for a turn stopped at the graph's `interrupt()` (`Turn.name_head`).
@@ -178,7 +179,7 @@ class StreamEvents:
         out = self.started(custom.get("response_id") or new_response_id())
         for position, item in enumerate(stored.output):
             last = position == len(stored.output) - 1
-            out += self.release() + self.finished_item(item, **({"custom_outputs": custom} if last else {}))
+            out += self.release() + self.finished_item(item, **({"custom_outputs": _on_item(custom)} if last else {}))
         return out + self.finished(custom, [])
 
     # -- building blocks ---------------------------------------------------------------------------
@@ -285,6 +286,12 @@ def message_text(item: dict) -> str:
 
 def empty_text_part() -> dict[str, Any]:
     return {"type": "output_text", "text": "", "annotations": []}
+
+
+def _on_item(custom: dict[str, Any]) -> dict[str, Any]:
+    """A turn's `custom_outputs` as its last `output_item.done` carries them: without `state`, which
+    `response.completed` carries (once per stream)."""
+    return {key: value for key, value in custom.items() if key != "state"}
 
 
 def custom_outputs(result: TurnResult | None) -> dict[str, Any]:
