@@ -30,7 +30,15 @@ that has seen the thread):
    chain, written in one transaction), p50 over `forks` forks;
 4. for reference: `get_checkpoint_state` at the branched head with the message cache
    cleared before each call (messages rebuilt from the stored deltas), and the
-   fork's stored bytes over the plain thread's (both hold the same chain).
+   fork's stored bytes over the plain thread's (both hold the same chain);
+5. the bytes a branching client fetches per action on a third thread of
+   `render_turns` (50) turns (`render_bytes`): before, the action's answer and then
+   a whole `get_checkpoint_state` to redraw; after, the answer with
+   `custom_inputs.include = ["state"]` (`agent.operations.render`), which carries
+   the changed messages with their places and alternatives. The actions: a turn,
+   an edit of the middle user message, a regeneration of the last answer, and a
+   switch back to the original branch (`set_head`). JSON bytes of the answer
+   bodies, uncompressed (the server gzips them for clients that accept it).
 
 Output: a table `figure | measured | target | pass`, the machine, versions, and
 `targets met: X/Y`; `--json` also saves every figure and measurement. Exit code
@@ -40,6 +48,8 @@ cannot be reached.
 
 from __future__ import annotations
 
+import gzip
+import json
 import random
 import statistics
 import sys
@@ -69,9 +79,13 @@ class Sizes:
     branches: int = 20
     samples: int = 60
     forks: int = 10
+    render_turns: int = 50
 
 
-QUICK = Sizes(turns=12, branches=3, samples=5, forks=2)
+QUICK = Sizes(turns=12, branches=3, samples=5, forks=2, render_turns=6)
+
+#: The actions `render_bytes` measures, in table order.
+RENDER_ACTIONS = ("turn", "edit", "regenerate", "switch")
 
 
 def figures(sizes: Sizes) -> dict[str, report.Figure]:
@@ -94,6 +108,21 @@ def figures(sizes: Sizes) -> dict[str, report.Figure]:
         "state_cold_ms": report.Figure("get_checkpoint_state at the head p50, message cache cleared", fmt=ms),
         "fork_storage_ratio": report.Figure(
             f"stored bytes of a fork of the {sizes.turns}-turn chain / the plain thread", fmt=report.fixed(2)
+        ),
+        **{
+            f"render_{action}_{when}_kb": report.Figure(
+                f"kB a client fetches per {action}, {sizes.render_turns}-turn thread, "
+                + ("answer + get_checkpoint_state" if when == "before" else 'answer with include ["state"]'),
+                fmt=report.fixed(1, " kB"),
+            )
+            for action in RENDER_ACTIONS
+            for when in ("before", "after")
+        },
+        "render_state_kb": report.Figure(
+            f"get_checkpoint_state at the head, {sizes.render_turns}-turn thread", fmt=report.fixed(1, " kB")
+        ),
+        "render_state_gzip_kb": report.Figure(
+            f"get_checkpoint_state at the head, {sizes.render_turns}-turn thread, gzip", fmt=report.fixed(1, " kB")
         ),
     }
 
@@ -177,6 +206,48 @@ class BranchBenchmark:
                    "fork_s": forks, "state_cold_s": cold}  # fmt: skip
         return values, samples
 
+    def render_bytes(self) -> dict[str, float]:
+        """kB per action before and after `include: ["state"]` on a new thread of `render_turns` turns (module docstring)."""
+        agent = self.agent
+
+        def answer(text: str | None, **custom_inputs: Any) -> tuple[dict, int]:
+            items = [] if text is None else [{"role": "user", "content": text}]
+            response = agent.predict({"input": items, "custom_inputs": custom_inputs})
+            return response.custom_outputs, len(body(response.model_dump(exclude_none=True)))
+
+        def state_bytes(thread_id: str) -> int:
+            return answer(None, action="get_checkpoint_state", thread_id=thread_id)[1]
+
+        texts = [user_message(self.rng, n) for n in range(self.sizes.render_turns)]
+        thread_id = answer(texts[0])[0]["thread_id"]
+        for text in texts[1:]:
+            answer(text, thread_id=thread_id)
+        whole = agent.get_checkpoint_state(thread_id)
+        middle = [item for item in whole["messages"] if item.get("role") == "user"][len(texts) // 2]
+        values: dict[str, float] = {"render_state_kb": len(body(whole)) / 1000,
+                                    "render_state_gzip_kb": len(gzip.compress(body(whole))) / 1000}  # fmt: skip
+        actions = {
+            "turn": lambda **include: answer("And then?", thread_id=thread_id, **include),
+            "edit": lambda **include: answer("edited: " + texts[0], thread_id=thread_id, edit_message_id=middle["id"], **include),
+            "regenerate": lambda **include: answer(None, thread_id=thread_id, regenerate=True, **include),
+        }
+        for action in RENDER_ACTIONS:
+            head = agent.storage.get_thread(thread_id).head_checkpoint_id
+            if action == "switch":  # from the edit's branch back to the original one, whose head is `original`
+                values["render_switch_before_kb"] = (
+                    answer(None, action="set_head", thread_id=thread_id, checkpoint_id=original)[1] + state_bytes(thread_id)
+                ) / 1000
+                agent.set_head(thread_id, head)
+                moved = answer(None, action="set_head", thread_id=thread_id, checkpoint_id=original, include=["state"])
+                values["render_switch_after_kb"] = moved[1] / 1000
+                continue
+            if action == "edit":
+                original = head
+            values[f"render_{action}_before_kb"] = (actions[action]()[1] + state_bytes(thread_id)) / 1000
+            agent.set_head(thread_id, head)  # the same action again, from the same place
+            values[f"render_{action}_after_kb"] = actions[action](include=["state"])[1] / 1000
+        return values
+
     def stored_bytes(self, thread_id: str) -> int:
         """Bytes of the thread's checkpoint rows and blobs (TOAST included)."""
         with psycopg.connect(self.database_url) as conn:
@@ -189,6 +260,11 @@ class BranchBenchmark:
                 "SELECT coalesce(sum(pg_column_size(blob)), 0) FROM checkpoint_blobs WHERE thread_id = %s", (thread_id,)
             ).fetchone()[0]
         return rows + blobs
+
+
+def body(value: Any) -> bytes:
+    """`value` as the server's JSON answer body (compact, UTF-8)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
 def run(server_url: str, *, quick: bool) -> dict[str, Any]:
@@ -212,6 +288,7 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
             bench = BranchBenchmark(agent, url, sizes)
             threads = bench.build()
             values, samples = bench.measure(threads)
+            values.update(bench.render_bytes())
     except Exception:  # noqa: BLE001 - reported: the figures say "not measured"
         error = traceback.format_exc()
     return report.build_report(

@@ -136,6 +136,9 @@ def check_branches(run: Run) -> None:
     assert result["threads"]["checkpoints"] == (
         1 + branches.QUICK.turns + branches.QUICK.branches * (1 + branches.BRANCH_TURNS)
     )
+    measured = {key: figure["measured"] for key, figure in result["figures"].items()}
+    for action in branches.RENDER_ACTIONS:  # include: ["state"] saves the second request's bytes
+        assert measured[f"render_{action}_after_kb"] < measured[f"render_{action}_before_kb"]
     assert databases_left(run.server_url, like="tt_branches_%") == []
 
 
