@@ -137,9 +137,10 @@ def led_to(entry: dict[str, Any]) -> Text:
 
 
 def state_view(state: dict[str, Any], *, title: str | None = None) -> RenderableType:
-    """A checkpoint's messages (`get_checkpoint_state`), numbered from 1, with "‹i/n›" where a message has
-    alternatives (a user message's edits, an answer's regenerations: its `alternatives`, else its `siblings`).
-    The numbers are what `/edit <n>` and `/regen <n>` in `tt-agent chat` take."""
+    """A checkpoint's messages (`get_checkpoint_state`), numbered from 1 (from `message_offset` + 1 for the
+    messages after one, `after_message_id`), with "‹i/n›" where a message has alternatives (a user message's
+    edits, an answer's regenerations: its `alternatives`, else its `siblings`). The numbers are what
+    `/edit <n>` and `/regen <n>` in `tt-agent chat` take."""
     table = Table(
         title=title or f"Checkpoint {short_id(state['checkpoint_id'])} ({state['message_count']} messages)",
         header_style="bold",
@@ -150,13 +151,14 @@ def state_view(state: dict[str, Any], *, title: str | None = None) -> Renderable
     table.add_column("who", no_wrap=True)
     table.add_column("message")
     table.add_column("alternatives", no_wrap=True)
-    for number, item in enumerate(state["messages"], start=1):
+    for number, item in enumerate(state["messages"], start=state.get("message_offset", 0) + 1):
         who, text = item_text(item)
         versions = item.get("alternatives") or item.get("siblings") or {"count": 1}
         choice = f"‹{versions['index'] + 1}/{versions['count']}›" if versions["count"] > 1 else ""
         table.add_row(str(number), who, Text(text), choice)
     if not state["messages"]:
-        table.add_row("—", "", Text("no messages (the thread's root)", style="dim"), "")
+        empty = "no messages after it" if state.get("message_offset") else "no messages (the thread's root)"
+        table.add_row("—", "", Text(empty, style="dim"), "")
     return table
 
 

@@ -97,3 +97,13 @@ def test_history_json_is_what_the_agent_method_returns(branched):
     assert result.exit_code == 0, result.output
     [entry] = json.loads(result.stdout)
     assert entry["checkpoint_id"] == new_york and entry["is_head"]
+
+
+def test_state_after_a_message_shows_the_later_ones_numbered_as_in_the_whole_thread(branched):
+    url, thread_id, _ = branched
+    whole = json.loads(run("state", thread_id, "--database-url", url, "--json").stdout)
+    after = run("state", thread_id, "--after-message-id", whole["messages"][0]["id"], "--database-url", url, "--json")
+    part = json.loads(after.stdout)
+    assert part["message_offset"] == 1 and part["messages"] == whole["messages"][1:]
+    table = run("state", thread_id, "--after-message-id", whole["messages"][0]["id"], "--database-url", url)
+    assert re.search(r"^│ 2 │ agent", table.stdout, flags=re.MULTILINE) and not re.search(r"^│ 1 │", table.stdout, flags=re.MULTILINE)
