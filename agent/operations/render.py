@@ -20,11 +20,13 @@ Where a write started, and so what `state` leaves out:
 * `fork_thread`: nothing (a new thread: every message, placed in its own tree).
 
 Why opt-in rather than always: an ordinary turn's `state` is its two new
-messages with their places and alternatives, about 2 kB on a 50-turn thread
-(the turn's answer without it is about 0.5 kB), the text again that the output
-items already hold; clients that do not redraw a tree (the `openai` client, the
-CLI) would pay it on every turn. A branching client asks and saves the second
-request (`docs/guides/branching.md` has the figures; `python -m bench.branches`).
+messages with their places and alternatives, the text the output items already
+hold again: on a 50-turn thread the turn's answer is 1.5 kB, 4.8 kB with it.
+Clients that do not redraw a tree (the `openai` client, a script, the CLI)
+would pay three times the bytes on every turn. A branching client asks, and
+saves the second request: 130 kB per turn before (the answer, then a whole
+`get_checkpoint_state`). `docs/guides/branching.md` has the figures for an edit,
+a regeneration and a switch; `python -m bench.branches` measures them.
 
 What `state` does not resend: the alternatives of the messages before
 `message_offset`. They are unchanged, but for one thing: a write adds the newest
