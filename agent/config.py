@@ -132,9 +132,9 @@ class AgentSettings(BaseSettings):
     `pool_max_size` (100 with the default pool). A turn holds a pooled connection only for its claim and
     its commit (milliseconds each), so ten turns per connection keep the wait for a connection short when
     their starts coincide; and one process runs its event loop on one core whatever the machine has
-    (more cores: more `--workers`, each with its own bound), where 100 turns of a 2 s model are about as
-    many as that core keeps going while `/health` and reads still answer at once. Raise it for more
-    open streams per process (a turn waiting on its model costs no CPU)."""
+    (more cores: more `--workers`, each with its own bound), and 100 turns of a 2 s model are about as
+    many as that core keeps going (docs/guides/serving.md has the measurement). Raise it for more open
+    streams per process (a turn waiting on its model costs no CPU)."""
     max_waiting_turns: int | None = Field(default=None, ge=0)
     """Turns that may wait for a place among the running ones (first come, first served); beyond them a
     turn is refused with ServerBusy (429 and `Retry-After`), nothing written. None: 4 x
