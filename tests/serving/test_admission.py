@@ -164,7 +164,7 @@ def test_a_waiting_turn_whose_client_leaves_leaves_the_queue_and_never_runs(serv
     running_text, leaving_text, probe_text, next_text = (turn_text(label) for label in ("running", "leaving", "probe", "next"))
     leaving_thread = f"admission-{uuid.uuid4().hex}"
 
-    async def scenario() -> tuple[Answer, Answer, Answer]:
+    async def scenario() -> tuple[Answer, Answer, Answer, float]:
         async with client(server) as http, client(server) as leaving_http:
             running = asyncio.create_task(send(http, "/responses", request(running_text), stream=True))
             await until_the_model_got(server, running_text)
@@ -177,12 +177,19 @@ def test_a_waiting_turn_whose_client_leaves_leaves_the_queue_and_never_runs(serv
             await asyncio.gather(leaving, return_exceptions=True)
             await leaving_http.aclose()  # its connection closes while its turn waits
             await asyncio.sleep(ARRIVAL_S)
+            sent = time.monotonic()
             following = await send(http, "/responses", request(next_text))  # its place in the queue is free again
-            return await running, probe, following
+            return await running, probe, following, sent
 
-    running, probe, following = asyncio.run(scenario())
+    # The first turn must still run when the last one is sent: a slower model for this test.
+    configure_stub(server.model_url, latency_s=2 * MODEL_LATENCY_S)
+    try:
+        running, probe, following, following_sent = asyncio.run(scenario())
+    finally:
+        configure_stub(server.model_url, latency_s=MODEL_LATENCY_S)
     assert probe.status == 429
     assert running.status == 200
+    assert following_sent < running.ended  # sent while the one place was taken: it waited, not refused
     assert following.status == 200 and following.ended > running.ended
     assert history_status(server, leaving_thread) == 404
     assert the_model_never_got(server, leaving_text)
