@@ -165,7 +165,7 @@ def parse_request(
     if not isinstance(context, dict):
         raise InvalidRequest("context must be an object")
 
-    name = custom.get("action", TURN)
+    name = action_name(custom)
     if not isinstance(name, str) or name not in ACTION_NAMES:
         raise InvalidRequest(f"Unknown action {name!r}; known: {sorted(ACTION_NAMES)}")
     operation = ACTIONS.get(name)
@@ -228,6 +228,22 @@ def parse_request(
     if operation.needs_user and envelope.user_id is None:
         raise InvalidRequest(f"The {name} action needs a user_id")
     return ParsedRequest(operation=operation, envelope=envelope, args=from_request(operation, envelope, custom, settings))
+
+
+def action_name(custom_inputs: Mapping[str, Any]) -> Any:
+    """The action `custom_inputs` asks for: its `action`, else a turn (`"turn"`); not checked here."""
+    return custom_inputs.get("action", TURN)
+
+
+def asks_for_turn(raw: Mapping[str, Any]) -> bool:
+    """Whether the raw request (a JSON object, not yet parsed) asks for a turn, by `parse_request`'s rule:
+    no `custom_inputs.action`, or `"turn"`. For the server's turn admission (`serving.admission`), which
+    decides before the request is parsed; a request that is neither a turn nor an action is refused by
+    `parse_request` later."""
+    custom = raw.get("custom_inputs")
+    if custom is None:
+        return True
+    return isinstance(custom, Mapping) and action_name(custom) == TURN
 
 
 def _approval_responses(items: list[Any], custom: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
