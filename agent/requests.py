@@ -149,14 +149,12 @@ def parse_request(
             {**item, "id": item_id} if item_id is not None and isinstance(item, dict) else item
             for item, item_id in zip(raw["input"], request._item_ids + [None] * len(raw["input"]))
         ]
-    size = encoded_size("The request", raw)
-    if size > settings.max_request_bytes:
-        custom_inputs = raw.get("custom_inputs")
-        hint = ""
-        if isinstance(custom_inputs, dict) and custom_inputs.get("action") == "import_thread":
-            # Threads are not bounded in length; the command line reads a document of any size.
-            hint = "; import a thread this large with `tt-agent import FILE` (no size limit), or raise max_request_bytes"
-        raise InvalidRequest(f"The request is {size} bytes; the limit is {settings.max_request_bytes} bytes{hint}")
+    custom_inputs = raw.get("custom_inputs")
+    hint = ""
+    if isinstance(custom_inputs, dict) and custom_inputs.get("action") == "import_thread":
+        # Threads are not bounded in length; the command line reads a document of any size.
+        hint = "; import a thread this large with `tt-agent import FILE` (no size limit), or raise max_request_bytes"
+    check_request_size(raw, settings, hint=hint)
     # `is None`, not `or`: an empty list or string is the wrong type, not "none given".
     custom = {} if raw.get("custom_inputs") is None else raw["custom_inputs"]
     context = {} if raw.get("context") is None else raw["context"]
@@ -228,6 +226,22 @@ def parse_request(
     if operation.needs_user and envelope.user_id is None:
         raise InvalidRequest(f"The {name} action needs a user_id")
     return ParsedRequest(operation=operation, envelope=envelope, args=from_request(operation, envelope, custom, settings))
+
+
+
+def check_request_size(raw: Any, settings: AgentSettings, *, hint: str = "") -> None:
+    """Refuse a request body (JSON values) larger than `settings.max_request_bytes` as compact UTF-8 JSON.
+
+    Every route that takes a body applies it: `parse_request` (turns and actions) and the Conversations
+    routes (`agent.serving.openai`). `hint` is appended to the message.
+
+    Raises:
+        InvalidRequest: the body is larger, or holds a lone surrogate or nests more than 100 levels
+            (`agent.validation.encoded_size`).
+    """
+    size = encoded_size("The request", raw)
+    if size > settings.max_request_bytes:
+        raise InvalidRequest(f"The request is {size} bytes; the limit is {settings.max_request_bytes} bytes{hint}")
 
 
 def action_name(custom_inputs: Mapping[str, Any]) -> Any:
