@@ -43,6 +43,11 @@ MULTITASK_STRATEGIES: tuple[str, ...] = ("reject", "enqueue", "interrupt", "roll
 #: What a CORS origin looks like (a browser's `Origin` header): scheme://host[:port].
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 
+#: Default admission of `tt-agent serve` (`serving.admission`): turns running at once per pooled connection,
+#: and turns waiting per running turn (`AgentSettings.max_running_turns`, `max_waiting_turns` say why).
+RUNNING_TURNS_PER_CONNECTION = 10
+WAITING_TURNS_PER_RUNNING = 4
+
 ContextStrategy = Literal["trim", "summarize"]
 MemoryScope = Literal["user", "branch"]
 ThreadTtlStrategy = Literal["delete", "keep_latest"]
@@ -121,6 +126,20 @@ class AgentSettings(BaseSettings):
     `["https://chat.example.com"]`; `AGENT_CORS_ORIGINS` takes them comma-separated. `["*"]`: any
     origin. Empty: none (a page on another origin gets no CORS headers, so browsers block it)."""
 
+    # -- turns at once (`tt-agent serve`, per process: serving.admission) ------------------------
+    max_running_turns: int | None = Field(default=None, ge=1)
+    """Turns (requests that run the model) one server process runs at once; more wait. None: 10 x
+    `pool_max_size` (100 with the default pool). A turn holds a pooled connection only for its claim and
+    its commit (milliseconds each), so ten turns per connection keep the wait for a connection short when
+    their starts coincide; and one process runs its event loop on one core whatever the machine has
+    (more cores: more `--workers`, each with its own bound), and 100 turns of a 2 s model are about as
+    many as that core keeps going (docs/guides/serving.md has the measurement). Raise it for more open
+    streams per process (a turn waiting on its model costs no CPU)."""
+    max_waiting_turns: int | None = Field(default=None, ge=0)
+    """Turns that may wait for a place among the running ones (first come, first served); beyond them a
+    turn is refused with ServerBusy (429 and `Retry-After`), nothing written. None: 4 x
+    `max_running_turns`, so a waiting turn starts within about four turn lengths. 0: no queue."""
+
     # -- memory and context --------------------------------------------------------------------
     message_cache_size: int = Field(default=1024, ge=0)
     """Checkpoints whose message lists are kept in memory (they are immutable, so the cache is never stale)."""
@@ -182,6 +201,10 @@ class AgentSettings(BaseSettings):
         self.model = resolve_model_name(self.model)
         if self.tracing is None:
             self.tracing = tracking_server_configured()
+        if self.max_running_turns is None:
+            self.max_running_turns = RUNNING_TURNS_PER_CONNECTION * self.pool_max_size
+        if self.max_waiting_turns is None:
+            self.max_waiting_turns = WAITING_TURNS_PER_RUNNING * self.max_running_turns
         return self
 
 

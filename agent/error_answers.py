@@ -16,6 +16,7 @@ from agent.errors import (
     InvalidRequest,
     NotFound,
     PreviousResponseNotFound,
+    ServerBusy,
     Unavailable,
 )
 
@@ -46,6 +47,9 @@ ERROR_ANSWERS: tuple[tuple[type[AgentError], ErrorAnswer], ...] = (
     ),
     (NotFound, ErrorAnswer(404, "RESOURCE_DOES_NOT_EXIST", "invalid_request_error", "not_found")),
     (Conflict, ErrorAnswer(409, "RESOURCE_CONFLICT", "invalid_request_error", "conflict")),
+    # Before Unavailable. OpenAI's own answer to too many requests (type "requests", code "rate_limit_exceeded"),
+    # so a client that backs off from OpenAI's 429 backs off from ours; MLflow's code whose status is 429.
+    (ServerBusy, ErrorAnswer(429, "REQUEST_LIMIT_EXCEEDED", "requests", "rate_limit_exceeded")),
     (Unavailable, ErrorAnswer(503, "TEMPORARILY_UNAVAILABLE", "server_error", "unavailable")),
 )
 INTERNAL = ErrorAnswer(500, "INTERNAL_ERROR", "server_error", "internal_error")
@@ -60,7 +64,7 @@ def answer_for(error: BaseException) -> ErrorAnswer:
 
 
 def http_status(error: BaseException) -> int:
-    """The HTTP status for `error` (400, 404, 409, 503, or 500 for anything else)."""
+    """The HTTP status for `error` (400, 404, 409, 429, 503, or 500 for anything else)."""
     return answer_for(error).status
 
 

@@ -28,7 +28,8 @@ says whether anything was written where that is not obvious.
     │   └── ThreadExists        an import names a thread (or checkpoints) already in use with other content
     ├── Unavailable
     │   ├── StorageUnavailable  the database failed
-    │   └── ModelError          the chat model failed
+    │   ├── ModelError          the chat model failed
+    │   └── ServerBusy          the server runs and queues as many turns as it may; retry later
 """
 
 from __future__ import annotations
@@ -132,6 +133,11 @@ class StorageUnavailable(Unavailable):
 
 class ModelError(Unavailable):
     """The chat model failed (HTTP error, timeout, invalid reply); the turn wrote nothing."""
+
+
+class ServerBusy(Unavailable):
+    """The server process runs `max_running_turns` turns and `max_waiting_turns` more wait: the turn was
+    refused before it started, nothing written; a server answers 429 with `Retry-After`."""
 
 
 # -- wording ------------------------------------------------------------------------------------

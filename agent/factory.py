@@ -10,6 +10,7 @@ with; the graph's own nodes call whatever model they like.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -65,10 +66,11 @@ def create_agent(
             `multitask_strategy`, `require_user_id`, `credential_provider`, …).
 
     Returns:
-        A `LangGraphResponsesAgent`; call `close()` or use `with` to release its pool. It imports
-        MLflow only when MLflow's side of it is first used (`predict`, `isinstance(agent,
-        ResponsesAgent)`, `set_model`…); until then it is an `agent.Agent` whose type is
-        `agent.deferred.DeferredResponsesAgent`, which saves about 2 s of CPU at start-up.
+        A `LangGraphResponsesAgent`; call `close()` or use `with` to release its pool. When MLflow
+        is not imported yet, it imports MLflow only when MLflow's side of it is first used
+        (`predict`, `apredict`, …); until then its type is `agent.deferred.DeferredResponsesAgent`,
+        an `agent.Agent` that `isinstance` and `set_model` take for a `LangGraphResponsesAgent`,
+        which saves about 2 s of CPU at start-up. Tracing (`tracing=`) is switched then too.
 
     Raises:
         ConfigurationError: an unknown setting, a bad value, an unknown URL scheme,
@@ -78,10 +80,13 @@ def create_agent(
         StorageUnavailable: `connect=True` and the database cannot be reached
             within `connect_timeout` (the message shows the URL with its password masked).
     """
-    from agent.deferred import DeferredResponsesAgent
+    if "mlflow" in sys.modules:  # importing the adapter costs little more
+        from agent.responses import LangGraphResponsesAgent as agent_class
+    else:
+        from agent.deferred import DeferredResponsesAgent as agent_class  # becomes one on first use
 
-    return build_agent(  # type: ignore[return-value]  # it becomes one on first use (agent.deferred)
-        DeferredResponsesAgent,
+    return build_agent(  # type: ignore[return-value]
+        agent_class,
         database_url,
         model,
         tools=tools,

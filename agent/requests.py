@@ -149,14 +149,12 @@ def parse_request(
             {**item, "id": item_id} if item_id is not None and isinstance(item, dict) else item
             for item, item_id in zip(raw["input"], request._item_ids + [None] * len(raw["input"]))
         ]
-    size = encoded_size("The request", raw)
-    if size > settings.max_request_bytes:
-        custom_inputs = raw.get("custom_inputs")
-        hint = ""
-        if isinstance(custom_inputs, dict) and custom_inputs.get("action") == "import_thread":
-            # Threads are not bounded in length; the command line reads a document of any size.
-            hint = "; import a thread this large with `tt-agent import FILE` (no size limit), or raise max_request_bytes"
-        raise InvalidRequest(f"The request is {size} bytes; the limit is {settings.max_request_bytes} bytes{hint}")
+    custom_inputs = raw.get("custom_inputs")
+    hint = ""
+    if isinstance(custom_inputs, dict) and custom_inputs.get("action") == "import_thread":
+        # Threads are not bounded in length; the command line reads a document of any size.
+        hint = "; import a thread this large with `tt-agent import FILE` (no size limit), or raise max_request_bytes"
+    check_request_size(raw, settings, hint=hint)
     # `is None`, not `or`: an empty list or string is the wrong type, not "none given".
     custom = {} if raw.get("custom_inputs") is None else raw["custom_inputs"]
     context = {} if raw.get("context") is None else raw["context"]
@@ -165,7 +163,7 @@ def parse_request(
     if not isinstance(context, dict):
         raise InvalidRequest("context must be an object")
 
-    name = custom.get("action", TURN)
+    name = action_name(custom)
     if not isinstance(name, str) or name not in ACTION_NAMES:
         raise InvalidRequest(f"Unknown action {name!r}; known: {sorted(ACTION_NAMES)}")
     operation = ACTIONS.get(name)
@@ -228,6 +226,38 @@ def parse_request(
     if operation.needs_user and envelope.user_id is None:
         raise InvalidRequest(f"The {name} action needs a user_id")
     return ParsedRequest(operation=operation, envelope=envelope, args=from_request(operation, envelope, custom, settings))
+
+
+
+def check_request_size(raw: Any, settings: AgentSettings, *, hint: str = "") -> None:
+    """Refuse a request body (JSON values) larger than `settings.max_request_bytes` as compact UTF-8 JSON.
+
+    Every route that takes a body applies it: `parse_request` (turns and actions) and the Conversations
+    routes (`agent.serving.openai`). `hint` is appended to the message.
+
+    Raises:
+        InvalidRequest: the body is larger, or holds a lone surrogate or nests more than 100 levels
+            (`agent.validation.encoded_size`).
+    """
+    size = encoded_size("The request", raw)
+    if size > settings.max_request_bytes:
+        raise InvalidRequest(f"The request is {size} bytes; the limit is {settings.max_request_bytes} bytes{hint}")
+
+
+def action_name(custom_inputs: Mapping[str, Any]) -> Any:
+    """The action `custom_inputs` asks for: its `action`, else a turn (`"turn"`); not checked here."""
+    return custom_inputs.get("action", TURN)
+
+
+def asks_for_turn(raw: Mapping[str, Any]) -> bool:
+    """Whether the raw request (a JSON object, not yet parsed) asks for a turn, by `parse_request`'s rule:
+    no `custom_inputs.action`, or `"turn"`. For the server's turn admission (`serving.admission`), which
+    decides before the request is parsed; a request that is neither a turn nor an action is refused by
+    `parse_request` later."""
+    custom = raw.get("custom_inputs")
+    if custom is None:
+        return True
+    return isinstance(custom, Mapping) and action_name(custom) == TURN
 
 
 def _approval_responses(items: list[Any], custom: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

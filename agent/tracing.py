@@ -147,18 +147,20 @@ def disable_tracing() -> None:
     """Turn MLflow tracing off for this process. Without an imported MLflow it is not imported for this: the
     switch is remembered, and `apply_tracing_switch()` applies it once MLflow is imported (module docstring)."""
     global _disable_when_imported
-    mlflow = _imported_mlflow()
     with _lock:
+        mlflow = _imported_mlflow()
         if mlflow is None:
             _disable_when_imported = True
             return
-        _disable_when_imported = False
         mlflow.tracing.disable()
+        # Cleared only once MLflow's switch is off: a thread that sees it cleared may trace at once.
+        _disable_when_imported = False
 
 
 def apply_tracing_switch() -> None:
     """Apply a `disable_tracing()` made before MLflow was imported, now that it is (a no-op otherwise).
-    Called when the agent first imports MLflow to record (`agent.deferred`)."""
+    Called when the agent first uses MLflow (`agent.deferred`), before anything of it is traced; a thread
+    that comes while another applies it waits until MLflow's switch is off."""
     if _disable_when_imported and _imported_mlflow() is not None:
         disable_tracing()
 

@@ -39,7 +39,10 @@ ensure_venv() {
     fi
     echo "Installing timetravel-agent${extra:+ with its $extra extra} into $VENV"
     if [[ ! -x "$VENV/bin/uv" ]]; then
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check uv
+        # pip's output is shown only when it fails (a machine's own pip settings may warn about local indexes).
+        local out
+        out=$("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check uv 2>&1) ||
+            die "installing uv into $VENV failed:"$'\n'"$out"
     fi
     "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" -e ".${extra:+[$extra]}"
     echo "$digest ${extra:-base}" >"$STAMP"

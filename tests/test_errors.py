@@ -20,6 +20,7 @@ from agent import (
     ConfigurationError,
     InvalidRequest,
     ModelError,
+    ServerBusy,
     StorageUnavailable,
     ThreadBusy,
     ThreadNotFound,
@@ -306,6 +307,7 @@ STATUSES = {
     ThreadBusy: 409,
     ModelError: 503,
     StorageUnavailable: 503,
+    ServerBusy: 429,
 }
 
 

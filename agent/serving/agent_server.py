@@ -36,6 +36,10 @@ What this module adds to MLflow's server:
   reaches a client. Every other error answer (bad JSON, unknown routes, wrong
   methods, a body too large, too deep or too slow) has the same body. A 4xx is logged as one line,
   a 5xx with its traceback (`serving.errors.log_error_answer`).
+* **Turns at once.** At most `max_running_turns` turns run at once in the process, up to
+  `max_waiting_turns` more wait (a waiting turn whose client leaves leaves the queue), and
+  beyond that a turn is refused with 429 and `Retry-After`, nothing written
+  (`serving.admission`). Actions, `/health`, `/ready` and every other route never wait behind turns.
 * **Browsers and bandwidth.** With `cors_origins` set, Starlette's `CORSMiddleware`
   answers preflights from those origins (others get no CORS headers); answers of
   1 kB or more are gzip-compressed for clients that accept it (`GZipMiddleware`,
@@ -81,6 +85,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from agent.errors import AgentError, InvalidRequest, validation_problems
 from agent.requests import keeping_item_ids, with_string_input
 from agent.responses import LangGraphResponsesAgent
+from agent.serving.admission import TurnAdmission
 from agent.serving.errors import answer_body, http_status, log_error_answer, speaks_openai, status_answer_body
 from agent.serving.identity import TrustedUserHeader
 from agent.serving.limits import RequestBodyLimits, body_limit
@@ -292,6 +297,10 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error_response)
     app.add_exception_handler(RequestValidationError, _validation_error_response)
     app.add_exception_handler(Exception, _unexpected_error_response)
+    # Inside the body limits (added first, so it runs after them): a turn waits with its body read and checked.
+    app.add_middleware(
+        TurnAdmission, max_running=agent.settings.max_running_turns, max_waiting=agent.settings.max_waiting_turns
+    )
     app.add_middleware(
         RequestBodyLimits, max_bytes=body_limit(agent.settings.max_request_bytes), timeout=agent.settings.body_timeout
     )

@@ -6,6 +6,7 @@
 | `PreviousResponseNotFound` (a request's `previous_response_id`) | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `previous_response_not_found`, `param` `previous_response_id` |
 | `ThreadNotFound`, `CheckpointNotFound`, `ResponseNotFound`, `MemoryNotFound` | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `not_found` |
 | `ThreadBusy`, `LeaseExpired`, `TurnCancelled`, `UserBeingDeleted`, `ThreadExists`, `InterruptPending` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
+| `ServerBusy` (the turn admission's queue is full: `serving.admission`) | 429 | `REQUEST_LIMIT_EXCEEDED` | `requests` / `rate_limit_exceeded` |
 | `StorageUnavailable`, `ModelError` | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `unavailable` |
 | `EncryptionKeyError` (the deployment's keys cannot open its data) | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
 | any other `AgentError` | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
@@ -29,6 +30,7 @@ OpenAI routes the `type` and `code` of the table's row with that status
 | 404 | `ENDPOINT_NOT_FOUND` |
 | 405 and any other 4xx | `BAD_REQUEST` |
 | 408 | `DEADLINE_EXCEEDED` |
+| 429 | `REQUEST_LIMIT_EXCEEDED` |
 | 503 | `TEMPORARILY_UNAVAILABLE` |
 | 500 and any other 5xx | `INTERNAL_ERROR` |
 
@@ -38,7 +40,9 @@ twins, for `mlflow models serve`, are `agent.mlflow_errors`.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from agent.error_answers import ERROR_ANSWERS, INTERNAL, ErrorAnswer, answer_for, http_status, status_answer
@@ -54,6 +58,7 @@ __all__ = [
     "error_body",
     "http_status",
     "log_error_answer",
+    "send_error_answer",
     "speaks_openai",
     "status_answer_body",
 ]
@@ -73,6 +78,7 @@ STATUS_ERROR_CODES = {
     404: "ENDPOINT_NOT_FOUND",
     408: "DEADLINE_EXCEEDED",
     422: "INVALID_PARAMETER_VALUE",
+    429: "REQUEST_LIMIT_EXCEEDED",
     503: "TEMPORARILY_UNAVAILABLE",
 }
 
@@ -134,3 +140,16 @@ def log_error_answer(method: str, path: str, status: int, body: dict[str, str], 
         logger.info(line, *args)
     else:
         logger.error(line, *args, exc_info=error if error is not None and error.__traceback__ else None)
+
+
+async def send_error_answer(
+    scope: dict[str, Any], send: Any, status: int, body: dict[str, Any], *,
+    headers: Iterable[tuple[bytes, bytes]] = (), error: BaseException | None = None,
+) -> None:  # fmt: skip
+    """Log and send an error answer from ASGI middleware, before any route runs (the body of `answer_body`
+    or `status_answer_body`; `headers` added to its content type and length)."""
+    log_error_answer(scope["method"], scope.get("path", ""), status, body, error)
+    payload = json.dumps(body).encode()
+    start = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": payload})

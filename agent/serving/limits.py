@@ -15,6 +15,9 @@ refused with the agent's error body (`serving.errors`):
   serializes the request into the trace with `json.dumps`; a request of the
   Responses API is about 6 levels deep. Refusing here, far below every one of
   those limits, means no depth reaches a library that would answer with a 500.
+
+The accepted body's parsed object rides on in the ASGI scope (`JSON_BODY_KEY`), so
+that the turn admission inside (`serving.admission`) reads it without parsing it again.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ import asyncio
 import json
 from typing import Any
 
-from agent.serving.errors import log_error_answer, status_answer_body
+from agent.serving.errors import send_error_answer, status_answer_body
+
+#: The ASGI scope key of an accepted POST body's parsed JSON object.
+JSON_BODY_KEY = "agent.json_body"
 
 #: Deepest accepted nesting of JSON objects and arrays in a body (a Responses request is about 6 deep).
 MAX_JSON_DEPTH = 100
@@ -62,10 +68,11 @@ class RequestBodyLimits:
             return
         if body is None:
             return  # refused, or the client left
-        problem = _json_object_problem(body)
+        parsed, problem = _json_object(body)
         if problem is not None:
             await _refuse(scope, send, 400, problem)
             return
+        scope[JSON_BODY_KEY] = parsed
         delivered = False
 
         async def replay() -> dict:
@@ -94,20 +101,20 @@ class RequestBodyLimits:
         return b"".join(chunks)
 
 
-def _json_object_problem(body: bytes) -> str | None:
-    """Why `body` is not an acceptable JSON object, or None when it is."""
+def _json_object(body: bytes) -> tuple[dict | None, str | None]:
+    """`body` parsed, and None; or None and why it is not an acceptable JSON object."""
     try:
         parsed = json.loads(body)
     except RecursionError:
-        return f"The request body is nested more than {MAX_JSON_DEPTH} levels deep"
+        return None, f"The request body is nested more than {MAX_JSON_DEPTH} levels deep"
     except ValueError as exc:
-        return f"The request body is not valid JSON: {exc}"
+        return None, f"The request body is not valid JSON: {exc}"
     if not isinstance(parsed, dict):
-        return f"The request body must be a JSON object, got {type(parsed).__name__}"
+        return None, f"The request body must be a JSON object, got {type(parsed).__name__}"
     # Counting brackets is fast (C); only a body with many of them is walked.
     if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH and _deeper_than(parsed, MAX_JSON_DEPTH):
-        return f"The request body is nested more than {MAX_JSON_DEPTH} levels deep"
-    return None
+        return None, f"The request body is nested more than {MAX_JSON_DEPTH} levels deep"
+    return parsed, None
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -123,11 +130,6 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 
 async def _refuse(scope: dict, send: Any, status: int, message: str, *, close: bool = False) -> None:
-    body = status_answer_body(scope.get("path", ""), status, message)
-    log_error_answer(scope["method"], scope.get("path", ""), status, body)
-    payload = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    if close:  # the rest of the body may still come: the connection cannot carry another request
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    # close: the rest of the body may still come, so the connection cannot carry another request.
+    headers = [(b"connection", b"close")] if close else []
+    await send_error_answer(scope, send, status, status_answer_body(scope.get("path", ""), status, message), headers=headers)

@@ -48,6 +48,7 @@ from agent.operations.branches import get_checkpoint_state
 from agent.operations.thread_values import check_metadata
 from agent.serving.errors import http_status, log_error_answer, openai_error_body
 from agent.messages import to_langchain
+from agent.requests import check_request_size
 from agent.validation import check_id, encoded_size
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
         try:
             user_id = caller(agent, request)
             body = _json_object(raw) if request.method == "POST" else {}
+            check_request_size(body, agent.settings)  # as turns and actions are
             return JSONResponse(await context.in_io(work, user_id, body))
         except AgentError as exc:
             code = http_status(exc)

@@ -18,6 +18,7 @@ OPENAI_ERRORS = {
     "RESOURCE_CONFLICT": ("invalid_request_error", "conflict"),
     "BAD_REQUEST": ("invalid_request_error", "bad_request"),
     "DEADLINE_EXCEEDED": ("invalid_request_error", "deadline_exceeded"),
+    "REQUEST_LIMIT_EXCEEDED": ("requests", "rate_limit_exceeded"),
     "TEMPORARILY_UNAVAILABLE": ("server_error", "unavailable"),
     "INTERNAL_ERROR": ("server_error", "internal_error"),
 }

@@ -324,3 +324,19 @@ def test_an_output_for_a_call_nobody_made_is_a_400_naming_the_call(server):
         )
     assert "call_nobody_made" in str(refused.value)
     assert row_counts(server.url) == before
+
+
+def test_conversation_routes_refuse_a_body_over_max_request_bytes_and_write_nothing(server):
+    # Found by a new user: these routes stored a 5.9 MB item that a turn or an action refuses.
+    client = server.alice
+    big = [{"role": "user", "content": "y" * 1_100_000}]  # over the default max_request_bytes (1,000,000)
+    before = row_counts(server.url)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.conversations.create(items=big)
+    assert "the limit is 1000000 bytes" in refused.value.message
+    conversation = client.conversations.create(items=[{"role": "user", "content": "small"}])
+    with pytest.raises(openai.BadRequestError, match="the limit is 1000000 bytes"):
+        client.conversations.items.create(conversation.id, items=big)
+    assert [item.content[0].text for item in client.conversations.items.list(conversation.id)] == ["small"]
+    after = row_counts(server.url)
+    assert after["agent_threads"] == before["agent_threads"] + 1  # the small conversation only
