@@ -79,7 +79,7 @@ REFUSED_BECAUSE = {
     "tool_choice": "the agent decides when to call its tools (only \"auto\")",
     "parallel_tool_calls": "the agent decides how to call its tools",
     "truncation": "the agent fits the context to its budget by dropping old turns (only \"auto\")",
-    "include": "no extra output data is available",
+    "include": "no extra output data is available (what a client re-renders after a turn is custom_inputs.include: [\"state\"])",
     "temperature": "sampling settings are the server's",
     "top_p": "sampling settings are the server's",
     "top_logprobs": "log probabilities are not available",

@@ -177,6 +177,9 @@ def test_a_page_redraws_after_a_streamed_edit_from_its_last_event_and_reads_only
         json={"input": [], "custom_inputs": {"action": "get_checkpoint_state", "thread_id": thread_id, "after_message_id": "nope"}},
     )
     assert unknown.status_code == 400 and "nope" in unknown.json()["message"]
+    # OpenAI's own top-level `include` names other data; the refusal says where a page asks for the state.
+    top = server.http.post("/responses", json={"input": "Hi", "include": ["state"]})
+    assert top.status_code == 400 and "custom_inputs.include" in top.json()["error"]["message"]
 
 
 # -- GET /openapi.json -------------------------------------------------------------------------------------
