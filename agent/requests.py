@@ -18,7 +18,8 @@ Envelope `custom_inputs` keys (all optional):
 | `action` | str | one of `agent.operations.registry.ACTIONS`; absent: a turn |
 
 A turn also takes `resume` (the answer to the graph's pending `interrupt()`s; empty input) and
-`cancel_interrupts` (send the input although a question waits): `agent.operations.interrupts`.
+`cancel_interrupts` (send the input although a question waits): `agent.operations.interrupts`; and
+`include: ["state"]` (the result carries what a client re-renders): `agent.operations.render`.
 OpenAI's `mcp_approval_response` input items (`approval_request_id`, `approve`, `reason`) are
 the same answer: `resume = {approval_request_id: {"approve": ..., "reason": ...}}`.
 
