@@ -90,8 +90,8 @@ def test_a_demo_hint_repeats_a_given_database_url_with_its_password_masked(monke
     from agent.cli.app import rerun_hint
 
     monkeypatch.delenv("AGENT_DATABASE_URL", raising=False)
-    hint = rerun_hint(["memories", "--user-id", "ana"], "postgresql://ana:s3cret@db.example.com/agent")
-    assert hint.endswith(" memories --user-id ana --database-url 'postgresql://ana:***@db.example.com/agent'")
+    hint = rerun_hint(["memories", "--user-id", "ana"], "postgresql://ana:s3cret@db-host/agent")
+    assert hint.endswith(" memories --user-id ana --database-url 'postgresql://ana:***@db-host/agent'")
     assert rerun_hint(["memories"], "memory://") is None
 
 
