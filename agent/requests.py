@@ -177,11 +177,11 @@ def parse_request(
             if "metadata" in custom and custom["metadata"] != dialect["metadata"]:
                 raise InvalidRequest("metadata and custom_inputs.metadata disagree; send one")
             custom["metadata"] = dialect["metadata"]
-    unknown = sorted(set(custom) - ENVELOPE_KEYS - keys)
+    # A turn's OpenAI keys were taken out of `custom` above (`dialect`), but they are known all the same.
+    known = ENVELOPE_KEYS | keys | (OPENAI_CUSTOM_KEYS if name == "turn" else frozenset())
+    unknown = sorted(set(custom) - known)
     if unknown:
-        raise InvalidRequest(
-            f"Unknown custom_inputs {unknown} for the {name} action; known: {sorted(ENVELOPE_KEYS | keys)}"
-        )
+        raise InvalidRequest(f"Unknown custom_inputs {unknown} for the {name} action; known: {sorted(known)}")
     items = raw.get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]  # the OpenAI client's `input="Hi"`

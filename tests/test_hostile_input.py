@@ -9,6 +9,7 @@ AgentError) and no exception that is not an AgentError.
 
 from __future__ import annotations
 
+import ast
 import uuid
 
 import pytest
@@ -335,6 +336,14 @@ def test_custom_inputs_of_the_wrong_type_are_refused(agent, backend_url, custom_
     refused(agent, backend_url, body, stream=True)
     with pytest.raises(InvalidRequest):
         parse(body, max_request_bytes=1_000_000)
+
+
+def test_a_misspelt_turn_key_is_refused_with_every_key_a_turn_accepts():
+    body = {"input": [{"role": "user", "content": "hi"}], "custom_inputs": {"previous_respons_id": "resp_x"}}
+    with pytest.raises(InvalidRequest) as refusal:
+        parse(body, max_request_bytes=1_000_000)
+    known = ast.literal_eval(str(refusal.value).split("known: ", 1)[1])
+    assert set(known) == ENVELOPE_KEYS | TURN_KEYS | {"previous_response_id", "instructions", "store"}
 
 
 @pytest.mark.parametrize("limit", [True, False, "5", -1, 0, 1001, 2.5, None, [5], {"n": 5}])

@@ -198,3 +198,19 @@ def rerun_command() -> str:
     if found and Path(found).resolve() == program.resolve():
         return "tt-agent"
     return shown(program)
+
+
+def rerun_hint(args: list[str], database_url: str | None) -> str | None:
+    """`rerun_command()` with `args`, runnable as printed in this shell, for a demo's closing hint.
+
+    A `database_url` given on the command line (not the one `AGENT_DATABASE_URL` already holds) is
+    repeated as `--database-url`, its password shown as `***` (to be typed again). None on
+    `memory://`: what the command would read ended with this process.
+    """
+    from agent.config import mask_url, store_kind
+
+    if store_kind(database_url or os.environ.get("AGENT_DATABASE_URL") or "") == "memory":
+        return None
+    if database_url and database_url != os.environ.get("AGENT_DATABASE_URL"):
+        args = [*args, "--database-url", mask_url(database_url)]
+    return f"{rerun_command()} " + " ".join(shlex.quote(arg) for arg in args)

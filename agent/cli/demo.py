@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from agent.cli.app import MAX_LISTED, DatabaseUrl, Model, Tracing, agent_errors, app, console, rerun_command
+from agent.cli.app import MAX_LISTED, DatabaseUrl, Model, Tracing, agent_errors, app, console, rerun_hint
 from agent.cli.stores import open_agent, store_label
 from agent.cli.printing import send_turn
 from agent.views import branch_tree, history_table, nodes_text, short_id
@@ -105,18 +105,10 @@ def _run_demo(agent: LangGraphResponsesAgent, database_url: str | None) -> None:
 
 def _see_again(thread_id: str, database_url: str | None) -> str:
     """The closing hint: a command that shows the thread again, runnable as printed in this shell."""
-    import os
-    import shlex
-
-    from agent.config import mask_url, store_kind
-
-    if store_kind(database_url or os.environ.get("AGENT_DATABASE_URL") or "") == "memory":
+    again = rerun_hint(["history", thread_id, "--tree"], database_url)
+    if again is None:
         return "The thread lived in memory:// and ended with the demo; use a file or Postgres store to keep it."
-    args = ["history", thread_id, "--tree"]
-    if database_url and database_url != os.environ.get("AGENT_DATABASE_URL"):
-        # Given on the command line: repeat it (a password shows as ***, to be typed again).
-        args += ["--database-url", mask_url(database_url)]
-    return f"See this thread again with: {rerun_command()} " + " ".join(shlex.quote(arg) for arg in args)
+    return f"See this thread again with: {again}"
 
 
 def _step(number: int, text: str) -> None:

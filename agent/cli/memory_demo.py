@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from agent.cli.app import console, rerun_command
+from agent.cli.app import console, rerun_hint
 from agent.cli.printing import send_turn
 from agent.views import memories_table, short_id
 
@@ -59,7 +59,12 @@ def run_memory_demo(agent: LangGraphResponsesAgent, database_url: str | None) ->
     send_turn(agent, f"Forget that {FACT}", echo=True, user_id=user)
     last = send_turn(agent, "What do you remember about me?", echo=True, user_id=user)
     _check(FACT not in last["text"] and not agent.list_memories(user), "The fact is gone.")
-    console.print(Text(f"\nList a user's memories with: {rerun_command()} memories --user-id {user}", style="dim"))
+    again = rerun_hint(["memories", "--user-id", user], database_url)
+    if again is None:
+        hint = "The memories lived in memory:// and ended with the demo; use a file or Postgres store to keep them."
+    else:
+        hint = f"List a user's memories with: {again}"
+    console.print(Text(f"\n{hint}", style="dim"))
 
 
 def _step(number: int, text: str) -> None:

@@ -110,6 +110,14 @@ def _switched(run: Run) -> None:
     )
 
 
+def _head(run: Run) -> None:
+    head = run.python
+    console.print(
+        f"The head of thread {head['thread_id']} is checkpoint {head['checkpoint_id']}; the next turn continues there.",
+        markup=False,
+    )
+
+
 def _forked(run: Run) -> None:
     fork = run.python
     source = fork["forked_from"]
@@ -150,6 +158,7 @@ OUTPUTS: dict[str, Output] = {
     "list_memories": Output(_memories),
     "get_checkpoint_state": Output(_state),
     "list_branches": Output(_branches),
+    "get_head": Output(_head),
     "set_head": Output(_switched),
     "fork_thread": Output(_forked),
     "compare_checkpoints": Output(_compared),

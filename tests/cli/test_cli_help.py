@@ -86,6 +86,15 @@ def test_the_demo_on_memory_gives_no_hint_to_a_thread_that_is_gone(tmp_path):
     assert "history" not in last and "memory://" in last
 
 
+def test_a_demo_hint_repeats_a_given_database_url_with_its_password_masked(monkeypatch):
+    from agent.cli.app import rerun_hint
+
+    monkeypatch.delenv("AGENT_DATABASE_URL", raising=False)
+    hint = rerun_hint(["memories", "--user-id", "ana"], "postgresql://ana:s3cret@db-host/agent")
+    assert hint.endswith(" memories --user-id ana --database-url 'postgresql://ana:***@db-host/agent'")
+    assert rerun_hint(["memories"], "memory://") is None
+
+
 def test_the_demo_script_runs_in_the_directory_it_was_started_from(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "MLFLOW_"))}
     result = subprocess.run(

@@ -83,6 +83,15 @@ def test_switch_fork_state_compare_branches_and_usage_take_short_ids(branched):
         assert agent.get_thread(forked["thread_id"])["message_count"] == 2
 
 
+def test_head_prints_a_line_for_people_and_json_with_the_option(branched):
+    url, thread_id, (_, _, new_york) = branched
+    shown = run("head", thread_id, "--database-url", url)
+    assert shown.exit_code == 0, shown.output
+    assert " ".join(shown.stdout.split()) == f"The head of thread {thread_id} is checkpoint {new_york}; the next turn continues there."
+    as_json = run("head", thread_id, "--database-url", url, "--json")
+    assert json.loads(as_json.stdout) == {"thread_id": thread_id, "checkpoint_id": new_york}
+
+
 def test_a_value_the_door_refuses_is_one_error_with_exit_code_1(branched):
     url, thread_id, _ = branched
     result = run("history", thread_id, "--limit", "0", "--database-url", url)

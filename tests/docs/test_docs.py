@@ -133,6 +133,14 @@ def test_every_relative_link_of_the_readme_points_at_a_file():
     assert [link for link in links if not (REPO_ROOT / link).exists()] == []
 
 
+def test_the_configuration_page_has_a_row_for_every_setting():
+    from agent.config import AgentSettings
+
+    page = (REPO_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(\w+)` \|", page, re.MULTILINE))
+    assert sorted(set(AgentSettings.model_fields) - rows) == []
+
+
 # -- the harness itself -----------------------------------------------------------------------------
 def test_the_block_finder_reads_languages_requirements_and_indented_fences():
     text = "\n".join(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import shlex
 import sqlite3
 import sys
 import time
@@ -425,17 +427,23 @@ def test_over_http_memory_crosses_threads_for_the_context_user_only(backend_url,
 def test_demo_memory_shows_a_fact_crossing_threads_and_tt_agent_memories_lists_it(tmp_path):
     from tests.cli.test_cli import run_cli
 
-    demo = run_cli("demo", "memory", cwd=tmp_path, env={"COLUMNS": "200"})
+    url = f"sqlite:///{tmp_path / 'memories.sqlite'}"
+    demo = run_cli("demo", "memory", "--database-url", url, cwd=tmp_path, env={"COLUMNS": "1000"})
     assert demo.returncode == 0, demo.stderr
     assert demo.stdout.count("✓") == 3 and "Not as expected" not in demo.stdout
-    user = demo.stdout.split(" memories --user-id ")[1].split()[0]
+    # The last line is a command that reads the demo's store: --database-url repeated.
+    last = demo.stdout.strip().splitlines()[-1]
+    hint = re.fullmatch(r"List a user's memories with: .* (memories --user-id \S+ --database-url \S+)", last)
+    assert hint, last
+    command = shlex.split(hint.group(1))
+    user = command[2]
 
-    with create_agent(f"sqlite:///{tmp_path / '.agent' / 'checkpoints.sqlite'}", model="offline", tracing=False) as agent:
+    with create_agent(url, model="offline", tracing=False) as agent:
         say(agent, "Remember that I like tea", user_id=user)
-    listed = run_cli("memories", "--user-id", user, "--query", "tea", cwd=tmp_path, env={"COLUMNS": "200"})
+    listed = run_cli(*command, "--query", "tea", cwd=tmp_path, env={"COLUMNS": "200"})
     assert listed.returncode == 0, listed.stderr
     assert "I like tea" in listed.stdout and "I'm vegetarian" not in listed.stdout
-    other = run_cli("memories", "--user-id", "nobody-at-all", cwd=tmp_path)
+    other = run_cli("memories", "--user-id", "nobody-at-all", "--database-url", url, cwd=tmp_path)
     assert other.returncode == 0 and "no memories" in other.stdout
-    missing = run_cli("memories", "--user-id", user, cwd=tmp_path / ".agent")
+    missing = run_cli("memories", "--user-id", user, cwd=tmp_path)  # the default store, which is not here
     assert missing.returncode == 1 and "There is no store" in missing.stderr
