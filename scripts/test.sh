@@ -133,6 +133,9 @@ ensure_pgbouncer() {
 
 ensure_venv dev
 export PATH="$PWD/$VENV/bin:$PATH"
+# The suite starts hundreds of interpreters: let them cache the compiled project modules (an environment
+# that sets PYTHONDONTWRITEBYTECODE would make each compile them again).
+unset PYTHONDONTWRITEBYTECODE
 export AGENT_TEST_DATABASE_URL="${AGENT_TEST_DATABASE_URL:-$DEFAULT_TEST_DATABASE_URL}"
 ensure_postgres
 ensure_pgbouncer

@@ -212,3 +212,12 @@ def test_a_4xx_is_logged_as_one_line_and_a_5xx_with_its_traceback(caplog):
     assert len(server_errors) == 1 and server_errors[0].levelno == logging.ERROR
     assert server_errors[0].exc_info is not None  # the traceback stays in the log
     assert "a bug in the model client" in logging.Formatter().formatException(server_errors[0].exc_info)
+
+
+@pytest.mark.parametrize("path", ["/conversations", "/conversations/conv_x/items"])
+def test_a_body_nested_too_deep_on_the_conversation_routes_is_a_400_in_openais_shape(http, path):
+    # Found by a new user: refusals made before the body is parsed answered in MLflow's shape there.
+    text = '{"items": [{"role": "user", "content": ' + "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1) + "}]}"
+    response = http.post(path, content=text.encode(), headers={"content-type": "application/json"})
+    answer = assert_error_body(response, 400, "INVALID_PARAMETER_VALUE")
+    assert f"nested more than {MAX_JSON_DEPTH} levels" in answer["message"]
