@@ -114,6 +114,8 @@ class TurnAdmission:
         finally:
             self.waiting -= 1
         if left or not admitted:
+            if admitted:  # the place came as the client left: give it to the next turn
+                self.running.release_on_behalf_of(place)
             return None
 
         async def replay() -> dict:
