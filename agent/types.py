@@ -58,7 +58,9 @@ class CheckpointSummary:
     """Further metadata the turn recorded (e.g. what the model was sent), passed through as is."""
 
     #: Metadata keys passed through to `extra` when a checkpoint has them.
-    EXTRA_KEYS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage", "interrupted")
+    EXTRA_KEYS = (
+        "model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage", "interrupted", "merged_from",
+    )  # fmt: skip
 
     @classmethod
     def from_row(cls, thread_id: str, row: Mapping[str, Any], *, head_checkpoint_id: str | None) -> CheckpointSummary:
@@ -204,6 +206,9 @@ class CheckpointState:
     `message_offset` items and puts these after them."""
     head_checkpoint_id: str | None = None
     """The thread's head (the summary's `is_head` says whether it is this checkpoint)."""
+    branch: Mapping[str, Any] | None = None
+    """What the checkpoint's branch records say (`agent.operations.branch_view.record_of_chain`):
+    `label`, `pinned`, `archived`."""
 
     def as_dict(self) -> dict[str, Any]:
         """The history entry's fields, `message_offset`, `head_checkpoint_id`, `messages` (Responses items,
@@ -215,6 +220,8 @@ class CheckpointState:
             "message_offset": self.message_offset,
             "messages": _placed_items(self.messages, self.places),
         }
+        if self.branch is not None:
+            out["branch"] = dict(self.branch)
         if self.interrupts:
             out["interrupts"] = [interrupt.as_dict() for interrupt in self.interrupts]
         return out
@@ -228,9 +235,22 @@ class BranchSummary:
     fork_checkpoint_id: str | None
     """Where the branch leaves its nearest other branch: its newest ancestor with several children
     (None when the thread has no other branch)."""
+    label: str | None = None
+    """The label of the newest labelled checkpoint of the branch's own part (`label_branch`)."""
+    pinned: bool = False
+    """The thread's main branch (`pin_branch`)."""
+    archived: bool = False
+    """Hidden unless asked for (`archive_branch`)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.leaf.as_dict(), "fork_checkpoint_id": self.fork_checkpoint_id, "updated_at": self.leaf.timestamp}
+        return {
+            **self.leaf.as_dict(),
+            "fork_checkpoint_id": self.fork_checkpoint_id,
+            "updated_at": self.leaf.timestamp,
+            "label": self.label,
+            "pinned": self.pinned,
+            "archived": self.archived,
+        }
 
 
 @dataclass(frozen=True)
