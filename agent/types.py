@@ -207,7 +207,7 @@ class CheckpointState:
     head_checkpoint_id: str | None = None
     """The thread's head (the summary's `is_head` says whether it is this checkpoint)."""
     branch: Mapping[str, Any] | None = None
-    """What the checkpoint's branch records say (`agent.operations.branch_view.record_of_chain`):
+    """What the checkpoint's branch records say, when the thread has any (`branch_view.record_of_chain`):
     `label`, `pinned`, `archived`."""
 
     def as_dict(self) -> dict[str, Any]:

@@ -96,9 +96,12 @@ def pinned_leaf(tree: ThreadTree, records: Mapping[str, BranchRecord]) -> str | 
     return tree.newest_leaf(pinned)
 
 
-def record_of_chain(chain: list[str], tree: ThreadTree, records: Mapping[str, BranchRecord]) -> dict[str, object]:
+def record_of_chain(chain: list[str], tree: ThreadTree, records: Mapping[str, BranchRecord]) -> dict[str, object] | None:
     """What a checkpoint's branch says (for `get_checkpoint_state`): `label` (as for its leaf, the newest
-    leaf through it), `pinned` (its chain holds the pinned checkpoint) and `archived` (it is hidden)."""
+    leaf through it), `pinned` (its chain holds the pinned checkpoint) and `archived` (it is hidden); None
+    when the thread has no branch record."""
+    if not records:
+        return None
     target = chain[-1]
     gone = hidden(tree, records)
     leaf = tree.newest_leaf(target)
