@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from bench import branches, catalogue, context, encryption, export, load, memory, report, startup, storage
+from bench import branches, catalogue, context, encryption, export, load, memory, report, search, startup, storage
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
@@ -154,6 +154,17 @@ def check_export(run: Run) -> None:
     assert databases_left(run.server_url, like="tt_export_%") == []
 
 
+def check_search(run: Run) -> None:
+    result = run.report
+    assert result["error"] is None and result["targets_total"] == 2
+    rows = result["figures"]
+    # The index holds at least the text it indexes, and the per-message figure says the same.
+    for prefix in ("pg", "sqlite"):
+        assert rows[f"{prefix}_ratio"]["measured"] > 1
+        assert rows[f"{prefix}_overhead_per_message"]["measured"] > 0
+    assert databases_left(run.server_url, like="tt_search_%") == []
+
+
 def check_catalogue(run: Run) -> None:
     result = run.report
     assert result["error"] is None
@@ -224,6 +235,7 @@ PARTS = [
     Part("memory", memory.figures, check_memory, timeout=900),
     Part("branches", lambda: branches.figures(branches.QUICK), check_branches, timeout=900),
     Part("export", lambda: export.figures(export.QUICK), check_export),
+    Part("search", lambda: search.figures(search.QUICK), check_search),
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.

@@ -66,3 +66,19 @@ def test_search_is_an_action_too(agent):
     response = agent.predict({"input": [], "custom_inputs": {"action": "search_threads", "query": "walrus", "user_id": "ada"}})
     hits = response.custom_outputs["hits"]
     assert hits and all(hit["thread_id"] == thread_id for hit in hits)
+
+
+def test_after_keep_latest_the_heads_text_is_found_at_the_head_and_nothing_else(backend_url, make_agent):
+    from tests.operations.test_retention import TTL, expired_at
+
+    agent = make_agent(backend_url, thread_ttl_seconds=TTL, thread_ttl_strategy="keep_latest")
+    first = outputs(say(agent, "pelican sighting", user_id="ada"))
+    thread_id = first["thread_id"]
+    say(agent, "kestrel sighting", thread_id=thread_id, user_id="ada")
+    say(agent, "osprey sighting", thread_id=thread_id, checkpoint_id=first["checkpoint_id"], user_id="ada")
+    head = agent.get_head(thread_id, user_id="ada")["checkpoint_id"]
+    agent.sweep_expired_threads(now=expired_at(agent, thread_id))
+    assert agent.search_threads("kestrel", user_id="ada") == []  # the other branch is gone
+    for word in ("pelican", "osprey"):
+        hits = agent.search_threads(word, user_id="ada")
+        assert hits and {hit["checkpoint_id"] for hit in hits} == {head}
