@@ -59,8 +59,11 @@ class BranchChange:
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"thread_id": self.thread_id, "checkpoint_id": self.checkpoint_id}
-        for key in ("label", "pinned", "archived"):
-            if getattr(self, key) is not None or key == "label":
+        labelled = self.pinned is None and self.archived is None and not self.deleted_checkpoint_ids
+        if labelled:  # a label_branch: its label, None when it removed one
+            out["label"] = self.label
+        for key in ("pinned", "archived"):
+            if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.deleted_checkpoint_ids:
             out["deleted_checkpoint_ids"] = list(self.deleted_checkpoint_ids)
