@@ -31,6 +31,7 @@ COMMANDS: tuple[dict[str, Any], ...] = (
             {'name': 'thread_id', 'type': 'str', 'required': True, 'argument': True, 'help': 'The thread.'},
             {'name': 'checkpoint_id', 'type': 'str', 'optional': True, 'help': 'Default: the head.', 'metavar': 'CHECKPOINT_ID', 'checkpoint': True},
             {'name': 'after_message_id', 'type': 'str', 'optional': True, 'help': 'Only the messages after this one (what a client that shows up to it lacks).', 'metavar': 'MESSAGE_ID'},
+            {'name': 'include_archived', 'type': 'bool', 'default': False, 'help': 'Count archived branches among siblings too.'},
             {'name': 'user_id', 'type': 'str', 'optional': True},
         ),
     },

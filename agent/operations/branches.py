@@ -44,6 +44,7 @@ def get_checkpoint_state(
     alternatives: bool = True,
     after_message_id: str | None = None,
     since_checkpoint_id: str | None = None,
+    include_archived: bool = False,
 ) -> CheckpointState:
     """The thread head (or `checkpoint_id`): its history entry and its messages, each placed in the tree.
 
@@ -80,7 +81,8 @@ def get_checkpoint_state(
     records = storage.branch_records(thread_id)
     branch = branch_view.record_of_chain(tree.chain(target), tree, records)
     keep = tree.chain(target) + (tree.chain(since_checkpoint_id) if since_checkpoint_id in tree else [])
-    tree = branch_view.visible_tree(tree, records, keep=keep)
+    if not include_archived:  # archived branches count in no sibling or alternative (`branch_view`)
+        tree = branch_view.visible_tree(tree, records, keep=keep)
     places = places_of(storage, tree, tree.chain(target), messages)
     if since_checkpoint_id is not None:
         fill_kept(storage, tree, tree.chain(since_checkpoint_id))
@@ -219,6 +221,7 @@ class StateArgs:
         check=checks.check_id,
         cli={"metavar": "MESSAGE_ID", "help": "Only the messages after this one (what a client that shows up to it lacks)."},
     )
+    include_archived: bool = param(False, check=checks.flag, cli={"help": "Count archived branches among siblings too."})
     user_id: str | None = param(None, source="user")
 
 
@@ -244,11 +247,21 @@ def get_state(context: OperationContext, args: StateArgs) -> CheckpointState:
     with their places and alternatives; `message_offset` is the number of items up to it (its
     message's last item included). A client that shows the items up to it keeps them and appends these.
 
+    Archived branches (`archive_branch`) count in no `siblings` or `alternatives` unless
+    `include_archived` (a checkpoint's own chain always counts). With branch records, `branch` says
+    what they say of this checkpoint's branch: `label`, `pinned`, `archived`; a merge's checkpoint has
+    `merged_from` (`merge_branch`).
+
     Raises: `InvalidRequest` (bad ids; `after_message_id` not in the checkpoint), `ThreadNotFound`,
     `CheckpointNotFound`.
     """
     return get_checkpoint_state(
-        context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id, after_message_id=args.after_message_id
+        context.storage,
+        args.thread_id,
+        args.checkpoint_id,
+        user_id=args.user_id,
+        after_message_id=args.after_message_id,
+        include_archived=args.include_archived,
     )
 
 

@@ -269,3 +269,18 @@ def test_deleting_the_heads_branch_or_the_root_writes_nothing(agent):
             agent.delete_branch(thread_id, checkpoint_id)
     after = agent.export_thread(thread_id)
     assert after["checkpoints"] == before["checkpoints"]
+
+
+def test_an_archived_alternative_counts_again_when_asked_for(agent):
+    first = outputs(say(agent, "planning a trip"))
+    thread_id = first["thread_id"]
+    sf = outputs(say(agent, "headed to SF", thread_id=thread_id))
+    outputs(say(agent, "headed to NY", thread_id=thread_id, checkpoint_id=first["checkpoint_id"]))
+    counts = lambda **kw: [m["siblings"]["count"] for m in agent.get_checkpoint_state(thread_id, **kw)["messages"][-2:]]  # noqa: E731
+    assert counts() == [2, 2]
+    agent.archive_branch(thread_id, sf["checkpoint_id"])
+    assert counts() == [1, 1]
+    assert counts(include_archived=True) == [2, 2]
+    assert agent.get_checkpoint_state(thread_id, sf["checkpoint_id"])["branch"]["archived"] is True
+    agent.unarchive_branch(thread_id, sf["checkpoint_id"])
+    assert counts() == [2, 2]
