@@ -374,6 +374,19 @@ MIGRATIONS = [
         PRIMARY KEY (thread_id, checkpoint_id)
     )""",
     "CREATE INDEX IF NOT EXISTS agent_message_text_search_idx ON agent_message_text USING GIN (to_tsvector('simple', body))",
+    # A commit now also writes the search index: the claim checks that privilege too, before the model runs.
+    """CREATE OR REPLACE FUNCTION agent_missing_privileges() RETURNS TEXT[]
+    LANGUAGE plpgsql STABLE AS $$
+    BEGIN
+        RETURN (SELECT coalesce(array_agg(n.privilege || ' on ' || n.tbl ORDER BY n.i), '{}')
+                FROM (VALUES (1, 'checkpoints', 'INSERT'), (2, 'checkpoints', 'UPDATE'),
+                             (3, 'checkpoint_blobs', 'INSERT'), (4, 'checkpoint_blobs', 'UPDATE'),
+                             (5, 'checkpoint_writes', 'INSERT'), (6, 'checkpoint_writes', 'UPDATE'),
+                             (7, 'agent_threads', 'INSERT'), (8, 'agent_threads', 'UPDATE'),
+                             (9, 'agent_checkpoint_ids', 'INSERT'), (10, 'agent_message_text', 'INSERT'),
+                             (11, 'agent_message_text', 'UPDATE')) AS n(i, tbl, privilege)
+                WHERE NOT has_table_privilege(n.tbl, n.privilege));
+    END $$""",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
