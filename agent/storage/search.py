@@ -38,10 +38,13 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 
 
 def message_text(message: Any) -> str:
-    """The searchable text of a LangChain message (its text content; a tool call's name when it has none)."""
+    """The searchable text of a LangChain message (its text content; a tool call's name when it has none).
+
+    NUL characters become spaces: Postgres text cannot hold them (the message itself keeps them).
+    """
     from agent.storage.summaries import message_text as one_line
 
-    return one_line(message).replace(SEPARATOR, " ")
+    return one_line(message).replace(SEPARATOR, " ").replace("\x00", " ")
 
 
 def index_row(messages: Sequence[Any]) -> tuple[str, str] | None:
@@ -50,7 +53,7 @@ def index_row(messages: Sequence[Any]) -> tuple[str, str] | None:
     for message in messages:
         text = message_text(message)
         if getattr(message, "id", None) and text.strip():
-            ids.append(str(message.id).replace(SEPARATOR, " "))
+            ids.append(str(message.id).replace(SEPARATOR, " ").replace("\x00", " "))
             bodies.append(text)
     if not ids:
         return None
