@@ -114,12 +114,16 @@ function ToolCall(props: ToolCallMessagePartProps) {
   );
 }
 
+function TextPart({ text }: { text: string }) {
+  return <p className="text-part">{text}</p>;
+}
+
 function UserMessage() {
   const id = useAuiState((s) => s.message.id);
   return (
     <MessagePrimitive.Root className="message user" data-testid="message" data-role="user" data-message-id={id}>
       <div className="bubble">
-        <MessagePrimitive.Parts />
+        <MessagePrimitive.Parts components={{ Text: TextPart }} />
       </div>
       <div className="message-bar">
         <ActionBarPrimitive.Root>
@@ -140,7 +144,7 @@ function AssistantMessage() {
   return (
     <MessagePrimitive.Root className="message assistant" data-testid="message" data-role="assistant" data-message-id={id}>
       <div className="bubble">
-        <MessagePrimitive.Parts components={{ tools: { Fallback: ToolCall } }} />
+        <MessagePrimitive.Parts components={{ Text: TextPart, tools: { Fallback: ToolCall } }} />
       </div>
       <div className="message-bar">
         <ActionBarPrimitive.Root>
