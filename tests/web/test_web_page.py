@@ -271,3 +271,31 @@ def test_a_200_turn_thread_with_20_branches_opens_with_its_tree(server, shots):
         page.screenshot(path=str(shots / "web-tree.png"))
     assert page.errors == []
     assert CHROMIUM  # the browser the run used
+
+
+def test_the_documentation_site_draws_its_mermaid_diagram_without_a_network(server, tmp_path):
+    import subprocess
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.helpers.servers import REPO_ROOT
+
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--site-dir", str(site)], cwd=REPO_ROOT, check=True,
+                   capture_output=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)  # fmt: skip
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(site)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        origin = f"http://127.0.0.1:{httpd.server_address[1]}"
+        page = server.browser.new_page()
+        elsewhere: list[str] = []
+        page.on("request", lambda request: None if request.url.startswith(origin) else elsewhere.append(request.url))
+        page.goto(f"{origin}/concepts/")
+        # Material draws the diagram into a closed shadow root of `div.mermaid`; undrawn, it stays `pre.mermaid` text.
+        page.locator("div.mermaid").first.wait_for(timeout=15_000)
+        assert page.locator("pre.mermaid").count() == 0
+        assert page.locator("div.mermaid").first.bounding_box()["height"] > 100
+        assert elsewhere == []
+    finally:
+        httpd.shutdown()
