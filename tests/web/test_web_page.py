@@ -4,7 +4,8 @@ on Postgres as a real process, with the OpenAI-compatible stub streaming slowly 
 Every flow is checked against the API: after a turn, an edit, a regeneration, a switch and a reload, the
 page's messages (ids, roles, texts), their "i/n" and the checkpoint it shows equal `get_checkpoint_state`.
 The server trusts `X-Forwarded-User` (`user_id_header`), as behind a proxy; each browser context sends
-its own user's header, as the proxy would.
+its own user's header, as the proxy would. It serves examples/approval_agent.py (the built-in agent's
+operations, and a tool that asks for approval with `interrupt()`), so the interrupt card is tested too.
 
 One server for the module (tests/helpers/scheduling.py groups it). A missing browser fails, never skips:
 `.ci/run` installs Debian's `chromium`. Screenshots go to a temporary directory, or to the directory named
@@ -26,7 +27,7 @@ from playwright.sync_api import expect
 
 from tests.helpers.databases import fresh_database
 from tests.helpers.openai_stub import configure_stub, openai_stub_server
-from tests.helpers.servers import free_port, server_process
+from tests.helpers.servers import REPO_ROOT, free_port, server_process
 from tests.helpers.web import CHROMIUM, launch_chromium, settled, two_hundred_turn_document
 
 HEADER = "X-Forwarded-User"
@@ -55,7 +56,8 @@ def server(pg_server_url, tmp_path_factory):
             "AGENT_TRACING": "false",
             "AGENT_USER_ID_HEADER": HEADER,
         }
-        command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port),
+                   "--agent", str(REPO_ROOT / "examples" / "approval_agent.py")]  # fmt: skip
         with server_process(command, port=port, health_path="/health", env=env, cwd=cwd) as base_url:
             with launch_chromium() as browser:
                 yield SimpleNamespace(base_url=base_url, model_url=model_url, browser=browser)
@@ -102,9 +104,17 @@ def test_the_page_streams_a_turn_and_shows_what_the_api_holds(server, shots):
     configure_stub(server.model_url, latency_s=0.3, chunks=4)
     with api(server, "alice") as http:
         thread_id = settled(page, http, lambda: thread_of(page))
-        send(page, "calculate 2+3")  # a tool call, shown compactly
+        # A tool that asks first: the question shows as a card, and answering it resumes the turn.
+        send(page, 'use book_trip {"destination": "Tokyo"}')
+        card = page.get_by_test_id("interrupt")
+        expect(card).to_contain_text("Book a trip to Tokyo?", timeout=10_000)
+        assert act(http, "get_checkpoint_state", thread_id=thread_id)["interrupts"][0]["value"]["destination"] == "Tokyo"
+        card.get_by_placeholder("Your answer").fill("yes")
+        card.get_by_role("button", name="Answer").click()
         settled(page, http, lambda: thread_id)
-        assert "calculator" in page.get_by_test_id("tool-call").first.inner_text()
+        assert page.get_by_test_id("interrupt").count() == 0
+        assert "book_trip" in page.get_by_test_id("tool-call").first.inner_text()  # the tool call, on one line
+        assert "Booked" in page.get_by_test_id("tool-call").first.inner_text()
         page.get_by_test_id("model-saw-toggle").last.click()
         saw = page.get_by_test_id("model-saw").inner_text()
         state = act(http, "get_checkpoint_state", thread_id=thread_id)

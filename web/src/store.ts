@@ -64,7 +64,8 @@ export type MessageCustom = {
 export function toThreadMessage(group: Group, pending = false): ThreadMessageLike {
   const custom: MessageCustom = {
     group,
-    checkpointId: group.items[0].checkpoint_id,
+    // An answer's last item: the checkpoint of its last model call (a resumed answer spans two checkpoints).
+    checkpointId: group.items[group.items.length - 1].checkpoint_id,
     alternatives: group.items[group.items.length - 1].alternatives,
     pending,
   };
