@@ -241,6 +241,11 @@ def test_threads_rename_fork_and_delete_from_the_sidebar(server):
         page.wait_for_function(f"!location.search.includes('{thread_id}') && location.search.includes('thread=')")
         fork_id = settled(page, http, lambda: thread_of(page))
         assert act(http, "get_thread", thread_id=fork_id)["thread"]["forked_from"]["thread_id"] == thread_id
+        # The sidebar is the catalogue, in its order (newest activity first).
+        rows = page.get_by_test_id("thread-row")
+        expect(rows).to_have_count(2)
+        listed = [t["thread_id"] for t in act(http, "list_threads", limit=100)["threads"]]
+        assert [rows.nth(i).get_attribute("data-thread-id") for i in range(2)] == listed
 
         row.get_by_role("button", name="Delete").click()
         row.get_by_role("button", name="Yes, delete").click()
@@ -309,3 +314,25 @@ def test_the_documentation_site_draws_its_mermaid_diagram_without_a_network(serv
         assert elsewhere == []
     finally:
         httpd.shutdown()
+
+
+def test_a_busy_thread_is_an_error_in_words_and_the_page_keeps_what_was_saved(server):
+    import threading
+
+    page = new_page(server, "erin")
+    page.goto(server.base_url + "/")
+    with api(server, "erin") as http:
+        send(page, "Hello")
+        thread_id = settled(page, http, lambda: thread_of(page))
+        configure_stub(server.model_url, latency_s=2.0, chunks=4)
+        try:
+            body = {"model": "agent", "input": "Another tab's turn", "custom_inputs": {"thread_id": thread_id}}
+            other = threading.Thread(target=lambda: http.post("/responses", json=body))
+            other.start()
+            time.sleep(0.5)  # the other turn holds the thread
+            send(page, "Mine")
+            expect(page.get_by_test_id("error")).to_contain_text("busy", timeout=10_000)
+            other.join()
+        finally:
+            configure_stub(server.model_url, latency_s=0.3, chunks=4)
+        assert page.get_by_test_id("message").count() == 2  # the page still shows the saved turn, not a blank page
