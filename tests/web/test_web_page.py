@@ -109,6 +109,7 @@ def test_the_page_streams_a_turn_and_shows_what_the_api_holds(server, shots):
         card = page.get_by_test_id("interrupt")
         expect(card).to_contain_text("Book a trip to Tokyo?", timeout=10_000)
         assert act(http, "get_checkpoint_state", thread_id=thread_id)["interrupts"][0]["value"]["destination"] == "Tokyo"
+        page.screenshot(path=str(shots / "web-interrupt.png"))
         card.get_by_placeholder("Your answer").fill("yes")
         card.get_by_role("button", name="Answer").click()
         settled(page, http, lambda: thread_id)

@@ -14,7 +14,7 @@ function label(entry: HistoryEntry): string {
   if (entry.source === "root") return "(start)";
   const text = entry.last_user_message || entry.last_message || "(no message)";
   const mark = entry.source === "update" ? "✎ " : "";
-  return mark + (text.length > 24 ? `${text.slice(0, 23)}…` : text);
+  return mark + (text.length > 22 ? `${text.slice(0, 21)}…` : text);
 }
 
 function placed(history: HistoryEntry[]): { nodes: Placed[]; edges: { points: { x: number; y: number }[] }[]; width: number; height: number } {
