@@ -60,7 +60,7 @@ def server(pg_server_url, tmp_path_factory):
                    "--agent", str(REPO_ROOT / "examples" / "approval_agent.py")]  # fmt: skip
         with server_process(command, port=port, health_path="/health", env=env, cwd=cwd) as base_url:
             with launch_chromium() as browser:
-                yield SimpleNamespace(base_url=base_url, model_url=model_url, browser=browser)
+                yield SimpleNamespace(base_url=base_url, model_url=model_url, browser=browser, db_url=db_url)
 
 
 def api(server, user: str) -> httpx.Client:
@@ -337,3 +337,26 @@ def test_a_busy_thread_is_an_error_in_words_and_the_page_keeps_what_was_saved(se
         finally:
             configure_stub(server.model_url, latency_s=0.3, chunks=4)
         assert page.get_by_test_id("message").count() == 2  # the page still shows the saved turn, not a blank page
+
+
+def test_the_memory_panel_lists_the_users_memories_and_deletes_one(server):
+    from agent import create_agent
+
+    with create_agent(server.db_url, model="offline", tracing=False) as agent:  # the offline model saves it
+        agent.predict({"input": [{"role": "user", "content": "remember that I am vegetarian"}],
+                       "custom_inputs": {"user_id": "frank"}})  # fmt: skip
+    page = new_page(server, "frank")
+    page.goto(server.base_url + "/")
+    with api(server, "frank") as http:
+        [memory] = act(http, "list_memories")["memories"]
+        page.get_by_test_id("load-memories").click()
+        row = page.get_by_test_id("memory")
+        expect(row).to_have_count(1)
+        assert memory["content"] in row.inner_text()
+        other = new_page(server, "grace")  # another user's panel never shows frank's
+        other.goto(server.base_url + "/")
+        other.get_by_test_id("load-memories").click()
+        expect(other.get_by_text("No memories.")).to_be_visible()
+        row.get_by_role("button", name="Delete").click()
+        expect(row).to_have_count(0)
+        assert act(http, "list_memories")["memories"] == []
