@@ -360,3 +360,24 @@ def test_the_memory_panel_lists_the_users_memories_and_deletes_one(server):
         row.get_by_role("button", name="Delete").click()
         expect(row).to_have_count(0)
         assert act(http, "list_memories")["memories"] == []
+
+
+def test_a_link_to_an_earlier_checkpoint_shows_it_and_a_message_sent_there_branches_from_it(server):
+    from tests.helpers.web import api_view, page_view
+
+    page = new_page(server, "heidi")
+    page.goto(server.base_url + "/")
+    with api(server, "heidi") as http:
+        send(page, "First")
+        thread_id = settled(page, http, lambda: thread_of(page))
+        send(page, "Second")
+        settled(page, http, lambda: thread_id)
+        first = act(http, "get_checkpoint_state", thread_id=thread_id)["messages"][0]["checkpoint_id"]
+        page.goto(f"{server.base_url}/?thread={thread_id}&head={first}")  # a shared link: nothing is written
+        expect(page.get_by_test_id("shown-checkpoint")).to_have_text(first)
+        expect(page.get_by_role("button", name="Make this the head")).to_be_visible()
+        assert page_view(page) == api_view(act(http, "get_checkpoint_state", thread_id=thread_id, checkpoint_id=first))
+        assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] != first
+        send(page, "Instead")
+        settled(page, http, lambda: thread_id)
+        assert act(http, "get_checkpoint_state", thread_id=thread_id)["parent_checkpoint_id"] == first
