@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from bench import branches, catalogue, context, encryption, export, load, memory, report, search, startup, storage
+from bench import branches, catalogue, context, encryption, export, load, memory, report, search, startup, storage, web
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
@@ -206,6 +206,16 @@ def check_startup(run: Run) -> None:
     del run
 
 
+def check_web(run: Run) -> None:
+    result = run.report
+    measured = result["measurements"]
+    # The quick thread: 20 turns and 2 branches after the root, every checkpoint drawn in the tree.
+    assert measured["checkpoints"] == 1 + web.QUICK.turns + web.QUICK.branches
+    assert 0 < result["figures"]["api_bytes"]["measured"] < result["figures"]["all_bytes"]["measured"]
+    ratio = result["figures"]["api_bytes"]["measured"] / result["figures"]["message_bytes"]["measured"]
+    assert math.isclose(result["figures"]["api_ratio"]["measured"], ratio)
+
+
 def check_load(run: Run) -> None:
     done, result = run.done, run.report
     assert result["broken_phases"] == []
@@ -236,10 +246,11 @@ PARTS = [
     Part("branches", lambda: branches.figures(branches.QUICK), check_branches, timeout=900),
     Part("export", lambda: export.figures(export.QUICK), check_export),
     Part("search", lambda: search.figures(search.QUICK), check_search),
+    Part("web", lambda: web.figures(web.QUICK), check_web),
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.
-_SLOW = {"branches", "catalogue", "context", "memory", "startup", "load"}
+_SLOW = {"branches", "catalogue", "context", "memory", "startup", "load", "web"}
 
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:
