@@ -67,6 +67,10 @@ class _UserCopy:
     matrix: numpy.ndarray | None = None
     """The entries' unit vectors stacked (built on the first semantic search), and their entries in row order."""
     embedded: list[Entry] = field(default_factory=list)
+    current: frozenset[str] | None = None
+    """The newest version of each memory, when some memory has several; None: every entry is current."""
+    anchors: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The extracted versions by the message they are anchored to (`scopes`: the branch rule)."""
 
     @classmethod
     def of(cls, entries: dict[str, Entry], listing: str) -> _UserCopy:
@@ -77,7 +81,15 @@ class _UserCopy:
             offset += len(entries[key].text) + 1
         text = "".join(entries[key].text + "\0" for key in newest_first)
         size = sum(entry.size for entry in entries.values()) + 2 * len(text)
-        return cls(entries, size, listing, newest_first, text, starts)
+        copy = cls(entries, size, listing, newest_first, text, starts)
+        if any(entry.memory.version_id != entry.memory.memory_id for entry in entries.values()):
+            copy.current = visible(copy, entries.keys())
+        anchors: dict[str, list[str]] = {}
+        for key, entry in entries.items():
+            if entry.memory.source_message_id:
+                anchors.setdefault(entry.memory.source_message_id, []).append(key)
+        copy.anchors = {message_id: tuple(keys) for message_id, keys in anchors.items()}
+        return copy
 
 
 class MemoryIndex:
@@ -103,7 +115,7 @@ class MemoryIndex:
         missing = keys - known.keys()
         if missing:
             for memory, vector in self.store.read(prefix, sorted(missing)):
-                known[memory.memory_id] = Entry(memory, memory.content.lower(), _unit(vector))
+                known[memory.version] = Entry(memory, memory.content.lower(), _unit(vector))
         copy = _UserCopy.of({key: known[key] for key in keys if key in known}, listing)
         self._keep(prefix, copy)
         return copy
@@ -124,6 +136,28 @@ class MemoryIndex:
             while self._size > self.max_bytes and len(self._users) > 1:
                 _, evicted = self._users.popitem(last=False)
                 self._size -= evicted.size
+
+
+def visible(copy: _UserCopy, keys: Collection[str] | None) -> frozenset[str] | None:
+    """Of the versions `keys` (None: all of the user's), the newest of each memory (version ids are
+    time-ordered): what a turn that may see `keys` sees. None stands for all, when no memory has two versions."""
+    if keys is None:
+        return copy.current
+    newest: dict[str, str] = {}
+    for key in keys:
+        entry = copy.entries.get(key)
+        if entry is not None:
+            memory_id = entry.memory.memory_id
+            if key > newest.get(memory_id, ""):
+                newest[memory_id] = key
+    return frozenset(newest.values())
+
+
+def anchored(copy: _UserCopy, message_ids: Collection[str]) -> set[str]:
+    """The extracted versions anchored to one of `message_ids` (a branch's messages)."""
+    if not copy.anchors:
+        return set()
+    return {key for message_id in message_ids if message_id in copy.anchors for key in copy.anchors[message_id]}
 
 
 def rank(
@@ -177,11 +211,11 @@ def _by_similarity(copy: _UserCopy, query: numpy.ndarray, keys: Collection[str] 
     scored = []
     if copy.embedded and copy.matrix.shape[1] == query.shape[0]:
         for score, entry in zip((copy.matrix @ query).tolist(), copy.embedded, strict=True):
-            if keys is None or entry.memory.memory_id in keys:
-                scored.append((score, entry.memory.memory_id))
+            if keys is None or entry.memory.version in keys:
+                scored.append((score, entry.memory.version))
     found = [_scored(copy.entries[key].memory, score) for score, key in heapq.nlargest(limit, scored)]
     if len(found) < limit:  # memories saved without a vector (before embedding_model was set), newest first
-        ranked = {memory.memory_id for memory in found} | {key for _, key in scored}
+        ranked = {memory.version for memory in found} | {key for _, key in scored}
         rest = sorted((k for k in copy.entries if k not in ranked and (keys is None or k in keys)), reverse=True)
         found += [copy.entries[key].memory for key in rest[: limit - len(found)]]
     return found

@@ -40,9 +40,11 @@ REFRESH_SQL = """
 UPDATE store SET expires_at = :expires_at
 WHERE prefix = :prefix AND key IN (SELECT value FROM json_each(:keys)) AND expires_at IS NOT NULL
 """
+# Every version of a memory: its first is keyed by the memory_id, the others name it in their value.
 DELETE_MEMORY_SQL = [
-    "DELETE FROM store_vectors WHERE prefix = :prefix AND key = :key",
-    "DELETE FROM store WHERE prefix = :prefix AND key = :key",
+    """DELETE FROM store_vectors WHERE prefix = :prefix AND key IN (
+        SELECT key FROM store WHERE prefix = :prefix AND (key = :key OR json_extract(value, '$.memory_id') = :key))""",
+    "DELETE FROM store WHERE prefix = :prefix AND (key = :key OR json_extract(value, '$.memory_id') = :key)",
 ]
 DELETE_THREAD_MEMORIES_SQL = [
     """DELETE FROM store_vectors WHERE prefix = :prefix AND key IN (
@@ -84,6 +86,10 @@ class SqliteMemoryStore(SqliteStore):
         # LangGraph's `transaction=True` is a write: it joins the commit running on this thread, if any.
         with self.storage.cursor(write=transaction) as cur:
             yield cur
+
+    def vector_fields(self, content: str) -> dict[str, Any]:
+        """Nothing: LangGraph's index writes the vector to `store_vectors` itself (from the cache, see `embeddings`)."""
+        return {}
 
     # -- the agent's queries ------------------------------------------------------------------
     def live_keys(self, prefix: str) -> str:
