@@ -231,5 +231,5 @@ EXTRACT_MEMORIES = Operation(
     run=extract_branch_memories,
     positional=2,
     writes=True,
-    cli="memories extract",
+    cli="extract-memories",
 )

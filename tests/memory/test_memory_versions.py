@@ -118,3 +118,20 @@ def test_extract_memories_is_an_action_too(backend_url, make_agent, ana):
     assert contents(agent.list_memories(ana)) == ["I'm allergic to peanuts"]
     with pytest.raises(InvalidRequest, match="dry_run"):
         agent.extract_memories(thread, user_id=ana, dry_run="yes")
+
+
+def test_tt_agent_extract_memories_shows_then_writes_with_no_dry_run(tmp_path, make_agent, ana):
+    import json
+
+    from tests.cli.test_cli import run_cli
+
+    url = f"sqlite:///{tmp_path / 'extract.sqlite'}"
+    agent = make_agent(url)
+    thread = outputs(say(agent, "My cat is called Miso.", user_id=ana))["thread_id"]
+    agent.close()
+    shown = run_cli("extract-memories", thread, "--user-id", ana, "--json", "--database-url", url, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert [p["content"] for p in json.loads(shown.stdout)["proposals"]] == ["My cat is called Miso"]
+    wrote = run_cli("extract-memories", thread, "--user-id", ana, "--no-dry-run", "--json", "--database-url", url, cwd=tmp_path)
+    assert wrote.returncode == 0 and json.loads(wrote.stdout)["written"], wrote.stderr
+    assert contents(make_agent(url).list_memories(ana)) == ["My cat is called Miso"]
