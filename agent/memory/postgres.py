@@ -41,6 +41,9 @@ WHERE prefix = %s AND key = ANY(%s::text[]) AND expires_at IS NOT NULL
 """
 DELETE_MEMORY_SQL = "DELETE FROM store WHERE prefix = %s AND (key = %s OR value ->> 'memory_id' = %s)"
 DELETE_THREAD_MEMORIES_SQL = "DELETE FROM store WHERE prefix = %s AND value ->> 'thread_id' = %s"
+DELETE_CHECKPOINT_MEMORIES_SQL = """
+DELETE FROM store WHERE prefix = %s AND value ->> 'thread_id' = %s AND value ->> 'checkpoint_id' = ANY(%s::text[])
+"""
 DELETE_ALL_SQL = "DELETE FROM store WHERE prefix = %s"
 
 
@@ -95,6 +98,12 @@ class PostgresMemoryStore(PostgresStore):
     def delete_thread_memories(self, prefix: str, thread_id: str) -> int:
         return self._execute(
             "delete a thread's memories", lambda conn: conn.execute(DELETE_THREAD_MEMORIES_SQL, (prefix, thread_id)).rowcount
+        )
+
+    def delete_checkpoint_memories(self, prefix: str, thread_id: str, checkpoint_ids: Sequence[str]) -> int:
+        return self._execute(
+            "delete a branch's memories",
+            lambda conn: conn.execute(DELETE_CHECKPOINT_MEMORIES_SQL, (prefix, thread_id, list(checkpoint_ids))).rowcount,
         )
 
     def delete_all(self, prefix: str) -> int:

@@ -200,6 +200,14 @@ class Memories:
         if user_id is not None and self.settings.memory_scope == "branch":
             self.store.delete_thread_memories(prefix(user_id), thread_id)
 
+    def delete_checkpoint_memories(self, user_id: str | None, thread_id: str, checkpoint_ids: Sequence[str]) -> int:
+        """Under branch scope, delete the memory versions that these checkpoints of the thread wrote (a deleted
+        branch's: call it in the deletion's transaction); how many. A memory whose newer version goes is
+        known again by its previous one. Under user scope nothing is deleted (as with `delete_thread_memories`)."""
+        if user_id is None or self.settings.memory_scope != "branch" or not checkpoint_ids:
+            return 0
+        return self.store.delete_checkpoint_memories(prefix(user_id), thread_id, checkpoint_ids)
+
     def delete_user(self, user_id: str) -> int:
         """Delete every memory of the user, in every scope; how many."""
         deleted = self.store.delete_all(prefix(user_id))

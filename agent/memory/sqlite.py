@@ -51,6 +51,12 @@ DELETE_THREAD_MEMORIES_SQL = [
         SELECT key FROM store WHERE prefix = :prefix AND json_extract(value, '$.thread_id') = :thread_id)""",
     "DELETE FROM store WHERE prefix = :prefix AND json_extract(value, '$.thread_id') = :thread_id",
 ]
+_CHECKPOINT_VERSIONS = """SELECT key FROM store WHERE prefix = :prefix AND json_extract(value, '$.thread_id') = :thread_id
+        AND json_extract(value, '$.checkpoint_id') IN (SELECT value FROM json_each(:checkpoint_ids))"""
+DELETE_CHECKPOINT_MEMORIES_SQL = [
+    f"DELETE FROM store_vectors WHERE prefix = :prefix AND key IN ({_CHECKPOINT_VERSIONS})",
+    f"DELETE FROM store WHERE prefix = :prefix AND key IN ({_CHECKPOINT_VERSIONS})",
+]
 DELETE_ALL_SQL = [
     "DELETE FROM store_vectors WHERE prefix = :prefix",
     "DELETE FROM store WHERE prefix = :prefix",
@@ -115,6 +121,10 @@ class SqliteMemoryStore(SqliteStore):
 
     def delete_thread_memories(self, prefix: str, thread_id: str) -> int:
         return self._delete(DELETE_THREAD_MEMORIES_SQL, {"prefix": prefix, "thread_id": thread_id})
+
+    def delete_checkpoint_memories(self, prefix: str, thread_id: str, checkpoint_ids: Sequence[str]) -> int:
+        params = {"prefix": prefix, "thread_id": thread_id, "checkpoint_ids": json.dumps(list(checkpoint_ids))}
+        return self._delete(DELETE_CHECKPOINT_MEMORIES_SQL, params)
 
     def delete_all(self, prefix: str) -> int:
         return self._delete(DELETE_ALL_SQL, {"prefix": prefix})

@@ -105,6 +105,9 @@ class MemoryStore(Protocol):
     def delete_thread_memories(self, prefix: str, thread_id: str) -> int:
         """Delete the memories under `prefix` that a turn of `thread_id` wrote; how many."""
 
+    def delete_checkpoint_memories(self, prefix: str, thread_id: str, checkpoint_ids: Sequence[str]) -> int:
+        """Delete the versions under `prefix` written by (or extracted at) these checkpoints of `thread_id`; how many."""
+
     def delete_all(self, prefix: str) -> int:
         """Delete every memory under `prefix`; how many."""
 

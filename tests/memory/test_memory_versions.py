@@ -135,3 +135,13 @@ def test_tt_agent_extract_memories_shows_then_writes_with_no_dry_run(tmp_path, m
     wrote = run_cli("extract-memories", thread, "--user-id", ana, "--no-dry-run", "--json", "--database-url", url, cwd=tmp_path)
     assert wrote.returncode == 0 and json.loads(wrote.stdout)["written"], wrote.stderr
     assert contents(make_agent(url).list_memories(ana)) == ["My cat is called Miso"]
+
+
+def test_deleting_a_branchs_checkpoints_memories_brings_back_the_version_before_under_branch_scope(backend_url, make_agent, ana):
+    agent = make_agent(backend_url, memory_scope="branch")
+    ids = moves(agent, ana)
+    memories = agent.operation_context.memories
+    assert memories.delete_checkpoint_memories(ana, ids["thread_id"], [ids["lisbon"]]) == 1
+    assert contents(agent.list_memories(ana)) == ["I live in Porto"] and store_rows(backend_url, ana)["store"] == 1
+    user_scope = make_agent(backend_url, memory_scope="user").operation_context.memories
+    assert user_scope.delete_checkpoint_memories(ana, ids["thread_id"], [ids["porto"]]) == 0
