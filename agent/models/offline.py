@@ -7,7 +7,8 @@ what it received (`model_input_note`: how many messages and tokens, and
 whether a context summary was among them), so the token budget is visible. It
 reports token usage like a real model (`usage_metadata`), streams a few words
 per chunk, can call the `calculator` tool and the memory tools, writes a
-deterministic summary when asked for one (`agent.context.summaries`), and
+deterministic summary when asked for one (`agent.context.summaries`), proposes
+a branch's memories deterministically when asked (`agent.memory.extraction`), and
 rejects a history with unanswered tool calls as the OpenAI API does
 (`agent.models.pairing`). What it recognises and how it marks its replies is
 `agent.models.markers`.
