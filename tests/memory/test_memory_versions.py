@@ -74,6 +74,8 @@ def test_forget_removes_every_version_of_a_memory(backend_url, make_agent, ana):
 def test_as_of_checkpoint_needs_the_callers_thread(backend_url, make_agent, ana):
     agent = make_agent(backend_url)
     ids = moves(agent, ana)
+    action = {"action": "list_memories", "user_id": ana, "thread_id": ids["thread_id"], "as_of_checkpoint": ids["porto"]}
+    assert contents(outputs(agent.predict(request(None, **action)))["memories"]) == ["I live in Porto"]
     with pytest.raises(InvalidRequest, match="thread_id"):
         agent.list_memories(ana, as_of_checkpoint=ids["porto"])
     with pytest.raises(ThreadNotFound):
