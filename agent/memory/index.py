@@ -67,6 +67,8 @@ class _UserCopy:
     matrix: numpy.ndarray | None = None
     """The entries' unit vectors stacked (built on the first semantic search), and their entries in row order."""
     embedded: list[Entry] = field(default_factory=list)
+    embedded_keys: list[str] = field(default_factory=list)
+    """The version ids of `embedded`, in row order."""
     current: frozenset[str] | None = None
     """The newest version of each memory, when some memory has several; None: every entry is current."""
     anchors: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -208,14 +210,24 @@ def _by_similarity(copy: _UserCopy, query: numpy.ndarray, keys: Collection[str] 
         if len(dims) > 1:  # the embeddings model changed: compare with the current one's only
             copy.embedded = [entry for entry in copy.embedded if entry.vector.shape == query.shape]
         copy.matrix = numpy.stack([e.vector for e in copy.embedded]) if copy.embedded else numpy.zeros((0, 1))
-    scored = []
-    if copy.embedded and copy.matrix.shape[1] == query.shape[0]:
-        for score, entry in zip((copy.matrix @ query).tolist(), copy.embedded, strict=True):
-            if keys is None or entry.memory.version in keys:
-                scored.append((score, entry.memory.version))
-    found = [_scored(copy.entries[key].memory, score) for score, key in heapq.nlargest(limit, scored)]
+        copy.embedded_keys = [entry.memory.version for entry in copy.embedded]
+    found: list[Memory] = []
+    vectors = copy.embedded_keys if copy.embedded and copy.matrix.shape[1] == query.shape[0] else []
+    if vectors:
+        scores = copy.matrix @ query
+        if keys is None:
+            rows = numpy.arange(len(vectors))
+        else:
+            rows = numpy.fromiter((row for row, key in enumerate(vectors) if key in keys), dtype=numpy.intp)
+        picked = scores[rows]
+        if len(rows) > limit:  # every row at least as similar as the limit-th best (ties kept), in numpy
+            kth = numpy.partition(picked, len(picked) - limit)[len(picked) - limit]
+            rows = rows[picked >= kth]
+        # Best first, the newer (greater key) first among equals.
+        best = heapq.nlargest(limit, ((float(scores[row]), vectors[row]) for row in rows.tolist()))
+        found = [_scored(copy.entries[key].memory, score) for score, key in best]
     if len(found) < limit:  # memories saved without a vector (before embedding_model was set), newest first
-        ranked = {memory.version for memory in found} | {key for _, key in scored}
+        ranked = set(vectors)
         rest = sorted((k for k in copy.entries if k not in ranked and (keys is None or k in keys)), reverse=True)
         found += [copy.entries[key].memory for key in rest[: limit - len(found)]]
     return found
