@@ -244,6 +244,21 @@ COMMANDS: tuple[dict[str, Any], ...] = (
             {'name': 'user_id', 'type': 'str', 'required': True, 'help': 'The user.'},
             {'name': 'query', 'type': 'str', 'optional': True, 'help': 'Most relevant first for this text.', 'metavar': 'TEXT'},
             {'name': 'limit', 'type': 'int', 'default': 20, 'help': 'Most memories to show (1 to 1000).', 'metavar': 'N'},
+            {'name': 'thread_id', 'type': 'str', 'optional': True, 'help': 'The thread of --as-of-checkpoint.', 'metavar': 'THREAD_ID'},
+            {'name': 'as_of_checkpoint', 'type': 'str', 'optional': True, 'help': 'What the agent knew at this checkpoint.', 'metavar': 'CHECKPOINT_ID'},
+        ),
+    },
+    {
+        'command': 'extract-memories',
+        'operation': 'extract_memories',
+        'help': 'Memories the model proposes from a branch: shown in a dry run, written with `dry_run=False`. Never creates a store.',
+        'reads_only': False,
+        'writes': True,
+        'params': (
+            {'name': 'thread_id', 'type': 'str', 'required': True, 'argument': True, 'help': 'The thread.'},
+            {'name': 'checkpoint_id', 'type': 'str', 'optional': True, 'help': 'Default: the head.', 'metavar': 'CHECKPOINT_ID', 'checkpoint': True},
+            {'name': 'dry_run', 'type': 'bool', 'default': True, 'help': 'Only show the proposals (--no-dry-run writes them).'},
+            {'name': 'user_id', 'type': 'str', 'optional': True},
         ),
     },
 )

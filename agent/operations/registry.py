@@ -39,6 +39,7 @@ OPERATIONS: tuple[Operation, ...] = (
     retention.SWEEP_EXPIRED_THREADS,
     memories.LIST_MEMORIES,
     memories.DELETE_MEMORY,
+    memories.EXTRACT_MEMORIES,
 )
 
 #: The name of the action a request without `custom_inputs.action` runs.

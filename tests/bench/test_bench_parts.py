@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from bench import branches, catalogue, context, encryption, export, load, memory, report, search, startup, storage, web
+from bench import branches, catalogue, context, encryption, export, load, memory, memory_eval, report, search, startup, storage, web
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
@@ -187,9 +187,21 @@ def check_memory(run: Run) -> None:
     assert result["broken_configurations"] == []
     assert {name: result["measurements"][name]["search"] for name in memory.CONFIGURATIONS} == {
         "sqlite_keyword": "keyword", "sqlite_semantic": "semantic", "postgres_keyword": "keyword",
+        "postgres_semantic": "semantic",
     }  # fmt: skip
     # The turns with a user_id were given memories: the figure measures retrieval, not an empty search.
     assert all(result["measurements"][name]["turns_given_memories"] > 0 for name in memory.CONFIGURATIONS)
+
+
+def check_memory_eval(run: Run) -> None:
+    result = run.report
+    assert result["broken_configurations"] == []
+    sqlite, postgres = (result["measurements"][name]["questions"] for name in memory_eval.BACKENDS)
+    # Every question was asked, and both backends recalled and answered alike (the offline model is deterministic).
+    assert len(sqlite) == result["sizes"]["questions"] and sqlite == postgres
+    assert {question["kind"] for question in sqlite} == set(memory_eval.TYPES)
+    # The branch rule and supersession held: nothing from an abandoned branch, no superseded version.
+    assert all(question["leaks"] == [] for question in sqlite)
 
 
 def check_encryption(run: Run) -> None:
@@ -243,6 +255,7 @@ PARTS = [
     Part("encryption", encryption.figures, check_encryption, timeout=300),
     Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
     Part("memory", memory.figures, check_memory, timeout=900),
+    Part("memory_eval", memory_eval.figures, check_memory_eval, timeout=300),
     Part("branches", lambda: branches.figures(branches.QUICK), check_branches, timeout=900),
     Part("export", lambda: export.figures(export.QUICK), check_export),
     Part("search", lambda: search.figures(search.QUICK), check_search),
@@ -250,7 +263,7 @@ PARTS = [
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.
-_SLOW = {"branches", "catalogue", "context", "memory", "startup", "load", "web"}
+_SLOW = {"branches", "catalogue", "context", "memory", "memory_eval", "startup", "load", "web"}
 
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:
