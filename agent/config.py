@@ -173,8 +173,13 @@ class AgentSettings(BaseSettings):
     tracing: bool | None = None
     """MLflow tracing of every turn. None: on when a tracking server is configured (`MLFLOW_TRACKING_URI`,
     or a Databricks runtime), else off. `tt-agent serve` turns it on."""
-    trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
-    """The fraction of turns traced when tracing is on."""
+    trace_sample_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+    """The fraction of turns traced when tracing is on. None: by where traces go (`agent.tracing`): every
+    turn to a tracking server or Databricks, `LOCAL_TRACE_SAMPLE_RATIO` of them into a store this process
+    writes itself (the default `.agent/mlflow.db`), whose writes cost more CPU than the turn."""
+    trace_actions: bool = False
+    """Also trace requests that name a `custom_inputs.action` (reads such as `get_checkpoint_state`, and
+    state edits). False: only turns are traced."""
 
     @field_validator("cors_origins", mode="before")
     @classmethod
