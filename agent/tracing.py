@@ -143,7 +143,8 @@ def default_sample_ratio(tracking_uri: str) -> float:
 
 def enable_tracing(sample_ratio: float | None = 1.0) -> None:
     """Turn on MLflow tracing for this process, keeping `sample_ratio` (0 to 1) of the traces
-    (None: `default_sample_ratio` of the tracking URI in use).
+    (None: `MLFLOW_TRACE_SAMPLING_RATIO` when the user set it, else `default_sample_ratio` of the
+    tracking URI in use).
 
     Also applies `use_default_tracking_uri()`, so traces never land in a stray
     `mlflow.db` in the current directory. The ratio goes to MLflow's
@@ -168,7 +169,9 @@ def enable_tracing(sample_ratio: float | None = 1.0) -> None:
         _disable_when_imported = False
         uri = use_default_tracking_uri()
         if sample_ratio is None:
-            sample_ratio = default_sample_ratio(uri)
+            chosen = os.environ.get(SAMPLING_RATIO_ENV) if _applied_ratio is None else None
+            # MLflow's own variable, set by the user before this process set it, is the user's choice.
+            sample_ratio = float(chosen) if chosen else default_sample_ratio(uri)
         if sample_ratio != _applied_ratio:
             os.environ[SAMPLING_RATIO_ENV] = repr(float(sample_ratio))
             _applied_ratio = sample_ratio
