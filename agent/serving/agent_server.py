@@ -21,6 +21,7 @@ What this module adds to MLflow's server:
 * **One trace per turn**: the server's span covers the whole turn, the first
   model call of a stream included; the turn's model calls are spans inside it
   (`agent.tracing`), and the trace is tagged with the thread and checkpoints.
+  An action (a read, a state edit) gets no span unless `trace_actions` is set.
 * **Errors keep their status.** MLflow answers any handler exception with 500
   (mlflow 3.17, `AgentServer._handle_invoke_request`) and reports a streaming
   error inside a 200 stream. Here an `AgentError` answers with its own status
@@ -85,7 +86,7 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from agent.errors import AgentError, InvalidRequest, validation_problems
 from agent.requests import keeping_item_ids, with_string_input
-from agent.responses import LangGraphResponsesAgent
+from agent.responses import LangGraphResponsesAgent, traces
 from agent.serving.admission import TurnAdmission
 from agent.serving.errors import answer_body, http_status, log_error_answer, speaks_openai, status_answer_body
 from agent.serving.identity import TrustedUserHeader
@@ -186,6 +187,8 @@ class _ResponsesAgentServer(AgentServer):
         handler = get_invoke_function()
         if handler is None:
             raise HTTPException(status_code=500, detail="No invoke function registered")
+        if not traces(request, _agent().settings):
+            return self.validator.validate_and_convert_result(await handler(request))
         with mlflow.start_span(name=handler.__name__) as span:
             span.set_inputs(request)
             result = self.validator.validate_and_convert_result(await handler(request))
@@ -244,6 +247,16 @@ class _ResponsesAgentServer(AgentServer):
         `events`; an exception is put instead of raised (the consumer decides its answer)."""
         chunks: list[dict[str, Any]] = []
         try:
+            if not traces(request, _agent().settings):
+                # An action (a read): one answer event, no span (`agent.tracing`, "What is traced").
+                stream = handler(request)
+                try:
+                    async for event in stream:
+                        await events.put(self.validator.validate_and_convert_result(event, stream=True))
+                finally:
+                    await stream.aclose()
+                await events.put(_END)
+                return
             with mlflow.start_span(name=handler.__name__) as span:
                 span.set_inputs(request)
                 stream = handler(request)

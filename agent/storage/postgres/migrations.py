@@ -387,11 +387,24 @@ MIGRATIONS = [
                              (11, 'agent_message_text', 'UPDATE')) AS n(i, tbl, privilege)
                 WHERE NOT has_table_privilege(n.tbl, n.privilege));
     END $$""",
+    # Steering (`multitask_strategy="steer"`, see `storage.turns`): messages offered to a running turn (`target`:
+    # its claim's token), by a request waiting for the thread (`token`: its own), read in `id` order.
+    """CREATE TABLE IF NOT EXISTS agent_steers (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        token TEXT NOT NULL UNIQUE,
+        target TEXT NOT NULL,
+        type TEXT NOT NULL,
+        payload BYTEA NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_steers_thread_idx ON agent_steers (thread_id, target)",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
 TABLES = (
     "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
     "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
-    "agent_claim_waiters", "agent_user_claims", "store_migrations", "store", "agent_branches", "agent_message_text",
+    "agent_claim_waiters", "agent_user_claims", "agent_steers", "store_migrations", "store", "agent_branches",
+    "agent_message_text",
 )  # fmt: skip

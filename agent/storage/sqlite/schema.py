@@ -179,13 +179,27 @@ MIGRATIONS: list[list[str]] = [
             INSERT INTO agent_message_fts (rowid, body) VALUES (new.id, new.body);
         END""",
     ],
+    [
+        # Steering (`multitask_strategy="steer"`, see `storage.turns`): messages offered to a running turn
+        # (`target`: its claim's token) by a request waiting for the thread (`token`: its own), read in `id` order.
+        """CREATE TABLE IF NOT EXISTS agent_steers (
+            id INTEGER PRIMARY KEY,
+            thread_id TEXT NOT NULL,
+            token TEXT NOT NULL UNIQUE,
+            target TEXT NOT NULL,
+            type TEXT NOT NULL,
+            payload BLOB NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS agent_steers_thread_idx ON agent_steers (thread_id, target)",
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
 TABLES = (
     "checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
-    "agent_claim_waiters", "agent_user_claims", "store_migrations", "store", "vector_migrations", "store_vectors",
-    "agent_branches", "agent_message_text", "agent_message_fts",
+    "agent_claim_waiters", "agent_user_claims", "agent_steers", "store_migrations", "store", "vector_migrations",
+    "store_vectors", "agent_branches", "agent_message_text", "agent_message_fts",
 )  # fmt: skip
 
 #: LangGraph's store (long-term memory, agent.memory): its migration lists and their version tables,
