@@ -58,7 +58,15 @@ class CheckpointSummary:
     """Further metadata the turn recorded (e.g. what the model was sent), passed through as is."""
 
     #: Metadata keys passed through to `extra` when a checkpoint has them.
-    EXTRA_KEYS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage", "interrupted")
+    EXTRA_KEYS = (
+        "model_input_messages",
+        "model_input_tokens",
+        "summary_used",
+        "usage",
+        "branch_usage",
+        "recalled_memories",
+        "interrupted",
+    )
 
     @classmethod
     def from_row(cls, thread_id: str, row: Mapping[str, Any], *, head_checkpoint_id: str | None) -> CheckpointSummary:
@@ -204,11 +212,15 @@ class CheckpointState:
     `message_offset` items and puts these after them."""
     head_checkpoint_id: str | None = None
     """The thread's head (the summary's `is_head` says whether it is this checkpoint)."""
+    context_summary: str | None = None
+    """The text of the summary the model was sent for this checkpoint's answer (`summary_used`), else None:
+    the branch's summary as this checkpoint's state holds it (`agent.context.summaries`), not stored again."""
 
     def as_dict(self) -> dict[str, Any]:
         """The history entry's fields, `message_offset`, `head_checkpoint_id`, `messages` (Responses items,
-        each with its id and place) and, only when the checkpoint waits on a question, `interrupts`
-        (`[{"id", "value", "node"}]`)."""
+        each with its id and place), only when the checkpoint waits on a question, `interrupts`
+        (`[{"id", "value", "node"}]`), and only when the model was sent a summary for this checkpoint's
+        answer, `context_summary` (its text)."""
         out = {
             **self.summary.as_dict(),
             "head_checkpoint_id": self.head_checkpoint_id,
@@ -217,6 +229,8 @@ class CheckpointState:
         }
         if self.interrupts:
             out["interrupts"] = [interrupt.as_dict() for interrupt in self.interrupts]
+        if self.context_summary is not None:
+            out["context_summary"] = self.context_summary
         return out
 
 

@@ -16,6 +16,7 @@ strategy like any turn; this module holds the operations that are not turns.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +96,21 @@ def get_checkpoint_state(
         interrupts,
         message_offset=sum(len(to_state_items(message)) for message in messages[:offset]),
         head_checkpoint_id=record.head_checkpoint_id,
+        context_summary=_context_summary(found, summary),
     )
+
+
+def _context_summary(found: CheckpointTuple, summary: CheckpointSummary) -> str | None:
+    """The text of the summary the model was sent for the checkpoint's answer: the branch's summary in its
+    state (a state channel, inherited along the branch: read here, not copied into metadata), when the
+    checkpoint's metadata says one was used."""
+    if not summary.extra.get("summary_used"):
+        return None
+    from agent.state import CONTEXT_SUMMARY_CHANNEL  # LangChain: see get_checkpoint_state
+
+    value = found.checkpoint["channel_values"].get(CONTEXT_SUMMARY_CHANNEL)
+    text = value.get("text") if isinstance(value, Mapping) else None
+    return text if isinstance(text, str) and text else None
 
 
 def list_branches(storage: ThreadStorage, thread_id: str, *, user_id: str | None) -> list[BranchSummary]:
