@@ -232,7 +232,10 @@ def get_state(context: OperationContext, args: StateArgs) -> CheckpointState:
     At the root: no messages. A checkpoint
     where the graph waits on `interrupt()` also has `interrupts` (`[{"id", "value", "node"}]`:
     what `custom_inputs.resume` answers). Also `head_checkpoint_id` (the thread's head) and
-    `message_offset` (the index of the first item returned in the whole list: 0).
+    `message_offset` (the index of the first item returned in the whole list: 0). When the model
+    was sent a summary for this checkpoint's answer (`summary_used`), `context_summary`: its text;
+    `recalled_memories` (a history-entry field, when the turn recalled some): the ids of the
+    long-term memories the model was sent.
 
     `after_message_id`: only the messages after that one (a message or tool call of the checkpoint),
     with their places and alternatives; `message_offset` is the number of items up to it (its
