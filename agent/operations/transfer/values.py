@@ -34,7 +34,8 @@ and why each is what it is:
   `{"input_tokens", "output_tokens"}` integers from 0 to `MAX_TOKENS` (a
   trillion: no model call comes near it, and `get_usage`'s sum over a thread
   stays inside 64 bits, which SQLite's `sum()` needs, up to 9 million
-  checkpoints at the bound); `branch_usage` (derived again on import) the same shape.
+  checkpoints at the bound); `branch_usage` (derived again on import) the same shape;
+  `recalled_memories` a list of at most `MAX_RECALLED` memory ids.
 * **LangGraph's own metadata**: `step` (required) an integer from -1 to
   `MAX_TOKENS` (the loop adds one to it), `source` a string, `parents` an
   object of strings, `counters_since_delta_snapshot` an object of `[n, n]`.
@@ -64,6 +65,8 @@ MAX_INTEGER = 2**63 - 1
 MAX_DEPTH = 100
 #: Largest token or message count in a checkpoint's usage metadata, and largest `step`.
 MAX_TOKENS = 10**12
+#: Most memory ids in a checkpoint's `recalled_memories` (the memories one turn was sent).
+MAX_RECALLED = 1000
 #: Checkpoint formats (`v`) LangGraph's loop reads.
 MAX_CHECKPOINT_V = 4
 #: A channel version as LangGraph's Postgres and SQLite savers write it: `f"{n:032}.{random():016}"`.
@@ -212,6 +215,11 @@ def check_checkpoint_metadata(where: str, metadata: Mapping[str, Any]) -> None:
             _integer(f"{where}.{key}", metadata[key], 0, MAX_TOKENS)
     if "summary_used" in metadata and not isinstance(metadata["summary_used"], bool):
         raise invalid(f"{where}.summary_used must be true or false")
+    recalled = metadata.get("recalled_memories")
+    if recalled is not None and not (
+        isinstance(recalled, list) and len(recalled) <= MAX_RECALLED and all(isinstance(i, str) and 0 < len(i) <= 256 for i in recalled)
+    ):
+        raise invalid(f"{where}.recalled_memories must be a list of at most {MAX_RECALLED} memory ids")
     for key, most in (("usage", MAX_TOKENS), ("branch_usage", MAX_INTEGER)):
         usage = metadata.get(key)
         if usage is None:
