@@ -35,6 +35,7 @@ import functools
 import inspect
 import logging
 import threading
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 
@@ -271,7 +272,9 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             self.runs.tasks.add(task)
             task.add_done_callback(self.runs.tasks.discard)
         fields = response_object([], response_id, "queued", parsed=parsed, model=self.settings.model)
-        return ResponsesAgentResponse(**fields, custom_outputs={"response_id": response_id, "background": True})
+        with warnings.catch_warnings():  # MLflow's status check (`responses_helpers`) does not know OpenAI's "queued"
+            warnings.simplefilter("ignore", UserWarning)
+            return ResponsesAgentResponse(**fields, custom_outputs={"response_id": response_id, "background": True})
 
     # -- internals -------------------------------------------------------------------------
     def _bridge(self) -> LoopThreads:

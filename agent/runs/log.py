@@ -7,10 +7,13 @@ the very `sequence_number`s, that the live stream sent, while the stream's repet
 message's text is in `output_text.delta`, `output_text.done`, `content_part.done`, `output_item.done` and
 again in `response.completed` (five times), but once in the log.
 
-**The bound.** Stored bytes = the turn's text (its streamed text once, tool calls and results once) + at
-most `DELTA_OVERHEAD` bytes per text delta (its length, to split the coalesced text again) + a few hundred
-bytes per turn (ids, `custom_outputs` without `state`). A message whose text streamed is stored without its
-text (its text part's `text` is null): it is the deltas joined. Measured in `bench/` (event storage bytes vs turn text bytes).
+**The bound.** While the turn runs, its rows hold the turn's text once (its streamed text, tool calls and
+results) + at most `DELTA_OVERHEAD` bytes per text delta (its length, to split the coalesced text again) + a
+few hundred bytes per turn (ids, `custom_outputs` without `state`); a message whose text streamed is stored
+without its text (its text part's `text` is null): it is the deltas joined. When the turn ends, its rows are
+replaced by one row holding the whole log deflated (`whole`), in the transaction that ends the run, so what
+is kept for `response_events_seconds` costs less than the turn's text (English text deflates to about a
+third; the delta lengths to almost nothing). `bench.runs` measures both.
 
 Ops, one JSON array each, a row holding the ops written since the last one:
 `["s", response_id]`, `["d", item_id, text, [len, ...]]` (consecutive deltas of one message),
@@ -24,6 +27,7 @@ Rows are sealed with the agent's keyring when encryption is on (`agent.encryptio
 from __future__ import annotations
 
 import json
+import zlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,7 +37,8 @@ from agent.turn_events import NewMessages, StoredResponse, TextDelta, TurnResult
 
 #: Bytes a delta costs beyond its text: its length in the list of lengths (digits and a comma).
 DELTA_OVERHEAD = 5
-_PLAIN, _SEALED = b"J", b"E"
+#: The first byte of a row's payload: JSON ops, sealed ops, the whole log deflated, the whole log sealed.
+_PLAIN, _SEALED, _WHOLE, _WHOLE_SEALED = b"J", b"E", b"W", b"V"
 
 
 class Ops:
@@ -79,17 +84,25 @@ class Ops:
         return out
 
 
-def encode(ops: list[list[Any]], keyring: Any) -> bytes:
+def encode(ops: list[list[Any]], keyring: Any, *, whole: bool = False) -> bytes:
+    """A row's payload: `ops` as JSON, sealed when the keyring has a key; `whole` (the log compacted at the
+    turn's end): deflated (sealing deflates by itself)."""
     data = json.dumps(ops, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     if keyring is not None and keyring.enabled:
-        return _SEALED + keyring.encrypt(data)
+        return (_WHOLE_SEALED if whole else _SEALED) + keyring.encrypt(data)
+    if whole:
+        return _WHOLE + zlib.compress(data, 6)
     return _PLAIN + data
 
 
-def decode(payload: bytes, keyring: Any) -> list[list[Any]]:
-    if payload[:1] == _SEALED:
-        return json.loads(keyring.decrypt(payload[1:], what="A stored response event"))
-    return json.loads(payload[1:])
+def decode(payload: bytes, keyring: Any) -> tuple[list[list[Any]], bool]:
+    """(the ops of a row, whether it is the whole log: `Runs.follow` skips the ops it already had)."""
+    kind, body = payload[:1], payload[1:]
+    if kind in (_SEALED, _WHOLE_SEALED):
+        return json.loads(keyring.decrypt(body, what="A stored response event")), kind == _WHOLE_SEALED
+    if kind == _WHOLE:
+        return json.loads(zlib.decompress(body)), True
+    return json.loads(body), False
 
 
 class Replay:

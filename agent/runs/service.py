@@ -166,8 +166,8 @@ class Runs:
         """The whole response of an ended run, from its log (its `response.completed`); None if it has none."""
         replay = self.replay(run)
         last = None
-        for _, payload in self.store.rows(run.response_id, -1):
-            for event in replay.feed(decode(payload, self.keyring)):
+        for _, payload in self.store.rows(run.response_id, -1):  # after the run's end: one whole-log row
+            for event in replay.feed(decode(payload, self.keyring)[0]):
                 if event["type"] in ("response.completed",):
                     last = {**event["response"], "custom_outputs": event.get("custom_outputs")}
         return last
@@ -186,7 +186,7 @@ class Runs:
             raise ResponseNotFound(
                 f"Response {response_id!r} has no stored events (it was not streamed, or ended more than "
                 "response_events_seconds ago).", response_id=response_id)  # fmt: skip
-        replay, last_row = self.replay(run), -1
+        replay, last_row, fed = self.replay(run), -1, 0  # `fed`: ops replayed, which a whole-log row repeats
         wake = asyncio.Event()
         waker = (asyncio.get_running_loop(), wake)
         with self._lock:
@@ -196,7 +196,10 @@ class Runs:
                 rows = await in_io(self.store.rows, response_id, last_row)
                 for seq, payload in rows:
                     last_row = seq
-                    for event in replay.feed(decode(payload, self.keyring)):
+                    ops, whole = decode(payload, self.keyring)
+                    ops = ops[fed:] if whole else ops
+                    fed += len(ops)
+                    for event in replay.feed(ops):
                         if event["sequence_number"] > after:
                             yield event
                 if replay.ended:
@@ -280,6 +283,8 @@ class Recorder:
         self.background_id = background_id
         self.response_id = background_id
         self.ops = Ops()
+        #: Every op written so far, in order: the whole log the rows are compacted into at the end.
+        self.written: list[list[Any]] = []
         self.seq = 0
         self.flushing: asyncio.Task | None = None
         self.lock = asyncio.Lock()
@@ -324,6 +329,7 @@ class Recorder:
             ops = self.ops.take()
             if not ops or self.response_id is None:
                 return
+            self.written += ops
             seq, self.seq = self.seq, self.seq + 1
             await self.in_io(self.runs.store.append, self.response_id, seq, encode(ops, self.runs.keyring))
         self.runs.woken(self.response_id)
@@ -355,8 +361,10 @@ class Recorder:
 
     async def _end(self, response_id, status, reason, code, thread_id, checkpoint_id) -> None:  # type: ignore[no-untyped-def]
         await self.flush()
-        await self.in_io(lambda: self.runs.store.finish(response_id, status, reason=reason, code=code,
-                                                        thread_id=thread_id, checkpoint_id=checkpoint_id))  # fmt: skip
+        async with self.lock:  # after any flush still running (a pending `_flush_later`)
+            whole = encode(self.written, self.runs.keyring, whole=True) if self.seq else None
+            await self.in_io(lambda: self.runs.store.finish(response_id, status, reason=reason, code=code, thread_id=thread_id,
+                                                            checkpoint_id=checkpoint_id, whole=whole, last_seq=self.seq - 1))  # fmt: skip
         self.runs.woken(response_id)
 
 

@@ -98,8 +98,11 @@ class RunStore(ABC):
 
     @abstractmethod
     def finish(self, response_id: str, status: str, *, reason: str | None = None, code: str | None = None,
-               thread_id: str | None = None, checkpoint_id: str | None = None) -> None:  # fmt: skip
-        """Record the run's end (`status` one of FINAL); it then expires `keep_seconds` later."""
+               thread_id: str | None = None, checkpoint_id: str | None = None, whole: bytes | None = None,
+               last_seq: int = -1) -> None:  # fmt: skip
+        """Record the run's end (`status` one of FINAL); it then expires `keep_seconds` later. With `whole`, in
+        the same transaction, the rows up to `last_seq` are replaced by row `last_seq + 1` holding `whole`
+        (the whole log compacted: `agent.runs.log`)."""
 
     @abstractmethod
     def cancel_queued(self, response_id: str) -> bool:
@@ -186,6 +189,7 @@ UPDATE agent_runs SET expires_at = clock_timestamp() + make_interval(secs => %s)
 WHERE response_id = ANY(%s::text[]) AND status IN ('queued', 'in_progress')
 RETURNING response_id, cancel_requested
 """
+PG_COMPACT_SQL = "DELETE FROM agent_run_events WHERE response_id = %s AND seq <= %s"
 PG_APPEND_SQL = "INSERT INTO agent_run_events (response_id, seq, payload) VALUES (%s, %s, %s)"
 PG_ROWS_SQL = "SELECT seq, payload FROM agent_run_events WHERE response_id = %s AND seq > %s ORDER BY seq"
 PG_DELETE_SQL = """
@@ -239,10 +243,18 @@ class PostgresRunStore(RunStore):
     def start(self, response_id: str) -> bool:
         return self._run("start the run", lambda conn: conn.execute(PG_START_SQL, (response_id,)).rowcount) == 1
 
-    def finish(self, response_id, status, *, reason=None, code=None, thread_id=None, checkpoint_id=None) -> None:
+    def finish(self, response_id, status, *, reason=None, code=None, thread_id=None, checkpoint_id=None, whole=None, last_seq=-1) -> None:
         params = {"response_id": response_id, "status": status, "reason": reason, "code": code,
                   "thread_id": thread_id, "checkpoint_id": checkpoint_id, "keep": self.keep_seconds}  # fmt: skip
-        self._run("record the run's end", lambda conn: conn.execute(PG_FINISH_SQL, params))
+
+        def finish(conn: Any) -> None:
+            with conn.transaction():
+                conn.execute(PG_FINISH_SQL, params)
+                if whole is not None:
+                    conn.execute(PG_COMPACT_SQL, (response_id, last_seq))
+                    conn.execute(PG_APPEND_SQL, (response_id, last_seq + 1, whole))
+
+        self._run("record the run's end", finish)
 
     def cancel_queued(self, response_id: str) -> bool:
         params = ("Cancelled (POST /responses/{id}/cancel) before it started; nothing was written.", self.keep_seconds, response_id)
@@ -338,12 +350,17 @@ class SqliteRunStore(RunStore):
     def start(self, response_id: str) -> bool:
         return self._write("UPDATE agent_runs SET status = 'in_progress' WHERE response_id = ? AND status = 'queued'", (response_id,)) == 1
 
-    def finish(self, response_id, status, *, reason=None, code=None, thread_id=None, checkpoint_id=None) -> None:
-        self._write(
-            f"""UPDATE agent_runs SET status = ?, reason = ?, code = ?, thread_id = coalesce(?, thread_id),
-                checkpoint_id = coalesce(?, checkpoint_id), expires_at = ? WHERE response_id = ? AND status IN {LIVE_IN}""",
-            (status, reason, code, thread_id, checkpoint_id, time.time() + self.keep_seconds, response_id),
-        )
+    def finish(self, response_id, status, *, reason=None, code=None, thread_id=None, checkpoint_id=None, whole=None, last_seq=-1) -> None:
+        self.ensure()
+        with self.storage._errors(), self.storage.saver.transaction() as cur:
+            cur.execute(
+                f"""UPDATE agent_runs SET status = ?, reason = ?, code = ?, thread_id = coalesce(?, thread_id),
+                    checkpoint_id = coalesce(?, checkpoint_id), expires_at = ? WHERE response_id = ? AND status IN {LIVE_IN}""",
+                (status, reason, code, thread_id, checkpoint_id, time.time() + self.keep_seconds, response_id),
+            )
+            if whole is not None:
+                cur.execute("DELETE FROM agent_run_events WHERE response_id = ? AND seq <= ?", (response_id, last_seq))
+                cur.execute("INSERT INTO agent_run_events (response_id, seq, payload) VALUES (?, ?, ?)", (response_id, last_seq + 1, whole))
 
     def cancel_queued(self, response_id: str) -> bool:
         reason = "Cancelled (POST /responses/{id}/cancel) before it started; nothing was written."

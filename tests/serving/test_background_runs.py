@@ -1,7 +1,7 @@
 """Turns that outlive their connection (`agent.runs`): resumable streams on another replica, background runs
 behind a proxy that cuts connections, a replica killed mid-turn, cancel and delete from another replica.
 
-Two `tt-agent serve` processes (replicas A and B) on one fresh Postgres database, with a short lease
+Two `tt-agent serve` processes (replicas A and B; the last test kills A with SIGKILL) on one fresh Postgres database, with a short lease
 (`LEASE_S`) and `finish_left_streams` on, the trusted user header set; their model is the OpenAI-compatible
 stub, slowed so that a turn streams for a few seconds. Every stream event is validated with the `openai`
 package's own model.
@@ -34,7 +34,7 @@ EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 #: The replicas' `lease_seconds`: a killed replica's run reads failed, and its thread is free, after this long.
 LEASE_S = 2.0
 #: Seconds the stub takes per reply (its text arrives in `CHUNKS` deltas spread over it).
-SLOW_S = 3.0
+SLOW_S = 2.5
 CHUNKS = 10
 USER = {"X-User": "alice"}
 STRANGER = {"X-User": "mallory"}
@@ -146,41 +146,6 @@ def test_a_stream_dropped_at_event_n_resumes_on_another_replica_exactly_once_in_
     assert httpx.delete(f"{replicas.b}/responses/{response_id}", headers=STRANGER).status_code == 404
 
 
-def test_a_replica_killed_mid_stream_leaves_a_failed_run_and_a_free_thread(replicas):
-    thread_id, _ = new_thread(replicas.b)
-    before = history_length(replicas.b, thread_id)
-    with serve(replicas.cwd, replicas.env) as doomed:
-        pid = _pid_of(doomed)
-        body = {"input": "Tell me about Porto", "stream": True, "conversation": thread_id}
-        with httpx.stream("POST", f"{doomed}/responses", json=body, headers=USER, timeout=60) as response:
-            first = read_until(response, 6)
-            os.kill(pid, signal.SIGKILL)
-    response_id = first[0]["response"]["id"]
-    killed = time.monotonic()
-    run = wait_status(replicas.b, response_id, {"failed"}, timeout=LEASE_S * 3)
-    assert run["status"] == "failed" and "lease" in run["error"]["message"]
-    rest = resume(replicas.b, response_id, first[-1]["sequence_number"])
-    assert rest[-1]["type"] == "error" and rest[-1]["code"] == "lease_expired"
-    assert [e["sequence_number"] for e in first + rest] == list(range(len(first) + len(rest)))
-    # The thread is free within the lease: a turn that refuses to wait runs, on what was there before.
-    answer = httpx.post(f"{replicas.b}/responses", json={"input": "Again", "conversation": thread_id,
-                        "custom_inputs": {"multitask_strategy": "reject"}}, headers=USER, timeout=60)  # fmt: skip
-    assert answer.status_code == 200, answer.text
-    assert time.monotonic() - killed < LEASE_S * 3 + SLOW_S + 5
-    assert history_length(replicas.b, thread_id) == before + 2  # nothing of the killed turn
-
-
-def _pid_of(base: str) -> int:
-    """The pid of the server listening at `base` (its port), from /proc."""
-    import psutil
-
-    port = int(base.rsplit(":", 1)[1])
-    for conn in psutil.net_connections("tcp"):
-        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
-            return conn.pid
-    raise AssertionError(f"no process listens on {port}")
-
-
 def test_a_background_turn_outlives_a_proxy_that_cuts_every_connection(replicas):
     host, port = replicas.a.removeprefix("http://").split(":")
     with tcp_proxy(host, int(port)) as proxy:
@@ -252,3 +217,38 @@ def test_cancel_from_another_replica_while_queued_and_while_running_writes_nothi
     assert again.status_code == 200 and again.json()["status"] == "cancelled"
     late = httpx.post(f"{replicas.b}/responses/{free.json()['id']}/cancel", headers=USER)
     assert late.status_code == 400 and "completed" in late.json()["error"]["message"]
+
+
+def test_a_replica_killed_mid_stream_leaves_a_failed_run_and_a_free_thread(replicas):
+    # The module's last test: it kills replica A.
+    thread_id, _ = new_thread(replicas.b)
+    before = history_length(replicas.b, thread_id)
+    pid = _pid_of(replicas.a)
+    body = {"input": "Tell me about Porto", "stream": True, "conversation": thread_id}
+    with httpx.stream("POST", f"{replicas.a}/responses", json=body, headers=USER, timeout=60) as response:
+        first = read_until(response, 6)
+        os.kill(pid, signal.SIGKILL)
+    response_id = first[0]["response"]["id"]
+    killed = time.monotonic()
+    run = wait_status(replicas.b, response_id, {"failed"}, timeout=LEASE_S * 3)
+    assert run["status"] == "failed" and "lease" in run["error"]["message"]
+    rest = resume(replicas.b, response_id, first[-1]["sequence_number"])
+    assert rest[-1]["type"] == "error" and rest[-1]["code"] == "lease_expired"
+    assert [e["sequence_number"] for e in first + rest] == list(range(len(first) + len(rest)))
+    # The thread is free within the lease: a turn that refuses to wait runs, on what was there before.
+    answer = httpx.post(f"{replicas.b}/responses", json={"input": "Again", "conversation": thread_id,
+                        "custom_inputs": {"multitask_strategy": "reject"}}, headers=USER, timeout=60)  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    assert time.monotonic() - killed < LEASE_S * 3 + SLOW_S + 5
+    assert history_length(replicas.b, thread_id) == before + 2  # nothing of the killed turn
+
+
+def _pid_of(base: str) -> int:
+    """The pid of the server listening at `base` (its port), from /proc."""
+    import psutil
+
+    port = int(base.rsplit(":", 1)[1])
+    for conn in psutil.net_connections("tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+            return conn.pid
+    raise AssertionError(f"no process listens on {port}")
