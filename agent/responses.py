@@ -300,18 +300,32 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         envelope = parsed.envelope
         storage = self.operation_context.storage
         if envelope.thread_of_checkpoint:
+            checkpoint_id = envelope.checkpoint_id
             try:
-                record = thread_of_response(storage, envelope.checkpoint_id, user_id=envelope.user_id)
+                record = thread_of_response(storage, checkpoint_id, user_id=envelope.user_id)
             except ResponseNotFound as exc:
-                # OpenAI's wording and code (`previous_response_not_found`): clients look for them to resend the
-                # whole history instead.
-                raise PreviousResponseNotFound(
-                    f"Previous response with id 'resp_{envelope.checkpoint_id}' not found.", **exc.ids
-                ) from None
-            return dataclasses.replace(parsed, envelope=dataclasses.replace(envelope, thread_id=record.thread_id))
+                # A background run's id names its checkpoint through the run (`agent.runs`), while it is kept.
+                checkpoint_id = self._checkpoint_of_run(f"resp_{envelope.checkpoint_id}", envelope.user_id)
+                if checkpoint_id is None:
+                    # OpenAI's wording and code (`previous_response_not_found`): clients look for them to resend
+                    # the whole history instead.
+                    raise PreviousResponseNotFound(
+                        f"Previous response with id 'resp_{envelope.checkpoint_id}' not found.", **exc.ids
+                    ) from None
+                record = thread_of_response(storage, checkpoint_id, user_id=envelope.user_id)
+            envelope = dataclasses.replace(envelope, thread_id=record.thread_id, checkpoint_id=checkpoint_id)
+            return dataclasses.replace(parsed, envelope=envelope)
         if envelope.existing_thread:
             head(storage, envelope.thread_id, user_id=envelope.user_id)
         return parsed
+
+    def _checkpoint_of_run(self, response_id: str, user_id: str | None) -> str | None:
+        """The checkpoint a completed run of `user_id` wrote (None: no such run, not completed, or another's)."""
+        try:
+            run = self.runs.get(response_id, user_id)
+        except ResponseNotFound:
+            return None
+        return run.checkpoint_id if run is not None and run.status in ("completed", "incomplete") else None
 
     def _run_action(self, parsed: ParsedRequest) -> dict[str, Any]:
         envelope, operation = parsed.envelope, parsed.operation

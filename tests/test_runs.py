@@ -34,6 +34,12 @@ def followed(agent, response_id: str, user_id: str | None, after: int = -1) -> l
     return asyncio.run(collect())
 
 
+@pytest.fixture
+def agent(make_agent, tmp_path):
+    """An offline agent on a SQLite file (the server tests run the same on Postgres)."""
+    return make_agent(f"sqlite:///{tmp_path / 'checkpoints.sqlite'}")
+
+
 def test_a_streamed_turn_is_replayed_from_the_store_as_it_was_sent_within_its_bound(agent):
     request = {"input": [{"role": "user", "content": "Tell me a long story about the sea " * 20}],
                "custom_inputs": {"user_id": "alice"}}  # fmt: skip
@@ -66,3 +72,6 @@ def test_predict_with_custom_inputs_background_answers_queued_and_the_turn_compl
     Response.model_validate(whole)
     assert whole["id"] == queued.id and whole["status"] == "completed" and whole["output"][-1]["content"][0]["text"]
     assert agent.get_checkpoint_state(run.thread_id, run.checkpoint_id)["messages"]  # it was committed
+    # Its id continues from its checkpoint, as the checkpoint's own id does.
+    follow_up = agent.predict({"input": "And then?", "previous_response_id": queued.id})
+    assert follow_up.custom_outputs["parent_checkpoint_id"] == run.checkpoint_id

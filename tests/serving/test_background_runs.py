@@ -195,7 +195,10 @@ def test_cancel_from_another_replica_while_queued_and_while_running_writes_nothi
     turn = {"input": "Write a poem", "background": True, "conversation": thread_id}
     running = httpx.post(f"{replicas.a}/responses", json=turn, headers=USER, timeout=30).json()
     wait_status(replicas.b, running["id"], {"in_progress"}, timeout=10)
-    queued = httpx.post(f"{replicas.a}/responses", json=turn, headers=USER, timeout=30).json()
+    # The second through MLflow's route: `custom_inputs.background`.
+    invocation = {"input": [{"role": "user", "content": "Write a poem"}],
+                  "custom_inputs": {"background": True, "thread_id": thread_id}}  # fmt: skip
+    queued = httpx.post(f"{replicas.a}/invocations", json=invocation, headers=USER, timeout=30).json()
     assert wait_status(replicas.b, queued["id"], {"queued"}, timeout=1)["status"] == "queued"
 
     cancelled = httpx.post(f"{replicas.b}/responses/{queued['id']}/cancel", headers=USER, timeout=30)
