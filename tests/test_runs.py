@@ -75,3 +75,23 @@ def test_predict_with_custom_inputs_background_answers_queued_and_the_turn_compl
     # Its id continues from its checkpoint, as the checkpoint's own id does.
     follow_up = agent.predict({"input": "And then?", "previous_response_id": queued.id})
     assert follow_up.custom_outputs["parent_checkpoint_id"] == run.checkpoint_id
+
+
+def test_a_streamed_turns_stored_events_are_sealed_when_encryption_is_on(make_agent, tmp_path):
+    from agent.encryption import generate_key
+
+    agent = make_agent(f"sqlite:///{tmp_path / 'sealed.sqlite'}", encryption_key=generate_key())
+    live = streamed(agent, {"input": "Zanzibarian marmalade"})
+    response_id = live[0]["response"]["id"]
+    rows = agent.runs.store.rows(response_id, -1)
+    assert rows and all(b"Zanzibarian" not in payload for _, payload in rows)
+    assert followed(agent, response_id, None) == live
+
+
+def test_ended_runs_are_swept_after_response_events_seconds(make_agent, tmp_path):
+    agent = make_agent(f"sqlite:///{tmp_path / 'swept.sqlite'}", response_events_seconds=0.2)
+    response_id = streamed(agent, {"input": "Hi"})[0]["response"]["id"]
+    assert agent.runs.get(response_id, None).status == "completed"
+    time.sleep(0.3)
+    assert agent.runs.store.sweep() == 1
+    assert agent.runs.get(response_id, None) is None and agent.runs.store.rows(response_id, -1) == []

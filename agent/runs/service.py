@@ -133,10 +133,11 @@ class Runs:
         """Record a background run as `queued`; its response id. Sweeps ended runs now and then."""
         response_id = response_run_id()
         self.store.create(Run(response_id, parsed.envelope.user_id, "queued", True, request=request_fields(parsed)))
-        self._maybe_sweep()
+        self.maybe_sweep()
         return response_id
 
-    def _maybe_sweep(self) -> None:
+    def maybe_sweep(self) -> None:
+        """Sweep runs whose time is up (`RunStore.sweep`), at most every `SWEEP_EVERY_SECONDS`. Never raises."""
         if time.monotonic() - self._last_sweep >= SWEEP_EVERY_SECONDS:
             self._last_sweep = time.monotonic()
             try:
@@ -303,6 +304,7 @@ class Recorder:
                 self.response_id = event.response_id
                 run = Run(event.response_id, self.parsed.envelope.user_id, "in_progress", False, request=request_fields(self.parsed))
                 await in_io(self.runs.store.create, run)
+                await in_io(self.runs.maybe_sweep)
             elif not await in_io(self.runs.store.start, self.background_id):
                 raise RunCancelled(f"The response {self.background_id!r} was cancelled before it started; nothing was written.")
             local = self.runs.local(self.response_id) if self.background_id is not None else None
