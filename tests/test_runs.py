@@ -72,6 +72,10 @@ def test_predict_with_custom_inputs_background_answers_queued_and_the_turn_compl
     Response.model_validate(whole)
     assert whole["id"] == queued.id and whole["status"] == "completed" and whole["output"][-1]["content"][0]["text"]
     assert agent.get_checkpoint_state(run.thread_id, run.checkpoint_id)["messages"]  # it was committed
+    # Streamed, a background run's events come from its log, to its end.
+    events = streamed(agent, {"input": "Hi again", "background": True})
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["id"] == events[0]["response"]["id"]
     # Its id continues from its checkpoint, as the checkpoint's own id does.
     follow_up = agent.predict({"input": "And then?", "previous_response_id": queued.id})
     assert follow_up.custom_outputs["parent_checkpoint_id"] == run.checkpoint_id

@@ -3,9 +3,10 @@
 * `recorder(...)` gives a streamed turn its `Recorder`, which writes the run row and the event log as the
   turn runs: ops are buffered and written every `FLUSH_SECONDS` (and at the turn's end), so a token-by-token
   stream costs a few inserts per second, not one per token.
-* A keeper thread (one per process, alive while runs are) renews the leases of this process's live runs
-  every `lease_seconds / 3` in one statement, which also says which of them a cancel was asked for (from any
-  replica); those are cancelled here (`LocalRun.cancel`).
+* A keeper thread (one per process, alive while it has runs) renews the leases of this process's live runs
+  every `CANCEL_POLL_SECONDS` in one statement for all of them, which also says which of them a cancel was
+  asked for (from any replica); those are cancelled here (`LocalRun.cancel`). One statement every half
+  second per process, whatever the number of runs.
 * `follow(...)` replays a run's log from the store and polls it (every `POLL_SECONDS`) until the run ends.
   Polling, not Postgres `LISTEN/NOTIFY`: it needs no connection held per listener (a listener holds its
   connection, which transaction-mode PgBouncer does not allow and the pool cannot spare for hundreds of
@@ -25,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.error_answers import answer_for
 from agent.errors import AgentError, InvalidRequest, ResponseNotFound, TurnCancelled
 from agent.runs.log import Ops, Replay, decode, encode
 from agent.runs.store import FINAL, Run, RunStore, open_run_store
@@ -102,19 +104,14 @@ class Runs:
         self._closed.set()
 
     def _keep(self) -> None:
-        renew_every = self.settings.lease_seconds / 3
-        last_renewal = 0.0
-        while not self._closed.wait(CANCEL_POLL_SECONDS):
+        while not self._closed.wait(min(CANCEL_POLL_SECONDS, self.settings.lease_seconds / 3)):
             with self._lock:
                 local = dict(self._local)
             if not local:
                 continue
             try:
-                if time.monotonic() - last_renewal >= min(renew_every, CANCEL_POLL_SECONDS):
-                    cancelled = self.store.renew(list(local))
-                    last_renewal = time.monotonic()
-                    for response_id in cancelled:
-                        local[response_id].cancel()
+                for response_id in self.store.renew(list(local)):
+                    local[response_id].cancel()
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the keeper; the lease has slack
                 logger.warning("Could not renew %d run(s)", len(local), exc_info=True)
 
@@ -385,8 +382,5 @@ def _status_of(error: BaseException | None, runs: Runs, response_id: str) -> tup
     if error is None or isinstance(error, (asyncio.CancelledError, GeneratorExit)):
         return "cancelled", "The client left the stream, which cancelled the turn; nothing was written.", "client_left"
     if isinstance(error, AgentError):
-        from agent.serving.errors import openai_error_body
-
-        body = openai_error_body(error)["error"]
-        return "failed", body["message"], body["code"] or "server_error"
+        return "failed", error.message, answer_for(error).openai_code or "server_error"
     return "failed", f"Internal error ({type(error).__name__}); see the server log.", "server_error"
