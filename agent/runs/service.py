@@ -336,8 +336,12 @@ class Recorder:
     async def ended(self, error: BaseException | None, in_io: Callable[..., Any]) -> None:
         """Record how the turn ended (`error` None: it yielded its result). Never raises."""
         self.in_io = self.in_io or in_io
-        # A pending `_flush_later` is left to run: cancelling it mid-write would let a later row land first
-        # (rows are written one at a time, under `lock`, so a follower never skips one).
+        # `flushing` is set only while `_flush_later` sleeps (it clears it before writing): cancelling it then
+        # stops no write, and the flush below takes its ops. A write in progress holds `lock`, which the flush
+        # below waits for, so rows land in order and a follower never skips one.
+        if self.flushing is not None:
+            self.flushing.cancel()
+            self.flushing = None
         response_id = self.response_id
         if response_id is None:  # a stream that ended before its turn started: no run was recorded
             return

@@ -12,7 +12,7 @@ response's stored *run record* (its status and stored stream events), and says s
 `{"id", "object": "response.deleted", "deleted": true, "removed": ["run", "events"], "kept": {...}}`, where
 `kept` names the checkpoint and thread still stored (delete a thread with `DELETE /conversations/{id}` or
 `delete_thread`). A response with no run record (an unstreamed turn, or one whose record was swept) is a
-409 saying the same, nothing deleted. A run still queued or running is a 409 (cancel it first).
+400 saying the same, nothing deleted. A run still queued or running is a 409 (cancel it first).
 """
 
 from __future__ import annotations
