@@ -190,7 +190,8 @@ WHERE response_id = ANY(%s::text[]) AND status IN ('queued', 'in_progress')
 RETURNING response_id, cancel_requested
 """
 PG_COMPACT_SQL = "DELETE FROM agent_run_events WHERE response_id = %s AND seq <= %s"
-PG_APPEND_SQL = "INSERT INTO agent_run_events (response_id, seq, payload) VALUES (%s, %s, %s)"
+# A retry after a connection lost with the insert committed (`storage.run` retries once) inserts nothing.
+PG_APPEND_SQL = "INSERT INTO agent_run_events (response_id, seq, payload) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 PG_ROWS_SQL = "SELECT seq, payload FROM agent_run_events WHERE response_id = %s AND seq > %s ORDER BY seq"
 PG_DELETE_SQL = """
 WITH events AS (DELETE FROM agent_run_events WHERE response_id = %(id)s)
@@ -213,7 +214,8 @@ SELECT count(*) AS n FROM gone
 
 
 class PostgresRunStore(RunStore):
-    """`RunStore` on a `PostgresThreadStorage`'s pool (`storage.run`: a dead connection is retried once)."""
+    """`RunStore` on a `PostgresThreadStorage`'s pool (`storage.run`: a dead connection is retried once, so
+    every statement here is safe to repeat or is one whose repetition fails harmlessly)."""
 
     def __init__(self, storage: Any, lease_seconds: float, keep_seconds: float) -> None:
         super().__init__(lease_seconds, keep_seconds)
@@ -221,7 +223,7 @@ class PostgresRunStore(RunStore):
 
     def _run(self, action: str, work: Any) -> Any:
         self.ensure()
-        return self.storage._run(action, work)  # never inside a commit's batch: runs write on their own
+        return self.storage.run(action, work)  # on the storage pool's threads: never inside a commit
 
     def setup(self) -> None:
         def create(conn: Any) -> None:
@@ -229,7 +231,7 @@ class PostgresRunStore(RunStore):
                 for statement in PG_SETUP_SQL:
                     conn.execute(statement)
 
-        self.storage._run("create the run tables", create)
+        self.storage.run("create the run tables", create)
 
     def create(self, run: Run) -> None:
         params = {"response_id": run.response_id, "user_id": run.user_id, "status": run.status,
@@ -385,7 +387,7 @@ class SqliteRunStore(RunStore):
         return [row[0] for row in rows]
 
     def append(self, response_id: str, seq: int, payload: bytes) -> None:
-        self._write("INSERT INTO agent_run_events (response_id, seq, payload) VALUES (?, ?, ?)", (response_id, seq, payload))
+        self._write("INSERT OR IGNORE INTO agent_run_events (response_id, seq, payload) VALUES (?, ?, ?)", (response_id, seq, payload))
 
     def rows(self, response_id: str, after: int) -> list[tuple[int, bytes]]:
         rows = self._read("SELECT seq, payload FROM agent_run_events WHERE response_id = ? AND seq > ? ORDER BY seq", (response_id, after))

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agent.errors import AgentError, InvalidRequest
+from agent.errors import AgentError, InvalidRequest, ResponseNotFound
 from agent.operations import conversations as ops
 from agent.operations.branches import get_checkpoint_state
 from agent.operations.thread_values import check_metadata
@@ -111,22 +111,24 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             _query(request, allowed=("stream", "starting_after", "include"))
             after = _starting_after(request)
             user = caller(agent, request)
-            events = agent.runs.follow(response_id, user, after, context.in_io)
-            first = await anext(events, None)  # an unknown or foreign id answers 404 before the stream starts
+            if await context.in_io(agent.runs.get, response_id, user) is None:  # unknown or foreign: 404 now
+                raise ResponseNotFound(f"Response {response_id!r} has no stored events (it was not streamed, or "
+                                       "ended more than response_events_seconds ago).", response_id=response_id)  # fmt: skip
         except AgentError as exc:
             code, body = http_status(exc), openai_error_body(exc)
             log_error_answer(request.method, request.url.path, code, body, exc)
             return JSONResponse(body, status_code=code)
 
         async def sse() -> Any:
+            events = agent.runs.follow(response_id, user, after, context.in_io)
             try:
-                if first is not None:
-                    yield f"data: {json.dumps(first)}\n\n"
-                    async for event in events:
-                        yield f"data: {json.dumps(event)}\n\n"
-                yield "data: [DONE]\n\n"
+                async for event in events:
+                    yield f"data: {json.dumps(event)}\n\n"
+            except AgentError as exc:  # swept between the check and the read: OpenAI's error event
+                yield f"data: {json.dumps({'type': 'error', **openai_error_body(exc)['error'], 'sequence_number': after + 1})}\n\n"
             finally:
                 await events.aclose()
+            yield "data: [DONE]\n\n"
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
