@@ -162,6 +162,7 @@ PG_CREATE_SQL = """
 INSERT INTO agent_runs (response_id, user_id, status, background, request, expires_at)
 VALUES (%(response_id)s, %(user_id)s, %(status)s, %(background)s, %(request)s,
         clock_timestamp() + make_interval(secs => %(lease)s))
+ON CONFLICT DO NOTHING
 """
 PG_GET_SQL = """
 SELECT response_id, user_id, status, background, thread_id, checkpoint_id, reason, code, cancel_requested, request,
@@ -338,7 +339,7 @@ class SqliteRunStore(RunStore):
                 cur.execute(statement)
 
     def create(self, run: Run) -> None:
-        self._write(f"INSERT INTO agent_runs ({SQLITE_COLUMNS}, expires_at) VALUES (?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, ?, ?)",
+        self._write(f"INSERT OR IGNORE INTO agent_runs ({SQLITE_COLUMNS}, expires_at) VALUES (?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, ?, ?)",
                     (run.response_id, run.user_id, run.status, int(run.background), json.dumps(run.request),
                      time.time() + self.lease_seconds))  # fmt: skip
 
