@@ -133,9 +133,12 @@ class Runs:
         self.maybe_sweep()
         return response_id
 
+    def sweep_due(self) -> bool:
+        return time.monotonic() - self._last_sweep >= SWEEP_EVERY_SECONDS
+
     def maybe_sweep(self) -> None:
         """Sweep runs whose time is up (`RunStore.sweep`), at most every `SWEEP_EVERY_SECONDS`. Never raises."""
-        if time.monotonic() - self._last_sweep >= SWEEP_EVERY_SECONDS:
+        if self.sweep_due():
             self._last_sweep = time.monotonic()
             try:
                 self.store.sweep()
@@ -301,7 +304,8 @@ class Recorder:
                 self.response_id = event.response_id
                 run = Run(event.response_id, self.parsed.envelope.user_id, "in_progress", False, request=request_fields(self.parsed))
                 await in_io(self.runs.store.create, run)
-                await in_io(self.runs.maybe_sweep)
+                if self.runs.sweep_due():
+                    await in_io(self.runs.maybe_sweep)
             elif not await in_io(self.runs.store.start, self.background_id):
                 raise RunCancelled(f"The response {self.background_id!r} was cancelled before it started; nothing was written.")
             local = self.runs.local(self.response_id) if self.background_id is not None else None
