@@ -37,8 +37,8 @@ DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 OFFLINE_MODEL_NAME = "offline"
 
 #: What a turn does when another turn holds its thread (LangGraph Agent Server's double-texting strategies).
-MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback"]
-MULTITASK_STRATEGIES: tuple[str, ...] = ("reject", "enqueue", "interrupt", "rollback")
+MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback", "steer"]
+MULTITASK_STRATEGIES: tuple[str, ...] = ("reject", "enqueue", "interrupt", "rollback", "steer")
 
 #: What a CORS origin looks like (a browser's `Origin` header): scheme://host[:port].
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
@@ -100,7 +100,8 @@ class AgentSettings(BaseSettings):
     # -- turns on one thread -----------------------------------------------------------------
     multitask_strategy: MultitaskStrategy = "reject"
     """A turn on a thread another turn holds: `reject` raises ThreadBusy, `enqueue` waits, `interrupt` stops
-    the running turn and keeps what it produced, `rollback` stops it and writes nothing of it."""
+    the running turn and keeps what it produced, `rollback` stops it and writes nothing of it, `steer` adds the
+    messages to the running turn before its next model call (or, past its last one, runs them next)."""
     enqueue_timeout: float = Field(default=30.0, ge=0)
     """Seconds a turn waits for its thread (`enqueue`, `interrupt`, `rollback`) before ThreadBusy."""
     lease_seconds: float = Field(default=15.0, gt=0)
@@ -161,7 +162,8 @@ class AgentSettings(BaseSettings):
     """Bind the long-term memory tools (save, search, forget) to the built-in graph's model, beside its own tools.
     False: the model gets only the agent's tools (a user's graph binds its own tools either way)."""
     embedding_model: str | None = None
-    """An OpenAI-compatible embeddings model for semantic memory search on SQLite. None (and on Postgres): keyword search."""
+    """An OpenAI-compatible embeddings model for semantic memory search (SQLite and Postgres: exact cosine
+    over the stored vectors). None: keyword search."""
     memory_ttl_seconds: float | None = Field(default=None, gt=0)
     """Long-term memories expire after this long without being used (given to the model or found by
     `search_memories`). None: never."""
@@ -179,8 +181,13 @@ class AgentSettings(BaseSettings):
     tracing: bool | None = None
     """MLflow tracing of every turn. None: on when a tracking server is configured (`MLFLOW_TRACKING_URI`,
     or a Databricks runtime), else off. `tt-agent serve` turns it on."""
-    trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
-    """The fraction of turns traced when tracing is on."""
+    trace_sample_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+    """The fraction of turns traced when tracing is on. None: by where traces go (`agent.tracing`): every
+    turn to a tracking server or Databricks, `LOCAL_TRACE_SAMPLE_RATIO` of them into a store this process
+    writes itself (the default `.agent/mlflow.db`), whose writes cost more CPU than the turn."""
+    trace_actions: bool = False
+    """Also trace requests that name a `custom_inputs.action` (reads such as `get_checkpoint_state`, and
+    state edits). False: only turns are traced."""
 
     @field_validator("cors_origins", mode="before")
     @classmethod

@@ -17,7 +17,9 @@ server) each call the model the natural way: the async path awaits the HTTP
 request instead of holding an OS thread while the model thinks. Each body
 asks the `ContextWindow` for the model input (`agent.context`), calls the
 model, and has the window record what it was sent (the state is
-`agent.state.AgentState`). Each model call is traced as one span
+`agent.state.AgentState`). Before the model call, the step appends the messages
+that `steer` requests offered to the turn (`agent.operations.turns.steer`).
+Each model call is traced as one span
 (`agent.tracing.model_call_span`). The same step is public as `call_model` /
 `acall_model`, so that a user's graph gets the same context window in its own
 model node (the window reaches it in the turn's `TurnContext`); a foreign graph
@@ -183,6 +185,8 @@ _UNBOUNDED = ContextWindow(max_context_tokens=sys.maxsize, strategy="trim", coun
 
 def _model_step(model: Runnable, window: ContextWindow, state: Mapping[str, Any], config: RunnableConfig) -> dict:
     context = turn_context(config)
+    steered = context.inbox.take() if context is not None and context.inbox is not None else []
+    state = _with_steered(state, steered)
     try:
         prepared = window.prepare(state, context)
         with model_call_span(prepared.input.messages, name=_span_name(model)) as span:
@@ -190,11 +194,13 @@ def _model_step(model: Runnable, window: ContextWindow, state: Mapping[str, Any]
             span.reply(reply)
     except Exception as exc:
         raise _model_error(exc) from exc
-    return {"messages": [reply], **window.record(prepared, reply, context)}
+    return {"messages": [*steered, reply], **window.record(prepared, reply, context)}
 
 
 async def _amodel_step(model: Runnable, window: ContextWindow, state: Mapping[str, Any], config: RunnableConfig) -> dict:
     context = turn_context(config)
+    steered = await context.inbox.atake() if context is not None and context.inbox is not None else []
+    state = _with_steered(state, steered)
     try:
         prepared = await window.aprepare(state, context)
         with model_call_span(prepared.input.messages, name=_span_name(model)) as span:
@@ -202,7 +208,15 @@ async def _amodel_step(model: Runnable, window: ContextWindow, state: Mapping[st
             span.reply(reply)
     except Exception as exc:
         raise _model_error(exc) from exc
-    return {"messages": [reply], **window.record(prepared, reply, context)}
+    return {"messages": [*steered, reply], **window.record(prepared, reply, context)}
+
+
+def _with_steered(state: Mapping[str, Any], steered: list) -> Mapping[str, Any]:
+    """`state` with the messages steered into the turn appended (`agent.operations.turns.steer`): the model
+    sees them after what the state ends with (a tool result), and the node's update stores them before the reply."""
+    if not steered:
+        return state
+    return {**state, MESSAGES_CHANNEL: [*state.get(MESSAGES_CHANNEL, ()), *steered]}
 
 
 def _span_name(model: Runnable) -> str:

@@ -13,7 +13,7 @@ Envelope `custom_inputs` keys (all optional):
 | `thread_id` | str | the thread; else `context.conversation_id`; else a new id |
 | `checkpoint_id` | str | start the turn from this checkpoint (a branch) instead of the head |
 | `user_id` | str | the caller; else `context.user_id` (both given: they must be equal) |
-| `multitask_strategy` | `reject` / `enqueue` / `interrupt` / `rollback` | overrides the agent's policy |
+| `multitask_strategy` | `reject` / `enqueue` / `interrupt` / `rollback` / `steer` | overrides the agent's policy |
 | `idempotency_key` | str | a retry with the same key returns the first result instead of running again (turns and `update_checkpoint_state`; other actions ignore it) |
 | `action` | str | one of `agent.operations.registry.ACTIONS`; absent: a turn |
 

@@ -53,7 +53,7 @@ from agent.operations.history import head
 from agent.operations.render import STATE, with_state
 from agent.operations.turns import TurnArgs
 from agent.operations.turns.bridge import LoopThreads
-from agent.requests import ParsedRequest, keeping_item_ids, parse_request, with_string_input
+from agent.requests import ParsedRequest, asks_for_turn, keeping_item_ids, parse_request, with_string_input
 from agent.response_events import StreamEvents, action_events, custom_outputs, response, response_object
 from agent.runs import Runs
 from agent.runs.service import LocalRun
@@ -74,6 +74,7 @@ class _DictRequests:
 
     def __init__(self, method: Callable, *, name: str, stream: bool) -> None:
         options = {"output_reducer": ResponsesAgent.responses_agent_output_reducer} if stream else {}
+        self.method = method
         self.traced = mlflow.trace(span_type=SpanType.AGENT, name=name, **options)(method)
         functools.update_wrapper(self, method)
         self.name = name
@@ -88,12 +89,20 @@ class _DictRequests:
         def bound(request: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(request, dict):
                 request = _validated_request(request)
+            if not traces(request, instance.settings):
+                return self.method(instance, request, *args, **kwargs)
             return self.traced(instance, request, *args, **kwargs)
 
         bound.__name__ = bound.__qualname__ = self.name
         bound.__doc__ = self.__doc__
         bound.__signature__ = self.signature  # type: ignore[attr-defined]
         return bound
+
+
+def traces(request: ResponsesAgentRequest, settings: Any) -> bool:
+    """Whether `request` gets a trace: a turn does; an action (a read, a state edit) only with
+    `settings.trace_actions` (`agent.tracing`, "What is traced")."""
+    return settings.trace_actions or asks_for_turn({"custom_inputs": request.custom_inputs})
 
 
 class LangGraphResponsesAgent(Agent, ResponsesAgent):

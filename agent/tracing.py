@@ -17,6 +17,26 @@ runnable with the whole message list as inputs and outputs, so a traced turn
 cost more the longer its thread (figures: docs/performance.md, "Tracing").
 The summary costs the same on the first turn of a thread and on the thousandth.
 
+**What is traced: turns.** A request that names a `custom_inputs.action` (a read
+such as `get_checkpoint_state`, whose output is a whole rendered thread, or a state
+edit) is not traced unless `trace_actions` is set: a chat UI reads far more often
+than it sends, and a read's trace held its whole answer (113 kB for one render of
+a 50-turn thread). The callers decide (`agent.responses`, `agent.serving.agent_server`).
+
+**What a trace costs, by destination** (figures: docs/performance.md, "Tracing").
+Export runs after the turn's answer, on MLflow's async trace logging thread
+(`MLFLOW_ENABLE_ASYNC_TRACE_LOGGING`, on by default), so it is off the turn's
+critical path, but its CPU is the serving process's all the same. Sent to a
+tracking server (`http(s)://`) or Databricks, a trace costs the serving process
+one HTTP request. Written into a store by the process itself (a `sqlite:///` file,
+as the default `.agent/mlflow.db`, or any database URI) it costs MLflow's
+SQLAlchemy store about 56 statements and three commits (`start_trace`,
+`log_spans`: some 20 to 30 ms of CPU in mlflow 3.17), several times what the
+turn itself costs. So the default ratio (`trace_sample_ratio=None`) depends on
+the destination: every turn to a tracking server, `LOCAL_TRACE_SAMPLE_RATIO` of
+the turns into a local store, which keeps a server's CPU per turn within twice
+its CPU without tracing. `trace_sample_ratio=1` traces every turn there too.
+
 **Sampling.** `trace_sample_ratio` (0 to 1) is MLflow's own trace sampling
 (`MLFLOW_TRACE_SAMPLING_RATIO`, mlflow >= 3.x: a `ParentBased` ratio sampler
 decides once per trace at its root span, and the spans inside follow it).
@@ -82,6 +102,10 @@ DEFAULT_TRACKING_DB = Path(".agent") / "mlflow.db"
 DEFAULT_ARTIFACTS_DIR = Path(".agent") / "mlartifacts"
 #: MLflow's trace sampling ratio variable (read when its tracer provider is built).
 SAMPLING_RATIO_ENV = "MLFLOW_TRACE_SAMPLING_RATIO"
+#: The share of turns traced by default into a store the process writes itself (module docstring).
+LOCAL_TRACE_SAMPLE_RATIO = 0.2
+#: Tracking URI schemes whose store is another process: a trace costs the server one request.
+REMOTE_TRACKING_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc")
 
 _lock = threading.Lock()
 _applied_ratio: float | None = None
@@ -110,8 +134,17 @@ def configure_tracing(settings: AgentSettings) -> None:
         disable_tracing()
 
 
-def enable_tracing(sample_ratio: float = 1.0) -> None:
-    """Turn on MLflow tracing for this process, keeping `sample_ratio` (0 to 1) of the traces.
+def default_sample_ratio(tracking_uri: str) -> float:
+    """The share of turns traced when `trace_sample_ratio` is None: 1.0 when `tracking_uri` is another
+    process (a tracking server, Databricks), `LOCAL_TRACE_SAMPLE_RATIO` when this process writes the store."""
+    scheme = tracking_uri.split(":", 1)[0].lower()
+    return 1.0 if scheme in REMOTE_TRACKING_SCHEMES else LOCAL_TRACE_SAMPLE_RATIO
+
+
+def enable_tracing(sample_ratio: float | None = 1.0) -> None:
+    """Turn on MLflow tracing for this process, keeping `sample_ratio` (0 to 1) of the traces
+    (None: `MLFLOW_TRACE_SAMPLING_RATIO` when the user set it, else `default_sample_ratio` of the
+    tracking URI in use).
 
     Also applies `use_default_tracking_uri()`, so traces never land in a stray
     `mlflow.db` in the current directory. The ratio goes to MLflow's
@@ -127,14 +160,18 @@ def enable_tracing(sample_ratio: float = 1.0) -> None:
         ValueError: `sample_ratio` is not between 0 and 1.
     """
     global _applied_ratio, _disable_when_imported
-    if not 0.0 <= sample_ratio <= 1.0:
+    if sample_ratio is not None and not 0.0 <= sample_ratio <= 1.0:
         raise ValueError(f"sample_ratio must be between 0 and 1, got {sample_ratio}")
     import mlflow
     from mlflow.tracing.provider import is_tracing_enabled
 
     with _lock:
         _disable_when_imported = False
-        use_default_tracking_uri()
+        uri = use_default_tracking_uri()
+        if sample_ratio is None:
+            chosen = os.environ.get(SAMPLING_RATIO_ENV) if _applied_ratio is None else None
+            # MLflow's own variable, set by the user before this process set it, is the user's choice.
+            sample_ratio = float(chosen) if chosen else default_sample_ratio(uri)
         if sample_ratio != _applied_ratio:
             os.environ[SAMPLING_RATIO_ENV] = repr(float(sample_ratio))
             _applied_ratio = sample_ratio

@@ -73,6 +73,9 @@ class TurnResult:
     state: Mapping[str, Any] | None = None
     """What a client re-renders, as `get_checkpoint_state` gives it (`include: ["state"]`,
     `agent.operations.render`); None: not asked for."""
+    steer: Literal["joined", "new_turn"] | None = None
+    """A `steer` request's outcome: `joined` (its messages joined the turn that was running: `checkpoint_id`
+    and `response_id` are that turn's), or `new_turn` (it ran them as a turn of its own). None: not `steer`."""
 
     @property
     def response_id(self) -> str | None:
@@ -90,6 +93,8 @@ class TurnResult:
         }
         if self.status != "completed":
             out["status"] = self.status
+        if self.steer is not None:
+            out["steer"] = self.steer
         if self.unstored_response_id is not None:
             out["stored"] = False
         if self.interrupts:

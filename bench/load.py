@@ -13,10 +13,12 @@ streamed as 4 chunks 0.5 s apart, the shape of a real LLM. Servers are real
 processes (`python -m agent serve`) with `AGENT_POOL_MAX_SIZE=10`, each in its
 own process group, stopped at the end of their phase. Servers with tracing on
 send their traces to an MLflow tracking server (`mlflow server` on a temporary
-SQLite store, one process for the whole run), as deployments do; phase 8 also
-measures, for reference, a server writing its traces into an MLflow SQLite
-file itself (MLflow's SQLAlchemy store costs about 15 ms of CPU per trace in
-the writing process, whatever the trace holds).
+SQLite store, one process for the whole run), as deployments do; phase 8's
+target is measured as a user runs `tt-agent serve` out of the box: tracing on,
+no tracking URI, traces into the default local store `.agent/mlflow.db` (where
+`trace_sample_ratio`'s default keeps a share of the turns: MLflow's SQLAlchemy
+store costs 20 to 30 ms of CPU per trace in the writing process, whatever the
+trace holds).
 
 Phases (all figures from one run; `--quick` shrinks every size for a smoke test):
 
@@ -33,10 +35,13 @@ Phases (all figures from one run; `--quick` shrinks every size for a smoke test)
    0 s model on the same server): what the load adds beyond one model call.
 7. During phase 2 (and, for reference, 3) another user's
    `get_checkpoint_history` over HTTP every 100 ms: p50 and max.
-8. Server CPU per turn, tracing on over off: two servers, a 0 s model, turns
-   in rounds on-off-off-on; CPU is utime+stime of each server's process group
-   (`/proc`), read once the server is idle again. A third server, tracing into
-   its own SQLite file, runs its rounds in between, for reference.
+8. Server CPU per turn, tracing at its default over off: servers with a 0 s
+   model, turns in symmetric rounds; CPU is utime+stime of each server's
+   process group (`/proc`), read once the server is idle again. The target's
+   server has the default settings (no `MLFLOW_TRACKING_URI`, no sample
+   ratio: the local store). For reference, a server sending every trace to the
+   tracking server, and one writing every trace into its own SQLite file
+   (`AGENT_TRACE_SAMPLE_RATIO=1`), run their rounds in between.
 9. In-process turn p50, last 10 over first 10 turns of a T-turn (200) thread,
    tracing on (the Python default) and off, each in a child process
    (`bench.turn_growth`) so tracing settings do not leak.
@@ -158,7 +163,7 @@ def figures(sizes: Sizes) -> dict[str, report.Figure]:
                                        lambda v: v <= 0.3, seconds),  # fmt: skip
         "history_max_s": report.Figure("another user's history during streamed load: max", "<= 2 s",
                                        lambda v: v <= 2.0, seconds),  # fmt: skip
-        "tracing_cpu_ratio": report.Figure("server CPU per turn, tracing on (to a tracking server) / off", "<= 2",
+        "tracing_cpu_ratio": report.Figure("server CPU per turn, tracing at its default (local store) / off", "<= 2",
                                            lambda v: v <= 2, ratio),  # fmt: skip
         "traced_turn_growth": report.Figure(
             f"in-process turn p50 with tracing, last 10 / first 10 of {sizes.growth_turns} turns",
@@ -182,11 +187,16 @@ def figures(sizes: Sizes) -> dict[str, report.Figure]:
         "history_unstreamed_p50_s": report.Figure("another user's history during unstreamed load: p50", fmt=seconds),
         "history_unstreamed_max_s": report.Figure("another user's history during unstreamed load: max", fmt=seconds),
         "in_process_wall_s": report.Figure(f"wall of {sizes.in_process_calls} in-process predict calls", fmt=seconds),
-        "cpu_ms_per_turn_traced": report.Figure("server CPU per turn, tracing on", fmt=report.fixed(1, " ms")),
+        "cpu_ms_per_turn_traced": report.Figure("server CPU per turn, tracing at its default (local store)",
+                                                fmt=report.fixed(1, " ms")),  # fmt: skip
         "cpu_ms_per_turn_untraced": report.Figure("server CPU per turn, tracing off", fmt=report.fixed(1, " ms")),
-        "cpu_ms_per_turn_traced_local": report.Figure("server CPU per turn, tracing into its own SQLite file",
+        "cpu_ms_per_turn_traced_server": report.Figure("server CPU per turn, every turn to a tracking server",
+                                                       fmt=report.fixed(1, " ms")),  # fmt: skip
+        "tracing_server_cpu_ratio": report.Figure("server CPU per turn, every turn to a tracking server / off",
+                                                  fmt=ratio),  # fmt: skip
+        "cpu_ms_per_turn_traced_local": report.Figure("server CPU per turn, every turn into its own SQLite file",
                                                       fmt=report.fixed(1, " ms")),  # fmt: skip
-        "tracing_local_cpu_ratio": report.Figure("server CPU per turn, tracing into its own SQLite file / off",
+        "tracing_local_cpu_ratio": report.Figure("server CPU per turn, every turn into its own SQLite file / off",
                                                  fmt=ratio),  # fmt: skip
         "traced_turn_ms_first": report.Figure("in-process turn p50 with tracing, first 10 turns",
                                               fmt=report.fixed(1, " ms")),  # fmt: skip
@@ -225,10 +235,12 @@ class LoadBenchmark:
 
     # -- servers -----------------------------------------------------------------------------
     def server_spec(self, name: str, database_url: str, *, tracing: bool, workers: int | None = None,
-                    local_traces: bool = False):  # fmt: skip
+                    traces: str = "server"):  # fmt: skip
         """A `running_servers` spec for `python -m agent serve` on a free port, and its base URL.
 
-        Traces go to the run's tracking server, or with `local_traces` into a SQLite file the server writes.
+        `traces`: "server" sends every trace to the run's tracking server; "local" writes every trace into a
+        SQLite file of the server's own; "default" sets nothing (the default store under the run's directory,
+        and the default sample ratio), as a user who runs `tt-agent serve` as installed.
         """
         port = free_port()
         args = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -243,8 +255,13 @@ class LoadBenchmark:
             AGENT_TRACING="true" if tracing else "false",
             OPENAI_BASE_URL=self.stub_url,
             OPENAI_API_KEY="unused",
-            MLFLOW_TRACKING_URI=f"sqlite:///{self.workdir / name}-mlflow.db" if local_traces else self.tracking_uri,
         )
+        if traces == "server":
+            env.update(MLFLOW_TRACKING_URI=self.tracking_uri, AGENT_TRACE_SAMPLE_RATIO="1")
+        elif traces == "local":
+            env.update(MLFLOW_TRACKING_URI=f"sqlite:///{self.workdir / name}-mlflow.db", AGENT_TRACE_SAMPLE_RATIO="1")
+        else:
+            env = {k: v for k, v in env.items() if not k.startswith("MLFLOW_")}
         base_url = f"http://127.0.0.1:{port}"
         return (name, args, env, f"{base_url}/health"), base_url
 
@@ -379,15 +396,19 @@ class LoadBenchmark:
         self.model(0.0)
         with self.scratch_database("tt_load_traced") as traced_db, \
                 self.scratch_database("tt_load_untraced") as untraced_db, \
+                self.scratch_database("tt_load_remote") as remote_db, \
                 self.scratch_database("tt_load_local") as local_db:  # fmt: skip
-            traced_spec, traced_url = self.server_spec("traced", traced_db, tracing=True)
+            traced_spec, traced_url = self.server_spec("traced", traced_db, tracing=True, traces="default")
             untraced_spec, untraced_url = self.server_spec("untraced", untraced_db, tracing=False)
-            local_spec, local_url = self.server_spec("traced-local", local_db, tracing=True, local_traces=True)
-            with self.servers([traced_spec, untraced_spec, local_spec]) as (traced, untraced, local):
-                print(f"  {self.sizes.cpu_turns} turns on a server with tracing, one without, and one tracing "
-                      "into its own SQLite file ...", flush=True)  # fmt: skip
+            remote_spec, remote_url = self.server_spec("traced-server", remote_db, tracing=True, traces="server")
+            local_spec, local_url = self.server_spec("traced-local", local_db, tracing=True, traces="local")
+            with self.servers([traced_spec, untraced_spec, remote_spec, local_spec]) as (traced, untraced, remote,
+                                                                                          local):  # fmt: skip
+                print(f"  {self.sizes.cpu_turns} turns on a server tracing at its default, one without tracing, one "
+                      "sending every trace to a tracking server and one writing every trace into its own SQLite "
+                      "file ...", flush=True)  # fmt: skip
                 servers = {"traced": (traced, traced_url), "untraced": (untraced, untraced_url),
-                           "traced_local": (local, local_url)}  # fmt: skip
+                           "traced_server": (remote, remote_url), "traced_local": (local, local_url)}  # fmt: skip
                 out = asyncio.run(self._cpu_rounds(servers))
         per_turn = {
             name: out[name]["cpu_s"] / out[name]["turns"]["requests"] if out[name]["turns"]["requests"] else None
@@ -398,6 +419,9 @@ class LoadBenchmark:
             self.values["tracing_cpu_ratio"] = per_turn["traced"] / per_turn["untraced"]
             self.values["cpu_ms_per_turn_traced"] = per_turn["traced"] * 1000
             self.values["cpu_ms_per_turn_untraced"] = per_turn["untraced"] * 1000
+        if per_turn["traced_server"] is not None and per_turn["untraced"]:
+            self.values["cpu_ms_per_turn_traced_server"] = per_turn["traced_server"] * 1000
+            self.values["tracing_server_cpu_ratio"] = per_turn["traced_server"] / per_turn["untraced"]
         if per_turn["traced_local"] is not None and per_turn["untraced"]:
             self.values["cpu_ms_per_turn_traced_local"] = per_turn["traced_local"] * 1000
             self.values["tracing_local_cpu_ratio"] = per_turn["traced_local"] / per_turn["untraced"]
@@ -415,7 +439,8 @@ class LoadBenchmark:
             for name, client in clients.items():
                 await traffic.conversations(client, WARMUP_TURNS, 1, label=f"{name}-warmup")
             # Symmetric rounds, so a drift of the machine's speed hits every server alike.
-            for name in ("traced", "untraced", "traced_local", "traced_local", "untraced", "traced"):
+            for name in ("traced", "untraced", "traced_server", "traced_local", "traced_local", "traced_server",
+                         "untraced", "traced"):  # fmt: skip
                 process = servers[name][0]
                 for other, _ in servers.values():  # all idle first: one still exporting traces would skew it
                     await _idle_cpu_seconds(other)

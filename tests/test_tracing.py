@@ -14,7 +14,7 @@ import mlflow
 import pytest
 
 from agent import InvalidRequest
-from agent.tracing import disable_tracing, enable_tracing
+from agent.tracing import LOCAL_TRACE_SAMPLE_RATIO, SAMPLING_RATIO_ENV, default_sample_ratio, disable_tracing, enable_tracing
 from tests.helpers.scenario import TRIP, outputs, request, say
 from tests.helpers.servers import REPO_ROOT
 
@@ -33,7 +33,8 @@ def tracking_uri(tmp_path_factory):
 
 @pytest.fixture
 def traced_agent(tracking_uri, make_agent):
-    agent = make_agent("memory://", tracing=True)
+    # Every turn: into a local store the default keeps only a share (`LOCAL_TRACE_SAMPLE_RATIO`).
+    agent = make_agent("memory://", tracing=True, trace_sample_ratio=1.0)
     yield agent
     disable_tracing()
 
@@ -121,17 +122,69 @@ def test_streamed_turn_trace_has_the_new_checkpoint(traced_agent):
     assert traces[1].info.trace_metadata["parent_checkpoint_id"] == outputs(first)["checkpoint_id"]
 
 
-def test_time_travel_actions_are_traced_in_the_thread_session(traced_agent):
+def test_reads_and_other_actions_are_not_traced_by_default(traced_agent):
     first = say(traced_agent, TRIP[1])
     thread = outputs(first)["thread_id"]
-    traced_agent.predict(request(action="get_checkpoint_history", thread_id=thread))
-    updated = traced_agent.predict(
+    traced_agent.predict(request(action="get_checkpoint_state", thread_id=thread))
+    list(traced_agent.predict_stream(request(action="get_checkpoint_history", thread_id=thread)))
+    traced_agent.predict(
         request("I'm headed to Tokyo!", action="update_checkpoint_state", thread_id=thread, checkpoint_id=outputs(first)["checkpoint_id"])
     )
-    history_trace, update_trace = traces_of(thread)[1:]
-    assert "checkpoint_id" not in history_trace.info.trace_metadata
-    assert update_trace.info.trace_metadata["checkpoint_id"] == outputs(updated)["checkpoint_id"]
-    assert update_trace.info.trace_metadata["parent_checkpoint_id"] == outputs(first)["checkpoint_id"]
+    second = say(traced_agent, TRIP[2], thread_id=thread)
+    assert [t.info.trace_metadata["checkpoint_id"] for t in traces_of(thread)] == [
+        outputs(first)["checkpoint_id"],
+        outputs(second)["checkpoint_id"],
+    ]
+
+
+def test_trace_actions_traces_time_travel_actions_in_the_thread_session(tracking_uri, make_agent):
+    agent = make_agent("memory://", tracing=True, trace_sample_ratio=1.0, trace_actions=True)
+    try:
+        first = say(agent, TRIP[1])
+        thread = outputs(first)["thread_id"]
+        agent.predict(request(action="get_checkpoint_history", thread_id=thread))
+        updated = agent.predict(
+            request("I'm headed to Tokyo!", action="update_checkpoint_state", thread_id=thread, checkpoint_id=outputs(first)["checkpoint_id"])
+        )
+        history_trace, update_trace = traces_of(thread)[1:]
+        assert "checkpoint_id" not in history_trace.info.trace_metadata
+        assert update_trace.info.trace_metadata["checkpoint_id"] == outputs(updated)["checkpoint_id"]
+        assert update_trace.info.trace_metadata["parent_checkpoint_id"] == outputs(first)["checkpoint_id"]
+    finally:
+        disable_tracing()
+
+
+def test_a_turn_trace_has_the_same_bounded_size_on_a_long_thread_as_on_a_short_one(traced_agent):
+    day = "a long day at the museum. " * 40
+
+    def last_trace(turns: int) -> tuple[int, int]:
+        """(bytes the last turn's trace records beyond the model's reply, the trace's stored size)."""
+        answer = say(traced_agent, "Day 1: " + day)
+        thread = outputs(answer)["thread_id"]
+        for number in range(2, turns + 1):
+            answer = say(traced_agent, f"Day {number}: " + day, thread_id=thread)
+        last = traces_of(thread)[-1]
+        reply = json.dumps(answer.output[0].content[0]["text"])[1:-1]  # the offline model quotes the thread
+        recorded = sum(len(json.dumps(s.inputs)) + len(json.dumps(s.outputs).replace(reply, "")) for s in last.data.spans)
+        return recorded, int(last.info.trace_metadata["mlflow.trace.sizeBytes"])
+
+    (short, _), (long, stored) = last_trace(2), last_trace(12)  # the long thread's state: 24 messages, ~26 kB
+    assert long <= short + 50  # ids and counts may take a digit more
+    assert stored < 15_000
+
+
+def test_the_default_sample_ratio_keeps_every_trace_for_a_tracking_server_and_a_share_for_a_local_store(
+    tracking_uri, make_agent
+):
+    assert default_sample_ratio("http://127.0.0.1:5000") == default_sample_ratio("databricks") == 1.0
+    assert default_sample_ratio("sqlite:///x/mlflow.db") == default_sample_ratio("postgresql://h/db") == LOCAL_TRACE_SAMPLE_RATIO
+    assert 0 < LOCAL_TRACE_SAMPLE_RATIO < 1
+    make_agent("memory://", tracing=True)  # this module's store is a local SQLite file
+    try:
+        assert float(os.environ[SAMPLING_RATIO_ENV]) == LOCAL_TRACE_SAMPLE_RATIO
+    finally:
+        enable_tracing(1.0)
+        disable_tracing()
 
 
 def test_lone_surrogate_is_refused_and_later_turns_are_still_traced(traced_agent):
@@ -157,7 +210,7 @@ def test_default_tracking_store_is_under_dot_agent_not_the_current_directory(tmp
         """
         import json, mlflow
         from agent import create_agent
-        with create_agent("memory://", model="offline", tracing=True) as agent:
+        with create_agent("memory://", model="offline", tracing=True, trace_sample_ratio=1.0) as agent:
             thread = agent.predict({"input": [{"role": "user", "content": "hi"}]}).custom_outputs["thread_id"]
         mlflow.flush_trace_async_logging()
         found = mlflow.search_traces(locations=["0"], filter_string=f"metadata.`mlflow.trace.session` = '{thread}'",
@@ -177,7 +230,7 @@ def test_default_tracking_store_is_under_dot_agent_not_the_current_directory(tmp
 def test_a_refused_oversized_request_is_traced_as_a_short_preview(tracking_uri, make_agent):
     # Found by trying it: MLflow records a request before the agent refuses it, so
     # a 300 MB body was stored whole in the tracking store.
-    agent = make_agent("memory://", tracing=True, max_request_bytes=1000)
+    agent = make_agent("memory://", tracing=True, trace_sample_ratio=1.0, max_request_bytes=1000)
     marker = f"oversized-{os.getpid()}"
     with pytest.raises(InvalidRequest, match="limit"):
         say(agent, marker + "x" * 200_000)

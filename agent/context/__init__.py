@@ -74,6 +74,9 @@ class TurnContext:
     report: dict[str, Any] = field(default_factory=dict, compare=False)
     """Filled by the agent node with what the model was sent and the tokens it used; the saver copies it
     into the metadata of the checkpoint the turn writes (`agent.storage.summaries.TURN_REPORT_KEY`)."""
+    inbox: Any = field(default=None, compare=False)
+    """The messages other requests steer into this turn (`agent.operations.turns.steer.SteerInbox`), taken by
+    the model step before each model call; None outside an agent's turn."""
 
 
 def turn_context(config: Mapping[str, Any] | None) -> TurnContext | None:

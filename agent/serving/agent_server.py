@@ -23,6 +23,7 @@ What this module adds to MLflow's server:
 * **One trace per turn**: the server's span covers the whole turn, the first
   model call of a stream included; the turn's model calls are spans inside it
   (`agent.tracing`), and the trace is tagged with the thread and checkpoints.
+  An action (a read, a state edit) gets no span unless `trace_actions` is set.
 * **Errors keep their status.** MLflow answers any handler exception with 500
   (mlflow 3.17, `AgentServer._handle_invoke_request`) and reports a streaming
   error inside a 200 stream. Here an `AgentError` answers with its own status
@@ -48,6 +49,7 @@ What this module adds to MLflow's server:
   which leaves server-sent event streams uncompressed, so they still stream).
 * **Typed `GET /openapi.json`.** Every route's request and answers, from existing
   pydantic models (`serving.schemas`).
+* **The web page** at `/` (`serving.web`): static files that speak this same API.
 * **One trusted user header.** With `user_id_header` set, a request carrying
   that header twice, or a comma-joined list in it, is a 400 before any route
   runs (`serving.identity` says why).
@@ -86,13 +88,14 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from agent.errors import AgentError, InvalidRequest, validation_problems
 from agent.requests import keeping_item_ids, with_string_input
-from agent.responses import LangGraphResponsesAgent
+from agent.responses import LangGraphResponsesAgent, traces
 from agent.serving.admission import TurnAdmission
 from agent.serving.errors import answer_body, http_status, log_error_answer, speaks_openai, status_answer_body
 from agent.serving.identity import TrustedUserHeader
 from agent.serving.limits import RequestBodyLimits, body_limit
 from agent.serving.openai import openai_router
 from agent.serving.schemas import with_typed_openapi
+from agent.serving.web import mount_web_page
 from agent.tracing import scrub_trace_inputs, tag_trace
 
 _bound_agent: LangGraphResponsesAgent | None = None
@@ -186,6 +189,8 @@ class _ResponsesAgentServer(AgentServer):
         handler = get_invoke_function()
         if handler is None:
             raise HTTPException(status_code=500, detail="No invoke function registered")
+        if not traces(request, _agent().settings):
+            return self.validator.validate_and_convert_result(await handler(request))
         with mlflow.start_span(name=handler.__name__) as span:
             span.set_inputs(request)
             result = self.validator.validate_and_convert_result(await handler(request))
@@ -250,6 +255,16 @@ class _ResponsesAgentServer(AgentServer):
         `events`; an exception is put instead of raised (the consumer decides its answer)."""
         chunks: list[dict[str, Any]] = []
         try:
+            if not traces(request, _agent().settings):
+                # An action (a read): one answer event, no span (`agent.tracing`, "What is traced").
+                stream = handler(request)
+                try:
+                    async for event in stream:
+                        await events.put(self.validator.validate_and_convert_result(event, stream=True))
+                finally:
+                    await stream.aclose()
+                await events.put(_END)
+                return
             with mlflow.start_span(name=handler.__name__) as span:
                 span.set_inputs(request)
                 stream = handler(request)
@@ -339,6 +354,7 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
 
     _replace_agent_info(app, agent)
     app.include_router(openai_router(agent))
+    mount_web_page(app, agent.settings.user_id_header)
     with_typed_openapi(app)
 
     @app.get("/ready")

@@ -58,6 +58,12 @@ class Claim:
     idempotency_key: str | None = None
     #: Set by `ClaimKeeper` when a newer turn asked this one to stop: "interrupt" or "rollback".
     cancel: str | None = None
+    #: A `steer` request's claim: the token of the running turn its messages were offered to, while it waited
+    #: (None: not offered; see `turns`, "Steering").
+    steered_into: str | None = None
+    #: Set when a `steer` request in this process offered messages to this running turn, so that the turn
+    #: looks for them before its first model call too (later calls always look).
+    steer_offered: bool = False
     #: Set when renewing found the claim gone (expired and taken over): the commit will fail.
     lost: bool = False
     #: Set together with `cancel` or `lost`, so a running turn can stop early.

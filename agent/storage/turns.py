@@ -38,6 +38,21 @@ Why a turn is two short transactions and a lease, not one long transaction:
   stops blocking the queue after that, as a dead turn's claim does. A waiter
   that gives up (its timeout, an error) leaves the queue. Before tickets,
   waiters polled with backoff and whichever polled first after a release won.
+* **Steering** (`steer`, OpenAI's word): a turn that finds its thread busy
+  takes its ticket like `enqueue` and, when no live waiter is ahead of it,
+  offers its messages to the running turn (`agent_steers`: a row bound to the
+  running claim's token, written in the same statement that checks that claim
+  is live). The running turn reads its offers before its next model call (a
+  safe point: after a tool result; `agent.operations.turns.steer`) and commits
+  them with its checkpoint. The steering request keeps waiting (past its
+  timeout: its messages may already be in the running turn's commit) until it
+  gets the claim in its turn; then the head says what happened: its messages
+  are there (joined) or not (the running turn was past its last model call,
+  failed, was rolled back or died), and then it runs them as the next turn.
+  The row is the steering request's until then, and it deletes it; nothing is
+  lost if either process dies: a dead running turn writes nothing, and a
+  dead steering request's row is read by nobody after the running turn ends.
+  Waiters ahead of it keep their order: a steer offers nothing then, and waits.
 * **Deleting a user's data** (`user_claimed`, `delete_user_data`) holds a
   `UserClaim` (`agent_user_claims`, a lease) for the whole deletion: every
   claim for that user is refused meanwhile (`UserBeingDeleted`), and
@@ -79,6 +94,9 @@ from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
 from agent.storage.records import owned_by
 from agent.storage.transaction import Tx
 
+#: Offers older than this are deleted with the next settled offer on their thread (their steering request died).
+STEER_ROW_TTL_SECONDS = 24 * 3600
+
 
 class TurnProtocol(ABC):
     """Claim, commit, release and cancel of turns on one database, over the backend's hooks.
@@ -108,6 +126,7 @@ class TurnProtocol(ABC):
         idempotency_key: str | None = None,
         read_start: bool = True,
         user_claim: UserClaim | None = None,
+        steer: tuple[str, bytes] | None = None,
     ) -> Claim:
         """Claim `thread_id` for one turn, and read its record and the turn's start, without holding a connection.
 
@@ -118,16 +137,20 @@ class TurnProtocol(ABC):
             strategy: when another turn holds the thread: `reject` raises at once;
                 `enqueue` waits up to `timeout` seconds, behind the turns already
                 waiting (arrival order); `interrupt` and `rollback` first ask the
-                running turn to stop, then wait like `enqueue`.
+                running turn to stop, then wait like `enqueue`; `steer` waits like
+                `enqueue` and offers `steer` to the running turn when no waiter is
+                ahead (module docstring), then waits for the claim without a timeout.
             timeout: seconds to wait (not `reject`).
             idempotency_key: stored with the claim, so a retry can tell that its original is still running.
             read_start: False: do not read the start checkpoint (`Claim.start` is None), for work
                 that needs only the thread record (the retention sweep's deletions).
             user_claim: the deletion of `user_id`'s data this claim is part of: its own claims are
                 the only ones that user claim lets through.
+            steer: with `strategy="steer"`, the serialized messages to offer (`serde.dumps_typed`).
 
         Returns:
-            The claim; it is renewed until `commit` or `release`.
+            The claim; it is renewed until `commit` or `release`. `Claim.steered_into` is set when `steer`
+            was offered to a running turn (the caller then settles the offer: `drop_steer`).
 
         Raises:
             ThreadNotFound: the thread belongs to another user (worded as if it did not exist).
@@ -142,6 +165,7 @@ class TurnProtocol(ABC):
         deadline = time.monotonic() + (timeout if waits else 0.0)
         delay = 0.005
         asked_to_stop = False
+        steered_into: str | None = None
         queued = False  # whether an attempt may have taken a ticket in the thread's queue
         try:
             while True:
@@ -157,6 +181,7 @@ class TurnProtocol(ABC):
                 )
                 if attempt.claim is not None:
                     queued = False  # the claim's round trip took this turn out of the queue
+                    attempt.claim.steered_into = steered_into
                     self.keeper.add(attempt.claim)
                     return attempt.claim
                 if attempt.user_being_deleted:
@@ -174,6 +199,13 @@ class TurnProtocol(ABC):
                     # run one after another, as under `enqueue`.
                     self.request_cancel(thread_id, strategy)
                     asked_to_stop = True
+                if strategy == "steer" and steer is not None and steered_into is None:
+                    steered_into = self._offer_steer(thread_id, token, steer)
+                    if steered_into is not None:
+                        deadline = float("inf")  # the running turn may commit the messages: wait for the answer
+                        local = self.keeper.local(thread_id)
+                        if local is not None and local.token == steered_into:
+                            local.steer_offered = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     if not waits:
@@ -193,6 +225,14 @@ class TurnProtocol(ABC):
             self._leave_queue(thread_id, token)
         except Exception:  # noqa: BLE001 - the database is unreachable; the ticket expires on its own
             pass
+
+    def drop_steer(self, claim: Claim) -> None:
+        """Delete the messages `claim`'s request offered to a running turn (`Claim.steered_into`), now settled.
+
+        Raises:
+            StorageUnavailable: the database failed.
+        """
+        self._drop_steer(claim.thread_id, claim.token)
 
     def commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
         """In one transaction: check that `claim` still holds its thread, run `apply`, release the claim.
@@ -353,6 +393,25 @@ class TurnProtocol(ABC):
     @abstractmethod
     def poll_cancels(self, claims: Sequence[Claim]) -> dict[str, str]:
         """{thread_id: "interrupt" | "rollback"} for the claims a newer turn asked to stop."""
+
+    @abstractmethod
+    def _offer_steer(self, thread_id: str, token: str, steer: tuple[str, bytes]) -> str | None:
+        """In one statement: store `steer` (serde type, bytes) under `token`, bound to the thread's unexpired
+        claim, unless a live waiter holds a smaller ticket than `token`'s; the claim's token, or None (not
+        stored: no running turn, or waiters ahead)."""
+
+    @abstractmethod
+    def steered_messages(self, thread_id: str, target: str) -> list[tuple[str, str, bytes]]:
+        """The offers bound to the claim whose token is `target`, oldest first: (offer token, serde type, bytes).
+
+        Raises:
+            StorageUnavailable: the database failed.
+        """
+
+    @abstractmethod
+    def _drop_steer(self, thread_id: str, token: str) -> None:
+        """Delete the offer made under `token` (and offers on the thread older than `STEER_ROW_TTL_SECONDS`,
+        left by steering requests whose process died)."""
 
     @abstractmethod
     def _claim_user(self, held: UserClaim, seconds: float) -> bool:

@@ -45,6 +45,7 @@ def server(tmp_path_factory):
         "AGENT_DATABASE_URL": f"sqlite:///{database}",
         "AGENT_MODEL": "offline",
         "AGENT_TRACING": "true",
+        "AGENT_TRACE_SAMPLE_RATIO": "1",  # every turn (into a local store the default keeps a share)
         "MLFLOW_TRACKING_URI": tracking_uri,
     }
     command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -237,6 +238,22 @@ def test_served_turns_are_traced_with_the_thread_as_session_and_their_checkpoint
     for trace in traces:
         spans = client.get_trace(trace.info.trace_id).data.spans
         assert sorted((span.parent_id is None, span.span_type) for span in spans) == [(False, "CHAT_MODEL"), (True, "UNKNOWN")]
+
+
+def test_served_reads_are_not_traced(server):
+    first = create(server, TRIP[1])
+    thread = first.custom_outputs["thread_id"]
+    for action in ("get_checkpoint_state", "get_checkpoint_history"):
+        for stream in (False, True):
+            answer = server.http.post("/invocations", json={**request(action=action, thread_id=thread), "stream": stream})
+            assert answer.status_code == 200, answer.text
+    last = create(server, TRIP[2], thread_id=thread)
+    traces = wait_for_traces(server.tracking_uri, thread, count=2)
+    time.sleep(1.0)  # a read's trace, had there been one, was exported before the last turn's
+    traces = wait_for_traces(server.tracking_uri, thread, count=2)
+    assert sorted(t.info.trace_metadata.get("checkpoint_id") for t in traces) == sorted(
+        [first.custom_outputs["checkpoint_id"], last.custom_outputs["checkpoint_id"]]
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

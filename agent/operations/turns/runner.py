@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -45,10 +46,12 @@ from agent.operations.turns.bridge import LoopThreads, caught_up, in_current_thr
 from agent.operations.turns.commit import finish
 from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.progress import Progress, modes, until
-from agent.operations.turns.start import begin, check_budget, prepare, recall
+from agent.context import TURN_CONTEXT_KEY
+from agent.operations.turns import steer
+from agent.operations.turns.start import begin, check_budget, prepare, recall, strategy_of
 from agent.operations.turns.updates import update_state
 from agent.storage import ThreadStorage
-from agent.types import TurnResult, TurnStarted
+from agent.types import NewMessages, TurnResult, TurnStarted
 
 if TYPE_CHECKING:
     from agent.context.window import ContextWindow
@@ -166,10 +169,28 @@ class TurnRunner:
     async def _turn(self, args: TurnArgs, stream_tokens: bool) -> AsyncIterator[TurnEvent]:
         """The turn after its idempotency lookup: claim, prepare, run, commit (the one body of `run` and `arun`)."""
         parts = self.parts
+        steering = strategy_of(parts, args) == "steer"
+        if steering:
+            args = dataclasses.replace(args, messages=steer.with_ids(args.messages))
         claim, begun = await self.in_io(begin, parts, args.thread_id or str(uuid.uuid4()), args)
         done = False
         try:
+            if claim.steered_into is not None:  # its messages were offered to the turn that ran: did it take them?
+                joined = await self.in_io(steer.settle, parts, claim, args)
+                if joined is not None:
+                    after, result = joined
+                    await self.in_io(parts.storage.release, claim)
+                    done = True
+                    yield TurnStarted(result.response_id)
+                    if after:
+                        yield NewMessages(after)
+                    yield result
+                    return
             turn, start_id, config = prepare(parts, claim, args, begun)
+            context = config["configurable"][TURN_CONTEXT_KEY]
+            config["configurable"][TURN_CONTEXT_KEY] = dataclasses.replace(
+                context, inbox=steer.SteerInbox(parts.storage, claim, self.in_io)
+            )
             yield TurnStarted(f"resp_{turn.head_id}")
             await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config)
             progress = Progress()
@@ -190,6 +211,8 @@ class TurnRunner:
             await caught_up()  # a sync caller that stops reading now stops the turn before it writes
             result = await self.in_io(finish, parts, claim, turn, start_id, args, begun, progress)
             done = True
+            if steering and isinstance(result, TurnResult):
+                result = dataclasses.replace(result, steer="new_turn")
             yield result
         finally:
             if not done:

@@ -28,6 +28,7 @@ from agent.operations.edits import plan_edit, plan_regenerate
 from agent.operations.idempotency import claim_key
 from agent.operations.interrupts import answer, pending_interrupts
 from agent.operations.tree import fill_kept, read_tree
+from agent.operations.turns import steer
 from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.parts import TurnParts
 from agent.storage import Claim, Turn
@@ -52,15 +53,24 @@ def check_budget(settings: AgentSettings, args: TurnArgs) -> None:
 
 
 def claim(parts: TurnParts, thread_id: str, args: TurnArgs) -> Claim:
-    """Claim `thread_id` for the turn `args` asks for, by its strategy (`ThreadStorage.claim` raises)."""
+    """Claim `thread_id` for the turn `args` asks for, by its strategy (`ThreadStorage.claim` raises).
+
+    A `steer` turn whose messages can join another turn offers them to the running one (`steer`)."""
+    strategy = strategy_of(parts, args)
     return parts.storage.claim(
         thread_id,
         user_id=args.user_id,
         checkpoint_id=args.checkpoint_id,
-        strategy=args.strategy or parts.settings.multitask_strategy,
+        strategy=strategy,
         timeout=parts.settings.enqueue_timeout,
         idempotency_key=None if args.idempotency_key is None else claim_key(args.user_id, args.idempotency_key),
+        steer=steer.offer(parts, args) if strategy == "steer" and steer.can_join(args) else None,
     )
+
+
+def strategy_of(parts: TurnParts, args: TurnArgs) -> str:
+    """The turn's multitask strategy: its own, else the agent's."""
+    return args.strategy or parts.settings.multitask_strategy
 
 
 def begin(parts: TurnParts, thread_id: str, args: TurnArgs) -> tuple[Claim, Start]:

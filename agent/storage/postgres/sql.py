@@ -73,6 +73,26 @@ WHERE c.cancel IS NOT NULL
 """
 # A waiter that gave up leaves the thread's queue (`agent_claim_waiters`).
 LEAVE_QUEUE_SQL = "DELETE FROM agent_claim_waiters WHERE thread_id = %s AND token = %s"
+# Steering (`storage.turns`): an offer bound to the thread's live claim, refused while a live waiter holds a
+# smaller ticket than the offering request's own; the running turn reads its offers; the request deletes its own
+# (and offers older than a day, whose request died).
+OFFER_STEER_SQL = """
+INSERT INTO agent_steers (thread_id, token, target, type, payload)
+SELECT c.thread_id, %(token)s, c.token, %(type)s, %(payload)s FROM agent_claims c
+WHERE c.thread_id = %(thread_id)s AND c.token <> '' AND c.token <> %(token)s AND c.expires_at >= clock_timestamp()
+  AND NOT EXISTS (
+    SELECT 1 FROM agent_claim_waiters w
+    WHERE w.thread_id = %(thread_id)s AND w.expires_at >= clock_timestamp() AND w.token <> %(token)s
+      AND w.ticket < COALESCE((SELECT m.ticket FROM agent_claim_waiters m
+                               WHERE m.thread_id = %(thread_id)s AND m.token = %(token)s), 9223372036854775807))
+ON CONFLICT (token) DO NOTHING
+RETURNING target
+"""
+STEERED_MESSAGES_SQL = "SELECT token, type, payload FROM agent_steers WHERE thread_id = %s AND target = %s ORDER BY id"
+DROP_STEER_SQL = """
+DELETE FROM agent_steers
+WHERE thread_id = %s AND (token = %s OR created_at < clock_timestamp() - make_interval(secs => %s))
+"""
 # A deletion's user claim: taken (or extended) under the user's exclusive advisory lock, which waits for
 # claims running `agent_claim_turn` for that user to commit (see `storage.turns`). No row returned: another
 # unexpired user claim holds the user.

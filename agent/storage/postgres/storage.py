@@ -31,6 +31,7 @@ from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.postgres.transaction import PostgresTx, to_record
 from agent.storage.records import IdempotencyKeyTaken, checkpoint_taken
 from agent.storage.transaction import Tx
+from agent.storage.turns import STEER_ROW_TTL_SECONDS
 
 logger = logging.getLogger(__name__)
 
@@ -300,6 +301,22 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
 
     def _request_cancel(self, thread_id: str, mode: str) -> None:
         self._run("ask the running turn to stop", lambda conn: conn.execute(sql.REQUEST_CANCEL_SQL, (mode, thread_id)))
+
+    def _offer_steer(self, thread_id: str, token: str, steer: tuple[str, bytes]) -> str | None:
+        params = {"thread_id": thread_id, "token": token, "type": steer[0], "payload": steer[1]}
+        row = self._run("offer messages to the running turn", lambda conn: conn.execute(sql.OFFER_STEER_SQL, params).fetchone())
+        return None if row is None else row["target"]
+
+    def steered_messages(self, thread_id: str, target: str) -> list[tuple[str, str, bytes]]:
+        rows = self._run(
+            "read the messages offered to the turn",
+            lambda conn: conn.execute(sql.STEERED_MESSAGES_SQL, (thread_id, target)).fetchall(),
+        )
+        return [(row["token"], row["type"], bytes(row["payload"])) for row in rows]
+
+    def _drop_steer(self, thread_id: str, token: str) -> None:
+        params = (thread_id, token, STEER_ROW_TTL_SECONDS)
+        self._run("delete the offered messages", lambda conn: conn.execute(sql.DROP_STEER_SQL, params))
 
     def renew(self, claims: Sequence[Claim]) -> dict[str, str | None]:
         params = (self.settings.lease_seconds, [c.thread_id for c in claims], [c.token for c in claims])

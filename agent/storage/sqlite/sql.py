@@ -43,6 +43,21 @@ DONE_WAITING_SQL = """
 DELETE FROM agent_claim_waiters WHERE thread_id = :thread_id AND (token = :token OR expires_at < :now)
 """
 LEAVE_QUEUE_SQL = "DELETE FROM agent_claim_waiters WHERE thread_id = ? AND token = ?"
+# Steering (`storage.turns`): as Postgres's OFFER_STEER_SQL, STEERED_MESSAGES_SQL and DROP_STEER_SQL.
+OFFER_STEER_SQL = """
+INSERT INTO agent_steers (thread_id, token, target, type, payload, created_at)
+SELECT c.thread_id, :token, c.token, :type, :payload, :now FROM agent_claims c
+WHERE c.thread_id = :thread_id AND c.token <> '' AND c.token <> :token AND c.expires_at >= :now
+  AND NOT EXISTS (
+    SELECT 1 FROM agent_claim_waiters w
+    WHERE w.thread_id = :thread_id AND w.expires_at >= :now AND w.token <> :token
+      AND w.ticket < COALESCE((SELECT m.ticket FROM agent_claim_waiters m
+                               WHERE m.thread_id = :thread_id AND m.token = :token), 9223372036854775807))
+ON CONFLICT (token) DO NOTHING
+RETURNING target
+"""
+STEERED_MESSAGES_SQL = "SELECT token, type, payload FROM agent_steers WHERE thread_id = ? AND target = ? ORDER BY id"
+DROP_STEER_SQL = "DELETE FROM agent_steers WHERE thread_id = ? AND (token = ? OR created_at < ?)"
 # A deletion's user claim, taken or extended; no row returned: another unexpired user claim holds the user.
 CLAIM_USER_SQL = """
 INSERT INTO agent_user_claims AS u (user_id, token, expires_at) VALUES (:user_id, :token, :expires_at)

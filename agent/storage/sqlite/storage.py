@@ -19,21 +19,24 @@ from typing import Any
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
-from agent.storage import summaries
+from agent.storage import search, summaries
 from agent.storage.base import ThreadStorage
 from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
 from agent.storage.records import (
+    BranchRecord,
     CheckpointLink,
     ExpiredThread,
     IdempotencyKeyTaken,
     IdempotencyState,
+    SearchRow,
     ThreadRecord,
     owned_by,
 )
-from agent.storage.sqlite import reads, schema, sql
+from agent.storage.sqlite import branches, reads, schema, sql
 from agent.storage.sqlite.saver import TurnSqliteSaver
 from agent.storage.sqlite.transaction import SqliteTx, epoch
 from agent.storage.transaction import Tx
+from agent.storage.turns import STEER_ROW_TTL_SECONDS
 
 
 #: The longest busy timeout SQLite takes (milliseconds in a C int), for `statement_timeout_ms=0`.
@@ -172,6 +175,20 @@ class SqliteThreadStorage(ThreadStorage):
         with self._errors(), self.saver.cursor() as cur:
             cur.execute(sql.REQUEST_CANCEL_SQL, (mode, thread_id, time.time()))
 
+    def _offer_steer(self, thread_id: str, token: str, steer: tuple[str, bytes]) -> str | None:
+        params = {"thread_id": thread_id, "token": token, "type": steer[0], "payload": steer[1], "now": time.time()}
+        with self._errors(), self.saver.transaction() as cur:
+            row = cur.execute(sql.OFFER_STEER_SQL, params).fetchone()
+        return None if row is None else row[0]
+
+    def steered_messages(self, thread_id: str, target: str) -> list[tuple[str, str, bytes]]:
+        with self._errors(), self.saver.cursor(transaction=False) as cur:
+            return [(row[0], row[1], bytes(row[2])) for row in cur.execute(sql.STEERED_MESSAGES_SQL, (thread_id, target))]
+
+    def _drop_steer(self, thread_id: str, token: str) -> None:
+        with self._errors(), self.saver.cursor() as cur:
+            cur.execute(sql.DROP_STEER_SQL, (thread_id, token, time.time() - STEER_ROW_TTL_SECONDS))
+
     def renew(self, claims: Sequence[Claim]) -> dict[str, str | None]:
         expires = time.time() + self.settings.lease_seconds
         held: dict[str, str | None] = {}
@@ -306,6 +323,12 @@ class SqliteThreadStorage(ThreadStorage):
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return self._read(lambda cur: reads.threads_of_user(cur, user_id))
+
+    def branch_records(self, thread_id: str) -> dict[str, BranchRecord]:
+        return self._read(lambda cur: branches.branch_records(cur, thread_id, self.keyring))
+
+    def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
+        return self._read(lambda cur: branches.search(cur, user_id, search.fts5_query(words), limit))
 
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
         params = {"checkpoint_id": checkpoint_id}
