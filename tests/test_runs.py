@@ -99,3 +99,21 @@ def test_ended_runs_are_swept_after_response_events_seconds(make_agent, tmp_path
     time.sleep(0.3)
     assert agent.runs.store.sweep() == 1
     assert agent.runs.get(response_id, None) is None and agent.runs.store.rows(response_id, -1) == []
+
+
+def test_a_stream_its_caller_leaves_reads_cancelled_and_wrote_nothing(agent):
+    async def leave_after_first_delta() -> str:
+        events = agent.apredict_stream({"input": "Tell me about Lisbon " * 10}, openai_events=True)
+        async for event in events:
+            if event.type == "response.output_text.delta":
+                await events.aclose()
+                return response_id
+            if event.type == "response.created":
+                response_id = event.model_dump()["response"]["id"]
+        raise AssertionError("no delta")
+
+    response_id = asyncio.run(leave_after_first_delta())
+    run = agent.runs.get(response_id, None)
+    assert (run.status, run.code, run.checkpoint_id) == ("cancelled", "client_left", None)
+    assert followed(agent, response_id, None)[-1]["code"] == "client_left"
+    assert agent.list_threads() == []  # its new thread was never written
