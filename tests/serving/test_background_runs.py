@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import httpx
 import pydantic
 import pytest
-from openai.types.responses import ResponseStreamEvent
+from openai.types.responses import Response, ResponseStreamEvent
 
 from tests.helpers.databases import fresh_database
 from tests.helpers.openai_stub import configure_stub, openai_stub_server
@@ -162,6 +162,7 @@ def test_a_background_turn_outlives_a_proxy_that_cuts_every_connection(replicas)
             queued = httpx.post(f"{base}/responses", json={"input": "Plan a long trip", "background": True},
                                 headers=USER, timeout=30).json()  # fmt: skip
             assert queued["status"] == "queued" and queued["output"] == []
+            Response.model_validate(queued)
             started = time.monotonic()
             done: dict = {}
             while time.monotonic() - started < 30:
@@ -203,6 +204,7 @@ def test_cancel_from_another_replica_while_queued_and_while_running_writes_nothi
 
     cancelled = httpx.post(f"{replicas.b}/responses/{queued['id']}/cancel", headers=USER, timeout=30)
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    Response.model_validate(cancelled.json())
     stopped = httpx.post(f"{replicas.b}/responses/{running['id']}/cancel", headers=USER, timeout=30)
     assert stopped.status_code == 200, stopped.text
     assert stopped.json()["status"] == "cancelled" and stopped.json()["custom_outputs"]["written"] is False
@@ -235,6 +237,7 @@ def test_a_replica_killed_mid_stream_leaves_a_failed_run_and_a_free_thread(repli
     killed = time.monotonic()
     run = wait_status(replicas.b, response_id, {"failed"}, timeout=LEASE_S * 3)
     assert run["status"] == "failed" and "lease" in run["error"]["message"]
+    Response.model_validate(run)
     rest = resume(replicas.b, response_id, first[-1]["sequence_number"])
     assert rest[-1]["type"] == "error" and rest[-1]["code"] == "lease_expired"
     assert [e["sequence_number"] for e in first + rest] == list(range(len(first) + len(rest)))
