@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.errors import InvalidRequest, ResponseNotFound, ThreadBusy
 from agent.operations import conversations as ops
-from agent.response_events import response_object
+from agent.response_events import created_at, response_object
 from agent.runs import Run
 
 
@@ -36,7 +36,7 @@ def retrieve(agent: Any, response_id: str, user_id: str | None) -> dict[str, Any
         return ops.response_object(agent.storage, response_id, user_id=user_id, model=agent.settings.model)
     if run.status in ("completed", "incomplete") and run.checkpoint_id:
         whole = ops.response_object(agent.storage, f"resp_{run.checkpoint_id}", user_id=user_id, model=agent.settings.model)
-        return {**whole, "id": run.response_id, "created_at": response_object([], run.response_id, "x", parsed=None, model="")["created_at"]}
+        return {**whole, "id": run.response_id, "created_at": created_at(run.response_id)}
     return status_object(agent, run)
 
 
