@@ -109,6 +109,12 @@ class AgentSettings(BaseSettings):
     process's claim frees the thread after at most this long."""
     idempotency_ttl_seconds: float = Field(default=24 * 3600.0, gt=0)
     """How long an `idempotency_key`'s result is kept for retries."""
+    response_events_seconds: float = Field(default=600.0, gt=0)
+    """How long a streamed or background turn's events and status (`agent.runs`) are kept after it ends, for
+    `GET /responses/{id}?stream=true&starting_after=N` and a background response's `GET /responses/{id}`."""
+    finish_left_streams: bool = False
+    """A client that leaves a (non-background) stream: False cancels its turn, nothing written; True lets the
+    turn run on to its end, so that the client can resume it (`GET /responses/{id}?stream=true`)."""
 
     # -- requests ----------------------------------------------------------------------------
     require_user_id: bool = False

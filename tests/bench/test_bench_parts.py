@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from bench import branches, catalogue, context, encryption, export, load, memory, memory_eval, report, search, startup, storage, web
+from bench import branches, catalogue, context, encryption, export, load, memory, memory_eval, report, runs, search, startup, storage, web
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
@@ -213,6 +213,15 @@ def check_encryption(run: Run) -> None:
     assert databases_left(run.server_url, names=list(m["databases"].values())) == []
 
 
+def check_runs(run: Run) -> None:
+    result, m = run.report, run.report["measurements"]
+    assert result["targets_total"] == 1 and result["turns"] == runs.QUICK_TURNS
+    # Every turn streamed its text and kept a log; what was sent is many times what is kept.
+    assert m["text_bytes"] >= runs.QUICK_TURNS * runs.ANSWER_BYTES * 0.9 and m["log_bytes"] > 0
+    assert m["stream_bytes"] > m["running_log_bytes"] > m["log_bytes"]
+    assert databases_left(run.server_url, names=[m["database"]]) == []
+
+
 def check_startup(run: Run) -> None:
     # Nothing beyond what every part reports: start-up writes nothing and needs no server.
     del run
@@ -253,6 +262,7 @@ PARTS = [
     Part("context", lambda: context.figures(context.QUICK), check_context),
     Part("storage", storage.figures, check_storage, timeout=300, via_runner=True),
     Part("encryption", encryption.figures, check_encryption, timeout=300),
+    Part("runs", runs.figures, check_runs, timeout=300),
     Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
     Part("memory", memory.figures, check_memory, timeout=900),
     Part("memory_eval", memory_eval.figures, check_memory_eval, timeout=300),
