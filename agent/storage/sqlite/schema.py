@@ -143,6 +143,11 @@ MIGRATIONS: list[list[str]] = [
               AND c.checkpoint_id = agent_checkpoint_ids.checkpoint_id)""",
         REGISTER_STORED_CHECKPOINTS_SQL,
     ],
+    [
+        # `agent_threads_activity_idx` starts with user_id and serves every lookup by user; every turn's
+        # change of `updated_at` rewrote an entry of this one too (the Postgres schema drops it as well).
+        "DROP INDEX IF EXISTS agent_threads_user_id_idx",
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
