@@ -52,9 +52,9 @@ TITLE = "turn cost: fixed storage bytes per turn by message size, Postgres turn 
 #: User message sizes in bytes (ASCII): short, medium and long chat turns.
 MESSAGE_SIZES = {"short": 200, "medium": 700, "long": 5000}
 #: Turns of each storage thread (a full run, and `--quick`).
-TURNS, QUICK_TURNS = 100, 10
+TURNS, QUICK_TURNS = 100, 3
 #: Turns of each latency thread, the window whose p50 is compared, and the rounds.
-LATENCY_TURNS, QUICK_LATENCY_TURNS = 60, 12
+LATENCY_TURNS, QUICK_LATENCY_TURNS = 60, 10
 WINDOW = 10
 ROUNDS, QUICK_ROUNDS = 3, 1
 WARMUP_TURNS = 3
@@ -88,17 +88,22 @@ def warm_up(design: Design, size: int) -> None:
 
 
 # -- storage ------------------------------------------------------------------------------
-def postgres_storage(server_url: str, design_name: str, size: int, turns: int) -> dict[str, float]:
+def postgres_storage(server_url: str, design_name: str, turns: int) -> dict[str, dict[str, float]]:
+    """For each message size, one thread on the design in one scratch database (bytes after - before)."""
+    out = {}
     with scratch_database(server_url, "tt_bench_cost") as url:
         design = Reference.on_postgres(url, OfflineChatModel()) if design_name == "reference" else Project(url)
         try:
-            warm_up(design, size)
-            before = database_bytes(url)
-            _, raw = run_thread(design, size, turns, design_name)
-            added = database_bytes(url) - before
+            for label, size in MESSAGE_SIZES.items():
+                print(f"  storage: {design_name}, {label} messages ({size} B), Postgres ...", flush=True)
+                warm_up(design, size)
+                before = database_bytes(url)
+                _, raw = run_thread(design, size, turns, design_name)
+                added = database_bytes(url) - before
+                out[label] = {"bytes": added, "message_bytes": raw, "fixed_per_turn": (added - raw) / turns}
         finally:
             design.close()
-    return {"bytes": added, "message_bytes": raw, "fixed_per_turn": (added - raw) / turns}
+    return out
 
 
 def vacuumed_size(path: Path) -> int:
@@ -134,10 +139,11 @@ def sqlite_storage(workdir: Path, design_name: str, size: int, turns: int) -> di
 
 def measure_storage(server_url: str, turns: int, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for label, size in MESSAGE_SIZES.items():
-        for design_name in ("project", "reference"):
-            print(f"  storage: {design_name}, {label} messages ({size} B), Postgres and SQLite ...", flush=True)
-            out[f"{design_name}_postgres_{label}"] = postgres_storage(server_url, design_name, size, turns)
+    for design_name in ("project", "reference"):
+        for label, found in postgres_storage(server_url, design_name, turns).items():
+            out[f"{design_name}_postgres_{label}"] = found
+        for label, size in MESSAGE_SIZES.items():
+            print(f"  storage: {design_name}, {label} messages ({size} B), SQLite ...", flush=True)
             out[f"{design_name}_sqlite_{label}"] = sqlite_storage(workdir, design_name, size, turns)
     return out
 

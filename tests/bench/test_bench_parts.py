@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from bench import branches, catalogue, context, encryption, export, load, memory, report, startup, storage
+from bench import branches, catalogue, context, encryption, export, load, memory, report, startup, storage, turn_cost
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
@@ -129,6 +129,23 @@ def check_storage(run: Run) -> None:
     assert databases_left(run.server_url, names=names) == []
 
 
+def check_turn_cost(run: Run) -> None:
+    result = run.report
+    assert result["turns"] == turn_cost.QUICK_TURNS and result["targets_total"] == 2 * len(turn_cost.MESSAGE_SIZES) + 2
+    storage_found = result["measurements"]["storage"]
+    for backend in ("postgres", "sqlite"):
+        for label in turn_cost.MESSAGE_SIZES:
+            ours, ref = storage_found[f"project_{backend}_{label}"], storage_found[f"reference_{backend}_{label}"]
+            assert ours["message_bytes"] > turn_cost.QUICK_TURNS * turn_cost.MESSAGE_SIZES[label] < ref["message_bytes"]
+            assert result["figures"][f"fixed_{backend}_{label}"]["measured"] == (
+                (ours["bytes"] - ours["message_bytes"]) / turn_cost.QUICK_TURNS
+            )
+    latency = result["measurements"]["latency"]
+    assert latency["tracing_on"]["tracing"] is True and latency["tracing_off"]["tracing"] is False
+    assert all(len(latency[mode]["ratios"]) == turn_cost.QUICK_ROUNDS for mode in latency)
+    assert databases_left(run.server_url, like="tt_bench_cost_%") == []
+
+
 def check_branches(run: Run) -> None:
     result = run.report
     assert result["error"] is None
@@ -219,6 +236,7 @@ PARTS = [
     Part("startup", lambda: startup.FIGURES, check_startup, takes_database=False),
     Part("context", lambda: context.figures(context.QUICK), check_context),
     Part("storage", storage.figures, check_storage, timeout=300, via_runner=True),
+    Part("turn_cost", turn_cost.figures, check_turn_cost, timeout=300),
     Part("encryption", encryption.figures, check_encryption, timeout=300),
     Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
     Part("memory", memory.figures, check_memory, timeout=900),
@@ -227,7 +245,7 @@ PARTS = [
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.
-_SLOW = {"branches", "catalogue", "context", "memory", "startup", "load"}
+_SLOW = {"branches", "catalogue", "context", "memory", "startup", "load", "turn_cost"}
 
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:
