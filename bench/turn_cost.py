@@ -24,6 +24,13 @@ reference design of `bench.storage` (the Databricks notebooks' `MessagesState`
   server is configured) and with tracing on into a local MLflow store (what a
   user who traces gets; both designs traced). The figure is the worst round.
 
+Beside them, the server's own price of a durable commit: the p50 of
+`DURABLE_COMMITS` one-row INSERTs in autocommit (each waits for its WAL flush,
+`synchronous_commit = on`, the default) and of the same with
+`synchronous_commit = off`. A turn commits once, durably, and an in-memory
+turn never waits for a disk, so where the server's flush takes milliseconds
+(a shared or network disk) it alone sets a floor under the ratio.
+
 The offline model answers by quoting the user's messages, so its replies grow
 with the message size; every figure counts the replies' text as message bytes.
 """
@@ -60,6 +67,8 @@ ROUNDS, QUICK_ROUNDS = 3, 1
 WARMUP_TURNS = 3
 #: The target of the fixed cost of a turn, bytes.
 FIXED_BYTES_TARGET = 500
+#: One-row commits timed for the server's durable-commit figure.
+DURABLE_COMMITS = 200
 
 
 def user_message(turn: int, size: int) -> str:
@@ -149,6 +158,24 @@ def measure_storage(server_url: str, turns: int, workdir: Path) -> dict[str, Any
 
 
 # -- latency --------------------------------------------------------------------------------
+def commit_p50_ms(server_url: str) -> dict[str, float]:
+    """p50 (ms) of a one-row INSERT in autocommit, with `synchronous_commit` on and off, in a scratch database."""
+    import psycopg
+
+    out = {}
+    with scratch_database(server_url, "tt_bench_cost") as url, psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE commits (n integer)")
+        for setting in ("on", "off"):
+            conn.execute(f"SET synchronous_commit = {setting}")
+            times = []
+            for n in range(DURABLE_COMMITS):
+                start = time.perf_counter()
+                conn.execute("INSERT INTO commits VALUES (%s)", (n,))
+                times.append(time.perf_counter() - start)
+            out[setting] = p50_ms(times)
+    return out
+
+
 def lockstep_round(designs: dict[str, Design], turns: int) -> dict[str, float]:
     """One new thread per design, in lockstep; p50 (ms) of each design's last `WINDOW` turns."""
     threads = {name: new_thread_id(name) for name in designs}
@@ -225,6 +252,7 @@ def figures() -> dict[str, report.Figure]:
     table["postgres_vs_memory_untraced"] = report.Figure("turn p50 Postgres / memory://, tracing off (worst round)", fmt=ratio)
     table["turn_ms_postgres_default"] = report.Figure("Postgres turn p50, default settings (last round)", fmt=ms)
     table["turn_ms_postgres_traced"] = report.Figure("Postgres turn p50, tracing on (last round)", fmt=ms)
+    table["durable_commit_ms"] = report.Figure("the server's durable one-row commit p50 (its WAL flush)", fmt=ms)
     return table
 
 
@@ -237,6 +265,7 @@ def run(server_url: str, *, quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tt-bench-cost-") as tmp:
         storage = measure_storage(server_url, turns, Path(tmp))
         latency = measure_latency(server_url, latency_turns, rounds, Path(tmp))
+        commits = commit_p50_ms(server_url)
     values: dict[str, Any] = {}
     notes: dict[str, str] = {}
     for backend in ("postgres", "sqlite"):
@@ -257,6 +286,8 @@ def run(server_url: str, *, quick: bool = False) -> dict[str, Any]:
     notes["turn_ms_postgres_default"] = f"memory:// {latency['default']['rounds'][-1]['memory']:.2f} ms"
     values["turn_ms_postgres_traced"] = latency["tracing_on"]["rounds"][-1]["postgres"]
     notes["turn_ms_postgres_traced"] = f"memory:// {latency['tracing_on']['rounds'][-1]['memory']:.2f} ms"
+    values["durable_commit_ms"] = commits["on"]
+    notes["durable_commit_ms"] = f"{commits['off']:.2f} ms with synchronous_commit = off"
     return report.build_report(
         figures(),
         values,
@@ -266,7 +297,7 @@ def run(server_url: str, *, quick: bool = False) -> dict[str, Any]:
         latency_turns=latency_turns,
         rounds=rounds,
         message_sizes=MESSAGE_SIZES,
-        measurements={"storage": storage, "latency": latency},
+        measurements={"storage": storage, "latency": latency, "commit_p50_ms": commits},
         elapsed_seconds=time.perf_counter() - started,
     )
 

@@ -36,6 +36,7 @@ the reducer and changes only how the value is stored.
 
 from __future__ import annotations
 
+import functools
 import operator
 import threading
 from collections import OrderedDict
@@ -73,7 +74,9 @@ def base_of(delta: Mapping[str, Any]) -> str | None:
     return delta[COMPACT_KEY] if COMPACT_KEY in delta else delta["base"]
 
 
+@functools.cache
 def _message_classes() -> dict[str, type]:
+    """LangChain's plain message classes by their `type`."""
     from langchain_core.messages import (  # here: `agent.state` imports this module without LangChain
         AIMessage,
         ChatMessage,
@@ -83,24 +86,22 @@ def _message_classes() -> dict[str, type]:
         ToolMessage,
     )
 
-    return {c.model_fields["type"].default: c for c in (HumanMessage, AIMessage, SystemMessage, ToolMessage, ChatMessage, FunctionMessage)}
-
-
-_CLASSES: dict[str, type] = {}
+    classes = (HumanMessage, AIMessage, SystemMessage, ToolMessage, ChatMessage, FunctionMessage)
+    return {c.model_fields["type"].default: c for c in classes}
 
 
 def to_record(message: Any) -> Any:
     """`[type, content, id]` (+ a dict of the other non-default fields) for a message of LangChain's plain
     classes that it rebuilds exactly; else the message itself (LangGraph's serializer stores it)."""
-    classes = _CLASSES or _CLASSES.update(_message_classes()) or _CLASSES
+    classes = _message_classes()
     kind = getattr(message, "type", None)
     if not isinstance(kind, str) or classes.get(kind) is not type(message):
         return message
-    fields = message.model_dump(exclude_defaults=True, exclude={"type"})
-    record = [kind, fields.pop("content", ""), fields.pop("id", None)]
-    if fields:
-        record.append(fields)
     try:
+        fields = message.model_dump(exclude_defaults=True, exclude={"type"})
+        record = [kind, fields.pop("content", ""), fields.pop("id", None)]
+        if fields:
+            record.append(fields)
         same = from_record(record) == message
     except Exception:  # noqa: BLE001 - a field the record cannot carry: keep the object
         same = False
@@ -111,7 +112,7 @@ def from_record(record: Any) -> Any:
     """The message a `to_record` record stands for (a message stored as itself is returned as it is)."""
     if not isinstance(record, list):
         return record
-    classes = _CLASSES or _CLASSES.update(_message_classes()) or _CLASSES
+    classes = _message_classes()
     kind, content, message_id, *rest = record
     fields = dict(rest[0]) if rest else {}
     if message_id is not None:

@@ -27,7 +27,20 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from bench import branches, catalogue, context, encryption, export, load, memory, report, startup, storage, turn_cost
+from bench import (
+    branches,
+    catalogue,
+    context,
+    encryption,
+    export,
+    load,
+    memory,
+    report,
+    startup,
+    storage,
+    streams,
+    turn_cost,
+)
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
@@ -146,6 +159,17 @@ def check_turn_cost(run: Run) -> None:
     assert databases_left(run.server_url, like="tt_bench_cost_%") == []
 
 
+def check_streams(run: Run) -> None:
+    result = run.report
+    assert result["streams"] == streams.QUICK_STREAMS and result["targets_total"] == 2
+    found = result["measurements"]
+    # Every stream of both bursts ended with its checkpoint id (a lost stream is an error).
+    assert [found[phase]["requests"] for phase in ("zero_model", "slow_model")] == [streams.QUICK_STREAMS] * 2
+    assert result["figures"]["errors"]["measured"] == found["zero_model"]["errors"] + found["slow_model"]["errors"]
+    assert found["rss_peak_bytes"] >= found["rss_idle_bytes"] > 0 and found["cpu_seconds"] > 0
+    assert databases_left(run.server_url, names=[result["database"]]) == []
+
+
 def check_branches(run: Run) -> None:
     result = run.report
     assert result["error"] is None
@@ -237,6 +261,7 @@ PARTS = [
     Part("context", lambda: context.figures(context.QUICK), check_context),
     Part("storage", storage.figures, check_storage, timeout=300, via_runner=True),
     Part("turn_cost", turn_cost.figures, check_turn_cost, timeout=300),
+    Part("streams", lambda: streams.figures(streams.QUICK_STREAMS), check_streams, timeout=300),
     Part("encryption", encryption.figures, check_encryption, timeout=300),
     Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
     Part("memory", memory.figures, check_memory, timeout=900),
@@ -245,7 +270,7 @@ PARTS = [
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.
-_SLOW = {"branches", "catalogue", "context", "memory", "startup", "load", "turn_cost"}
+_SLOW = {"branches", "catalogue", "context", "memory", "startup", "load", "turn_cost", "streams"}
 
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:

@@ -17,6 +17,7 @@ import sqlite3
 
 import psycopg
 import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -192,3 +193,27 @@ def test_a_thread_in_the_earlier_layout_reads_the_same_after_the_upgrade_and_goe
         fresh = say(upgraded, "A new trip")
         assert long_form(upgraded, fresh["thread_id"], fresh["checkpoint_id"]) == {False}
         upgraded.close()
+
+
+class ShoutMessage(HumanMessage):
+    """A subclass of a plain class: stored as the object itself, never as a record of its base class."""
+
+
+def test_every_kind_of_message_reads_back_equal_and_of_its_own_class_from_a_compact_delta():
+    messages = [
+        SystemMessage("be brief", id="s1"),
+        HumanMessage("hi", id="h1", name="ann", additional_kwargs={"x": 1}),
+        AIMessage("", id="a1", tool_calls=[{"name": "calc", "args": {"e": "6*7"}, "id": "c1", "type": "tool_call"}],
+                  usage_metadata={"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}),  # fmt: skip
+        ToolMessage("42", tool_call_id="c1", id="t1", status="success"),
+        AIMessage([{"type": "text", "text": "It is 42."}], id="a2", response_metadata={"model_name": "m"}),
+        ChatMessage("hello", role="critic", id="x1"),
+        ShoutMessage("HEY", id="u1"),
+        AIMessageChunk("partial", id="k1"),
+    ]
+    delta = deltas.encode(messages, None, ())
+    records = delta["a"]
+    assert [isinstance(r, list) for r in records] == [True] * 6 + [False, False]
+    base, keep, added = deltas.parts(delta)
+    assert (base, keep) == (None, 0)
+    assert added == messages and [type(m) for m in added] == [type(m) for m in messages]
