@@ -64,5 +64,5 @@ def test_a_hundred_streams_at_once_on_one_process_all_end_and_are_saved(pg_serve
         assert [(status, errors) for status, _, errors in answers] == [(200, [])] * STREAMS
         assert all(checkpoint_id for _, checkpoint_id, _ in answers)
         with create_agent(url, model="offline", tracing=False) as agent:
-            heads = [agent.get_thread(thread_id)["head_checkpoint_id"] for thread_id in thread_ids]
+            heads = [agent.get_thread(thread_id)["checkpoint_id"] for thread_id in thread_ids]
         assert heads == [checkpoint_id for _, checkpoint_id, _ in answers]
