@@ -11,7 +11,8 @@ reference design of `bench.storage` (the Databricks notebooks' `MessagesState`
 * **Storage by message size.** For user messages of `MESSAGE_SIZES` bytes
   (short, medium, long), one thread of `TURNS` turns with the offline model on
   each design, on Postgres (every table of a scratch database with indexes and
-  TOAST, `pg_total_relation_size`, after the thread minus before it) and on a
+  TOAST, `pg_total_relation_size`, after the thread minus before it, each read
+  after a plain `VACUUM`: see `vacuumed_database_bytes`) and on a
   SQLite file (its size after `VACUUM`, after minus before). The fixed cost of
   a turn is (bytes added - the UTF-8 bytes of the text of every message the
   thread holds) / turns: what a turn costs beyond what was said. Both designs
@@ -97,6 +98,17 @@ def warm_up(design: Design, size: int) -> None:
 
 
 # -- storage ------------------------------------------------------------------------------
+def vacuumed_database_bytes(url: str) -> int:
+    """`database_bytes` after a plain `VACUUM`: the dead row versions of the rows every turn updates (the
+    thread's record, its claim) become free space, and every table has its free-space and visibility
+    maps already, so neither autovacuum's timing nor those maps' first pages land in one design's figure."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM")
+    return database_bytes(url)
+
+
 def postgres_storage(server_url: str, design_name: str, turns: int) -> dict[str, dict[str, float]]:
     """For each message size, one thread on the design in one scratch database (bytes after - before)."""
     out = {}
@@ -106,9 +118,9 @@ def postgres_storage(server_url: str, design_name: str, turns: int) -> dict[str,
             for label, size in MESSAGE_SIZES.items():
                 print(f"  storage: {design_name}, {label} messages ({size} B), Postgres ...", flush=True)
                 warm_up(design, size)
-                before = database_bytes(url)
+                before = vacuumed_database_bytes(url)
                 _, raw = run_thread(design, size, turns, design_name)
-                added = database_bytes(url) - before
+                added = vacuumed_database_bytes(url) - before
                 out[label] = {"bytes": added, "message_bytes": raw, "fixed_per_turn": (added - raw) / turns}
         finally:
             design.close()
