@@ -405,8 +405,8 @@ MIGRATIONS = [
         DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata;
     END $$""",
     # See DROPPED_INDEXES. A plain DROP (not CONCURRENTLY: setup's migrations run in one transaction) holds
-    # each table's lock only for the catalogue change.
-    "".join(f"DROP INDEX IF EXISTS {name};" for name in DROPPED_INDEXES),
+    # each table's lock only for the catalogue change. One command: a migration may run as a prepared statement.
+    f"DROP INDEX IF EXISTS {', '.join(DROPPED_INDEXES)}",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
