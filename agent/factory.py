@@ -140,7 +140,7 @@ def build_agent(
     storage = open_storage(config.database_url, config)
     memories = None
     try:
-        memories = Memories(storage, config)
+        memories = Memories(storage, config, model=chat_model)
         if connect:
             storage.setup()
         window = ContextWindow.for_model(

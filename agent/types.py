@@ -9,7 +9,8 @@
   branch operations. Their messages stay LangChain messages until `as_dict()` turns them into
   Responses items (`agent.items.to_state_items`, imported there so this module stays light).
 * `AgentInfo`: what is running (`LangGraphResponsesAgent.info()`, `GET /agent/info`).
-* `Memory`: one long-term memory of a user (`list_memories`, the memories given to the model).
+* `Memory`: one version of a long-term memory of a user (`list_memories`, the memories given to the model);
+  `MemoryExtraction` and its `MemoryProposal`s (`extract_memories`).
 * `TokenUsage`: a thread's and a branch's token totals (`get_usage`).
 * `SweepResult`, `TrimmedThread`: what a retention sweep removed (`sweep_expired_threads`).
 """
@@ -58,7 +59,9 @@ class CheckpointSummary:
     """Further metadata the turn recorded (e.g. what the model was sent), passed through as is."""
 
     #: Metadata keys passed through to `extra` when a checkpoint has them.
-    EXTRA_KEYS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage", "interrupted")
+    EXTRA_KEYS = (
+        "model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage", "interrupted", "merged_from",
+    )  # fmt: skip
 
     @classmethod
     def from_row(cls, thread_id: str, row: Mapping[str, Any], *, head_checkpoint_id: str | None) -> CheckpointSummary:
@@ -204,6 +207,9 @@ class CheckpointState:
     `message_offset` items and puts these after them."""
     head_checkpoint_id: str | None = None
     """The thread's head (the summary's `is_head` says whether it is this checkpoint)."""
+    branch: Mapping[str, Any] | None = None
+    """What the checkpoint's branch records say, when the thread has any (`branch_view.record_of_chain`):
+    `label`, `pinned`, `archived`."""
 
     def as_dict(self) -> dict[str, Any]:
         """The history entry's fields, `message_offset`, `head_checkpoint_id`, `messages` (Responses items,
@@ -215,6 +221,8 @@ class CheckpointState:
             "message_offset": self.message_offset,
             "messages": _placed_items(self.messages, self.places),
         }
+        if self.branch is not None:
+            out["branch"] = dict(self.branch)
         if self.interrupts:
             out["interrupts"] = [interrupt.as_dict() for interrupt in self.interrupts]
         return out
@@ -228,9 +236,22 @@ class BranchSummary:
     fork_checkpoint_id: str | None
     """Where the branch leaves its nearest other branch: its newest ancestor with several children
     (None when the thread has no other branch)."""
+    label: str | None = None
+    """The label of the newest labelled checkpoint of the branch's own part (`label_branch`)."""
+    pinned: bool = False
+    """The thread's main branch (`pin_branch`)."""
+    archived: bool = False
+    """Hidden unless asked for (`archive_branch`)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.leaf.as_dict(), "fork_checkpoint_id": self.fork_checkpoint_id, "updated_at": self.leaf.timestamp}
+        return {
+            **self.leaf.as_dict(),
+            "fork_checkpoint_id": self.fork_checkpoint_id,
+            "updated_at": self.leaf.timestamp,
+            "label": self.label,
+            "pinned": self.pinned,
+            "archived": self.archived,
+        }
 
 
 @dataclass(frozen=True)
@@ -346,18 +367,32 @@ class AgentInfo:
 
 @dataclass(frozen=True)
 class Memory:
-    """One long-term memory of a user, with the turn that wrote it (see `agent.memory`)."""
+    """One version of a long-term memory of a user, with the checkpoint that wrote it (see `agent.memory`).
+
+    A memory that is changed keeps its `memory_id`; each change is a new version (`version_id`) that
+    supersedes the one it changed (`supersedes`), so what the agent knew at a checkpoint can be shown.
+    """
 
     memory_id: str
     content: str
     thread_id: str
-    """The thread whose turn saved it."""
+    """The thread whose turn (or extraction) saved this version."""
     checkpoint_id: str
-    """The checkpoint that turn committed (the memory's place in the thread's branches)."""
+    """The checkpoint that turn committed, or that extraction read (the version's place in the thread's branches)."""
     created_at: str | None
     """ISO 8601, UTC."""
     score: float | None = None
     """How well it matched a search: shared words (keyword search) or cosine similarity (semantic); None when listed."""
+    version_id: str | None = None
+    """The version's own id (the first version's is the `memory_id`); None: the same as `memory_id`."""
+    supersedes: str | None = None
+    """The `version_id` this version changed; None for a memory's first version."""
+    source_message_id: str | None = None
+    """For an extracted version: the last message of the checkpoint it was read from (the branch rule's anchor)."""
+
+    @property
+    def version(self) -> str:
+        return self.version_id or self.memory_id
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -366,6 +401,54 @@ class Memory:
             "thread_id": self.thread_id,
             "checkpoint_id": self.checkpoint_id,
             "created_at": self.created_at,
+            "version_id": self.version,
+            "supersedes": self.supersedes,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryProposal:
+    """A memory `extract_memories` proposes: `new`, or an `update` of a memory the branch knows (which it supersedes)."""
+
+    kind: str
+    """`new` or `update`."""
+    content: str
+    memory_id: str | None = None
+    """For an update: the memory it changes; for a new one: its id once written (None in a dry run)."""
+    supersedes: str | None = None
+    """For an update: the version it supersedes (with its `superseded_content`)."""
+    superseded_content: str | None = None
+    version_id: str | None = None
+    """The version written (None in a dry run)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "content": self.content,
+            "memory_id": self.memory_id,
+            "supersedes": self.supersedes,
+            "superseded_content": self.superseded_content,
+            "version_id": self.version_id,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryExtraction:
+    """What `extract_memories` proposed from a branch (and, unless `dry_run`, wrote)."""
+
+    thread_id: str
+    checkpoint_id: str
+    """The checkpoint whose branch was read: every written version's provenance."""
+    dry_run: bool
+    proposals: tuple[MemoryProposal, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "checkpoint_id": self.checkpoint_id,
+            "dry_run": self.dry_run,
+            "written": not self.dry_run and bool(self.proposals),
+            "proposals": [proposal.as_dict() for proposal in self.proposals],
         }
 
 

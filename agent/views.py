@@ -176,7 +176,8 @@ def item_text(item: dict[str, Any]) -> tuple[str, str]:
 
 
 def branches_table(branches: list[dict[str, Any]], *, title: str = "Branches") -> RenderableType:
-    """`list_branches` entries (newest first): each branch's last checkpoint, where it forks, its size and last user message."""
+    """`list_branches` entries (the pinned one first, then newest first): each branch's last checkpoint, where it
+    forks, its size and last user message, marked with its label, `[pinned]` and `[archived]`."""
     table = Table(title=title, header_style="bold", caption="branch: its last checkpoint; /switch <id> moves the head there",
                   caption_justify="left")  # fmt: skip
     table.add_column("branch", no_wrap=True, style="cyan")
@@ -186,6 +187,12 @@ def branches_table(branches: list[dict[str, Any]], *, title: str = "Branches") -
     table.add_column("last user message")
     for branch in branches:
         said = Text(branch.get("last_user_message") or "")
+        if branch.get("label"):
+            said = Text.assemble((f"«{branch['label']}» ", "bold green"), said)
+        if branch.get("archived"):
+            said = Text.assemble(("[archived] ", "dim"), said)
+        if branch.get("pinned"):
+            said = Text.assemble(("[pinned] ", "bold magenta"), said)
         if branch.get("is_head"):
             said = Text.assemble(("[head] ", "bold yellow"), said)
         table.add_row(

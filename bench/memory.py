@@ -4,9 +4,9 @@ Usage::
 
     python -m bench.memory [--quick] [--json out.json] [--database-url URL]
 
-For each configuration (SQLite with keyword search, SQLite with semantic search
-through the OpenAI-compatible stub's `/v1/embeddings`, Postgres with keyword
-search), an in-process agent (`create_agent(url, model="offline",
+For each configuration (SQLite and Postgres, each with keyword search and with
+semantic search through the OpenAI-compatible stub's `/v1/embeddings`; on
+Postgres exact cosine over the vectors stored in the rows, no pgvector), an in-process agent (`create_agent(url, model="offline",
 tracing=False)`, driven with `predict` as a Python user would) gets a user
 with `MEMORIES` memories, written straight through the store (the same rows
 the memory tools' commits write, with made-up provenance). Then turns with
@@ -53,7 +53,7 @@ from tests.helpers.openai_stub import openai_stub_server
 MEMORIES = 1000
 #: Target: turn p50 with memory over without.
 MAX_RATIO = 1.3
-CONFIGURATIONS = ("sqlite_keyword", "sqlite_semantic", "postgres_keyword")
+CONFIGURATIONS = ("sqlite_keyword", "sqlite_semantic", "postgres_keyword", "postgres_semantic")
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,12 @@ def seed(agent: Any, user_id: str, count: int) -> None:
     if memories.embeddings is not None:
         memories.embeddings.prime(texts)
     ops = [
-        PutOp(namespace(user_id), f"bench-{n:05d}", {"content": text, "thread_id": "bench", "checkpoint_id": "bench"}, None)
+        PutOp(
+            namespace(user_id),
+            f"bench-{n:05d}",
+            {"content": text, "thread_id": "bench", "checkpoint_id": "bench", **memories.store.vector_fields(text)},
+            None,
+        )
         for n, text in enumerate(texts)
     ]
     agent.storage.transaction(lambda tx: memories.store.batch(ops))
@@ -186,6 +191,7 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
             "sqlite_keyword": lambda: measure(f"sqlite:///{Path(tmp) / 'keyword.sqlite'}", sizes),
             "sqlite_semantic": lambda: _semantic(f"sqlite:///{Path(tmp) / 'semantic.sqlite'}", sizes),
             "postgres_keyword": lambda: _postgres(server_url, sizes),
+            "postgres_semantic": lambda: _postgres(server_url, sizes, semantic=True),
         }
         for name, phase in runs.items():
             print(f"configuration: {name}", flush=True)
@@ -216,9 +222,12 @@ def _semantic(url: str, sizes: Sizes) -> dict[str, Any]:
         return measure(url, sizes, embedding_model="fake-embed")
 
 
-def _postgres(server_url: str, sizes: Sizes) -> dict[str, Any]:
+def _postgres(server_url: str, sizes: Sizes, *, semantic: bool = False) -> dict[str, Any]:
     with scratch_database(server_url, "tt_memory") as url:
-        return measure(url, sizes)
+        if not semantic:
+            return measure(url, sizes)
+        with embeddings_environment():  # exact cosine over the vectors stored in the rows (no pgvector)
+            return measure(url, sizes, embedding_model="fake-embed")
 
 
 def _postgres_version(server_url: str) -> str | None:

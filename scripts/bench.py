@@ -39,8 +39,8 @@ from bench import report  # noqa: E402
 
 #: The benchmarks, `bench.<name>`, in the order they run.
 PARTS = [
-    "storage", "turn_cost", "encryption", "branches", "export", "catalogue", "context", "memory", "startup", "load",
-    "streams",
+    "storage", "turn_cost", "encryption", "branches", "search", "export", "catalogue", "context", "memory",
+    "memory_eval", "startup", "load", "web", "streams",
 ]  # fmt: skip
 
 

@@ -131,6 +131,22 @@ ensure_pgbouncer() {
     [[ -z $why ]] || echo "PgBouncer tests will be skipped: $why"
 }
 
+# Debian's chromium for the web page's browser tests (tests/web/ drive it with Playwright's Python package;
+# they fail, not skip, without it). Installed when missing on a Debian/Ubuntu machine where we are root;
+# elsewhere the message says what to install.
+ensure_chromium() {
+    [[ -x /usr/bin/chromium ]] && return 0
+    if command -v apt-get >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
+        echo "Installing Chromium (Debian package chromium) for the web page's browser tests"
+        local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300)
+        "${apt[@]}" install --no-install-recommends chromium >/dev/null 2>&1 ||
+            { "${apt[@]}" update >/dev/null 2>&1 && "${apt[@]}" install --no-install-recommends chromium >/dev/null 2>&1; } ||
+            echo "warning: apt-get install chromium failed; the browser tests (tests/web/) will fail" >&2
+    else
+        echo "warning: /usr/bin/chromium is missing (sudo apt-get install chromium); the browser tests (tests/web/) will fail" >&2
+    fi
+}
+
 ensure_venv dev
 export PATH="$PWD/$VENV/bin:$PATH"
 # The suite starts hundreds of interpreters: let them cache the compiled project modules (an environment
@@ -139,6 +155,7 @@ unset PYTHONDONTWRITEBYTECODE
 export AGENT_TEST_DATABASE_URL="${AGENT_TEST_DATABASE_URL:-$DEFAULT_TEST_DATABASE_URL}"
 ensure_postgres
 ensure_pgbouncer
+ensure_chromium
 
 workers=(-n "${TEST_WORKERS:-4}")
 # loadgroup: a module that starts a server for its tests runs on one worker and starts it once

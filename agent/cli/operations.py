@@ -70,7 +70,10 @@ def _parameter(param: Mapping[str, Any]) -> inspect.Parameter:
     if param.get("argument"):
         info: Any = typer.Argument(help=help_text, metavar=metavar)
     else:
-        info = typer.Option(f"--{param['name'].replace('_', '-')}", help=help_text, metavar=metavar)
+        option = f"--{param['name'].replace('_', '-')}"
+        if param["type"] == "bool" and param.get("default") is True:  # a flag that is on unless turned off
+            option = f"{option}/--no-{option[2:]}"
+        info = typer.Option(option, help=help_text, metavar=metavar)
     default = inspect.Parameter.empty if param.get("required") else param.get("default")
     return inspect.Parameter(param["name"], inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info])
 

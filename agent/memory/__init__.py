@@ -33,13 +33,17 @@ Design, and where it departs from the suggestions it started from:
   SQLite `:memory:` for checkpoints, and one connection lets memory writes
   share the checkpoints' transaction.
 * **Search** is by keywords (the query's words a memory contains), or by
-  cosine similarity of embeddings when `embedding_model` is set on SQLite, and
+  cosine similarity of embeddings when `embedding_model` is set (on SQLite
+  and on any Postgres: exact, over the stored vectors, no extension), and
   it ranks in Python over an in-process copy of the user's memories that one
   key listing per search keeps exact (`index`): ranking in SQL read and parsed
   every memory on every turn (3 ms for 1,000 memories, as long as the turn).
-  Postgres searches by keywords: pgvector is not available from the package
-  sources this project installs from, so an `embedding_model` on Postgres is
-  logged as unused at start-up.
+* **Versions, not overwrites** (`scopes`, `index.visible`): a changed memory
+  is a new version that supersedes the old one, each recording its checkpoint,
+  so a turn sees memories as they were on its branch, and `list_memories`
+  shows what the agent knew at any checkpoint. Forgetting deletes every version.
+* **Extraction on demand** (`extraction`): the model reads a branch and
+  proposes new and changed memories; a dry run writes nothing.
 * **No user_id, no long-term memory.** The tools answer so and nothing is
   retrieved.
 """
@@ -57,7 +61,7 @@ FORGET_MEMORY_TOOL = "forget_memory"
 def open_store(url: str, storage: Any, *, embeddings: Any = None, ttl_minutes: float | None = None) -> Any:
     """LangGraph's store for `storage` (the `ThreadStorage` opened on `url`), on its connections (see `store`).
 
-    `embeddings` (SQLite only) indexes each memory's `content` for semantic search;
+    `embeddings` indexes each memory's `content` for semantic search;
     `ttl_minutes` is the default time to live of new memories (None: forever).
     The backend is imported here, when used: this package's names load nothing.
     """
@@ -69,7 +73,7 @@ def open_store(url: str, storage: Any, *, embeddings: Any = None, ttl_minutes: f
     if is_postgres_url(url):
         from agent.memory.postgres import PostgresMemoryStore
 
-        return PostgresMemoryStore(storage, ttl=ttl)
+        return PostgresMemoryStore(storage, embeddings=embeddings, ttl=ttl)
     from agent.memory.sqlite import SqliteMemoryStore
 
     return SqliteMemoryStore(storage, embeddings=embeddings, ttl=ttl)

@@ -67,6 +67,12 @@ class _UserCopy:
     matrix: numpy.ndarray | None = None
     """The entries' unit vectors stacked (built on the first semantic search), and their entries in row order."""
     embedded: list[Entry] = field(default_factory=list)
+    embedded_keys: list[str] = field(default_factory=list)
+    """The version ids of `embedded`, in row order."""
+    current: frozenset[str] | None = None
+    """The newest version of each memory, when some memory has several; None: every entry is current."""
+    anchors: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The extracted versions by the message they are anchored to (`scopes`: the branch rule)."""
 
     @classmethod
     def of(cls, entries: dict[str, Entry], listing: str) -> _UserCopy:
@@ -77,7 +83,15 @@ class _UserCopy:
             offset += len(entries[key].text) + 1
         text = "".join(entries[key].text + "\0" for key in newest_first)
         size = sum(entry.size for entry in entries.values()) + 2 * len(text)
-        return cls(entries, size, listing, newest_first, text, starts)
+        copy = cls(entries, size, listing, newest_first, text, starts)
+        if any(entry.memory.version_id != entry.memory.memory_id for entry in entries.values()):
+            copy.current = visible(copy, entries.keys())
+        anchors: dict[str, list[str]] = {}
+        for key, entry in entries.items():
+            if entry.memory.source_message_id:
+                anchors.setdefault(entry.memory.source_message_id, []).append(key)
+        copy.anchors = {message_id: tuple(keys) for message_id, keys in anchors.items()}
+        return copy
 
 
 class MemoryIndex:
@@ -103,7 +117,7 @@ class MemoryIndex:
         missing = keys - known.keys()
         if missing:
             for memory, vector in self.store.read(prefix, sorted(missing)):
-                known[memory.memory_id] = Entry(memory, memory.content.lower(), _unit(vector))
+                known[memory.version] = Entry(memory, memory.content.lower(), _unit(vector))
         copy = _UserCopy.of({key: known[key] for key in keys if key in known}, listing)
         self._keep(prefix, copy)
         return copy
@@ -124,6 +138,28 @@ class MemoryIndex:
             while self._size > self.max_bytes and len(self._users) > 1:
                 _, evicted = self._users.popitem(last=False)
                 self._size -= evicted.size
+
+
+def visible(copy: _UserCopy, keys: Collection[str] | None) -> frozenset[str] | None:
+    """Of the versions `keys` (None: all of the user's), the newest of each memory (version ids are
+    time-ordered): what a turn that may see `keys` sees. None stands for all, when no memory has two versions."""
+    if keys is None:
+        return copy.current
+    newest: dict[str, str] = {}
+    for key in keys:
+        entry = copy.entries.get(key)
+        if entry is not None:
+            memory_id = entry.memory.memory_id
+            if key > newest.get(memory_id, ""):
+                newest[memory_id] = key
+    return frozenset(newest.values())
+
+
+def anchored(copy: _UserCopy, message_ids: Collection[str]) -> set[str]:
+    """The extracted versions anchored to one of `message_ids` (a branch's messages)."""
+    if not copy.anchors:
+        return set()
+    return {key for message_id in message_ids if message_id in copy.anchors for key in copy.anchors[message_id]}
 
 
 def rank(
@@ -174,14 +210,24 @@ def _by_similarity(copy: _UserCopy, query: numpy.ndarray, keys: Collection[str] 
         if len(dims) > 1:  # the embeddings model changed: compare with the current one's only
             copy.embedded = [entry for entry in copy.embedded if entry.vector.shape == query.shape]
         copy.matrix = numpy.stack([e.vector for e in copy.embedded]) if copy.embedded else numpy.zeros((0, 1))
-    scored = []
-    if copy.embedded and copy.matrix.shape[1] == query.shape[0]:
-        for score, entry in zip((copy.matrix @ query).tolist(), copy.embedded, strict=True):
-            if keys is None or entry.memory.memory_id in keys:
-                scored.append((score, entry.memory.memory_id))
-    found = [_scored(copy.entries[key].memory, score) for score, key in heapq.nlargest(limit, scored)]
+        copy.embedded_keys = [entry.memory.version for entry in copy.embedded]
+    found: list[Memory] = []
+    vectors = copy.embedded_keys if copy.embedded and copy.matrix.shape[1] == query.shape[0] else []
+    if vectors:
+        scores = copy.matrix @ query
+        if keys is None:
+            rows = numpy.arange(len(vectors))
+        else:
+            rows = numpy.fromiter((row for row, key in enumerate(vectors) if key in keys), dtype=numpy.intp)
+        picked = scores[rows]
+        if len(rows) > limit:  # every row at least as similar as the limit-th best (ties kept), in numpy
+            kth = numpy.partition(picked, len(picked) - limit)[len(picked) - limit]
+            rows = rows[picked >= kth]
+        # Best first, the newer (greater key) first among equals.
+        best = heapq.nlargest(limit, ((float(scores[row]), vectors[row]) for row in rows.tolist()))
+        found = [_scored(copy.entries[key].memory, score) for score, key in best]
     if len(found) < limit:  # memories saved without a vector (before embedding_model was set), newest first
-        ranked = {memory.memory_id for memory in found} | {key for _, key in scored}
+        ranked = set(vectors)
         rest = sorted((k for k in copy.entries if k not in ranked and (keys is None or k in keys)), reverse=True)
         found += [copy.entries[key].memory for key in rest[: limit - len(found)]]
     return found

@@ -18,6 +18,15 @@
   (600 messages, 100 memories): 0.06 ms to scan the messages, against 0.26 ms
   (Postgres, local socket, before any network latency) and 0.22 ms (SQLite)
   for a recursive query over `parent_checkpoint_id`.
+* **Versions.** A changed memory is a new version (a new store key, the same
+  `memory_id`) that supersedes the one it changed; nothing is overwritten.
+  The versions a turn sees are those its scope allows (every one under
+  `user`, the branch's under `branch`), and of each memory only the newest of
+  those (`index.visible`): a change made on an abandoned branch does not hide
+  the version the branch itself saved. A version written by
+  `extract_memories` has no tool result among the messages; it is anchored to
+  the last message of the checkpoint it was read from, which every descendant
+  of that checkpoint (and every fork of it) holds.
 """
 
 from __future__ import annotations
@@ -54,10 +63,16 @@ def memory_artifact(message: BaseMessage) -> dict | None:
 
 
 def saved_on_branch(messages: Iterable[BaseMessage]) -> frozenset[str]:
-    """The ids of the memories saved by the turns of a branch, given its head's messages (see the module docstring)."""
+    """The version ids of the memories saved by the turns of a branch, given its head's messages (see the
+    module docstring). A first version's id is its memory's id (the only id artifacts had before versions)."""
     found = set()
     for message in messages:
         artifact = memory_artifact(message)
         if artifact is not None and artifact[ARTIFACT_KIND] == "save":
-            found.add(artifact["memory_id"])
+            found.add(artifact.get("version_id") or artifact["memory_id"])
     return frozenset(found)
+
+
+def message_ids(messages: Iterable[BaseMessage]) -> frozenset[str]:
+    """The ids of a branch's messages: an extracted version is on the branches that hold its anchor message."""
+    return frozenset(message.id for message in messages if message.id)

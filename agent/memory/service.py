@@ -13,13 +13,13 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langgraph.store.base import PutOp
 
-from agent.config import AgentSettings, is_postgres_url
+from agent.config import AgentSettings
 from agent.errors import MemoryNotFound
 from agent.memory import open_store
 from agent.memory.embeddings import PrecomputedEmbeddings, make_embeddings
-from agent.memory.index import MemoryIndex, rank
+from agent.memory.index import MemoryIndex, anchored, rank, visible
 from agent.memory.retrieval import MAX_QUERY_CHARS, recall_query
-from agent.memory.scopes import ARTIFACT_KIND, memory_artifact, namespace, prefix, saved_on_branch
+from agent.memory.scopes import ARTIFACT_KIND, memory_artifact, message_ids, namespace, prefix, saved_on_branch
 from agent.memory.store import keywords
 from agent.types import Memory
 
@@ -32,19 +32,14 @@ SWEEP_INTERVAL_MINUTES = 5
 class Memories:
     """The long-term memories of one agent's users (see `agent.memory`)."""
 
-    def __init__(self, storage: Any, settings: AgentSettings) -> None:
+    def __init__(self, storage: Any, settings: AgentSettings, *, model: Any = None) -> None:
+        """`model`: the chat model `extract_memories` asks (None: extraction is unavailable)."""
         self.settings = settings
+        self.model = model
         self.keyring = storage.keyring
         self.embeddings: PrecomputedEmbeddings | None = None
         if settings.embedding_model:
-            if is_postgres_url(settings.database_url):
-                logger.warning(
-                    "embedding_model %r is set, but semantic memory search needs sqlite-vec (SQLite) and is not "
-                    "available on Postgres in this version; memories are searched by keywords.",
-                    settings.embedding_model,
-                )
-            else:
-                self.embeddings = make_embeddings(settings.embedding_model)
+            self.embeddings = make_embeddings(settings.embedding_model)
         ttl = settings.memory_ttl_seconds
         self.store = open_store(settings.database_url, storage, embeddings=self.embeddings, ttl_minutes=ttl / 60 if ttl else None)
         self.index = MemoryIndex(self.store)
@@ -66,18 +61,18 @@ class Memories:
         """The memories to give the model before a turn: at most `max_memories_in_context`, most relevant
         to the turn's new messages first; `history` is the turn's start checkpoint's messages.
 
-        Under `memory_scope="branch"` only those saved on the start's branch. By keywords, memories that
-        share no word with the messages fill the places left, newest first. None without a user_id.
+        Under `memory_scope="branch"` only the versions saved on the start's branch (of each memory the
+        newest of those); under `user` the user's current set. By keywords, memories that share no word
+        with the messages fill the places left, newest first. None without a user_id.
         """
         limit = self.settings.max_memories_in_context
         if user_id is None or limit == 0:
             return ()
-        keys = None
-        if self.settings.memory_scope == "branch":
-            keys = saved_on_branch(history)
-            if not keys:
-                return ()
-        found = self._search(user_id, recall_query(new_messages, history), limit=limit, keys=keys, fill=True)
+        copy = self.index.current(prefix(user_id))
+        keys = self._seen(copy, history)
+        if keys is not None and not keys:
+            return ()
+        found = self._rank(copy, recall_query(new_messages, history), limit=limit, keys=keys, fill=True)
         self._used(user_id, found)
         return tuple(found)
 
@@ -85,33 +80,67 @@ class Memories:
         """The tool's search: the user's memories that match `query`, best first (every memory by
         similarity when semantic; a query without searchable words lists the newest).
         Under branch scope only those saved on the branch whose messages are `visible`."""
-        keys = saved_on_branch(visible) if self.settings.memory_scope == "branch" and visible is not None else None
+        copy = self.index.current(prefix(user_id))
+        keys = self._seen(copy, visible)
         if keys is not None and not keys:
             return []
-        found = self._search(user_id, query, limit=limit, keys=keys, fill=False)
+        found = self._rank(copy, query, limit=limit, keys=keys, fill=False)
         self._used(user_id, found)
         return found
 
     def list(self, user_id: str, query: str | None, *, limit: int) -> list[Memory]:
-        """Every memory of the user whatever the scope (the API and CLI): newest first, or best first for `query`."""
-        return self._search(user_id, query, limit=limit, keys=None, fill=False)
+        """The user's current memories whatever the scope (the API and CLI), the newest version of each:
+        newest first, or best first for `query`."""
+        copy = self.index.current(prefix(user_id))
+        return self._rank(copy, query, limit=limit, keys=visible(copy, None), fill=False)
 
-    def find(self, user_id: str, memory_id: str) -> Memory | None:
-        """The user's memory `memory_id`, or None (also when it expired)."""
-        entry = self.index.current(prefix(user_id)).entries.get(memory_id)
-        return entry.memory if entry is not None else None
+    def list_as_of(
+        self, user_id: str, query: str | None, *, limit: int, checkpoint_id: str, messages: Sequence[BaseMessage]
+    ) -> list[Memory]:
+        """What the agent knew at checkpoint `checkpoint_id` (whose messages are `messages`), as a turn
+        starting there would see it: under `branch` scope the versions saved on its branch; under `user`
+        those written by checkpoints up to it (checkpoint ids are time-ordered, across threads), and the
+        branch's own. Of each memory the newest of those versions; newest first, or best first for `query`."""
+        copy = self.index.current(prefix(user_id))
+        keys = self._on_branch(copy, messages)
+        if self.settings.memory_scope == "user":
+            keys |= {key for key, entry in copy.entries.items() if entry.memory.checkpoint_id <= checkpoint_id}
+        return self._rank(copy, query, limit=limit, keys=visible(copy, keys), fill=False)
 
-    def _search(self, user_id: str, query: str | None, *, limit: int, keys: Any, fill: bool) -> list[Memory]:
+    def find(self, user_id: str, memory_id: str, *, visible_messages: Sequence[BaseMessage] | None = None) -> Memory | None:
+        """The current version of the user's memory `memory_id` (under branch scope with `visible_messages`:
+        the newest version that branch saved), or None (also when it expired)."""
+        copy = self.index.current(prefix(user_id))
+        keys = self._seen(copy, visible_messages)
+        keys = frozenset(copy.entries) if keys is None else keys
+        versions = [key for key in keys if copy.entries[key].memory.memory_id == memory_id]
+        return copy.entries[max(versions)].memory if versions else None
+
+    def _seen(self, copy: Any, messages: Sequence[BaseMessage] | None) -> frozenset[str] | None:
+        """The versions a turn whose branch holds `messages` may see (None: the current version of every
+        memory, no filter needed); under branch scope without `messages`, the current set too."""
+        if self.settings.memory_scope == "branch" and messages is not None:
+            return visible(copy, self._on_branch(copy, messages))
+        return visible(copy, None)
+
+    @staticmethod
+    def _on_branch(copy: Any, messages: Sequence[BaseMessage]) -> set[str]:
+        keys = set(saved_on_branch(messages))
+        if copy.anchors:
+            keys |= anchored(copy, message_ids(messages))
+        return keys
+
+    def _rank(self, copy: Any, query: str | None, *, limit: int, keys: Any, fill: bool) -> list[Memory]:
         query = (query or "")[-MAX_QUERY_CHARS:]
         words = keywords(query)
         # Embedded before the store is read: no connection is held across the model call.
         vector = self.embeddings.embed_query(query) if self.embeddings is not None and query.strip() else None
-        return rank(self.index.current(prefix(user_id)), words=words, vector=vector, keys=keys, min_score=0 if fill or not words else 1, limit=limit)
+        return rank(copy, words=words, vector=vector, keys=keys, min_score=0 if fill or not words else 1, limit=limit)
 
     def _used(self, user_id: str, memories: Sequence[Memory]) -> None:
         # memory_ttl_seconds counts from the last time a memory was used (given to the model or found by the tool).
         if self.settings.memory_ttl_seconds and memories:
-            self.store.refresh(prefix(user_id), [m.memory_id for m in memories], self.settings.memory_ttl_seconds)
+            self.store.refresh(prefix(user_id), [m.version for m in memories], self.settings.memory_ttl_seconds)
 
     # -- writes -----------------------------------------------------------------------------------
     def prepare(self, content: str) -> None:
@@ -122,21 +151,43 @@ class Memories:
     def write_turn(self, new_messages: Sequence[BaseMessage], *, user_id: str, thread_id: str, checkpoint_id: str) -> None:
         """Apply the memory tools' results among a turn's committed messages, in order. Runs inside the turn's
         commit transaction: a turn that fails writes no memory, and a memory is written exactly when the
-        message that reports it is."""
-        ttl = self.settings.memory_ttl_seconds
+        message that reports it is. A change is a new version; a forget deletes every version."""
         for message in new_messages:
             artifact = memory_artifact(message)
             if artifact is None:
                 continue
             if artifact[ARTIFACT_KIND] == "save":
-                content = self.keyring.seal_text(artifact["content"])  # sealed when encryption is on
-                value = {"content": content, "thread_id": thread_id, "checkpoint_id": checkpoint_id}
-                self.store.batch([PutOp(namespace(user_id), artifact["memory_id"], value, None, ttl / 60 if ttl else None)])
+                self._put(
+                    user_id,
+                    artifact["memory_id"],
+                    artifact.get("version_id") or artifact["memory_id"],
+                    artifact["content"],
+                    {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "supersedes": artifact.get("supersedes")},
+                )
             else:
                 self.store.delete_memory(prefix(user_id), artifact["memory_id"])
 
+    def write_versions(self, user_id: str, versions: Sequence[tuple[str, str, str, dict[str, Any]]]) -> None:
+        """Write `(memory_id, version_id, content, provenance)` versions (`extract_memories`), in one batch;
+        `provenance`: `thread_id`, `checkpoint_id`, `message_id` (the branch anchor), `supersedes`."""
+        if self.embeddings is not None:
+            self.embeddings.prime([content for _, _, content, _ in versions])
+        if versions:
+            self.store.batch([self._put_op(user_id, *version) for version in versions])
+
+    def _put(self, user_id: str, memory_id: str, version_id: str, content: str, provenance: dict[str, Any]) -> None:
+        self.store.batch([self._put_op(user_id, memory_id, version_id, content, provenance)])
+
+    def _put_op(self, user_id: str, memory_id: str, version_id: str, content: str, provenance: dict[str, Any]) -> PutOp:
+        ttl = self.settings.memory_ttl_seconds
+        value = {"content": self.keyring.seal_text(content), **{k: v for k, v in provenance.items() if v is not None}}
+        if version_id != memory_id:
+            value["memory_id"] = memory_id
+        value.update(self.store.vector_fields(content))
+        return PutOp(namespace(user_id), version_id, value, None, ttl / 60 if ttl else None)
+
     def delete(self, user_id: str, memory_id: str) -> None:
-        """Delete the user's memory `memory_id`.
+        """Delete the user's memory `memory_id`, every version of it.
 
         Raises:
             MemoryNotFound: no such memory among the user's (also another user's id); nothing was deleted.
@@ -148,6 +199,14 @@ class Memories:
         """Under branch scope, delete the memories the thread's turns wrote (call it in the deletion's transaction)."""
         if user_id is not None and self.settings.memory_scope == "branch":
             self.store.delete_thread_memories(prefix(user_id), thread_id)
+
+    def delete_checkpoint_memories(self, user_id: str | None, thread_id: str, checkpoint_ids: Sequence[str]) -> int:
+        """Under branch scope, delete the memory versions that these checkpoints of the thread wrote (a deleted
+        branch's: call it in the deletion's transaction); how many. A memory whose newer version goes is
+        known again by its previous one. Under user scope nothing is deleted (as with `delete_thread_memories`)."""
+        if user_id is None or self.settings.memory_scope != "branch" or not checkpoint_ids:
+            return 0
+        return self.store.delete_checkpoint_memories(prefix(user_id), thread_id, checkpoint_ids)
 
     def delete_user(self, user_id: str) -> int:
         """Delete every memory of the user, in every scope; how many."""

@@ -40,14 +40,22 @@ REFRESH_SQL = """
 UPDATE store SET expires_at = :expires_at
 WHERE prefix = :prefix AND key IN (SELECT value FROM json_each(:keys)) AND expires_at IS NOT NULL
 """
+# Every version of a memory: its first is keyed by the memory_id, the others name it in their value.
 DELETE_MEMORY_SQL = [
-    "DELETE FROM store_vectors WHERE prefix = :prefix AND key = :key",
-    "DELETE FROM store WHERE prefix = :prefix AND key = :key",
+    """DELETE FROM store_vectors WHERE prefix = :prefix AND key IN (
+        SELECT key FROM store WHERE prefix = :prefix AND (key = :key OR json_extract(value, '$.memory_id') = :key))""",
+    "DELETE FROM store WHERE prefix = :prefix AND (key = :key OR json_extract(value, '$.memory_id') = :key)",
 ]
 DELETE_THREAD_MEMORIES_SQL = [
     """DELETE FROM store_vectors WHERE prefix = :prefix AND key IN (
         SELECT key FROM store WHERE prefix = :prefix AND json_extract(value, '$.thread_id') = :thread_id)""",
     "DELETE FROM store WHERE prefix = :prefix AND json_extract(value, '$.thread_id') = :thread_id",
+]
+_CHECKPOINT_VERSIONS = """SELECT key FROM store WHERE prefix = :prefix AND json_extract(value, '$.thread_id') = :thread_id
+        AND json_extract(value, '$.checkpoint_id') IN (SELECT value FROM json_each(:checkpoint_ids))"""
+DELETE_CHECKPOINT_MEMORIES_SQL = [
+    f"DELETE FROM store_vectors WHERE prefix = :prefix AND key IN ({_CHECKPOINT_VERSIONS})",
+    f"DELETE FROM store WHERE prefix = :prefix AND key IN ({_CHECKPOINT_VERSIONS})",
 ]
 DELETE_ALL_SQL = [
     "DELETE FROM store_vectors WHERE prefix = :prefix",
@@ -85,6 +93,10 @@ class SqliteMemoryStore(SqliteStore):
         with self.storage.cursor(write=transaction) as cur:
             yield cur
 
+    def vector_fields(self, content: str) -> dict[str, Any]:
+        """Nothing: LangGraph's index writes the vector to `store_vectors` itself (from the cache, see `embeddings`)."""
+        return {}
+
     # -- the agent's queries ------------------------------------------------------------------
     def live_keys(self, prefix: str) -> str:
         with self._cursor(transaction=False) as cur:
@@ -109,6 +121,10 @@ class SqliteMemoryStore(SqliteStore):
 
     def delete_thread_memories(self, prefix: str, thread_id: str) -> int:
         return self._delete(DELETE_THREAD_MEMORIES_SQL, {"prefix": prefix, "thread_id": thread_id})
+
+    def delete_checkpoint_memories(self, prefix: str, thread_id: str, checkpoint_ids: Sequence[str]) -> int:
+        params = {"prefix": prefix, "thread_id": thread_id, "checkpoint_ids": json.dumps(list(checkpoint_ids))}
+        return self._delete(DELETE_CHECKPOINT_MEMORIES_SQL, params)
 
     def delete_all(self, prefix: str) -> int:
         return self._delete(DELETE_ALL_SQL, {"prefix": prefix})

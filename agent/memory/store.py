@@ -27,10 +27,14 @@ What the agent changes in LangGraph's stores, and why:
   cosine similarity of the vectors LangGraph stores in `store_vectors`
   (sqlite-vec's float32 format; sqlite-vec itself is not needed to compare
   them, and Python builds without `enable_load_extension`, such as pyenv's
-  default, could not load it). Postgres searches by keywords: its vectors
-  would need pgvector, which is not available from the package sources this
-  project installs from.
-* **Deletion** is SQL too: by memory, by thread, by user, and on SQLite from
+  default, could not load it). On Postgres the vector is kept in the row's
+  value (`embedding`, base64 float32) and compared the same way, exactly, in
+  the process: no extension is needed, so it works on any Postgres.
+* **Versions** are rows: a memory's first version is keyed by its
+  `memory_id` (as every memory was before versions, so those read as
+  one-version memories with no migration), each later version by its own id
+  with `memory_id` and `supersedes` in its value.
+* **Deletion** is SQL too: by memory (every version), by thread, by user, and on SQLite from
   `store_vectors` as well (its foreign key is not enforced without
   `PRAGMA foreign_keys`, so LangGraph's deletes leave vectors behind).
 * **Encryption at rest** (`agent.encryption`): with a key configured, a
@@ -96,10 +100,13 @@ class MemoryStore(Protocol):
         """Move the expiry of these memories (those that expire) to `ttl_seconds` from now."""
 
     def delete_memory(self, prefix: str, key: str) -> bool:
-        """Delete one memory; whether it existed."""
+        """Delete one memory, every version of it (`key` is its `memory_id`); whether it existed."""
 
     def delete_thread_memories(self, prefix: str, thread_id: str) -> int:
         """Delete the memories under `prefix` that a turn of `thread_id` wrote; how many."""
+
+    def delete_checkpoint_memories(self, prefix: str, thread_id: str, checkpoint_ids: Sequence[str]) -> int:
+        """Delete the versions under `prefix` written by (or extracted at) these checkpoints of `thread_id`; how many."""
 
     def delete_all(self, prefix: str) -> int:
         """Delete every memory under `prefix`; how many."""
@@ -119,10 +126,13 @@ def to_memory(key: str, value: Mapping[str, Any], created_at: Any, score: Any, k
             created_at = created_at.replace(tzinfo=timezone.utc)
         created_at = created_at.astimezone(timezone.utc).isoformat()
     return Memory(
-        memory_id=key,
+        memory_id=value.get("memory_id") or key,  # rows written before versions: one version, keyed by the memory
         content=keyring.open_text(value["content"], what=f"Memory {key!r}"),
         thread_id=value["thread_id"],
         checkpoint_id=value["checkpoint_id"],
         created_at=created_at,
         score=None if score is None else float(score),
+        version_id=key,
+        supersedes=value.get("supersedes"),
+        source_message_id=value.get("message_id"),
     )

@@ -37,9 +37,12 @@ def memory_tools(memories: Memories) -> list[BaseTool]:
     """The three memory tools over `memories`, for binding to the model and running in the graph's ToolNode."""
 
     @tool(SAVE_MEMORY_TOOL, response_format="content_and_artifact")
-    def save_memory(content: str, config: RunnableConfig) -> tuple[str, dict | None]:
+    def save_memory(
+        content: str, config: RunnableConfig, state: Annotated[dict, InjectedState], memory_id: str = ""
+    ) -> tuple[str, dict | None]:
         """Save one lasting fact about the user (a preference, a plan, a detail of their life) to long-term
         memory, so that later conversations can use it. One short sentence per call, such as "I'm vegetarian".
+        To change a memory you were given (the fact changed), pass its `memory_id`: the new text supersedes it.
         Returns the memory's id, or a message starting with "error: "."""
         user_id = _user_id(config)
         if user_id is None:
@@ -58,10 +61,20 @@ def memory_tools(memories: Memories) -> list[BaseTool]:
             return "error: the memory is not valid Unicode; nothing was saved", None
         except ModelError as exc:
             return f"error: {exc.message}", None
-        memory_id = str(uuid6())
+        version_id = str(uuid6())
+        if isinstance(memory_id, str) and memory_id.strip():
+            branch_only = memories.settings.memory_scope == "branch"
+            changed = memories.find(user_id, memory_id.strip(), visible_messages=state["messages"] if branch_only else None)
+            if changed is None:
+                return f"error: there is no memory {memory_id.strip()[:100]!r}; nothing was saved", None
+            return (
+                f"Changed long-term memory {changed.memory_id} (kept when this turn completes): {text}",
+                {ARTIFACT_KIND: "save", "memory_id": changed.memory_id, "version_id": version_id, "content": text,
+                 "supersedes": changed.version},
+            )  # fmt: skip
         return (
-            f"Saved to long-term memory as {memory_id} (kept when this turn completes): {text}",
-            {ARTIFACT_KIND: "save", "memory_id": memory_id, "content": text},
+            f"Saved to long-term memory as {version_id} (kept when this turn completes): {text}",
+            {ARTIFACT_KIND: "save", "memory_id": version_id, "content": text},
         )
 
     @tool(SEARCH_MEMORIES_TOOL)
@@ -87,7 +100,9 @@ def memory_tools(memories: Memories) -> list[BaseTool]:
             return "error: memory_id must be the id of one of the user's memories; nothing was forgotten", None
         saved_here = memory_id in saved_on_branch(state["messages"])
         branch_only = memories.settings.memory_scope == "branch"
-        memory = memories.find(user_id, memory_id)
+        memory = memories.find(user_id, memory_id, visible_messages=state["messages"] if branch_only else None)
+        if branch_only:
+            saved_here = saved_here or memory is not None
         if (memory is None and not saved_here) or (branch_only and not saved_here):
             return f"error: there is no memory {memory_id!r}; nothing was forgotten", None
         what = memory.content if memory is not None else "a memory saved in this turn"

@@ -30,6 +30,8 @@ USE_TOOL_PREFIX = "use "
 
 #: How a user message (lower-cased) starts to make the offline model call a memory tool.
 REMEMBER_PREFIX = "remember that "
+#: ... to change the first (most relevant) memory it was given: `save_memory` with that memory's id.
+CHANGE_PREFIX = "remember instead that "
 RECALL_PREFIX = "what do you remember"
 FORGET_PREFIX = "forget "
 
@@ -37,6 +39,8 @@ FORGET_PREFIX = "forget "
 SUMMARY_MESSAGE_ID = "tt-context-summary"
 #: The id of the first message of a request for a summary.
 SUMMARY_REQUEST_ID = "tt-context-summary-request"
+#: The id of the first message of a request for a branch's memories (`agent.memory.extraction`).
+EXTRACTION_REQUEST_ID = "tt-memory-extraction-request"
 
 
 def is_summary_message(message: BaseMessage) -> bool:
@@ -47,3 +51,8 @@ def is_summary_message(message: BaseMessage) -> bool:
 def is_summary_request(messages: Sequence[BaseMessage]) -> bool:
     """Whether `messages` is a request for a summary (`agent.context.summaries.summary_request`)."""
     return bool(messages) and messages[0].type == "system" and messages[0].id == SUMMARY_REQUEST_ID
+
+
+def is_extraction_request(messages: Sequence[BaseMessage]) -> bool:
+    """Whether `messages` asks for a branch's memories (`agent.memory.extraction.extraction_request`)."""
+    return bool(messages) and messages[0].type == "system" and messages[0].id == EXTRACTION_REQUEST_ID

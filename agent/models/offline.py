@@ -7,7 +7,8 @@ what it received (`model_input_note`: how many messages and tokens, and
 whether a context summary was among them), so the token budget is visible. It
 reports token usage like a real model (`usage_metadata`), streams a few words
 per chunk, can call the `calculator` tool and the memory tools, writes a
-deterministic summary when asked for one (`agent.context.summaries`), and
+deterministic summary when asked for one (`agent.context.summaries`), proposes
+a branch's memories deterministically when asked (`agent.memory.extraction`), and
 rejects a history with unanswered tool calls as the OpenAI API does
 (`agent.models.pairing`). What it recognises and how it marks its replies is
 `agent.models.markers`.
@@ -40,12 +41,14 @@ from agent.memory.retrieval import memories_in
 from agent.models.markers import (
     CALCULATE_PREFIX,
     CALCULATOR_TOOL,
+    CHANGE_PREFIX,
     FORGET_PREFIX,
     OFFLINE_MARKER,
     OFFLINE_SUMMARY_MARKER,
     RECALL_PREFIX,
     REMEMBER_PREFIX,
     USE_TOOL_PREFIX,
+    is_extraction_request,
     is_summary_message,
     is_summary_request,
 )
@@ -81,7 +84,8 @@ class OfflineChatModel(BaseChatModel):
 
     Long-term memory (when the memory tools are bound): a last human message
     starting with "remember that " calls `save_memory` with the rest of the
-    message; "what do you remember" calls `search_memories` with an empty query
+    message; "remember instead that " calls `save_memory` with the rest and the id of the first (most
+    relevant) memory it was given, which changes that memory; "what do you remember" calls `search_memories` with an empty query
     (the newest memories); "forget " calls `forget_memory` on the first (most
     relevant) memory it was given, if any. A reply given memories says
     `I remember: 1. "…" 2. "…". ` (each cut to `MAX_QUOTED_CHARS`) before the quotes.
@@ -172,6 +176,11 @@ class OfflineChatModel(BaseChatModel):
         received = count_tokens_approximately(messages, tools=list(self.tool_schemas) or None)
         if is_summary_request(messages):
             text = offline_summary(messages)
+            return AIMessage(content=text, usage_metadata=_usage(received, len(text)))
+        if is_extraction_request(messages):
+            from agent.memory.extraction import offline_proposals
+
+            text = offline_proposals(messages)
             return AIMessage(content=text, usage_metadata=_usage(received, len(text)))
         last = messages[-1] if messages else None
         if (
@@ -285,6 +294,8 @@ def _memory_tool_call(messages: Sequence[BaseMessage], tool_names: Sequence[str]
     lowered = text.lower()
     if lowered.startswith(REMEMBER_PREFIX) and SAVE_MEMORY_TOOL in tool_names:
         name, args = SAVE_MEMORY_TOOL, {"content": text[len(REMEMBER_PREFIX) :].strip()}
+    elif lowered.startswith(CHANGE_PREFIX) and SAVE_MEMORY_TOOL in tool_names and memories_in(messages):
+        name, args = SAVE_MEMORY_TOOL, {"content": text[len(CHANGE_PREFIX) :].strip(), "memory_id": memories_in(messages)[0][0]}
     elif lowered.startswith(RECALL_PREFIX) and SEARCH_MEMORIES_TOOL in tool_names:
         name, args = SEARCH_MEMORIES_TOOL, {"query": ""}
     elif lowered.startswith(FORGET_PREFIX) and FORGET_MEMORY_TOOL in tool_names and memories_in(messages):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from agent.operations import checks
+from agent.operations import branch_view, checks
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.alternatives import with_alternatives
 from agent.operations.interrupts import pending_interrupts
@@ -44,6 +44,7 @@ def get_checkpoint_state(
     alternatives: bool = True,
     after_message_id: str | None = None,
     since_checkpoint_id: str | None = None,
+    include_archived: bool = False,
 ) -> CheckpointState:
     """The thread head (or `checkpoint_id`): its history entry and its messages, each placed in the tree.
 
@@ -77,6 +78,11 @@ def get_checkpoint_state(
     if after_message_id is not None:
         offset = position_of(messages, after_message_id, thread_id=thread_id, checkpoint_id=target) + 1
     tree = read_tree(storage, thread_id)
+    records = storage.branch_records(thread_id)
+    branch = branch_view.record_of_chain(tree.chain(target), tree, records)
+    keep = tree.chain(target) + (tree.chain(since_checkpoint_id) if since_checkpoint_id in tree else [])
+    if not include_archived:  # archived branches count in no sibling or alternative (`branch_view`)
+        tree = branch_view.visible_tree(tree, records, keep=keep)
     places = places_of(storage, tree, tree.chain(target), messages)
     if since_checkpoint_id is not None:
         fill_kept(storage, tree, tree.chain(since_checkpoint_id))
@@ -95,25 +101,42 @@ def get_checkpoint_state(
         interrupts,
         message_offset=sum(len(to_state_items(message)) for message in messages[:offset]),
         head_checkpoint_id=record.head_checkpoint_id,
+        branch=branch,
     )
 
 
-def list_branches(storage: ThreadStorage, thread_id: str, *, user_id: str | None) -> list[BranchSummary]:
-    """One entry per leaf of the thread's checkpoint tree, newest first. Reads summaries only.
+def list_branches(
+    storage: ThreadStorage, thread_id: str, *, user_id: str | None, include_archived: bool = False
+) -> list[BranchSummary]:
+    """One entry per leaf of the thread's checkpoint tree: the pinned branch first, then newest first.
+    Reads summaries and branch records only.
+
+    Archived branches (`archive_branch`) are left out unless `include_archived`; the fork points are
+    then those of the branches listed.
 
     Raises:
         ThreadNotFound: unknown thread, or not the caller's.
     """
     record = authorize(storage.get_thread(thread_id), thread_id, user_id)
     rows = storage.list_checkpoints(thread_id, limit=None, before=None)
+    records = storage.branch_records(thread_id)
     tree = ThreadTree.from_rows(thread_id, rows)
+    gone = branch_view.hidden(tree, records)
+    if gone and not include_archived:
+        rows = [row for row in rows if row["checkpoint_id"] not in gone]
+        tree = ThreadTree.from_rows(thread_id, rows)
     by_id = {row["checkpoint_id"]: row for row in rows}
+    pinned = branch_view.pinned_leaf(tree, records)
+    leaves = sorted(tree.leaves(), key=lambda leaf: leaf != pinned)  # stable: newest first otherwise
     return [
         BranchSummary(
             CheckpointSummary.from_row(thread_id, by_id[leaf], head_checkpoint_id=record.head_checkpoint_id),
             tree.fork_point(leaf),
+            label=branch_view.label_of(tree, leaf, records),
+            pinned=leaf == pinned,
+            archived=leaf in gone,
         )
-        for leaf in tree.leaves()
+        for leaf in leaves
     ]
 
 
@@ -198,6 +221,7 @@ class StateArgs:
         check=checks.check_id,
         cli={"metavar": "MESSAGE_ID", "help": "Only the messages after this one (what a client that shows up to it lacks)."},
     )
+    include_archived: bool = param(False, check=checks.flag, cli={"help": "Count archived branches among siblings too."})
     user_id: str | None = param(None, source="user")
 
 
@@ -223,11 +247,21 @@ def get_state(context: OperationContext, args: StateArgs) -> CheckpointState:
     with their places and alternatives; `message_offset` is the number of items up to it (its
     message's last item included). A client that shows the items up to it keeps them and appends these.
 
+    Archived branches (`archive_branch`) count in no `siblings` or `alternatives` unless
+    `include_archived` (a checkpoint's own chain always counts). With branch records, `branch` says
+    what they say of this checkpoint's branch: `label`, `pinned`, `archived`; a merge's checkpoint has
+    `merged_from` (`merge_branch`).
+
     Raises: `InvalidRequest` (bad ids; `after_message_id` not in the checkpoint), `ThreadNotFound`,
     `CheckpointNotFound`.
     """
     return get_checkpoint_state(
-        context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id, after_message_id=args.after_message_id
+        context.storage,
+        args.thread_id,
+        args.checkpoint_id,
+        user_id=args.user_id,
+        after_message_id=args.after_message_id,
+        include_archived=args.include_archived,
     )
 
 
@@ -236,20 +270,23 @@ class ThreadArgs:
     """A thread, and the caller."""
 
     thread_id: str = param(source="thread", check=checks.required_id, cli={"argument": True, "help": "The thread."})
+    include_archived: bool = param(False, check=checks.flag, cli={"help": "List archived branches too."})
     user_id: str | None = param(None, source="user")
 
 
 def branches_of(context: OperationContext, args: ThreadArgs) -> list[BranchSummary]:
-    """One entry per branch (a leaf of the checkpoint tree), newest first.
+    """One entry per branch (a leaf of the checkpoint tree): the pinned one first, then newest first.
 
     Each: the leaf's history-entry fields (`checkpoint_id`, `message_count`,
     `last_user_message`, `is_head`, …), `fork_checkpoint_id` (where the branch leaves
-    its nearest other branch; None for a thread without branches) and `updated_at`
-    (the leaf's timestamp, ISO 8601 UTC).
+    its nearest other branch; None for a thread without branches), `updated_at`
+    (the leaf's timestamp, ISO 8601 UTC), `label` (`label_branch`; None), `pinned`
+    (`pin_branch`) and `archived`. Archived branches (`archive_branch`) are left out
+    unless `include_archived`.
 
     Raises: `InvalidRequest` (bad ids), `ThreadNotFound`.
     """
-    return list_branches(context.storage, args.thread_id, user_id=args.user_id)
+    return list_branches(context.storage, args.thread_id, user_id=args.user_id, include_archived=args.include_archived)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,13 +8,13 @@ after a branch switch it differs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from agent.errors import CheckpointNotFound, InvalidRequest
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.operation import Operation, param
-from agent.storage import ThreadReads, ThreadStorage
+from agent.storage import BranchRecord, ThreadReads, ThreadStorage
 from agent.types import CheckpointSummary
 from agent.operations import checks
 
@@ -41,7 +41,17 @@ def history(
     if before is not None and not storage.checkpoint_in_thread(thread_id, before):
         raise checkpoint_not_found(thread_id, before)
     rows = storage.list_checkpoints(thread_id, limit=limit, before=before)
-    return [CheckpointSummary.from_row(thread_id, row, head_checkpoint_id=record.head_checkpoint_id) for row in rows]
+    entries = [CheckpointSummary.from_row(thread_id, row, head_checkpoint_id=record.head_checkpoint_id) for row in rows]
+    records = storage.branch_records(thread_id)
+    return [with_record(entry, records.get(entry.checkpoint_id)) for entry in entries]
+
+
+def with_record(entry: CheckpointSummary, record: BranchRecord | None) -> CheckpointSummary:
+    """The entry with its checkpoint's branch record (`label`, `pinned`, `archived`), when it has one."""
+    if record is None:
+        return entry
+    fields = {"label": record.label, "pinned": record.pinned, "archived": record.archived}
+    return replace(entry, extra={**entry.extra, **fields})
 
 
 def head(storage: ThreadStorage, thread_id: str, *, user_id: str | None) -> str:
@@ -96,8 +106,9 @@ def get_checkpoint_history(context: OperationContext, args: HistoryArgs) -> list
     `timestamp` (ISO 8601, UTC), `next_nodes` (node names), `message_count`,
     `last_message` and `last_user_message` (at most 100 characters each),
     `source` (`root` for the thread's empty first checkpoint, `loop` for a
-    turn, `update` for a state update), `step` and `is_head`. `before` (a
-    checkpoint_id) pages backwards.
+    turn, `update` for a state update), `step` and `is_head`; a checkpoint with a
+    branch record also `label`, `pinned` and `archived` (`label_branch`, `pin_branch`,
+    `archive_branch`), and a merge's `merged_from`. `before` (a checkpoint_id) pages backwards.
 
     Raises: `InvalidRequest` (bad ids or limit), `ThreadNotFound`, `CheckpointNotFound` (`before`).
     """

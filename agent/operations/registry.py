@@ -9,7 +9,7 @@ here. From this tuple come the methods of `agent.Agent`, the
 
 from __future__ import annotations
 
-from agent.operations import branches, catalogue, documents, forks, head, history, lifecycle, memories, retention, state, usage
+from agent.operations import branch_records, branches, catalogue, documents, forks, head, history, lifecycle, memories, merges, retention, search, state, usage
 from agent.operations.operation import Operation
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -21,17 +21,25 @@ OPERATIONS: tuple[Operation, ...] = (
     head.GET_HEAD,
     forks.FORK_THREAD,
     branches.COMPARE_CHECKPOINTS,
+    branch_records.LABEL_BRANCH,
+    branch_records.PIN_BRANCH,
+    branch_records.ARCHIVE_BRANCH,
+    branch_records.UNARCHIVE_BRANCH,
+    branch_records.DELETE_BRANCH,
+    merges.MERGE_BRANCH,
     usage.GET_USAGE,
     lifecycle.DELETE_THREAD,
     lifecycle.DELETE_USER_DATA,
     catalogue.LIST_THREADS,
     catalogue.GET_THREAD,
     catalogue.UPDATE_THREAD,
+    search.SEARCH_THREADS,
     documents.EXPORT_THREAD,
     documents.IMPORT_THREAD,
     retention.SWEEP_EXPIRED_THREADS,
     memories.LIST_MEMORIES,
     memories.DELETE_MEMORY,
+    memories.EXTRACT_MEMORIES,
 )
 
 #: The name of the action a request without `custom_inputs.action` runs.

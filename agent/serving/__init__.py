@@ -9,6 +9,7 @@
 * `workers`       `--workers N`: uvicorn's supervisor, each worker on its own `SO_REUSEPORT` socket.
 * `agent_server`  the MLflow Agent Server's routes for one agent (POST /invocations and /responses,
                   streaming, GET /health, /ready, /agent/info).
+* `web`           the web page at `/` (built from `web/` into `web_assets/`).
 * `limits`        request body limits (size, JSON, time), before MLflow parses anything.
 * `errors`        the one mapping from the agent's errors to HTTP statuses and bodies.
 

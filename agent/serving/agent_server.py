@@ -46,6 +46,7 @@ What this module adds to MLflow's server:
   which leaves server-sent event streams uncompressed, so they still stream).
 * **Typed `GET /openapi.json`.** Every route's request and answers, from existing
   pydantic models (`serving.schemas`).
+* **The web page** at `/` (`serving.web`): static files that speak this same API.
 * **One trusted user header.** With `user_id_header` set, a request carrying
   that header twice, or a comma-joined list in it, is a 400 before any route
   runs (`serving.identity` says why).
@@ -91,6 +92,7 @@ from agent.serving.identity import TrustedUserHeader
 from agent.serving.limits import RequestBodyLimits, body_limit
 from agent.serving.openai import openai_router
 from agent.serving.schemas import with_typed_openapi
+from agent.serving.web import mount_web_page
 from agent.tracing import scrub_trace_inputs, tag_trace
 
 _bound_agent: LangGraphResponsesAgent | None = None
@@ -320,6 +322,7 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
 
     _replace_agent_info(app, agent)
     app.include_router(openai_router(agent))
+    mount_web_page(app, agent.settings.user_id_header)
     with_typed_openapi(app)
 
     @app.get("/ready")

@@ -82,6 +82,7 @@ def routes() -> dict[tuple[str, str], RouteDoc]:
     from openai.types.responses import Response, ResponseInputItemParam, ResponseItemList
 
     from agent.serving.openai import MAX_ITEMS_PER_CALL
+    from agent.serving.web import WebIdentity
 
     class ConversationItemsBody(BaseModel):
         """`POST /conversations/{id}/items`: the items to append (OpenAI's `items.create` body)."""
@@ -95,6 +96,7 @@ def routes() -> dict[tuple[str, str], RouteDoc]:
         ("get", "/health"): RouteDoc(Status, errors=()),
         ("get", "/ready"): RouteDoc(Status, errors=(503,), error=Status),
         ("get", "/agent/info"): RouteDoc(AgentInfoAnswer, errors=()),
+        ("get", "/web/identity"): RouteDoc(WebIdentity, errors=()),
         ("get", "/responses/{response_id}"): RouteDoc(Response, openai=True, errors=(400, 404)),
         ("get", "/responses/{response_id}/input_items"): RouteDoc(ResponseItemList, openai=True, paged=True, errors=(400, 404)),
         ("post", "/conversations"): RouteDoc(Conversation, ConversationCreateParams, openai=True),

@@ -38,10 +38,11 @@ from urllib.parse import urlsplit
 
 from agent.config import AgentSettings, is_postgres_url, mask_secret_fragments, mask_url, store_label
 from agent.errors import ConfigurationError
-from agent.storage.base import CheckpointLink, Claim, ExpiredThread, ThreadReads, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
+from agent.storage.base import BranchRecord, CheckpointLink, Claim, ExpiredThread, ThreadReads, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
 from agent.storage.claims import ClaimKeeper, UserClaim
 
 __all__ = [
+    "BranchRecord",
     "CheckpointLink",
     "Claim",
     "ExpiredThread",

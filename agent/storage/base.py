@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agent.encryption import Keyring
 from agent.storage.claims import Claim, ClaimKeeper
 from agent.storage.records import (
+    BranchRecord,
     CheckpointLink,
     ExpiredThread,
     IdempotencyKeyTaken,
     IdempotencyState,
+    SearchRow,
     ThreadRecord,
     Turn,
     owned_by,
@@ -37,12 +39,14 @@ if TYPE_CHECKING:  # LangGraph is imported by the backends; read-only commands n
     from agent.config import AgentSettings
 
 __all__ = [
+    "BranchRecord",
     "CheckpointLink",
     "Claim",
     "ClaimKeeper",
     "ExpiredThread",
     "IdempotencyKeyTaken",
     "IdempotencyState",
+    "SearchRow",
     "ThreadReads",
     "ThreadRecord",
     "ThreadStorage",
@@ -207,6 +211,15 @@ class ThreadStorage(TurnProtocol):
             checkpoint of the thread.
         """
 
+    @abstractmethod
+    def branch_records(self, thread_id: str) -> dict[str, BranchRecord]:
+        """The thread's branch records (labels, the pin, archives) by checkpoint id; one query."""
+
+    @abstractmethod
+    def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
+        """Up to `limit` search index rows of `user_id`'s threads (None: those written without one) whose
+        messages hold every one of `words` (`search.terms`), best match first, then newest."""
+
 
 class ThreadReads(Protocol):
     """The reads a thread's history needs; `ThreadStorage` has them, and so does the light
@@ -217,6 +230,8 @@ class ThreadReads(Protocol):
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool: ...
 
     def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]: ...
+
+    def branch_records(self, thread_id: str) -> dict[str, BranchRecord]: ...
 
     def threads_of_user(self, user_id: str) -> list[str]: ...
 

@@ -123,6 +123,34 @@ def duplicate_checkpoint_ids(where: str, duplicates: list[tuple[str, list[str]]]
     )
 
 
+@dataclass(frozen=True)
+class BranchRecord:
+    """What a user said about one checkpoint's branch (`agent_branches`; `agent.operations.branch_records`).
+
+    A thread has rows only for the checkpoints a user labelled, pinned or archived: no cost per turn.
+    """
+
+    checkpoint_id: str
+    label: str | None = None
+    pinned: bool = False
+    """The thread's main branch is the newest branch through this checkpoint (at most one per thread)."""
+    archived: bool = False
+    """This checkpoint and everything after it are hidden from `list_branches` and sibling counts."""
+
+
+@dataclass(frozen=True)
+class SearchRow:
+    """One checkpoint's row of the message search index: the messages that first appeared there.
+
+    `message_ids` and `body` hold one entry per indexed message, joined by `search.SEPARATOR`.
+    """
+
+    thread_id: str
+    checkpoint_id: str
+    message_ids: str
+    body: str
+
+
 class IdempotencyKeyTaken(Exception):
     """Raised by `ThreadStorage.commit` when another request stored a result under the same key first.
 

@@ -60,7 +60,7 @@ from typing import Any
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, copy_checkpoint
 
 from agent.encryption import Keyring
-from agent.storage import deltas, summaries
+from agent.storage import deltas, search, summaries
 from agent.storage.encrypted import KeyringSerializer
 from agent.storage.records import Turn
 from agent.storage.saver_threads import SaverThreadOperations
@@ -254,7 +254,13 @@ class TurnSaverMixin(SaverThreadOperations):
         config = {**config, "configurable": {k: v for k, v in configurable.items() if not k.startswith("tt_")}}
         stored = {**checkpoint, "channel_values": values}
         seal = self.keyring.seal_text if self.keyring.enabled else None
-        return self._backend_put(config, stored, {**clean, **summaries.pack(summary, seal)}, new_versions)
+        result = self._backend_put(config, stored, {**clean, **summaries.pack(summary, seal)}, new_versions)
+        if listed and not checkpoint_ns and not self.keyring.enabled:
+            # The messages that first appear here (`search`); none with encryption at rest.
+            row = search.index_row(messages[kept:])
+            if row is not None:
+                self._backend_index(str(thread_id), checkpoint["id"], row)
+        return result
 
     def _parent_metadata(self, config, parent_id: str, turn: Turn | None) -> Mapping[str, Any] | None:
         # A turn's parent is its start, which the claim read (or a root written in the same commit).
@@ -309,6 +315,10 @@ class TurnSaverMixin(SaverThreadOperations):
         raise NotImplementedError
 
     def _backend_put_writes(self, config, writes, task_id, task_path):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _backend_index(self, thread_id: str, checkpoint_id: str, row: tuple[str, str]) -> None:  # pragma: no cover - abstract
+        """Write the search index row (`message_ids`, `body`) of a checkpoint, in the running transaction."""
         raise NotImplementedError
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:  # pragma: no cover

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from agent.storage.records import ThreadRecord, Turn
+from agent.storage.records import BranchRecord, ThreadRecord, Turn
 
 if TYPE_CHECKING:  # LangGraph is imported by the backends; read-only commands never load it
     from langgraph.checkpoint.base import CheckpointTuple
@@ -144,3 +144,26 @@ class Tx(ABC):
     def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
         """Delete every checkpoint of the thread but those in `keep` (`(checkpoint_ns, checkpoint_id)` pairs),
         with their pending writes, and every blob no kept checkpoint points at. The record stays."""
+
+    # -- branch records and the search index (`operations.branch_records`, `storage.search`) --
+    @abstractmethod
+    def label_branch(self, thread_id: str, checkpoint_id: str, label: str | None) -> None:
+        """Set (None: remove) the label of the checkpoint's branch record."""
+
+    @abstractmethod
+    def pin_branch(self, thread_id: str, checkpoint_id: str | None) -> None:
+        """Make `checkpoint_id` the thread's one pinned checkpoint (None: pin none)."""
+
+    @abstractmethod
+    def archive_branch(self, thread_id: str, checkpoint_id: str, archived: bool) -> None:
+        """Mark (or unmark) the checkpoint archived: it and its descendants are hidden from branch lists."""
+
+    @abstractmethod
+    def put_branch_records(self, thread_id: str, records: Sequence[BranchRecord]) -> None:
+        """Write `records` as they are (an import)."""
+
+    @abstractmethod
+    def delete_branch_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]) -> None:
+        """Delete these checkpoints (any namespace) with their pending writes, registered ids, branch
+        records and search rows, and every blob no remaining checkpoint points at. The caller removes
+        only whole subtrees, so no remaining message delta names a deleted base (`deltas`)."""

@@ -35,11 +35,14 @@ from bench import (
     export,
     load,
     memory,
+    memory_eval,
     report,
+    search,
     startup,
     storage,
     streams,
     turn_cost,
+    web,
 )
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
@@ -195,6 +198,17 @@ def check_export(run: Run) -> None:
     assert databases_left(run.server_url, like="tt_export_%") == []
 
 
+def check_search(run: Run) -> None:
+    result = run.report
+    assert result["error"] is None and result["targets_total"] == 2
+    rows = result["figures"]
+    # The index holds at least the text it indexes, and the per-message figure says the same.
+    for prefix in ("pg", "sqlite"):
+        assert rows[f"{prefix}_ratio"]["measured"] > 1
+        assert rows[f"{prefix}_overhead_per_message"]["measured"] > 0
+    assert databases_left(run.server_url, like="tt_search_%") == []
+
+
 def check_catalogue(run: Run) -> None:
     result = run.report
     assert result["error"] is None
@@ -217,9 +231,21 @@ def check_memory(run: Run) -> None:
     assert result["broken_configurations"] == []
     assert {name: result["measurements"][name]["search"] for name in memory.CONFIGURATIONS} == {
         "sqlite_keyword": "keyword", "sqlite_semantic": "semantic", "postgres_keyword": "keyword",
+        "postgres_semantic": "semantic",
     }  # fmt: skip
     # The turns with a user_id were given memories: the figure measures retrieval, not an empty search.
     assert all(result["measurements"][name]["turns_given_memories"] > 0 for name in memory.CONFIGURATIONS)
+
+
+def check_memory_eval(run: Run) -> None:
+    result = run.report
+    assert result["broken_configurations"] == []
+    sqlite, postgres = (result["measurements"][name]["questions"] for name in memory_eval.BACKENDS)
+    # Every question was asked, and both backends recalled and answered alike (the offline model is deterministic).
+    assert len(sqlite) == result["sizes"]["questions"] and sqlite == postgres
+    assert {question["kind"] for question in sqlite} == set(memory_eval.TYPES)
+    # The branch rule and supersession held: nothing from an abandoned branch, no superseded version.
+    assert all(question["leaks"] == [] for question in sqlite)
 
 
 def check_encryption(run: Run) -> None:
@@ -234,6 +260,16 @@ def check_encryption(run: Run) -> None:
 def check_startup(run: Run) -> None:
     # Nothing beyond what every part reports: start-up writes nothing and needs no server.
     del run
+
+
+def check_web(run: Run) -> None:
+    result = run.report
+    measured = result["measurements"]
+    # The quick thread: 20 turns and 2 branches after the root, every checkpoint drawn in the tree.
+    assert measured["checkpoints"] == 1 + web.QUICK.turns + web.QUICK.branches
+    assert 0 < result["figures"]["api_bytes"]["measured"] < result["figures"]["all_bytes"]["measured"]
+    ratio = result["figures"]["api_bytes"]["measured"] / result["figures"]["message_bytes"]["measured"]
+    assert math.isclose(result["figures"]["api_ratio"]["measured"], ratio)
 
 
 def check_load(run: Run) -> None:
@@ -265,12 +301,15 @@ PARTS = [
     Part("encryption", encryption.figures, check_encryption, timeout=300),
     Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
     Part("memory", memory.figures, check_memory, timeout=900),
+    Part("memory_eval", memory_eval.figures, check_memory_eval, timeout=300),
     Part("branches", lambda: branches.figures(branches.QUICK), check_branches, timeout=900),
     Part("export", lambda: export.figures(export.QUICK), check_export),
+    Part("search", lambda: search.figures(search.QUICK), check_search),
+    Part("web", lambda: web.figures(web.QUICK), check_web),
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.
-_SLOW = {"branches", "catalogue", "context", "memory", "startup", "load", "turn_cost", "streams"}
+_SLOW = {"branches", "catalogue", "context", "memory", "memory_eval", "startup", "load", "web", "turn_cost", "streams"}
 
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:

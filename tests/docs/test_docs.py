@@ -124,6 +124,10 @@ def test_the_site_builds_with_mkdocs_strict(tmp_path):
     assert (tmp_path / "site" / "reference" / "agent" / "index.html").is_file()
     reference = (tmp_path / "site" / "reference" / "agent" / "index.html").read_text()
     assert "get_checkpoint_history" in reference  # mkdocstrings rendered the docstrings
+    # Offline: the site's own Mermaid (Material loads one from a CDN only when none is loaded) and no web fonts.
+    concepts = (tmp_path / "site" / "concepts" / "index.html").read_text()
+    assert "javascripts/mermaid.min.js" in concepts and (tmp_path / "site" / "javascripts" / "mermaid.min.js").is_file()
+    assert "fonts.googleapis.com" not in concepts
 
 
 def test_every_relative_link_of_the_readme_points_at_a_file():

@@ -287,14 +287,33 @@ def test_with_a_key_memories_are_stored_sealed_and_the_embeddings_model_is_given
     assert all(json.loads(value)["content"].startswith(SEALED_PREFIX) for value in values)
 
 
-def test_an_embeddings_model_on_postgres_is_reported_and_keyword_search_is_used(embeddings_stub, pg_url, make_agent, caplog):
-    with caplog.at_level(logging.WARNING, logger="agent.memory.service"):
-        agent = make_agent(pg_url, embedding_model="fake-embed")
-    assert agent.operation_context.memories.search_kind == "keyword"
-    assert "semantic memory search needs sqlite-vec" in caplog.text
-    say(agent, "Remember that I collect stamps", user_id="stamp-collector")
-    assert [m["content"] for m in agent.list_memories("stamp-collector", query="stamps")] == ["I collect stamps"]
-    assert embedding_requests(embeddings_stub) == []
+def test_semantic_search_on_postgres_ranks_exactly_over_stored_vectors_as_sqlite_does(
+    embeddings_stub, pg_url, make_agent, tmp_path, alice
+):
+    facts = ("I live in Porto", "My sister Ana lives in Lisbon", "I like green tea", "My cat Miso likes tea")
+    queries = ("sister Ana", "tea for the cat", "Porto weather")
+    rankings = []
+    for url in (pg_url, f"sqlite:///{tmp_path / 'semantic.sqlite'}"):
+        agent = make_agent(url, embedding_model="fake-embed")
+        assert agent.operation_context.memories.search_kind == "semantic"
+        for fact in facts:
+            say(agent, f"Remember that {fact}", user_id=alice)
+        rankings.append({q: [(m["content"], round(m_score, 5)) for m, m_score in scored(agent, alice, q)] for q in queries})
+    assert rankings[0] == rankings[1]
+    assert rankings[0]["sister Ana"][0][0] == "My sister Ana lives in Lisbon"
+    # Each memory was embedded once (when saved), not again when another process or search read it.
+    embedded = [text for body in embedding_requests(embeddings_stub) for text in body["input"]]
+    assert embedded.count("My sister Ana lives in Lisbon") <= 2  # once per backend at most (the cache is per agent)
+    fresh = make_agent(pg_url, embedding_model="fake-embed")
+    before = len(embedding_requests(embeddings_stub))
+    assert [m["content"] for m in fresh.list_memories(alice, query="sister Ana")][0] == "My sister Ana lives in Lisbon"
+    assert [t for body in embedding_requests(embeddings_stub)[before:] for t in body["input"]] == ["sister Ana"]
+
+
+def scored(agent, user_id, query):
+    """The memories a semantic search ranks, with their cosine similarity."""
+    found = agent.operation_context.memories.list(user_id, query, limit=10)
+    return [(memory.as_dict(), memory.score) for memory in found]
 
 
 # -- retention -------------------------------------------------------------------------------------------

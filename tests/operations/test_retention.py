@@ -188,6 +188,7 @@ def test_no_row_of_a_deleted_thread_remains_in_any_table(url, make_agent):
     say(agent, "calculate 6*7", thread_id=thread_id, idempotency_key="key-2")
     say(agent, "New York instead", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])
     agent.update_checkpoint_state(thread_id, None, [DANGLING_CALL])  # leaves pending writes
+    agent.label_branch(thread_id, first["checkpoint_id"], "SF")  # a branch record
     keep = new_thread(agent, "another thread")
     before = rows_in_every_table(url, thread_id)
     # Every table with a thread_id column holds rows of the thread, or the test would prove little; but

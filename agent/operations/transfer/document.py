@@ -122,6 +122,15 @@ class ThreadDoc(_Model):
     updated_at: str | None = None
 
 
+class BranchDoc(_Model):
+    """A branch record (`label_branch`, `pin_branch`, `archive_branch`) of one checkpoint of the document."""
+
+    checkpoint_id: str
+    label: str | None = None
+    pinned: bool = False
+    archived: bool = False
+
+
 class ThreadDocument(_Model):
     """A whole thread: see `agent.operations.transfer`."""
 
@@ -130,6 +139,18 @@ class ThreadDocument(_Model):
     exported_at: str | None = None
     thread: ThreadDoc
     checkpoints: list[CheckpointDoc] = Field(min_length=1)
+    branches: list[BranchDoc] = Field(default_factory=list)
+    """Present only when the thread has branch records."""
+
+    @model_validator(mode="after")
+    def _branches_of_checkpoints(self) -> ThreadDocument:
+        ids = {c.checkpoint_id for c in self.checkpoints}
+        unknown = [b.checkpoint_id for b in self.branches if b.checkpoint_id not in ids]
+        if unknown:
+            raise ValueError(f"branch record of checkpoint {unknown[0]!r}, which is not in the document")
+        if sum(b.pinned for b in self.branches) > 1:
+            raise ValueError("more than one pinned branch")
+        return self
 
 
 @dataclass(frozen=True)

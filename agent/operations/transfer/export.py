@@ -45,7 +45,12 @@ def document_of(storage: ThreadStorage, record: ThreadRecord) -> dict[str, Any]:
     ids = [row["checkpoint_id"] for row in storage.list_checkpoints(thread_id, limit=None, before=None)]
     found = sorted(storage.get_checkpoints(thread_id, ids), key=_id_of)
     encoder = ChannelEncoder({_id_of(tup): tup.checkpoint["channel_values"] for tup in found})
-    return {
+    records = storage.branch_records(thread_id)
+    branches = [
+        {"checkpoint_id": r.checkpoint_id, "label": r.label, "pinned": r.pinned, "archived": r.archived}
+        for _, r in sorted(records.items())
+    ]
+    document = {
         "format": FORMAT,
         "version": VERSION,
         "exported_at": datetime.now(UTC).isoformat(),
@@ -62,6 +67,9 @@ def document_of(storage: ThreadStorage, record: ThreadRecord) -> dict[str, Any]:
         },
         "checkpoints": [_checkpoint_doc(tup, encoder) for tup in found],
     }
+    if branches:  # only then: a thread without records exports as before
+        document["branches"] = branches
+    return document
 
 
 def _id_of(tup: Any) -> str:

@@ -25,7 +25,7 @@ from agent.operations.transfer.document import (
 )
 from agent.operations.transfer.export import ChannelEncoder, document_of
 from agent.operations.transfer.parse import decode_value, load_messages, parse_document
-from agent.storage import ThreadRecord, ThreadStorage, Turn
+from agent.storage import BranchRecord, ThreadRecord, ThreadStorage, Turn
 from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary
 from agent.validation import check_id
 
@@ -141,6 +141,8 @@ def _write(storage: ThreadStorage, claim: Any, restored: Restored, *, user_id: s
             metadata=thread.metadata,
             forked_from=thread.forked_from,
         )
+        if restored.document.branches:
+            tx.put_branch_records(claim.thread_id, [BranchRecord(**b.model_dump()) for b in restored.document.branches])
 
     storage.commit(claim, apply)
 
@@ -178,8 +180,9 @@ def _renewed(restored: Restored, thread_id: str) -> Restored:
     document = restored.document
     thread = document.thread.model_copy(update={"thread_id": thread_id, "checkpoint_id": mapping[document.thread.checkpoint_id]})
     checkpoints = [renew(c) for c in document.checkpoints]
+    branches = [b.model_copy(update={"checkpoint_id": mapping[b.checkpoint_id]}) for b in document.branches]
     return Restored(
-        document.model_copy(update={"thread": thread, "checkpoints": checkpoints}),
+        document.model_copy(update={"thread": thread, "checkpoints": checkpoints, "branches": branches}),
         tuple(renew(c) for c in restored.order),
         {mapping[old]: values for old, values in restored.values.items()},
         {mapping[old]: messages for old, messages in restored.messages.items()},

@@ -366,6 +366,40 @@ MIGRATIONS = [
                              (9, 'agent_checkpoint_ids', 'INSERT')) AS n(i, tbl, privilege)
                 WHERE NOT has_table_privilege(n.tbl, n.privilege));
     END $$""",
+    # Branch records (`agent.operations.branch_records`): rows only for checkpoints a user labelled,
+    # pinned or archived, so a turn writes none. At most one pinned checkpoint per thread.
+    """CREATE TABLE IF NOT EXISTS agent_branches (
+        thread_id TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        label TEXT,
+        pinned BOOLEAN NOT NULL DEFAULT false,
+        archived BOOLEAN NOT NULL DEFAULT false,
+        PRIMARY KEY (thread_id, checkpoint_id)
+    )""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS agent_branches_pinned_idx ON agent_branches (thread_id) WHERE pinned",
+    # The message search index (`agent.storage.search`): one row per checkpoint with the messages that first
+    # appeared there; the GIN index is on an expression, so no tsvector is stored beside the text.
+    """CREATE TABLE IF NOT EXISTS agent_message_text (
+        thread_id TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        message_ids TEXT NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_message_text_search_idx ON agent_message_text USING GIN (to_tsvector('simple', body))",
+    # A commit now also writes the search index: the claim checks that privilege too, before the model runs.
+    """CREATE OR REPLACE FUNCTION agent_missing_privileges() RETURNS TEXT[]
+    LANGUAGE plpgsql STABLE AS $$
+    BEGIN
+        RETURN (SELECT coalesce(array_agg(n.privilege || ' on ' || n.tbl ORDER BY n.i), '{}')
+                FROM (VALUES (1, 'checkpoints', 'INSERT'), (2, 'checkpoints', 'UPDATE'),
+                             (3, 'checkpoint_blobs', 'INSERT'), (4, 'checkpoint_blobs', 'UPDATE'),
+                             (5, 'checkpoint_writes', 'INSERT'), (6, 'checkpoint_writes', 'UPDATE'),
+                             (7, 'agent_threads', 'INSERT'), (8, 'agent_threads', 'UPDATE'),
+                             (9, 'agent_checkpoint_ids', 'INSERT'), (10, 'agent_message_text', 'INSERT'),
+                             (11, 'agent_message_text', 'UPDATE')) AS n(i, tbl, privilege)
+                WHERE NOT has_table_privilege(n.tbl, n.privilege));
+    END $$""",
     # The commit's checkpoint write (as above), storing the checkpoint without what its row or metadata
     # already hold: `id` (the checkpoint_id column), `ts` when the summary holds the same one (its `t`),
     # and LangGraph's empty `channel_values` and `pending_sends`; `saver.expand_checkpoint` puts them back
@@ -413,5 +447,5 @@ MIGRATIONS = [
 TABLES = (
     "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
     "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
-    "agent_claim_waiters", "agent_user_claims", "store_migrations", "store",
+    "agent_claim_waiters", "agent_user_claims", "store_migrations", "store", "agent_branches", "agent_message_text",
 )  # fmt: skip

@@ -20,10 +20,10 @@ from psycopg.types.json import Jsonb
 from agent.encryption import Keyring
 from agent.errors import InvalidRequest
 from agent.storage import summaries
-from agent.storage.postgres import sql
+from agent.storage.postgres import branches, sql
 from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.postgres.transaction import to_record
-from agent.storage.records import CheckpointLink, ExpiredThread, IdempotencyState, ThreadRecord
+from agent.storage.records import BranchRecord, CheckpointLink, SearchRow, ExpiredThread, IdempotencyState, ThreadRecord
 
 
 def prefixed(row: Mapping[str, Any], prefix: str) -> dict[str, Any] | None:
@@ -73,6 +73,22 @@ class PostgresReads:
 
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         return [CheckpointLink(**row) for row in self._read(thread_id, sql.CHECKPOINT_LINKS_SQL, (thread_id,))]
+
+    def branch_records(self, thread_id: str) -> dict[str, BranchRecord]:
+        rows = self._read(thread_id, branches.SELECT_BRANCHES_SQL, (thread_id,))
+        return {
+            row["checkpoint_id"]: BranchRecord(
+                row["checkpoint_id"],
+                self.keyring.open_text(row["label"]) if row["label"] is not None else None,
+                row["pinned"],
+                row["archived"],
+            )
+            for row in rows
+        }
+
+    def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
+        params = {"words": " ".join(words), "user_id": user_id, "limit": limit}
+        return [SearchRow(**row) for row in self._read(None, branches.SEARCH_SQL, params)]
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, sql.SELECT_USER_THREADS_SQL, (user_id,))]

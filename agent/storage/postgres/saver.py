@@ -39,7 +39,7 @@ from psycopg_pool import ConnectionPool
 
 from agent.encryption import Keyring, is_sealed
 from agent.storage import deltas, summaries
-from agent.storage.postgres import sql
+from agent.storage.postgres import branches, sql
 from agent.storage.postgres.batch import running_batch
 from agent.storage.records import checkpoint_taken
 from agent.storage.saver import TurnSaverMixin
@@ -149,6 +149,10 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
 
     def _backend_put_writes(self, config, writes, task_id, task_path):
         return PostgresSaver.put_writes(self, config, writes, task_id, task_path)
+
+    def _backend_index(self, thread_id: str, checkpoint_id: str, row: tuple[str, str]) -> None:
+        with self._cursor(pipeline=True) as cur:
+            cur.execute(branches.INDEX_MESSAGES_SQL, (thread_id, checkpoint_id, *row))
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:
         with self._read_faults("read messages", {"configurable": {"thread_id": thread_id}}), self._cursor() as cur:

@@ -16,8 +16,8 @@ from typing import Any
 from psycopg.types.json import Json, Jsonb
 
 from agent.encryption import Keyring
-from agent.storage import deltas
-from agent.storage.postgres import sql
+from agent.storage import deltas, search
+from agent.storage.postgres import branches, sql
 from agent.storage.postgres.batch import StatementBatch
 from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.records import ThreadRecord, Turn
@@ -64,7 +64,7 @@ class PostgresTx(Tx):
         return to_record(self.batch.read(sql.UPDATE_THREAD_SQL, params).fetchone(), self.keyring)
 
     def delete_thread(self, thread_id: str) -> None:
-        for statement in sql.DELETE_THREAD_SQL:
+        for statement in (*sql.DELETE_THREAD_SQL, *branches.DELETE_THREAD_SQL):
             self.batch.execute(statement, (thread_id,))
         self.batch.execute(sql.DELETE_RELEASED_CLAIM_SQL, (thread_id,))
 
@@ -101,6 +101,13 @@ class PostgresTx(Tx):
         removed = self.batch.read(sql.DELETE_OTHER_CHECKPOINTS_SQL, params).fetchone()["removed"]
         self.batch.execute(sql.DELETE_OTHER_CHECKPOINT_IDS_SQL, params)
         self.batch.execute(sql.MAKE_ROOT_SQL, params)
+        for statement in branches.KEEP_ONLY_SQL:
+            self.batch.execute(statement, params)
+        if deltas.is_message_list(list(messages or ())) and not self.keyring.enabled:
+            # The head is now the root: every message of it first appears there.
+            row = search.index_row(list(messages or ()))
+            if row is not None:
+                self.batch.execute(branches.INDEX_MESSAGES_SQL, (thread_id, head_id, *row))
         return int(removed)
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
@@ -116,7 +123,7 @@ class PostgresTx(Tx):
         return [row["thread_id"] for row in self.batch.read(sql.THREADS_OF_RUNS_SQL, (list(run_ids),)).fetchall()]
 
     def copy_thread_rows(self, source_thread_id: str, target_thread_id: str) -> None:
-        for statement in sql.COPY_THREAD_SQL:
+        for statement in (*sql.COPY_THREAD_SQL, *branches.COPY_THREAD_SQL):
             self.batch.execute(statement, {"source": source_thread_id, "target": target_thread_id})
 
     def rewrite_checkpoint(self, thread_id, tup, *, parent_id, metadata) -> None:
@@ -132,4 +139,31 @@ class PostgresTx(Tx):
     def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
         params = {"thread_id": thread_id, "ns": [ns for ns, _ in keep], "ids": [cid for _, cid in keep]}
         for statement in sql.DELETE_UNKEPT_SQL:
+            self.batch.execute(statement, params)
+        for statement in branches.KEEP_ONLY_SQL:
+            self.batch.execute(statement, {"thread_id": thread_id})
+
+    # -- branch records (`operations.branch_records`) --
+    def label_branch(self, thread_id: str, checkpoint_id: str, label: str | None) -> None:
+        self.batch.execute(branches.UPSERT_LABEL_SQL, (thread_id, checkpoint_id, self.keyring.seal_text(label)))
+        self.batch.execute(branches.DROP_EMPTY_SQL, (thread_id,))
+
+    def pin_branch(self, thread_id: str, checkpoint_id: str | None) -> None:
+        self.batch.execute(branches.UNPIN_SQL, (thread_id,))
+        if checkpoint_id is not None:
+            self.batch.execute(branches.UPSERT_PIN_SQL, (thread_id, checkpoint_id))
+        self.batch.execute(branches.DROP_EMPTY_SQL, (thread_id,))
+
+    def archive_branch(self, thread_id: str, checkpoint_id: str, archived: bool) -> None:
+        self.batch.execute(branches.UPSERT_ARCHIVED_SQL, (thread_id, checkpoint_id, archived))
+        self.batch.execute(branches.DROP_EMPTY_SQL, (thread_id,))
+
+    def put_branch_records(self, thread_id: str, records) -> None:
+        for r in records:
+            params = (thread_id, r.checkpoint_id, self.keyring.seal_text(r.label), r.pinned, r.archived)
+            self.batch.execute(branches.INSERT_BRANCH_SQL, params)
+
+    def delete_branch_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]) -> None:
+        params = {"thread_id": thread_id, "ids": list(checkpoint_ids)}
+        for statement in branches.DELETE_CHECKPOINTS_SQL:
             self.batch.execute(statement, params)

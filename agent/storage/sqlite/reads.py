@@ -212,6 +212,12 @@ class SqliteReader:
         with self._cursor() as cur:
             return threads_of_user(cur, user_id)
 
+    def branch_records(self, thread_id: str) -> dict:
+        from agent.storage.sqlite.branches import branch_records  # imports only sqlite3 and the records
+
+        with self._cursor() as cur:
+            return branch_records(cur, thread_id, self.keyring)
+
     def list_threads(self, user_id, *, limit, before, metadata):
         with self._cursor() as cur:
             return list_threads(cur, user_id, limit=limit, before=before, metadata=metadata, keyring=self.keyring)

@@ -35,7 +35,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agent.storage.records import checkpoint_taken
 from agent.storage.saver import TurnSaverMixin
-from agent.storage.sqlite import sql
+from agent.storage.sqlite import branches, sql
 
 #: SQLite virtual machine instructions between two looks at the time limit (a few milliseconds of work).
 PROGRESS_STEPS = 10_000
@@ -144,6 +144,10 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
 
     def _backend_put_writes(self, config, writes, task_id, task_path):
         return SqliteSaver.put_writes(self, config, writes, task_id, task_path)
+
+    def _backend_index(self, thread_id: str, checkpoint_id: str, row: tuple[str, str]) -> None:
+        with self.cursor() as cur:
+            cur.execute(branches.INDEX_MESSAGES_SQL, (thread_id, checkpoint_id, *row))
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:
         with self.cursor(transaction=False) as cur:

@@ -144,6 +144,42 @@ MIGRATIONS: list[list[str]] = [
         REGISTER_STORED_CHECKPOINTS_SQL,
     ],
     [
+        # Branch records (`agent.operations.branch_records`): rows only for checkpoints a user labelled,
+        # pinned or archived, so a turn writes none. At most one pinned checkpoint per thread.
+        """CREATE TABLE IF NOT EXISTS agent_branches (
+            thread_id TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL,
+            label TEXT,
+            pinned INTEGER NOT NULL DEFAULT 0,
+            archived INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (thread_id, checkpoint_id)
+        )""",
+        "CREATE UNIQUE INDEX IF NOT EXISTS agent_branches_pinned_idx ON agent_branches (thread_id) WHERE pinned",
+        # The message search index (`agent.storage.search`): one row per checkpoint; FTS5 indexes its body
+        # with the row table as its content (https://sqlite.org/fts5.html#external_content_tables), so the
+        # text is stored once, and triggers keep the two in step.
+        """CREATE TABLE IF NOT EXISTS agent_message_text (
+            id INTEGER PRIMARY KEY,
+            thread_id TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL,
+            message_ids TEXT NOT NULL,
+            body TEXT NOT NULL,
+            UNIQUE (thread_id, checkpoint_id)
+        )""",
+        """CREATE VIRTUAL TABLE IF NOT EXISTS agent_message_fts USING fts5(
+            body, content='agent_message_text', content_rowid='id', tokenize='unicode61')""",
+        """CREATE TRIGGER IF NOT EXISTS agent_message_text_ai AFTER INSERT ON agent_message_text BEGIN
+            INSERT INTO agent_message_fts (rowid, body) VALUES (new.id, new.body);
+        END""",
+        """CREATE TRIGGER IF NOT EXISTS agent_message_text_ad AFTER DELETE ON agent_message_text BEGIN
+            INSERT INTO agent_message_fts (agent_message_fts, rowid, body) VALUES ('delete', old.id, old.body);
+        END""",
+        """CREATE TRIGGER IF NOT EXISTS agent_message_text_au AFTER UPDATE ON agent_message_text BEGIN
+            INSERT INTO agent_message_fts (agent_message_fts, rowid, body) VALUES ('delete', old.id, old.body);
+            INSERT INTO agent_message_fts (rowid, body) VALUES (new.id, new.body);
+        END""",
+    ],
+    [
         # `agent_threads_activity_idx` starts with user_id and serves every lookup by user; every turn's
         # change of `updated_at` rewrote an entry of this one too (the Postgres schema drops it as well).
         "DROP INDEX IF EXISTS agent_threads_user_id_idx",
@@ -154,6 +190,7 @@ MIGRATIONS: list[list[str]] = [
 TABLES = (
     "checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
     "agent_claim_waiters", "agent_user_claims", "store_migrations", "store", "vector_migrations", "store_vectors",
+    "agent_branches", "agent_message_text", "agent_message_fts",
 )  # fmt: skip
 
 #: LangGraph's store (long-term memory, agent.memory): its migration lists and their version tables,

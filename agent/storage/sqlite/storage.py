@@ -19,18 +19,20 @@ from typing import Any
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
-from agent.storage import summaries
+from agent.storage import search, summaries
 from agent.storage.base import ThreadStorage
 from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
 from agent.storage.records import (
+    BranchRecord,
     CheckpointLink,
     ExpiredThread,
     IdempotencyKeyTaken,
     IdempotencyState,
+    SearchRow,
     ThreadRecord,
     owned_by,
 )
-from agent.storage.sqlite import reads, schema, sql
+from agent.storage.sqlite import branches, reads, schema, sql
 from agent.storage.sqlite.saver import TurnSqliteSaver
 from agent.storage.sqlite.transaction import SqliteTx, epoch
 from agent.storage.transaction import Tx
@@ -315,6 +317,12 @@ class SqliteThreadStorage(ThreadStorage):
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return self._read(lambda cur: reads.threads_of_user(cur, user_id))
+
+    def branch_records(self, thread_id: str) -> dict[str, BranchRecord]:
+        return self._read(lambda cur: branches.branch_records(cur, thread_id, self.keyring))
+
+    def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
+        return self._read(lambda cur: branches.search(cur, user_id, search.fts5_query(words), limit))
 
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
         params = {"checkpoint_id": checkpoint_id}

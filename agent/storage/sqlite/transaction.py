@@ -15,7 +15,8 @@ from datetime import datetime
 
 from agent.storage import deltas, summaries
 from agent.storage.records import ThreadRecord, Turn
-from agent.storage.sqlite import reads, sql
+from agent.storage import search
+from agent.storage.sqlite import branches, reads, sql
 from agent.storage.sqlite.saver import TurnSqliteSaver
 from agent.storage.transaction import Tx
 
@@ -50,7 +51,7 @@ class SqliteTx(Tx):
         return reads.record(self.cur.execute(sql.UPDATE_THREAD_SQL, params).fetchone(), self.keyring)
 
     def delete_thread(self, thread_id: str) -> None:
-        for statement in sql.DELETE_THREAD_SQL:
+        for statement in (*sql.DELETE_THREAD_SQL, *branches.DELETE_THREAD_SQL):
             self.cur.execute(statement, (thread_id,))
 
     def store_response(self, user_key, key, *, request_hash, thread_id, response, ttl_seconds) -> None:
@@ -98,6 +99,13 @@ class SqliteTx(Tx):
         removed = self.cur.execute(sql.DELETE_OTHER_ROOT_CHECKPOINTS_SQL, (thread_id, head_id)).rowcount
         self.cur.execute(sql.DELETE_OTHER_CHECKPOINT_IDS_SQL, (thread_id, head_id))
         self.cur.execute(sql.DELETE_NAMESPACED_CHECKPOINTS_SQL, (thread_id,))
+        for statement in branches.KEEP_ONLY_SQL:
+            self.cur.execute(statement, {"thread_id": thread_id})
+        if deltas.is_message_list(list(messages or ())) and not self.keyring.enabled:
+            # The head is now the root: every message of it first appears there.
+            row = search.index_row(list(messages or ()))
+            if row is not None:
+                self.cur.execute(branches.INDEX_MESSAGES_SQL, (thread_id, head_id, *row))
         return removed
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
@@ -114,7 +122,7 @@ class SqliteTx(Tx):
         return [row[0] for row in self.cur.execute(sql.THREADS_OF_RUNS_SQL, (json.dumps(list(run_ids)),)).fetchall()]
 
     def copy_thread_rows(self, source_thread_id: str, target_thread_id: str) -> None:
-        for statement in sql.COPY_THREAD_SQL:
+        for statement in (*sql.COPY_THREAD_SQL, *branches.COPY_THREAD_SQL):
             self.cur.execute(statement, {"source": source_thread_id, "target": target_thread_id})
 
     def rewrite_checkpoint(self, thread_id, tup, *, parent_id, metadata) -> None:
@@ -136,6 +144,31 @@ class SqliteTx(Tx):
         params = {"thread_id": thread_id, "keep": json.dumps([list(pair) for pair in keep])}
         for statement in sql.DELETE_UNKEPT_SQL:
             self.cur.execute(statement, params)
+        for statement in branches.KEEP_ONLY_SQL:
+            self.cur.execute(statement, {"thread_id": thread_id})
+
+    # -- branch records (`operations.branch_records`) --
+    def label_branch(self, thread_id: str, checkpoint_id: str, label: str | None) -> None:
+        self.cur.execute(branches.UPSERT_LABEL_SQL, (thread_id, checkpoint_id, self.keyring.seal_text(label)))
+        self.cur.execute(branches.DROP_EMPTY_SQL, (thread_id,))
+
+    def pin_branch(self, thread_id: str, checkpoint_id: str | None) -> None:
+        self.cur.execute(branches.UNPIN_SQL, (thread_id,))
+        if checkpoint_id is not None:
+            self.cur.execute(branches.UPSERT_PIN_SQL, (thread_id, checkpoint_id))
+        self.cur.execute(branches.DROP_EMPTY_SQL, (thread_id,))
+
+    def archive_branch(self, thread_id: str, checkpoint_id: str, archived: bool) -> None:
+        self.cur.execute(branches.UPSERT_ARCHIVED_SQL, (thread_id, checkpoint_id, int(archived)))
+        self.cur.execute(branches.DROP_EMPTY_SQL, (thread_id,))
+
+    def put_branch_records(self, thread_id: str, records) -> None:
+        for r in records:
+            params = (thread_id, r.checkpoint_id, self.keyring.seal_text(r.label), int(r.pinned), int(r.archived))
+            self.cur.execute(branches.INSERT_BRANCH_SQL, params)
+
+    def delete_branch_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]) -> None:
+        branches.delete_checkpoints(self.cur, thread_id, checkpoint_ids)
 
 
 def epoch(now: datetime | None) -> float:

@@ -1,0 +1,94 @@
+"""`search_threads`: find a sentence said on any branch of any of a user's threads, and where to open it.
+
+The index (`agent.storage.search`) is written with each checkpoint, in the
+commit that writes it, so a hit is never ahead of or behind the checkpoints:
+a deleted thread's or branch's text goes with its rows. Only the caller's
+threads are searched (the query joins the thread records on `user_id`), so
+another user's text is never seen, not even as a count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent.errors import InvalidRequest
+from agent.operations import checks
+from agent.operations.operation import Operation, param
+from agent.storage import search
+
+if TYPE_CHECKING:
+    from agent.operations.context import OperationContext
+
+#: The most hits one search returns.
+MAX_SEARCH_LIMIT = 100
+#: The longest query, in characters.
+MAX_QUERY_CHARS = 500
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One message that holds every word of a query."""
+
+    thread_id: str
+    checkpoint_id: str
+    """The checkpoint where the message first appeared: open it (`get_checkpoint_state`, `set_head`) to
+    show the message on its branch."""
+    message_id: str
+    snippet: str
+    """About 160 characters of the message around the first word found, `…` where cut."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"thread_id": self.thread_id, "checkpoint_id": self.checkpoint_id, "message_id": self.message_id, "snippet": self.snippet}
+
+
+def check_query(name: str, value: Any) -> str:
+    """A query: a string with at least one word, at most `MAX_QUERY_CHARS` characters."""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be a string, got {type(value).__name__}")
+    if len(value) > MAX_QUERY_CHARS:
+        raise InvalidRequest(f"{name} must be at most {MAX_QUERY_CHARS} characters")
+    if not search.terms(value):
+        raise InvalidRequest(f"{name} must hold at least one word")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchArgs:
+    query: str = param(check=check_query, cli={"argument": True, "help": "The words to find (every one must appear)."})
+    limit: int = param(20, check=checks.limit(MAX_SEARCH_LIMIT), cli={"metavar": "N", "help": "Most hits."})
+    user_id: str | None = param(None, source="user")
+
+
+def search_threads(context: OperationContext, args: SearchArgs) -> list[SearchHit]:
+    """Full-text search over every message of every branch of the caller's threads.
+
+    A hit is a message holding every word of `query` (words as written: no stemming, any case),
+    best match first, then newest; each names `thread_id`, `checkpoint_id` (where the message first
+    appeared, so a client opens that exact branch), `message_id` and a `snippet`. A message repeated
+    on several branches is a hit on each branch where it first appeared. Never another user's text;
+    a deleted thread's or branch's text is no longer found. Off with encryption at rest (the index
+    would hold the text in the clear).
+
+    Raises: `InvalidRequest` (no word in `query`, bad `limit`, encryption at rest).
+    """
+    if context.storage.keyring.enabled:
+        raise InvalidRequest("search_threads is not available with encryption at rest: messages are not indexed")
+    words = search.terms(args.query)
+    hits: list[SearchHit] = []
+    for row in context.storage.search_messages(args.user_id, words, args.limit):
+        for found in search.hits(row, words):
+            hits.append(SearchHit(row.thread_id, row.checkpoint_id, found["message_id"], search.snippet(found["text"], words)))
+    return hits[: args.limit]
+
+
+SEARCH_THREADS = Operation(
+    name="search_threads",
+    summary="Full-text search over every message of every branch of the caller's threads.",
+    args=SearchArgs,
+    run=search_threads,
+    positional=1,
+    outputs=lambda found, args: {"hits": [hit.as_dict() for hit in found]},
+    returns="list[dict[str, Any]]",
+    cli="search",
+)

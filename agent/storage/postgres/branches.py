@@ -1,0 +1,79 @@
+"""The Postgres statements of branch records and of the message search index.
+
+Apart from `sql` because they are one subject (`agent.operations.branch_records`,
+`agent.storage.search`) that every path removing checkpoints must also clean:
+deleting a thread, a branch, the checkpoints retention or LangGraph's `prune`
+drops, and copying a thread. The search is `to_tsvector('simple', body) @@
+plainto_tsquery('simple', words)`, served by the GIN expression index of the
+migration (`agent_message_text_search_idx`).
+"""
+
+from __future__ import annotations
+
+SELECT_BRANCHES_SQL = "SELECT checkpoint_id, label, pinned, archived FROM agent_branches WHERE thread_id = %s"
+UPSERT_LABEL_SQL = """
+INSERT INTO agent_branches (thread_id, checkpoint_id, label) VALUES (%s, %s, %s)
+ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET label = EXCLUDED.label
+"""
+UNPIN_SQL = "UPDATE agent_branches SET pinned = false WHERE thread_id = %s AND pinned"
+UPSERT_PIN_SQL = """
+INSERT INTO agent_branches (thread_id, checkpoint_id, pinned) VALUES (%s, %s, true)
+ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET pinned = true
+"""
+UPSERT_ARCHIVED_SQL = """
+INSERT INTO agent_branches (thread_id, checkpoint_id, archived) VALUES (%s, %s, %s)
+ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET archived = EXCLUDED.archived
+"""
+# A row that says nothing any more goes.
+DROP_EMPTY_SQL = "DELETE FROM agent_branches WHERE thread_id = %s AND label IS NULL AND NOT pinned AND NOT archived"
+INSERT_BRANCH_SQL = """
+INSERT INTO agent_branches (thread_id, checkpoint_id, label, pinned, archived) VALUES (%s, %s, %s, %s, %s)
+ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET label = EXCLUDED.label, pinned = EXCLUDED.pinned,
+    archived = EXCLUDED.archived
+"""
+
+INDEX_MESSAGES_SQL = """
+INSERT INTO agent_message_text (thread_id, checkpoint_id, message_ids, body) VALUES (%s, %s, %s, %s)
+ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET message_ids = EXCLUDED.message_ids, body = EXCLUDED.body
+"""
+# The rows of one user's threads holding every word, best first, then newest.
+SEARCH_SQL = """
+SELECT m.thread_id, m.checkpoint_id, m.message_ids, m.body
+FROM agent_message_text m JOIN agent_threads t ON t.thread_id = m.thread_id,
+     plainto_tsquery('simple', %(words)s) q
+WHERE to_tsvector('simple', m.body) @@ q AND t.user_id IS NOT DISTINCT FROM %(user_id)s
+ORDER BY ts_rank(to_tsvector('simple', m.body), q) DESC, m.checkpoint_id DESC
+LIMIT %(limit)s
+"""
+
+DELETE_CHECKPOINTS_SQL = [
+    "DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
+    "DELETE FROM checkpoints WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
+    "DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
+    "DELETE FROM agent_branches WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
+    "DELETE FROM agent_message_text WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
+    # Blobs are shared between checkpoints by (channel, version): keep exactly those a remaining one points at.
+    """DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
+        SELECT 1 FROM checkpoints c
+        WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = b.checkpoint_ns
+          AND c.checkpoint -> 'channel_versions' ->> b.channel = b.version)""",
+]
+DELETE_THREAD_SQL = [
+    "DELETE FROM agent_branches WHERE thread_id = %s",
+    "DELETE FROM agent_message_text WHERE thread_id = %s",
+]
+# What retention's keep_only_head and LangGraph's prune leave: rows of the checkpoints kept.
+KEEP_ONLY_SQL = [
+    """DELETE FROM agent_branches b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
+        SELECT 1 FROM checkpoints c WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = ''
+          AND c.checkpoint_id = b.checkpoint_id)""",
+    """DELETE FROM agent_message_text m WHERE m.thread_id = %(thread_id)s AND NOT EXISTS (
+        SELECT 1 FROM checkpoints c WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = ''
+          AND c.checkpoint_id = m.checkpoint_id)""",
+]
+COPY_THREAD_SQL = [
+    """INSERT INTO agent_branches (thread_id, checkpoint_id, label, pinned, archived)
+    SELECT %(target)s, checkpoint_id, label, pinned, archived FROM agent_branches WHERE thread_id = %(source)s""",
+    """INSERT INTO agent_message_text (thread_id, checkpoint_id, message_ids, body)
+    SELECT %(target)s, checkpoint_id, message_ids, body FROM agent_message_text WHERE thread_id = %(source)s""",
+]

@@ -1,0 +1,84 @@
+"""`search_threads`: every branch is searched, each hit names where its message first appeared, no user sees
+another's text, and a deleted branch's or thread's text is no longer found. On Postgres and on a SQLite file."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import InvalidRequest
+from tests.helpers.scenario import outputs, say
+
+
+def test_search_finds_text_on_every_branch_where_it_first_appeared(agent):
+    first = outputs(say(agent, "I'm planning for an upcoming trip!", user_id="ada"))
+    thread_id = first["thread_id"]
+    sf = outputs(say(agent, "I'm headed to Sausalito by ferry", thread_id=thread_id, user_id="ada"))
+    say(agent, "What should I pack?", thread_id=thread_id, user_id="ada")
+    ny = outputs(say(agent, "I'm headed to Brooklyn by ferry", thread_id=thread_id, checkpoint_id=first["checkpoint_id"], user_id="ada"))
+
+    hits = agent.search_threads("ferry", user_id="ada", limit=50)
+    found = {(hit["checkpoint_id"], hit["message_id"]) for hit in hits}
+    for said in (sf, ny):
+        user_message = agent.get_checkpoint_state(thread_id, said["checkpoint_id"], user_id="ada")["messages"][-2]
+        assert (said["checkpoint_id"], user_message["id"]) in found  # one hit on each branch
+    branches = [b["checkpoint_id"] for b in agent.list_branches(thread_id, user_id="ada")]
+    for hit in hits:
+        assert hit["thread_id"] == thread_id and "ferry" in hit["snippet"]
+        # The hit names the checkpoint where its message first appeared on a branch: a client opens it there.
+        assert any(
+            item["id"] == hit["message_id"] and item["checkpoint_id"] == hit["checkpoint_id"]
+            for leaf in branches
+            for item in agent.get_checkpoint_state(thread_id, leaf, user_id="ada")["messages"]
+        )
+    # Every word must appear; case does not matter.
+    assert [hit["checkpoint_id"] for hit in agent.search_threads("BROOKLYN ferry", user_id="ada") if "Brooklyn" in hit["snippet"]][0] == ny["checkpoint_id"]
+    assert agent.search_threads("Brooklyn Sausalito", user_id="ada") == []
+
+
+def test_search_never_sees_another_users_text(agent):
+    mine = outputs(say(agent, "the secret word is zanzibar", user_id="ada"))
+    theirs = outputs(say(agent, "my zanzibar notes", user_id="bob"))
+    assert {hit["thread_id"] for hit in agent.search_threads("zanzibar", user_id="ada")} == {mine["thread_id"]}
+    assert {hit["thread_id"] for hit in agent.search_threads("zanzibar", user_id="bob")} == {theirs["thread_id"]}
+    assert agent.search_threads("zanzibar", user_id="eve") == []
+
+
+def test_a_deleted_branchs_text_is_no_longer_found(agent):
+    first = outputs(say(agent, "planning a trip", user_id="ada"))
+    thread_id = first["thread_id"]
+    doomed = outputs(say(agent, "maybe Reykjavik instead", thread_id=thread_id, user_id="ada"))
+    say(agent, "no, Lisbon", thread_id=thread_id, checkpoint_id=first["checkpoint_id"], user_id="ada")
+    assert agent.search_threads("Reykjavik", user_id="ada")
+    agent.delete_branch(thread_id, doomed["checkpoint_id"], user_id="ada")
+    assert agent.search_threads("Reykjavik", user_id="ada") == []
+    assert agent.search_threads("Lisbon", user_id="ada")
+    agent.delete_thread(thread_id, user_id="ada")
+    assert agent.search_threads("Lisbon", user_id="ada") == []
+
+
+def test_a_query_without_words_is_refused(agent):
+    with pytest.raises(InvalidRequest, match="word"):
+        agent.search_threads("  ?! ", user_id="ada")
+
+
+def test_search_is_an_action_too(agent):
+    thread_id = outputs(say(agent, "walrus facts please", user_id="ada"))["thread_id"]
+    response = agent.predict({"input": [], "custom_inputs": {"action": "search_threads", "query": "walrus", "user_id": "ada"}})
+    hits = response.custom_outputs["hits"]
+    assert hits and all(hit["thread_id"] == thread_id for hit in hits)
+
+
+def test_after_keep_latest_the_heads_text_is_found_at_the_head_and_nothing_else(backend_url, make_agent):
+    from tests.operations.test_retention import TTL, expired_at
+
+    agent = make_agent(backend_url, thread_ttl_seconds=TTL, thread_ttl_strategy="keep_latest")
+    first = outputs(say(agent, "pelican sighting", user_id="ada"))
+    thread_id = first["thread_id"]
+    say(agent, "kestrel sighting", thread_id=thread_id, user_id="ada")
+    say(agent, "osprey sighting", thread_id=thread_id, checkpoint_id=first["checkpoint_id"], user_id="ada")
+    head = agent.get_head(thread_id, user_id="ada")["checkpoint_id"]
+    agent.sweep_expired_threads(now=expired_at(agent, thread_id))
+    assert agent.search_threads("kestrel", user_id="ada") == []  # the other branch is gone
+    for word in ("pelican", "osprey"):
+        hits = agent.search_threads(word, user_id="ada")
+        assert hits and {hit["checkpoint_id"] for hit in hits} == {head}

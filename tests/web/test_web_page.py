@@ -1,0 +1,383 @@
+"""The web page at `/` in a real headless Chromium (Debian's, driven by Playwright), against `tt-agent serve`
+on Postgres as a real process, with the OpenAI-compatible stub streaming slowly as its model.
+
+Every flow is checked against the API: after a turn, an edit, a regeneration, a switch and a reload, the
+page's messages (ids, roles, texts), their "i/n" and the checkpoint it shows equal `get_checkpoint_state`.
+The server trusts `X-Forwarded-User` (`user_id_header`), as behind a proxy; each browser context sends
+its own user's header, as the proxy would. It serves examples/approval_agent.py (the built-in agent's
+operations, and a tool that asks for approval with `interrupt()`), so the interrupt card is tested too.
+
+One server for the module (tests/helpers/scheduling.py groups it). A missing browser fails, never skips:
+`.ci/run` installs Debian's `chromium`. Screenshots go to a temporary directory, or to the directory named
+by `TT_WEB_SCREENSHOTS` (`TT_WEB_SCREENSHOTS=docs/images scripts/test.sh tests/web -n 0` refreshes the
+documentation's pictures).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.helpers.databases import fresh_database
+from tests.helpers.openai_stub import configure_stub, openai_stub_server
+from tests.helpers.servers import REPO_ROOT, free_port, server_process
+from tests.helpers.web import CHROMIUM, launch_chromium, settled, two_hundred_turn_document
+
+HEADER = "X-Forwarded-User"
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    target = os.environ.get("TT_WEB_SCREENSHOTS")
+    path = Path(target) if target else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(pg_server_url, tmp_path_factory):
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)", pytrace=False)
+    cwd = tmp_path_factory.mktemp("web")
+    with fresh_database(pg_server_url, "tt_web") as db_url, openai_stub_server(latency_s=0.3, chunks=4) as model_url:
+        port = free_port()
+        env = {
+            "AGENT_DATABASE_URL": db_url,
+            "AGENT_MODEL": "fake",
+            "OPENAI_BASE_URL": model_url,
+            "OPENAI_API_KEY": "unused",
+            "AGENT_TRACING": "false",
+            "AGENT_USER_ID_HEADER": HEADER,
+        }
+        command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port),
+                   "--agent", str(REPO_ROOT / "examples" / "approval_agent.py")]  # fmt: skip
+        with server_process(command, port=port, health_path="/health", env=env, cwd=cwd) as base_url:
+            with launch_chromium() as browser:
+                yield SimpleNamespace(base_url=base_url, model_url=model_url, browser=browser, db_url=db_url)
+
+
+def api(server, user: str) -> httpx.Client:
+    return httpx.Client(base_url=server.base_url, headers={HEADER: user}, timeout=60)
+
+
+def act(http: httpx.Client, action: str, **inputs) -> dict:
+    response = http.post("/responses", json={"model": "agent", "input": [], "custom_inputs": {"action": action, **inputs}})
+    assert response.status_code == 200, response.text
+    return response.json()["custom_outputs"]
+
+
+def new_page(server, user: str):
+    context = server.browser.new_context(viewport={"width": 1400, "height": 860}, extra_http_headers={HEADER: user})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.errors = errors
+    return page
+
+
+def send(page, text: str) -> None:
+    page.get_by_test_id("composer-input").fill(text)
+    page.get_by_test_id("send").click()
+
+
+def thread_of(page) -> str:
+    return page.evaluate("new URLSearchParams(location.search).get('thread')")
+
+
+def test_the_page_streams_a_turn_and_shows_what_the_api_holds(server, shots):
+    page = new_page(server, "alice")
+    page.goto(server.base_url + "/")
+    expect(page.get_by_test_id("identity")).to_contain_text("Signed in as alice")
+    configure_stub(server.model_url, latency_s=2.0, chunks=8)
+    send(page, "I'm planning a trip!")
+    # Streaming: part of the answer is on the page before the turn ends, with the stop button.
+    page.locator('[data-message-id="pending-answer"]', has_text="[fake openai]").wait_for(timeout=10_000)
+    assert page.get_by_test_id("stop").is_visible()
+    page.get_by_test_id("send").wait_for(timeout=10_000)
+    configure_stub(server.model_url, latency_s=0.3, chunks=4)
+    with api(server, "alice") as http:
+        thread_id = settled(page, http, lambda: thread_of(page))
+        # A tool that asks first: the question shows as a card, and answering it resumes the turn.
+        send(page, 'use book_trip {"destination": "Tokyo"}')
+        card = page.get_by_test_id("interrupt")
+        expect(card).to_contain_text("Book a trip to Tokyo?", timeout=10_000)
+        assert act(http, "get_checkpoint_state", thread_id=thread_id)["interrupts"][0]["value"]["destination"] == "Tokyo"
+        page.screenshot(path=str(shots / "web-interrupt.png"))
+        card.get_by_placeholder("Your answer").fill("yes")
+        card.get_by_role("button", name="Answer").click()
+        settled(page, http, lambda: thread_id)
+        assert page.get_by_test_id("interrupt").count() == 0
+        assert "book_trip" in page.get_by_test_id("tool-call").first.inner_text()  # the tool call, on one line
+        assert "Booked" in page.get_by_test_id("tool-call").first.inner_text()
+        page.get_by_test_id("model-saw-toggle").last.click()
+        saw = page.get_by_test_id("model-saw").inner_text()
+        state = act(http, "get_checkpoint_state", thread_id=thread_id)
+        assert f"{state['model_input_messages']} ({state['model_input_tokens']} tokens counted)" in saw
+        assert f"{state['usage']['input_tokens']} / {state['usage']['output_tokens']}" in saw
+        page.screenshot(path=str(shots / "web-chat.png"))
+        # The thread is in the sidebar, titled, and a reload shows the same thread and head.
+        assert page.get_by_test_id("thread-row").filter(has_text="I'm planning a trip!").count() == 1
+        page.reload()
+        settled(page, http, lambda: thread_id)
+    assert page.errors == []
+
+
+def test_stop_cancels_the_turn_and_nothing_is_written(server):
+    page = new_page(server, "alice")
+    page.goto(server.base_url + "/")
+    with api(server, "alice") as http:
+        send(page, "A first message")
+        thread_id = settled(page, http, lambda: thread_of(page))
+        before = act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"]
+        configure_stub(server.model_url, latency_s=2.0, chunks=8)
+        try:
+            started = time.monotonic()
+            send(page, "Stop me")
+            page.locator('[data-message-id="pending-answer"]', has_text="[fake openai]").wait_for(timeout=10_000)
+            page.get_by_test_id("stop").click()
+            assert "nothing was saved" in page.get_by_test_id("notice").inner_text(timeout=10_000)
+            time.sleep(max(0.0, 2.5 - (time.monotonic() - started)))  # past the moment the reply would have ended
+        finally:
+            configure_stub(server.model_url, latency_s=0.3, chunks=4)
+        after = act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"]
+        assert after == before
+        settled(page, http, lambda: thread_id)  # the page is back to what was saved
+
+
+def test_edit_save_only_regenerate_switch_and_reload_match_the_api(server, shots):
+    page = new_page(server, "alice")
+    page.goto(server.base_url + "/")
+    with api(server, "alice") as http:
+        send(page, "I'm headed to SF!")
+        thread_id = settled(page, http, lambda: thread_of(page))
+        send(page, "What should I pack?")
+        settled(page, http, lambda: thread_id)
+
+        # Edit the first message, "save and regenerate": a sibling branch, the model runs again.
+        page.get_by_test_id("edit").first.click()
+        page.get_by_test_id("edit-input").fill("I'm headed to New York!")
+        page.get_by_test_id("save-regenerate").click()
+        view = settled(page, http, lambda: thread_id, view=True)
+        assert view[0]["count"] == "2/2" and view[1]["count"] is None  # two versions of it, one answer each
+        assert "New York" in view[1]["text"]
+
+        # Regenerate that answer: its switcher shows 2/2, the user message keeps its versions.
+        page.get_by_test_id("regenerate").first.click()
+        view = settled(page, http, lambda: thread_id, view=True)
+        assert view[0]["count"] == "2/2" and view[1]["count"] == "2/2"
+        page.screenshot(path=str(shots / "web-branches.png"))
+
+        # "< 1/2 >" on the user message: back to the original branch, nothing written but the head.
+        checkpoints = len(act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"])
+        page.get_by_test_id("message").first.get_by_role("button", name="Previous version").click()
+        page.wait_for_function("document.querySelector('[data-testid=message] [data-testid=branch-count]')?.innerText === '1/2'")
+        view = settled(page, http, lambda: thread_id, view=True)
+        assert [m["text"] for m in view if m["role"] == "user"] == ["I'm headed to SF!", "What should I pack?"]
+        assert len(act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"]) == checkpoints
+        assert "2 branches leave this path" in page.get_by_test_id("branches-off-path").inner_text()
+
+        # (the edit and its regeneration are the two leaves off it)
+        # A reload (the URL names the thread and the head) shows the same thing.
+        page.reload()
+        assert settled(page, http, lambda: thread_id, view=True) == view
+
+        # "Save only": the message replaced in place by update_checkpoint_state, no model run.
+        page.get_by_test_id("edit").last.click()
+        page.get_by_test_id("edit-input").fill("What should I pack for rain?")
+        page.get_by_test_id("save-only").click()
+        page.locator(".text-part", has_text="What should I pack for rain?").wait_for(timeout=10_000)
+        view = settled(page, http, lambda: thread_id, view=True)
+        assert view[-2]["text"] == "What should I pack for rain?"
+        state = act(http, "get_checkpoint_state", thread_id=thread_id)
+        assert state["source"] == "update"
+
+        # The tree: every checkpoint drawn, the head marked; a click on a node moves the head there.
+        history = act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"]
+        assert page.get_by_test_id("tree-node").count() == len(history)
+        head = page.locator('[data-testid=tree-node][data-head="true"]')
+        assert head.get_attribute("data-checkpoint-id") == state["checkpoint_id"]
+        root = next(e for e in history if e["source"] == "root")
+        first_turn = next(e for e in history if e["parent_checkpoint_id"] == root["checkpoint_id"])
+        page.locator(f'[data-testid=tree-node][data-checkpoint-id="{first_turn["checkpoint_id"]}"]').click()
+        page.wait_for_function(f"location.search.includes('{first_turn['checkpoint_id']}')")
+        settled(page, http, lambda: thread_id)
+        assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] == first_turn["checkpoint_id"]
+
+        # Two clicks in compare mode: the common ancestor and what differs.
+        leaves = [e for e in history if not any(o["parent_checkpoint_id"] == e["checkpoint_id"] for o in history)]
+        page.get_by_test_id("compare-mode").check()
+        for leaf in leaves[:2]:
+            page.locator(f'[data-testid=tree-node][data-checkpoint-id="{leaf["checkpoint_id"]}"]').click()
+        diff = act(http, "compare_checkpoints", thread_id=thread_id,
+                   checkpoint_a=leaves[0]["checkpoint_id"], checkpoint_b=leaves[1]["checkpoint_id"])  # fmt: skip
+        shown = page.get_by_test_id("diff").inner_text(timeout=10_000)
+        assert diff["common_ancestor_checkpoint_id"][-8:] in shown
+    assert page.errors == []
+
+
+def test_threads_rename_fork_and_delete_from_the_sidebar(server):
+    page = new_page(server, "carol")
+    page.goto(server.base_url + "/")
+    with api(server, "carol") as http:
+        send(page, "Plan a picnic")
+        thread_id = settled(page, http, lambda: thread_of(page))
+        row = page.locator(f'[data-testid=thread-row][data-thread-id="{thread_id}"]')
+        row.get_by_role("button", name="Rename").click()
+        row.get_by_label("New title").fill("Picnic")
+        row.get_by_role("button", name="Save").click()
+        row.get_by_text("Picnic").wait_for()
+        assert act(http, "get_thread", thread_id=thread_id)["thread"]["title"] == "Picnic"
+        page.get_by_test_id("thread-search").fill("picn")
+        assert page.get_by_test_id("thread-row").count() == 1
+        page.get_by_test_id("thread-search").fill("")
+
+        row.get_by_role("button", name="Fork").click()
+        page.wait_for_function(f"!location.search.includes('{thread_id}') && location.search.includes('thread=')")
+        fork_id = settled(page, http, lambda: thread_of(page))
+        assert act(http, "get_thread", thread_id=fork_id)["thread"]["forked_from"]["thread_id"] == thread_id
+        # The sidebar is the catalogue, in its order (newest activity first).
+        rows = page.get_by_test_id("thread-row")
+        expect(rows).to_have_count(2)
+        listed = [t["thread_id"] for t in act(http, "list_threads", limit=100)["threads"]]
+        assert [rows.nth(i).get_attribute("data-thread-id") for i in range(2)] == listed
+
+        row.get_by_role("button", name="Delete").click()
+        row.get_by_role("button", name="Yes, delete").click()
+        row.wait_for(state="detached")
+        assert thread_id not in [t["thread_id"] for t in act(http, "list_threads", limit=100)["threads"]]
+
+
+def test_two_users_never_see_each_others_threads(server):
+    alice, bob = new_page(server, "alice-2"), new_page(server, "bob")
+    alice.goto(server.base_url + "/")
+    with api(server, "alice-2") as http:
+        send(alice, "Alice's secret plan")
+        thread_id = settled(alice, http, lambda: thread_of(alice))
+    bob.goto(server.base_url + "/")
+    expect(bob.get_by_test_id("identity")).to_contain_text("Signed in as bob")
+    bob.get_by_test_id("new-chat").wait_for()
+    assert bob.get_by_test_id("thread-row").count() == 0
+    bob.goto(f"{server.base_url}/?thread={thread_id}")
+    assert "not found" in bob.get_by_test_id("error").inner_text(timeout=10_000).lower()
+    assert bob.get_by_test_id("message").count() == 0
+    assert "Alice's secret plan" not in bob.content()
+    with api(server, "bob") as http:
+        assert act(http, "list_threads", limit=100)["threads"] == []
+
+
+def test_a_200_turn_thread_with_20_branches_opens_with_its_tree(server, shots):
+    document, turns, branches = two_hundred_turn_document()
+    with api(server, "dave") as http:
+        thread_id = act(http, "import_thread", document=document)["thread"]["thread_id"]
+        history = act(http, "get_checkpoint_history", thread_id=thread_id, limit=1000)["history"]
+        assert len(history) == 1 + turns + branches  # the root, every turn, every branch
+        page = new_page(server, "dave")
+        page.goto(f"{server.base_url}/?thread={thread_id}")
+        page.get_by_test_id("tree-node").nth(len(history) - 1).wait_for(timeout=30_000)
+        assert page.get_by_test_id("tree-node").count() == len(history)
+        settled(page, http, lambda: thread_id)
+        assert f"{branches} branches leave this path" in page.get_by_test_id("branches-off-path").inner_text()
+        page.screenshot(path=str(shots / "web-tree.png"))
+    assert page.errors == []
+    assert CHROMIUM  # the browser the run used
+
+
+def test_the_documentation_site_draws_its_mermaid_diagram_without_a_network(server, tmp_path):
+    import subprocess
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.helpers.servers import REPO_ROOT
+
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--site-dir", str(site)], cwd=REPO_ROOT, check=True,
+                   capture_output=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)  # fmt: skip
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(site)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        origin = f"http://127.0.0.1:{httpd.server_address[1]}"
+        page = server.browser.new_page()
+        elsewhere: list[str] = []
+        page.on("request", lambda request: None if request.url.startswith(origin) else elsewhere.append(request.url))
+        page.goto(f"{origin}/concepts/")
+        # Material draws the diagram into a closed shadow root of `div.mermaid`; undrawn, it stays `pre.mermaid` text.
+        page.locator("div.mermaid").first.wait_for(timeout=15_000)
+        assert page.locator("pre.mermaid").count() == 0
+        assert page.locator("div.mermaid").first.bounding_box()["height"] > 100
+        assert elsewhere == []
+    finally:
+        httpd.shutdown()
+
+
+def test_a_busy_thread_is_an_error_in_words_and_the_page_keeps_what_was_saved(server):
+    import threading
+
+    page = new_page(server, "erin")
+    page.goto(server.base_url + "/")
+    with api(server, "erin") as http:
+        send(page, "Hello")
+        thread_id = settled(page, http, lambda: thread_of(page))
+        configure_stub(server.model_url, latency_s=2.0, chunks=4)
+        try:
+            body = {"model": "agent", "input": "Another tab's turn", "custom_inputs": {"thread_id": thread_id}}
+            other = threading.Thread(target=lambda: http.post("/responses", json=body))
+            other.start()
+            time.sleep(0.5)  # the other turn holds the thread
+            send(page, "Mine")
+            expect(page.get_by_test_id("error")).to_contain_text("busy", timeout=10_000)
+            other.join()
+        finally:
+            configure_stub(server.model_url, latency_s=0.3, chunks=4)
+        assert page.get_by_test_id("message").count() == 2  # the page still shows the saved turn, not a blank page
+
+
+def test_the_memory_panel_lists_the_users_memories_and_deletes_one(server):
+    from agent import create_agent
+
+    with create_agent(server.db_url, model="offline", tracing=False) as agent:  # the offline model saves it
+        agent.predict({"input": [{"role": "user", "content": "remember that I am vegetarian"}],
+                       "custom_inputs": {"user_id": "frank"}})  # fmt: skip
+    page = new_page(server, "frank")
+    page.goto(server.base_url + "/")
+    with api(server, "frank") as http:
+        [memory] = act(http, "list_memories")["memories"]
+        page.get_by_test_id("load-memories").click()
+        row = page.get_by_test_id("memory")
+        expect(row).to_have_count(1)
+        assert memory["content"] in row.inner_text()
+        other = new_page(server, "grace")  # another user's panel never shows frank's
+        other.goto(server.base_url + "/")
+        other.get_by_test_id("load-memories").click()
+        expect(other.get_by_text("No memories.")).to_be_visible()
+        row.get_by_role("button", name="Delete").click()
+        expect(row).to_have_count(0)
+        assert act(http, "list_memories")["memories"] == []
+
+
+def test_a_link_to_an_earlier_checkpoint_shows_it_and_a_message_sent_there_branches_from_it(server):
+    from tests.helpers.web import api_view, page_view
+
+    page = new_page(server, "heidi")
+    page.goto(server.base_url + "/")
+    with api(server, "heidi") as http:
+        send(page, "First")
+        thread_id = settled(page, http, lambda: thread_of(page))
+        send(page, "Second")
+        settled(page, http, lambda: thread_id)
+        first = act(http, "get_checkpoint_state", thread_id=thread_id)["messages"][0]["checkpoint_id"]
+        page.goto(f"{server.base_url}/?thread={thread_id}&head={first}")  # a shared link: nothing is written
+        expect(page.get_by_test_id("shown-checkpoint")).to_have_text(first)
+        expect(page.get_by_role("button", name="Make this the head")).to_be_visible()
+        assert page_view(page) == api_view(act(http, "get_checkpoint_state", thread_id=thread_id, checkpoint_id=first))
+        assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] != first
+        send(page, "Instead")
+        settled(page, http, lambda: thread_id)
+        assert act(http, "get_checkpoint_state", thread_id=thread_id)["parent_checkpoint_id"] == first

@@ -1,0 +1,360 @@
+// The page: threads on the left, the conversation (assistant-ui) in the middle, the tree and panels on the right.
+// The server owns the tree: every control is one request, and its answer (`include: ["state"]`) is what is drawn.
+import { useCallback, useEffect, useMemo, useRef, useState } from "react";
+import { type AppendMessage, AssistantRuntimeProvider, useExternalStoreRuntime } from "@assistant-ui/react";
+import {
+  ApiError,
+  type CheckpointState,
+  type HistoryEntry,
+  type Item,
+  type Thread,
+  action,
+  identity,
+  streamTurn,
+  wholeHistory,
+} from "./api";
+import { Chat, type ChatControls, ChatContext } from "./Chat";
+import { Sidebar } from "./Sidebar";
+import { TreeView } from "./TreeView";
+import { MemoryPanel } from "./MemoryPanel";
+import { branchesOffPath, merged, type Running, threadMessages, withEntry, withHead } from "./store";
+
+function readUrl(): { thread: string | null; head: string | null } {
+  const params = new URLSearchParams(window.location.search);
+  return { thread: params.get("thread"), head: params.get("head") };
+}
+
+function writeUrl(thread: string | null, head: string | null, replace = false): void {
+  const params = new URLSearchParams();
+  if (thread) params.set("thread", thread);
+  if (thread && head) params.set("head", head);
+  const url = params.toString() ? `/?${params}` : "/";
+  if (url === `${window.location.pathname}${window.location.search}`) return;
+  if (replace) window.history.replaceState(null, "", url);
+  else window.history.pushState(null, "", url);
+}
+
+function words(error: unknown): string {
+  if (error instanceof ApiError) return error.message;
+  return error instanceof Error ? error.message : String(error);
+}
+
+function textOfAppend(message: AppendMessage): string {
+  return message.content.map((part) => (part.type === "text" ? part.text : "")).join("");
+}
+
+export function App() {
+  const [who, setWho] = useState<{ header: string | null; user_id: string | null } | null>(null);
+  const [threads, setThreads] = useState<Thread[]>([]);
+  const [threadId, setThreadId] = useState<string | null>(readUrl().thread);
+  const [shown, setShown] = useState<CheckpointState | null>(null);
+  const [history, setHistory] = useState<HistoryEntry[]>([]);
+  const [running, setRunning] = useState<Running | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  const [notice, setNotice] = useState<string | null>(null);
+  const [loading, setLoading] = useState(false);
+  const abort = useRef<AbortController | null>(null);
+
+  const loadThreads = useCallback(async () => {
+    try {
+      const page = await action<{ threads: Thread[] }>("list_threads", { limit: 100 });
+      setThreads(page.threads);
+    } catch (e) {
+      setError(words(e));
+    }
+  }, []);
+
+  /** Open a thread at `head` (null: its head): the state and the whole history (for the tree), two requests. */
+  const open = useCallback(async (thread: string | null, head: string | null, push: boolean) => {
+    setError(null);
+    setNotice(null);
+    setThreadId(thread);
+    if (push) writeUrl(thread, head);
+    if (!thread) {
+      setShown(null);
+      setHistory([]);
+      return;
+    }
+    setLoading(true);
+    try {
+      const [state, entries] = await Promise.all([
+        action<CheckpointState>("get_checkpoint_state", { thread_id: thread, ...(head ? { checkpoint_id: head } : {}) }),
+        wholeHistory(thread),
+      ]);
+      setShown(state);
+      setHistory(entries);
+      writeUrl(thread, state.checkpoint_id, true);
+    } catch (e) {
+      setShown(null);
+      setHistory([]);
+      setError(words(e));
+    } finally {
+      setLoading(false);
+    }
+  }, []);
+
+  useEffect(() => {
+    identity().then(setWho, (e) => setError(words(e)));
+    loadThreads();
+    const { thread, head } = readUrl();
+    open(thread, head, false);
+    const onPop = () => {
+      const url = readUrl();
+      open(url.thread, url.head, false);
+    };
+    window.addEventListener("popstate", onPop);
+    return () => window.removeEventListener("popstate", onPop);
+  }, [loadThreads, open]);
+
+  /** Draw a write's answer: its `state` merged into what is shown, its checkpoint added to the tree. */
+  const applyState = useCallback(
+    (state: CheckpointState, wrote: boolean) => {
+      setShown((old) => merged(old && old.thread_id === state.thread_id ? old : null, state, wrote));
+      setHistory((old) => (wrote ? withEntry(old, state) : withHead(old, state.head_checkpoint_id)));
+      writeUrl(state.thread_id, state.checkpoint_id, false);
+      setThreads((old) => {
+        const known = old.find((t) => t.thread_id === state.thread_id);
+        if (!known) return old;
+        const updated = { ...known, checkpoint_id: state.head_checkpoint_id, updated_at: new Date().toISOString() };
+        return wrote ? [updated, ...old.filter((t) => t !== known)] : old.map((t) => (t === known ? updated : t));
+      });
+    },
+    [],
+  );
+
+  /** The start of a write: the shown checkpoint when it is not the thread's head (a shared link, a read-only view). */
+  const startFrom = useCallback((): Record<string, unknown> => {
+    if (!shown) return {};
+    return shown.checkpoint_id !== shown.head_checkpoint_id ? { checkpoint_id: shown.checkpoint_id } : {};
+  }, [shown]);
+
+  const runTurn = useCallback(
+    async (input: string | null, inputs: Record<string, unknown>, run: Running) => {
+      setError(null);
+      setNotice(null);
+      const controller = new AbortController();
+      abort.current = controller;
+      setRunning(run);
+      const creating = !threadId;
+      try {
+        const outputs = await streamTurn(
+          input,
+          { ...(threadId ? { thread_id: threadId } : {}), ...inputs },
+          {
+            onText: (delta) => setRunning((r) => (r ? { ...r, text: r.text + delta } : r)),
+            onItem: (item: Item) =>
+              setRunning((r) => (r && item.type !== "message" ? { ...r, items: [...r.items, item] } : r)),
+          },
+          controller.signal,
+        );
+        const state = outputs.state as CheckpointState;
+        if (creating) {
+          setThreadId(outputs.thread_id);
+          setShown(null);
+          setHistory([]);
+          const [entries] = await Promise.all([wholeHistory(outputs.thread_id), loadThreads()]);
+          setShown({ ...state, message_offset: 0 });
+          setHistory(entries);
+          writeUrl(outputs.thread_id, state.checkpoint_id, false);
+        } else {
+          applyState(state, true);
+        }
+      } catch (e) {
+        if (controller.signal.aborted) setNotice("Stopped: the turn was cancelled and nothing was saved.");
+        else setError(words(e));
+      } finally {
+        abort.current = null;
+        setRunning(null);
+      }
+    },
+    [threadId, applyState, loadThreads],
+  );
+
+  const indexOf = useCallback((id: string) => (shown?.messages ?? []).findIndex((item) => item.id === id), [shown]);
+
+  const onNew = useCallback(
+    async (message: AppendMessage) => {
+      const text = textOfAppend(message);
+      const keep = shown?.messages.length ?? 0;
+      const inputs = shown?.interrupts?.length ? { ...startFrom(), cancel_interrupts: true } : startFrom();
+      await runTurn(text, inputs, { kind: "turn", keep, userText: text, items: [], text: "" });
+    },
+    [shown, startFrom, runTurn],
+  );
+
+  const onEdit = useCallback(
+    async (message: AppendMessage) => {
+      const text = textOfAppend(message);
+      const id = message.sourceId;
+      if (!id) return onNew(message);
+      const at = indexOf(id);
+      await runTurn(text, { ...startFrom(), edit_message_id: id }, { kind: "edit", keep: Math.max(at, 0), userText: text, items: [], text: "" });
+    },
+    [indexOf, onNew, runTurn, startFrom],
+  );
+
+  /** "Save only": the user message replaced in place (`update_checkpoint_state`), no model run. */
+  const saveOnly = useCallback(
+    async (messageId: string, text: string) => {
+      if (!threadId) return;
+      setError(null);
+      try {
+        const outputs = await action<{ state: CheckpointState }>("update_checkpoint_state", {
+          thread_id: threadId,
+          ...startFrom(),
+          edit_message_id: messageId,
+          include: ["state"],
+        }, [{ role: "user", content: text }]);
+        applyState(outputs.state, true);
+      } catch (e) {
+        setError(words(e));
+      }
+    },
+    [threadId, startFrom, applyState],
+  );
+
+  const onReload = useCallback(
+    async (parentId: string | null) => {
+      const items = shown?.messages ?? [];
+      const userAt = parentId ? indexOf(parentId) : -1;
+      const answer = items[userAt + 1];
+      if (!answer) return;
+      await runTurn(null, { ...startFrom(), regenerate_message_id: answer.id }, {
+        kind: "regenerate",
+        keep: userAt + 1,
+        userText: null,
+        items: [],
+        text: "",
+      });
+    },
+    [shown, indexOf, runTurn, startFrom],
+  );
+
+  const onCancel = useCallback(async () => {
+    abort.current?.abort();
+  }, []);
+
+  /** "< i/n >", a tree node: move the head there (`set_head`, nothing else written) and draw the answer's state. */
+  const switchTo = useCallback(
+    async (checkpointId: string) => {
+      if (!threadId) return;
+      setError(null);
+      try {
+        const outputs = await action<{ state: CheckpointState }>("set_head", {
+          thread_id: threadId,
+          checkpoint_id: checkpointId,
+          include: ["state"],
+        });
+        applyState(outputs.state, false);
+      } catch (e) {
+        setError(words(e));
+      }
+    },
+    [threadId, applyState],
+  );
+
+  const resume = useCallback(
+    async (value: unknown) => {
+      await runTurn(null, { ...startFrom(), resume: value }, { kind: "resume", keep: shown?.messages.length ?? 0, userText: null, items: [], text: "" });
+    },
+    [runTurn, startFrom, shown],
+  );
+
+  const messages = useMemo(() => threadMessages(shown, running), [shown, running]);
+  const runtime = useExternalStoreRuntime({
+    messages,
+    convertMessage: (m) => m,
+    isRunning: running !== null,
+    onNew,
+    onEdit,
+    onReload,
+    onCancel,
+  });
+
+  const historyById = useMemo(() => new Map(history.map((e) => [e.checkpoint_id, e])), [history]);
+  const controls: ChatControls = { switchTo, saveOnly, historyById, running: running !== null };
+  const off = branchesOffPath(history, shown?.checkpoint_id);
+
+  return (
+    <div className="layout">
+      <Sidebar
+        threads={threads}
+        current={threadId}
+        who={who}
+        onOpen={(id) => open(id, null, true)}
+        onNew={() => open(null, null, true)}
+        onRename={async (id, title) => {
+          try {
+            await action("update_thread", { thread_id: id, title });
+            setThreads((old) => old.map((t) => (t.thread_id === id ? { ...t, title } : t)));
+          } catch (e) {
+            setError(words(e));
+          }
+        }}
+        onDelete={async (id) => {
+          try {
+            await action("delete_thread", { thread_id: id });
+            setThreads((old) => old.filter((t) => t.thread_id !== id));
+            if (id === threadId) open(null, null, true);
+          } catch (e) {
+            setError(words(e));
+          }
+        }}
+        onFork={async (id) => {
+          try {
+            const fork = await action<{ thread_id: string }>("fork_thread", {
+              thread_id: id,
+              ...(id === threadId && shown ? { checkpoint_id: shown.checkpoint_id } : {}),
+            });
+            await loadThreads();
+            open(fork.thread_id, null, true);
+          } catch (e) {
+            setError(words(e));
+          }
+        }}
+      />
+      <main className="chat">
+        <header className="chat-header">
+          <span data-testid="thread-title">
+            {threads.find((t) => t.thread_id === threadId)?.title ?? (threadId ? threadId : "New chat")}
+          </span>
+          {shown && (
+            <span className="head-info">
+              checkpoint <code data-testid="shown-checkpoint">{shown.checkpoint_id}</code>
+              {shown.checkpoint_id === shown.head_checkpoint_id ? (
+                <span className="badge" data-testid="is-head">head</span>
+              ) : (
+                <button type="button" onClick={() => switchTo(shown.checkpoint_id)}>
+                  Make this the head
+                </button>
+              )}
+              <span data-testid="branches-off-path" className="badge">
+                {off} {off === 1 ? "branch leaves" : "branches leave"} this path
+              </span>
+            </span>
+          )}
+        </header>
+        {error && (
+          <div role="alert" className="error" data-testid="error">
+            {error}
+          </div>
+        )}
+        {notice && (
+          <div role="status" className="notice" data-testid="notice">
+            {notice}
+          </div>
+        )}
+        {loading && <div className="notice">Loading…</div>}
+        <AssistantRuntimeProvider runtime={runtime}>
+          <ChatContext.Provider value={controls}>
+            <Chat interrupts={running ? [] : shown?.interrupts ?? []} onResume={resume} />
+          </ChatContext.Provider>
+        </AssistantRuntimeProvider>
+      </main>
+      <aside className="side">
+        <TreeView history={history} shown={shown?.checkpoint_id ?? null} onJump={switchTo} threadId={threadId} />
+        <MemoryPanel who={who} />
+      </aside>
+    </div>
+  );
+}
