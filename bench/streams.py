@@ -17,7 +17,10 @@ replies streamed in 4 chunks), a scratch database dropped at the end.
    no error event (errors and their reasons are counted), and the wall time
    must stay within 1.3 x (2 s + the 0 s wall): the streams wait on the model
    together, not in turns.
-3. Per open stream: the server's peak resident memory during phases 1 and 2
+3. No stream lost: every stream of both bursts ended with a checkpoint id, and
+   each of those checkpoints is the head of its thread in the database (the
+   turn was saved), read before the scratch database is dropped.
+4. Per open stream: the server's peak resident memory during phases 1 and 2
    (every process of its group, sampled every `SAMPLE_INTERVAL_S`) over its
    resident memory after the warm-up stream (Python keeps what it allocated, so
    a baseline taken after phase 1 would hide it), and its CPU time (user +
@@ -45,7 +48,7 @@ from tests.helpers.openai_stub import configure_stub, free_port, openai_stub_ser
 
 TITLE = "open streams: {streams} streamed conversations at once on one server process"
 #: Streams at once: a full run, and `--quick` (a smoke test).
-STREAMS, QUICK_STREAMS = 1000, 20
+STREAMS, QUICK_STREAMS = 1000, 100
 MODEL_LATENCY_S = 2.0
 MODEL_CHUNKS = 4
 SAMPLE_INTERVAL_S = 0.2
@@ -118,8 +121,8 @@ async def phases(server: ServerProcess, base_url: str, stub_url: str, streams: i
         rss_before = group_rss_bytes(server)
         with PeakSampler(server) as sampler:
             print(f"  {streams} streams at once, 0 s model ...", flush=True)
-            wall, outcomes = await traffic.at_once(client, streams, stream=True, label="zero")
-            out["zero_model"] = {"wall_s": wall, **traffic.summarize(outcomes)}
+            wall, zero_outcomes = await traffic.at_once(client, streams, stream=True, label="zero")
+            out["zero_model"] = {"wall_s": wall, **traffic.summarize(zero_outcomes)}
             configure_stub(stub_url, latency_s=MODEL_LATENCY_S, chunks=MODEL_CHUNKS)
             cpu_before = await idle_cpu_seconds(server)
             print(f"  {streams} streams at once, {MODEL_LATENCY_S:.0f} s model ...", flush=True)
@@ -127,12 +130,26 @@ async def phases(server: ServerProcess, base_url: str, stub_url: str, streams: i
             cpu_after = await idle_cpu_seconds(server)
         out["slow_model"] = {"wall_s": wall, **traffic.summarize(outcomes)}
         out["rss_idle_bytes"], out["rss_peak_bytes"] = rss_before, sampler.peak
+        out["checkpoint_ids"] = [o.checkpoint_id for o in outcomes + zero_outcomes if o.checkpoint_id]
         out["cpu_seconds"] = cpu_after - cpu_before
     return out
 
 
+def saved_heads(url: str, checkpoint_ids: list[str]) -> int:
+    """How many threads of the database have one of `checkpoint_ids` as their head."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM agent_threads WHERE head_checkpoint_id = ANY(%s)", (checkpoint_ids,))
+        return int(row.fetchone()[0])
+
+
 def figures(streams: int = STREAMS) -> dict[str, report.Figure]:
     return {
+        "lost": report.Figure(
+            f"streams lost of 2 x {streams} (no checkpoint id at the end, or not saved as the thread's head)",
+            "0", lambda v: v == 0, str,
+        ),
         "errors": report.Figure(f"{streams} streams, {MODEL_LATENCY_S:.0f} s model: errors", "0", lambda v: v == 0, str),
         "wall_ratio": report.Figure(
             f"wall / ({MODEL_LATENCY_S:.0f} s + wall with a 0 s model)",
@@ -165,9 +182,11 @@ def run(server_url: str, *, quick: bool = False) -> dict[str, Any]:
                              timeout=SERVER_STARTUP_TIMEOUT_S) as (server,):  # fmt: skip
             del tmp
             found = asyncio.run(phases(server, base_url, stub_url, streams))
+        found["saved_heads"] = saved_heads(db, found.pop("checkpoint_ids"))
         database = dbname_of(db)
     slow, zero = found["slow_model"], found["zero_model"]
     values = {
+        "lost": 2 * streams - found["saved_heads"],
         "errors": slow["errors"] + zero["errors"],
         "wall_ratio": slow["wall_s"] / (MODEL_LATENCY_S + zero["wall_s"]),
         "kb_per_stream": (found["rss_peak_bytes"] - found["rss_idle_bytes"]) / streams / 1024,
