@@ -22,7 +22,8 @@ and why each is what it is:
   `datetime.fromisoformat` reads and Postgres's `timestamptz` does not), is refused.
 * **Channel versions** (`channel_versions` and `versions_seen`): the strings
   LangGraph's Postgres and SQLite savers write (`get_next_version`: 32 digits,
-  a dot, and the text of a random number). LangGraph compares versions with
+  a dot, and the text of a random number), or the agent's short ones (10
+  digits, a dot, hex digits: `agent.storage.saver`). LangGraph compares versions with
   `max()` and `>`, and increments `int(version.split(".")[0])`; a number, or a
   string of another shape, breaks the next turn (comparing str with int, or a
   Postgres function given the wrong type).
@@ -69,8 +70,9 @@ MAX_TOKENS = 10**12
 MAX_RECALLED = 1000
 #: Checkpoint formats (`v`) LangGraph's loop reads.
 MAX_CHECKPOINT_V = 4
-#: A channel version as LangGraph's Postgres and SQLite savers write it: `f"{n:032}.{random():016}"`.
-VERSION_PATTERN = re.compile(r"[0-9]{32}\.[0-9A-Za-z.+-]{1,32}")
+#: A channel version as LangGraph's Postgres and SQLite savers write it (`f"{n:032}.{random():016}"`), or
+#: as the agent's savers do (`f"{n:010}.{hex}"`, `agent.storage.saver.get_next_version`).
+VERSION_PATTERN = re.compile(r"([0-9]{32}|[0-9]{10})\.[0-9A-Za-z.+-]{1,32}")
 #: An ISO 8601 date and time with a UTC offset, as `datetime.isoformat()` writes it (`Z` also read).
 TIMESTAMP_PATTERN = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?([+-][0-9]{2}:[0-9]{2}|Z)")
 
@@ -241,7 +243,7 @@ def _version(name: str, value: Any) -> None:
     if not isinstance(value, str) or VERSION_PATTERN.fullmatch(value) is None:
         shown = value[:40] if isinstance(value, str) else type(value).__name__
         raise invalid(
-            f"{name} must be a channel version as LangGraph's savers write it (32 digits, a dot, digits), got {shown!r}"
+            f"{name} must be a channel version as LangGraph's savers write it (32 or 10 digits, a dot, digits), got {shown!r}"
         )
 
 
