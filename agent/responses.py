@@ -101,7 +101,10 @@ class _DictRequests:
 
 def traces(request: ResponsesAgentRequest, settings: Any) -> bool:
     """Whether `request` gets a trace: a turn does; an action (a read, a state edit) only with
-    `settings.trace_actions` (`agent.tracing`, "What is traced")."""
+    `settings.trace_actions` (`agent.tracing`, "What is traced"). Anything that is not a request (None, a
+    list) is not traced: the method refuses it with its own error."""
+    if not isinstance(request, ResponsesAgentRequest):
+        return False
     return settings.trace_actions or asks_for_turn({"custom_inputs": request.custom_inputs})
 
 
@@ -153,6 +156,8 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         return Runs(self.operation_context.storage, self.settings)
 
     def close(self) -> None:
+        """Stop this agent's run service (`runs`: lease renewal, cancel checks, the sweep of old runs) when it
+        was started, then close the agent as `Agent.close` does (its pools and store). Idempotent."""
         if "runs" in self.__dict__:
             self.runs.close()
         super().close()

@@ -180,6 +180,12 @@ def enable_tracing(sample_ratio: float | None = 1.0) -> None:
             mlflow.tracing.reset()
 
 
+def traced_share() -> float | None:
+    """The share of turns traced (0 to 1) that `enable_tracing` last applied in this process, or None when it
+    was never called (`tt-agent serve`'s first line says it: a local store traces 1 turn in 5 by default)."""
+    return _applied_ratio
+
+
 def disable_tracing() -> None:
     """Turn MLflow tracing off for this process. Without an imported MLflow it is not imported for this: the
     switch is remembered, and `apply_tracing_switch()` applies it once MLflow is imported (module docstring)."""

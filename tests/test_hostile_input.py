@@ -343,7 +343,7 @@ def test_a_misspelt_turn_key_is_refused_with_every_key_a_turn_accepts():
     with pytest.raises(InvalidRequest) as refusal:
         parse(body, max_request_bytes=1_000_000)
     known = ast.literal_eval(str(refusal.value).split("known: ", 1)[1])
-    assert set(known) == ENVELOPE_KEYS | TURN_KEYS | {"previous_response_id", "instructions", "store"}
+    assert set(known) == ENVELOPE_KEYS | TURN_KEYS | {"previous_response_id", "instructions", "store", "background"}
 
 
 @pytest.mark.parametrize("limit", [True, False, "5", -1, 0, 1001, 2.5, None, [5], {"n": 5}])

@@ -149,10 +149,22 @@ def startup_line(agent: Any, host: str, port: int) -> str:
     served = f" {os.environ[AGENT_FILE_ENV]}" if os.environ.get(AGENT_FILE_ENV) else ""
     line = (
         f"{info.name} {info.version} serving{served} on http://{host}:{port}: store {info.store}, "
-        f"model {info.model}, tracing {'on' if info.tracing else 'off'}"
+        f"model {info.model}, tracing {_tracing_words(info.tracing)}"
     )
     interval = agent.settings.sweep_interval_seconds
     return f"{line}, sweeping expired threads every {interval:g} s" if interval else line
+
+
+def _tracing_words(on: bool) -> str:
+    """`on`, `off`, or `on (1 turn in 5 ...)` when only a share of the turns is traced (`agent.tracing`)."""
+    from agent.tracing import traced_share
+
+    share = traced_share() if on else None
+    if not on:
+        return "off"
+    if share is None or share >= 1.0:
+        return "on"
+    return f"on ({share:.0%} of turns; AGENT_TRACE_SAMPLE_RATIO=1 traces every turn)"
 
 
 def create_app() -> FastAPI:

@@ -52,6 +52,17 @@ class AgentInfoAnswer(BaseModel):
     mlflow_version: str
 
 
+class ResponseDeleted(BaseModel):
+    """`DELETE /responses/{id}`: the response's run record (status and stream events) is removed; its checkpoint,
+    part of the thread's history, is kept and named (`serving.run_views`)."""
+
+    id: str
+    object: Literal["response.deleted"]
+    deleted: bool
+    removed: list[Literal["run", "events"]]
+    kept: dict[str, str] | None = Field(description="`checkpoint_id` and `thread_id` of the checkpoint kept, if any.")
+
+
 @dataclass(frozen=True)
 class RouteDoc:
     """What one route takes and answers (types pydantic can describe)."""
@@ -98,6 +109,8 @@ def routes() -> dict[tuple[str, str], RouteDoc]:
         ("get", "/agent/info"): RouteDoc(AgentInfoAnswer, errors=()),
         ("get", "/web/identity"): RouteDoc(WebIdentity, errors=()),
         ("get", "/responses/{response_id}"): RouteDoc(Response, openai=True, errors=(400, 404)),
+        ("post", "/responses/{response_id}/cancel"): RouteDoc(Response, openai=True),
+        ("delete", "/responses/{response_id}"): RouteDoc(ResponseDeleted, openai=True),
         ("get", "/responses/{response_id}/input_items"): RouteDoc(ResponseItemList, openai=True, paged=True, errors=(400, 404)),
         ("post", "/conversations"): RouteDoc(Conversation, ConversationCreateParams, openai=True),
         ("get", "/conversations/{conversation_id}"): RouteDoc(Conversation, openai=True, errors=(400, 404)),

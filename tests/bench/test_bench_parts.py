@@ -295,7 +295,7 @@ def check_load(run: Run) -> None:
     assert result["targets_met"] == sum(result["figures"][key]["pass"] is True for key in targeted)
     assert result["settings"]["sizes"]["conversations"] == load.QUICK.conversations
     created = result["scratch_databases"]
-    assert len(created) == 10 and all(name.startswith("tt_load_") for name in created)
+    assert len(created) == 11 and all(name.startswith("tt_load_") for name in created)
     # Only this run's: other runs on the same server may have theirs in flight.
     assert databases_left(run.server_url, names=created) == []
 

@@ -50,6 +50,8 @@ def test_serve_names_the_store_and_the_model_before_uvicorn_starts(served, tmp_p
     first = log.read_text().splitlines()[0]
     assert first.startswith(f"timetravel-agent {agent.__version__} serving on {base_url}")
     assert f"store {tmp_path / '.agent' / 'checkpoints.sqlite'}, model offline" in first
+    # Traces go into the process's own store, which keeps 1 turn in 5 by default: the line says so.
+    assert first.endswith("tracing on (20% of turns; AGENT_TRACE_SAMPLE_RATIO=1 traces every turn)"), first
     assert "INFO mlflow" not in log.read_text()  # MLflow's INFO lines are silenced on the command line
 
 
