@@ -13,7 +13,8 @@ type Diff = { common_ancestor_checkpoint_id: string | null; only_a: Item[]; only
 function label(entry: HistoryEntry): string {
   if (entry.source === "root") return "(start)";
   const text = entry.last_user_message || entry.last_message || "(no message)";
-  const mark = entry.source === "update" ? "✎ " : "";
+  const merged = (entry as HistoryEntry & { merged_from?: unknown }).merged_from ? "⇐ " : ""; // a merge_branch checkpoint
+  const mark = merged + (entry.source === "update" ? "✎ " : "");
   return mark + (text.length > 22 ? `${text.slice(0, 21)}…` : text);
 }
 
