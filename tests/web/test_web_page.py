@@ -439,6 +439,8 @@ def test_branches_are_labelled_pinned_archived_merged_and_deleted_from_the_page(
         expect(row(page, sf).get_by_test_id("branch-pinned")).to_be_visible()
         rows = rows_match(page, http, thread_id)
         assert rows[0] == {"checkpoint_id": sf, "pinned": True, "archived": False, "label": "SF plan"}
+        page.reload()  # the tree marks the pinned checkpoint (its history entry says so)
+        expect(page.locator(f'[data-testid=tree-node][data-checkpoint-id="{sf}"]')).to_contain_text("★")
         # Merge the SF branch's messages into the head (New York): the chosen messages, with the provenance.
         row(page, sf).get_by_role("button", name="Merge into shown").click()
         page.get_by_test_id("merge-mode-messages").check()
