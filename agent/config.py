@@ -45,7 +45,7 @@ _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 
 #: Default admission of `tt-agent serve` (`serving.admission`): turns running at once per pooled connection,
 #: and turns waiting per running turn (`AgentSettings.max_running_turns`, `max_waiting_turns` say why).
-RUNNING_TURNS_PER_CONNECTION = 10
+RUNNING_TURNS_PER_CONNECTION = 100
 WAITING_TURNS_PER_RUNNING = 4
 
 ContextStrategy = Literal["trim", "summarize"]
@@ -109,6 +109,12 @@ class AgentSettings(BaseSettings):
     process's claim frees the thread after at most this long."""
     idempotency_ttl_seconds: float = Field(default=24 * 3600.0, gt=0)
     """How long an `idempotency_key`'s result is kept for retries."""
+    response_events_seconds: float = Field(default=600.0, gt=0)
+    """How long a streamed or background turn's events and status (`agent.runs`) are kept after it ends, for
+    `GET /responses/{id}?stream=true&starting_after=N` and a background response's `GET /responses/{id}`."""
+    finish_left_streams: bool = False
+    """A client that leaves a (non-background) stream: False cancels its turn, nothing written; True lets the
+    turn run on to its end, so that the client can resume it (`GET /responses/{id}?stream=true`)."""
 
     # -- requests ----------------------------------------------------------------------------
     require_user_id: bool = False
@@ -129,13 +135,13 @@ class AgentSettings(BaseSettings):
 
     # -- turns at once (`tt-agent serve`, per process: serving.admission) ------------------------
     max_running_turns: int | None = Field(default=None, ge=1)
-    """Turns (requests that run the model) one server process runs at once; more wait. None: 10 x
-    `pool_max_size` (100 with the default pool). A turn holds a pooled connection only for its claim and
-    its commit (milliseconds each), so ten turns per connection keep the wait for a connection short when
-    their starts coincide; and one process runs its event loop on one core whatever the machine has
-    (more cores: more `--workers`, each with its own bound), and 100 turns of a 2 s model are about as
-    many as that core keeps going (docs/guides/serving.md has the measurement). Raise it for more open
-    streams per process (a turn waiting on its model costs no CPU)."""
+    """Turns (requests that run the model) one server process runs at once; more wait. None: 100 x
+    `pool_max_size` (1,000 with the default pool). A turn holds a pooled connection only for its claim and
+    its commit (milliseconds each) and no connection, no OS thread and no CPU while it waits on its
+    model, so one process keeps 1,000 streams open (about 200 kB of memory each; `bench.streams` measures
+    them, docs/guides/serving.md has the figures). Its event loop runs on one core whatever the machine
+    has (more cores: more `--workers`, each with its own bound): lower it to finish a burst's turns one
+    after another rather than together, and to shorten `/health`'s worst waits under a burst."""
     max_waiting_turns: int | None = Field(default=None, ge=0)
     """Turns that may wait for a place among the running ones (first come, first served); beyond them a
     turn is refused with ServerBusy (429 and `Retry-After`), nothing written. None: 4 x

@@ -13,11 +13,12 @@ keeps them for the HTTP server and `predict`):
 | `instructions` | a system message for this turn only, never stored (OpenAI's rule). Also in `custom_inputs`. |
 | `store` | `false`: the turn runs from the requested state and writes nothing. Also in `custom_inputs`. |
 | `metadata` | stored with the thread when the turn creates it (as `custom_inputs.metadata`) |
+| `background` | `true`: answer at once with the response id and `status: "queued"`; the turn runs on without the client (`agent.runs`). Also in `custom_inputs`. |
 
 Fields that change nothing here are accepted with their harmless values
 (`HARMLESS_FIELDS`: `model`, `stream`, `user`, `truncation: "auto"`, ...);
 every other Responses API field (`temperature`, `tools`, `reasoning`,
-`background: true`, `prompt`, ...) and any unknown top-level field is an
+`prompt`, ...) and any unknown top-level field is an
 InvalidRequest naming it: never silently ignored. `previous_response_id`
 together with `conversation` (or with `custom_inputs.thread_id` /
 `checkpoint_id`) is refused too: a request names its start once.
@@ -40,13 +41,13 @@ RESPONSE_ID_PREFIX = "resp_"
 SCHEMA_FIELDS = frozenset(ResponsesAgentRequest.model_fields)
 
 #: OpenAI fields this agent honours, for a turn (module docstring).
-OPENAI_TURN_FIELDS = frozenset({"previous_response_id", "conversation", "instructions", "store", "metadata"})
+OPENAI_TURN_FIELDS = frozenset({"previous_response_id", "conversation", "instructions", "store", "metadata", "background"})
 
 #: Schema fields read as sent: outside strict mode pydantic turns `"store": "no"` into False, which would
 #: silently decide whether a turn is written.
-AS_SENT = frozenset({"store"})
+AS_SENT = frozenset({"store", "background"})
 #: OpenAI fields `custom_inputs` may carry too (for `mlflow models serve`, whose schema drops top-level ones).
-OPENAI_CUSTOM_KEYS = frozenset({"previous_response_id", "instructions", "store"})
+OPENAI_CUSTOM_KEYS = frozenset({"previous_response_id", "instructions", "store", "background"})
 
 #: Fields that change nothing here, with the values accepted; any other value is refused.
 #: `model`: the server's model answers (the `openai` client always sends one). `user`,
@@ -63,7 +64,6 @@ HARMLESS_FIELDS: dict[str, Callable[[Any], bool]] = {
     "truncation": lambda value: value == "auto",
     "tool_choice": lambda value: value == "auto",
     "parallel_tool_calls": lambda value: value is True,
-    "background": lambda value: value is False,
     "tools": lambda value: value == [],
     "include": lambda value: value == [],
 }
@@ -74,7 +74,6 @@ RESPONSE_SETTINGS: dict[str, Any] = {"tools": [], "tool_choice": "auto", "parall
 
 #: Why a Responses API field is refused (any field neither honoured nor harmless is refused).
 REFUSED_BECAUSE = {
-    "background": "turns run in the request (background: true is not supported)",
     "tools": "the agent's tools are the server's; client-defined tools are not supported",
     "tool_choice": "the agent decides when to call its tools (only \"auto\")",
     "parallel_tool_calls": "the agent decides how to call its tools",
@@ -94,7 +93,7 @@ REFUSED_BECAUSE = {
 
 def openai_fields(raw: Mapping[str, Any], custom: Mapping[str, Any], *, turn: bool) -> dict[str, Any]:
     """The OpenAI dialect fields of a request, validated: {"previous_response_id": checkpoint id,
-    "conversation": thread id, "instructions", "store", "metadata"} (only those given).
+    "conversation": thread id, "instructions", "store", "metadata", "background"} (only those given).
 
     Raises:
         InvalidRequest: a field this agent cannot honour, an unknown top-level field, a malformed value,
@@ -103,7 +102,7 @@ def openai_fields(raw: Mapping[str, Any], custom: Mapping[str, Any], *, turn: bo
     """
     given: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in SCHEMA_FIELDS - {"metadata", "store", *HARMLESS_FIELDS, *REFUSED_BECAUSE} or value is None:
+        if key in SCHEMA_FIELDS - {*OPENAI_TURN_FIELDS, *HARMLESS_FIELDS, *REFUSED_BECAUSE} or value is None:
             continue
         if key in OPENAI_TURN_FIELDS:
             given[key] = value
@@ -144,6 +143,10 @@ def openai_fields(raw: Mapping[str, Any], custom: Mapping[str, Any], *, turn: bo
         if not isinstance(given["store"], bool):
             raise InvalidRequest(f"store must be true or false, got {given['store']!r}")
         out["store"] = given["store"]
+    if "background" in given:
+        if not isinstance(given["background"], bool):
+            raise InvalidRequest(f"background must be true or false, got {given['background']!r}")
+        out["background"] = given["background"]
     if "metadata" in given:
         out["metadata"] = given["metadata"]  # validated with custom_inputs.metadata by the turn's parser
     return out

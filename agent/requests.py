@@ -204,6 +204,9 @@ def parse_request(
     key = _idempotency_key(custom, idempotency_key)
     if key is not None and not store:
         raise InvalidRequest("store: false writes nothing, so it cannot be combined with an idempotency key")
+    background = dialect.get("background", False)
+    if background and not store:
+        raise InvalidRequest("background: true needs store: true (a background response is fetched later)")
     options = {k: custom[k] for k in keys if k in custom}
     if dialect.get("instructions") is not None:
         options["instructions"] = dialect["instructions"]
@@ -219,6 +222,7 @@ def parse_request(
         existing_thread="conversation" in dialect,
         instructions=dialect.get("instructions"),
         store=store,
+        background=background,
     )
     if operation is None:
         return ParsedRequest(operation=None, envelope=envelope, args=parse_turn_options(envelope, custom))

@@ -66,11 +66,15 @@ class StreamEvents:
     MLflow's own streams do not have (`MLFLOW_EVENTS` are kept), numbering the rest.
     """
 
-    def __init__(self, parsed: ParsedRequest | None, *, model: str, lifecycle: bool = True) -> None:
+    def __init__(
+        self, parsed: ParsedRequest | None, *, model: str, lifecycle: bool = True, response_id: str | None = None
+    ) -> None:
         self.parsed = parsed
         self.model = model
         self.lifecycle = lifecycle
-        self.response_id: str | None = None
+        #: A background run's id (`agent.runs`), which its response keeps to the end; None: the turn's.
+        self.fixed_id = response_id
+        self.response_id: str | None = response_id
         self.sequence = 0
         #: The response's output items, by output_index (a streamed message: as it stands so far).
         self.items: list[dict] = []
@@ -90,12 +94,20 @@ class StreamEvents:
         if isinstance(event, TextDelta):
             return self.numbered(self.delta(event.item_id, event.text))
         if isinstance(event, NewMessages):
-            out = self.release()
-            for item in to_output_items(event.messages):
-                out += self.finished_item(item)
-            return self.numbered(out)
+            return self.items_done(to_output_items(event.messages))
         tail = [interrupt.as_item() for interrupt in event.interrupts]
-        return self.numbered(self.finished(custom_outputs(event), tail, interrupted=event.status == "interrupted"))
+        return self.result_done(custom_outputs(event), tail, interrupted=event.status == "interrupted")
+
+    def items_done(self, items: list[dict]) -> list[ResponsesAgentStreamEvent]:
+        """The stream events for output items a step of the turn finished (a `NewMessages`'s)."""
+        out = self.release()
+        for item in items:
+            out += self.finished_item(item)
+        return self.numbered(out)
+
+    def result_done(self, custom: dict[str, Any], tail: list[dict], *, interrupted: bool) -> list[ResponsesAgentStreamEvent]:
+        """The stream events for a turn's end (a `TurnResult`'s): `custom` its `custom_outputs`."""
+        return self.numbered(self.finished(custom, tail, interrupted=interrupted))
 
     def numbered(self, events: list[dict[str, Any]]) -> list[ResponsesAgentStreamEvent]:
         """`events` (those of this kind of stream), numbered on from the last one, as MLflow's type."""
@@ -108,7 +120,7 @@ class StreamEvents:
 
     # -- the steps of a stream ---------------------------------------------------------------------
     def started(self, response_id: str) -> list[dict[str, Any]]:
-        self.response_id = response_id
+        self.response_id = self.fixed_id or response_id
         return [
             self.event("response.created", response=self.response("in_progress")),
             self.event("response.in_progress", response=self.response("in_progress")),
@@ -169,7 +181,7 @@ class StreamEvents:
             out.append(self.event("response.output_item.done", item=self.items[index], output_index=index, **extra))
         status = "incomplete" if custom.get("status") == "interrupted" else "completed"
         # The announced id, except for a turn stopped at the graph's `interrupt()` (`Turn.name_head`).
-        self.response_id = custom.get("response_id") or self.response_id
+        self.response_id = self.fixed_id or custom.get("response_id") or self.response_id
         out.append(self.event("response.completed", response=self.response(status), custom_outputs=custom))
         return out
 

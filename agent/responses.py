@@ -28,11 +28,14 @@ branching logic; the time-travel methods are `Agent`'s.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
 import inspect
 import logging
+import threading
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 
@@ -51,7 +54,9 @@ from agent.operations.render import STATE, with_state
 from agent.operations.turns import TurnArgs
 from agent.operations.turns.bridge import LoopThreads
 from agent.requests import ParsedRequest, asks_for_turn, keeping_item_ids, parse_request, with_string_input
-from agent.response_events import StreamEvents, action_events, custom_outputs, response
+from agent.response_events import StreamEvents, action_events, custom_outputs, response, response_object
+from agent.runs import Runs
+from agent.runs.service import LocalRun
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.messages import to_output_items
 from agent.types import NewMessages, StoredResponse, TurnResult
@@ -123,6 +128,9 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         """
         with _mlflow_errors():
             parsed = self._parse(request)
+            if parsed.envelope.background:
+                (answer,) = self._bridge().iterate(_one(self._background(parsed, own_loop=True)))
+                return answer
             (answer,) = self._bridge().iterate(_one(self._aresponse(parsed)))
             return answer
 
@@ -139,6 +147,16 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
     predict = _DictRequests(_predict, name="predict", stream=False)
     predict_stream = _DictRequests(_predict_stream, name="predict_stream", stream=True)
 
+    @functools.cached_property
+    def runs(self) -> Runs:
+        """Background runs and resumable streams on this agent's storage (`agent.runs`)."""
+        return Runs(self.operation_context.storage, self.settings)
+
+    def close(self) -> None:
+        if "runs" in self.__dict__:
+            self.runs.close()
+        super().close()
+
     async def apredict(
         self,
         request: ResponsesAgentRequest | dict,
@@ -152,6 +170,8 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         `idempotency_key`: the request's `Idempotency-Key` header."""
         with agent_errors():
             parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key, trusted_user=trusted_user)
+            if parsed.envelope.background:
+                return await self._background(parsed)
             return await self._aresponse(parsed)
 
     async def apredict_stream(
@@ -169,6 +189,12 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         /responses` streams, instead of MLflow's (text deltas, `output_item.done`, `response.completed`)."""
         with agent_errors():
             parsed = self._parse(request, user_id=user_id, idempotency_key=idempotency_key, trusted_user=trusted_user)
+            if parsed.envelope.background:  # OpenAI's `background` + `stream`: the run's events, followed
+                queued = await self._background(parsed)
+                context = self.operation_context
+                async for event in self.runs.follow(queued.id, parsed.envelope.user_id, -1, context.in_io):
+                    yield ResponsesAgentStreamEvent(**event)
+                return
             # Closed at once when the consumer leaves (not by the garbage collector, which may run after the
             # event loop closed and leave the turn's claim held).
             async with contextlib.aclosing(self._aevents(parsed, lifecycle=openai_events)) as events:
@@ -197,21 +223,67 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                 return response(event.output, event.custom_outputs, parsed, model=model)
         return response(output, custom_outputs(result), parsed, model=model)
 
-    async def _aevents(self, parsed: ParsedRequest, *, lifecycle: bool = False) -> AsyncIterator[ResponsesAgentStreamEvent]:
+    async def _aevents(
+        self, parsed: ParsedRequest, *, lifecycle: bool = False, background_id: str | None = None
+    ) -> AsyncIterator[ResponsesAgentStreamEvent]:
         """The stream events of `parsed`: a turn's as they happen, or an action's `response.completed` (after
-        `response.created` and `response.in_progress` with `lifecycle`: `StreamEvents`)."""
+        `response.created` and `response.in_progress` with `lifecycle`: `StreamEvents`). A stored turn's
+        events are recorded as it runs (`agent.runs`), for a client that resumes; `background_id`: the
+        background run this turn is."""
         context = self.operation_context
-        stream = StreamEvents(parsed, model=self.settings.model, lifecycle=lifecycle)
-        parsed = stream.parsed = await context.in_io(self._resolved, parsed)
+        stream = StreamEvents(parsed, model=self.settings.model, lifecycle=lifecycle, response_id=background_id)
+        recorder = self.runs.recorder(parsed, background_id=background_id) if parsed.envelope.store else None
+        error: BaseException | None = None
+        try:
+            parsed = stream.parsed = await context.in_io(self._resolved, parsed)
+            if not parsed.is_turn:
+                outputs = await context.in_io(self._run_action, parsed)
+                for event in action_events(outputs, model=self.settings.model, lifecycle=lifecycle):
+                    yield event
+                return
+            async with contextlib.aclosing(context.turns.arun(_turn_args(parsed), stream_tokens=True)) as turn:
+                async for event in turn:
+                    event = await self._finished(self._tagged(event, parsed), parsed)
+                    if recorder is not None:
+                        await recorder.record(event, context.in_io)
+                    for out in stream.events(event):
+                        yield out
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if recorder is not None:
+                await recorder.ended(error, context.in_io)
+
+    async def _background(self, parsed: ParsedRequest, *, own_loop: bool = False) -> ResponsesAgentResponse:
+        """Queue `parsed` as a background run and start it; its `queued` response (`agent.runs`).
+
+        The run is a task on the running loop (the server's); `own_loop` (a sync `predict`, whose bridged loop
+        ends with the call): on a loop thread of its own instead.
+        """
+        context = self.operation_context
+        parsed = await context.in_io(self._resolved, parsed)  # an unknown previous_response_id answers now
         if not parsed.is_turn:
-            outputs = await context.in_io(self._run_action, parsed)
-            for event in action_events(outputs, model=self.settings.model, lifecycle=lifecycle):
-                yield event
-            return
-        async with contextlib.aclosing(context.turns.arun(_turn_args(parsed), stream_tokens=True)) as turn:
-            async for event in turn:
-                for out in stream.events(await self._finished(self._tagged(event, parsed), parsed)):
-                    yield out
+            raise InvalidRequest("background applies to turns only")
+        response_id = await context.in_io(self.runs.queue, parsed)
+
+        async def run() -> None:
+            # Its lease is renewed from now on, also while it waits for its thread (`agent.runs.service`).
+            self.runs.attach(response_id, LocalRun(asyncio.get_running_loop(), asyncio.current_task()))
+            with contextlib.suppress(BaseException):  # recorded as the run's status (`Recorder.ended`)
+                async for _ in self._aevents(parsed, lifecycle=True, background_id=response_id):
+                    pass
+
+        if own_loop:
+            threading.Thread(target=asyncio.run, args=(run(),), name="tt-background-run", daemon=True).start()
+        else:
+            task = asyncio.get_running_loop().create_task(run())
+            self.runs.tasks.add(task)
+            task.add_done_callback(self.runs.tasks.discard)
+        fields = response_object([], response_id, "queued", parsed=parsed, model=self.settings.model)
+        with warnings.catch_warnings():  # MLflow's status check (`responses_helpers`) does not know OpenAI's "queued"
+            warnings.simplefilter("ignore", UserWarning)
+            return ResponsesAgentResponse(**fields, custom_outputs={"response_id": response_id, "background": True})
 
     # -- internals -------------------------------------------------------------------------
     def _bridge(self) -> LoopThreads:
@@ -237,18 +309,32 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         envelope = parsed.envelope
         storage = self.operation_context.storage
         if envelope.thread_of_checkpoint:
+            checkpoint_id = envelope.checkpoint_id
             try:
-                record = thread_of_response(storage, envelope.checkpoint_id, user_id=envelope.user_id)
+                record = thread_of_response(storage, checkpoint_id, user_id=envelope.user_id)
             except ResponseNotFound as exc:
-                # OpenAI's wording and code (`previous_response_not_found`): clients look for them to resend the
-                # whole history instead.
-                raise PreviousResponseNotFound(
-                    f"Previous response with id 'resp_{envelope.checkpoint_id}' not found.", **exc.ids
-                ) from None
-            return dataclasses.replace(parsed, envelope=dataclasses.replace(envelope, thread_id=record.thread_id))
+                # A background run's id names its checkpoint through the run (`agent.runs`), while it is kept.
+                checkpoint_id = self._checkpoint_of_run(f"resp_{envelope.checkpoint_id}", envelope.user_id)
+                if checkpoint_id is None:
+                    # OpenAI's wording and code (`previous_response_not_found`): clients look for them to resend
+                    # the whole history instead.
+                    raise PreviousResponseNotFound(
+                        f"Previous response with id 'resp_{envelope.checkpoint_id}' not found.", **exc.ids
+                    ) from None
+                record = thread_of_response(storage, checkpoint_id, user_id=envelope.user_id)
+            envelope = dataclasses.replace(envelope, thread_id=record.thread_id, checkpoint_id=checkpoint_id)
+            return dataclasses.replace(parsed, envelope=envelope)
         if envelope.existing_thread:
             head(storage, envelope.thread_id, user_id=envelope.user_id)
         return parsed
+
+    def _checkpoint_of_run(self, response_id: str, user_id: str | None) -> str | None:
+        """The checkpoint a completed run of `user_id` wrote (None: no such run, not completed, or another's)."""
+        try:
+            run = self.runs.get(response_id, user_id)
+        except ResponseNotFound:
+            return None
+        return run.checkpoint_id if run is not None and run.status in ("completed", "incomplete") else None
 
     def _run_action(self, parsed: ParsedRequest) -> dict[str, Any]:
         envelope, operation = parsed.envelope, parsed.operation

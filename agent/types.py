@@ -60,7 +60,8 @@ class CheckpointSummary:
 
     #: Metadata keys passed through to `extra` when a checkpoint has them.
     EXTRA_KEYS = (
-        "model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage", "interrupted", "merged_from",
+        "model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage", "recalled_memories",
+        "interrupted", "merged_from",
     )  # fmt: skip
 
     @classmethod
@@ -210,11 +211,15 @@ class CheckpointState:
     branch: Mapping[str, Any] | None = None
     """What the checkpoint's branch records say, when the thread has any (`branch_view.record_of_chain`):
     `label`, `pinned`, `archived`."""
+    context_summary: str | None = None
+    """The text of the summary the model was sent for this checkpoint's answer (`summary_used`), else None:
+    the branch's summary as this checkpoint's state holds it (`agent.context.summaries`), not stored again."""
 
     def as_dict(self) -> dict[str, Any]:
         """The history entry's fields, `message_offset`, `head_checkpoint_id`, `messages` (Responses items,
-        each with its id and place) and, only when the checkpoint waits on a question, `interrupts`
-        (`[{"id", "value", "node"}]`)."""
+        each with its id and place), only when the checkpoint waits on a question, `interrupts`
+        (`[{"id", "value", "node"}]`), and only when the model was sent a summary for this checkpoint's
+        answer, `context_summary` (its text)."""
         out = {
             **self.summary.as_dict(),
             "head_checkpoint_id": self.head_checkpoint_id,
@@ -225,6 +230,8 @@ class CheckpointState:
             out["branch"] = dict(self.branch)
         if self.interrupts:
             out["interrupts"] = [interrupt.as_dict() for interrupt in self.interrupts]
+        if self.context_summary is not None:
+            out["context_summary"] = self.context_summary
         return out
 
 

@@ -38,7 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import report  # noqa: E402
 
 #: The benchmarks, `bench.<name>`, in the order they run.
-PARTS = ["storage", "encryption", "branches", "search", "export", "catalogue", "context", "memory", "memory_eval", "startup", "load", "web"]
+PARTS = [
+    "storage", "turn_cost", "encryption", "branches", "search", "export", "catalogue", "context", "memory",
+    "memory_eval", "runs", "startup", "load", "web", "streams",
+]  # fmt: skip
 
 
 def run_parts(names: list[str], server_url: str, *, quick: bool) -> tuple[dict[str, dict[str, Any]], list[str]]:

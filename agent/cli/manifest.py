@@ -195,6 +195,7 @@ COMMANDS: tuple[dict[str, Any], ...] = (
             {'name': 'limit', 'type': 'int', 'default': 20, 'help': 'Most threads to show (1 to 100).', 'metavar': 'N'},
             {'name': 'before', 'type': 'str', 'optional': True, 'help': 'The next page: the cursor the previous page printed (or a thread id).', 'metavar': 'CURSOR'},
             {'name': 'metadata', 'type': 'pairs', 'optional': True, 'help': 'Only threads with this metadata (repeatable).', 'metavar': 'KEY=VALUE'},
+            {'name': 'title_contains', 'type': 'str', 'optional': True, 'help': 'Only threads whose title holds TEXT (ignoring case).', 'metavar': 'TEXT'},
         ),
     },
     {

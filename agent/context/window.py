@@ -10,7 +10,9 @@ the node) and runs the pipeline again with the new summary.
 `record` does two things:
 
 * It fills the turn's report (`TurnContext.report`): `{"start", "messages",
-  "tokens", "summary_used", "usage"}`, the last call's input and the usage of
+  "tokens", "summary_used", "usage"}` and, when long-term memories were
+  recalled for the turn, `"memories"` (their ids, most relevant first; every
+  call of a turn is sent the same ones), the last call's input and the usage of
   every call of the turn, summaries included, as the model reported them
   (`usage_metadata`; None when it reports nothing). The saver copies it into
   the metadata of the checkpoint the turn writes and adds it to the branch's
@@ -177,6 +179,8 @@ class ContextWindow:
             report["tokens"] = prepared.input.tokens
             report["summary_used"] = prepared.input.summary_used
             report["usage"] = add_usage(report.get("usage"), add_usage(usage_of(reply), prepared.usage))
+            if context.memories:
+                report["memories"] = [memory.memory_id for memory in context.memories]
         if prepared.summary is None:
             return {}
         return {CONTEXT_SUMMARY_CHANNEL: prepared.summary.as_state()}

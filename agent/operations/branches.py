@@ -16,6 +16,7 @@ strategy like any turn; this module holds the operations that are not turns.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +103,21 @@ def get_checkpoint_state(
         message_offset=sum(len(to_state_items(message)) for message in messages[:offset]),
         head_checkpoint_id=record.head_checkpoint_id,
         branch=branch,
+        context_summary=_context_summary(found, summary),
     )
+
+
+def _context_summary(found: CheckpointTuple, summary: CheckpointSummary) -> str | None:
+    """The text of the summary the model was sent for the checkpoint's answer: the branch's summary in its
+    state (a state channel, inherited along the branch: read here, not copied into metadata), when the
+    checkpoint's metadata says one was used."""
+    if not summary.extra.get("summary_used"):
+        return None
+    from agent.state import CONTEXT_SUMMARY_CHANNEL  # LangChain: see get_checkpoint_state
+
+    value = found.checkpoint["channel_values"].get(CONTEXT_SUMMARY_CHANNEL)
+    text = value.get("text") if isinstance(value, Mapping) else None
+    return text if isinstance(text, str) and text else None
 
 
 def list_branches(
@@ -241,7 +256,10 @@ def get_state(context: OperationContext, args: StateArgs) -> CheckpointState:
     At the root: no messages. A checkpoint
     where the graph waits on `interrupt()` also has `interrupts` (`[{"id", "value", "node"}]`:
     what `custom_inputs.resume` answers). Also `head_checkpoint_id` (the thread's head) and
-    `message_offset` (the index of the first item returned in the whole list: 0).
+    `message_offset` (the index of the first item returned in the whole list: 0). When the model
+    was sent a summary for this checkpoint's answer (`summary_used`), `context_summary`: its text;
+    `recalled_memories` (a history-entry field, when the turn recalled some): the ids of the
+    long-term memories the model was sent.
 
     `after_message_id`: only the messages after that one (a message or tool call of the checkpoint),
     with their places and alternatives; `message_offset` is the number of items up to it (its

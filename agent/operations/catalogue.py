@@ -39,6 +39,11 @@ Design notes:
   `custom_inputs.metadata` is stored when that turn creates the thread and is
   ignored on later turns (so a client may send it with every turn).
 * **Default title**: the first user message of the turn that created the thread, shortened (`thread_values`).
+* **Title search** (`title_contains`): case-insensitive, in Python over the same keyset pages
+  (`TITLE_SCAN_PAGE` threads a read) until a page is full, not in SQL: with encryption at rest a
+  title is stored sealed (`agent.encryption`), so the database cannot compare it. A search thus
+  reads up to all of the user's threads (their rows only, no message); its cursor is that of the
+  last thread it returns, so the next page goes on from there with the same filter.
 
 This module imports no LangGraph, LangChain or MLflow: `tt-agent threads`
 lists a SQLite store through the light reader (`storage.open_reader`).
@@ -58,7 +63,7 @@ from agent.operations import checks
 from agent.operations.access import authorize, thread_not_found
 from agent.operations.operation import Operation, param
 from agent.storage import ThreadRecord, owned_by
-from agent.operations.thread_values import check_metadata, check_title, check_ttl, default_title
+from agent.operations.thread_values import MAX_TITLE_CHARS, check_metadata, check_title, check_ttl, default_title
 from agent.validation import MAX_ID_CHARS, check_id, check_limit
 
 if TYPE_CHECKING:
@@ -71,6 +76,8 @@ DEFAULT_THREAD_LIMIT = 20
 MAX_THREAD_LIMIT = 100
 #: A cursor's prefix: its format's version.
 CURSOR_PREFIX = "t1."
+#: Threads read per statement while a title search filters them (see "Title search").
+TITLE_SCAN_PAGE = 200
 
 
 def thread_dict(record: ThreadRecord) -> dict[str, Any]:
@@ -100,6 +107,7 @@ def list_threads(
     limit: int = DEFAULT_THREAD_LIMIT,
     before: str | None = None,
     metadata: Mapping[str, str] | None = None,
+    title_contains: str | None = None,
 ) -> list[dict[str, Any]]:
     """Up to `limit` of the caller's threads, newest activity first (`updated_at` DESC, then `thread_id` DESC).
 
@@ -111,6 +119,7 @@ def list_threads(
             threads after that thread's current position; see the module docstring for why the
             cursor is the one that neither skips nor repeats while others write).
         metadata: only threads whose metadata holds every given key with the given value.
+        title_contains: only threads whose title holds this text, ignoring case (see "Title search").
 
     Returns:
         `thread_dict`s, each with one more key, `cursor` (opaque): pass the last one as `before`.
@@ -119,7 +128,9 @@ def list_threads(
         InvalidRequest: bad limit, metadata or cursor (`before` neither a cursor nor one of the caller's
             thread ids; worded the same for another user's thread). StorageUnavailable: the database failed.
     """
-    return list_page(storage, user_id=user_id, limit=limit, before=before, metadata=metadata)[0]
+    return list_page(
+        storage, user_id=user_id, limit=limit, before=before, metadata=metadata, title_contains=title_contains
+    )[0]
 
 
 def list_page(
@@ -129,14 +140,49 @@ def list_page(
     limit: int = DEFAULT_THREAD_LIMIT,
     before: str | None = None,
     metadata: Mapping[str, str] | None = None,
+    title_contains: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """`list_threads`, and the cursor of the next page (None: this was the last page)."""
     limit = check_limit(limit, maximum=MAX_THREAD_LIMIT)
     metadata = check_metadata(metadata) or {}
+    needle = check_title_contains("title_contains", title_contains)
     key = _position(storage, before, user_id)
-    rows = storage.list_threads(user_id, limit=limit + 1, before=key, metadata=metadata)  # one more: is there a next page?
+    if needle is None:
+        rows = storage.list_threads(user_id, limit=limit + 1, before=key, metadata=metadata)  # one more: a next page?
+    else:
+        rows = _titled(storage, user_id, limit + 1, key, metadata, needle)
     threads = [{**thread_dict(record), "cursor": encode_cursor(sort_key)} for record, sort_key in rows[:limit]]
     return threads, threads[-1]["cursor"] if len(rows) > limit else None
+
+
+def check_title_contains(name: str, value: Any) -> str | None:
+    """None (or an empty text), or the text to look for in titles, casefolded: at most 256 characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be a string, got {type(value).__name__}")
+    if len(value) > MAX_TITLE_CHARS:
+        raise InvalidRequest(f"{name} must be at most {MAX_TITLE_CHARS} characters long")
+    return value.strip().casefold() or None
+
+
+def _titled(
+    storage: ThreadReads,
+    user_id: str | None,
+    wanted: int,
+    key: tuple[str, str] | None,
+    metadata: Mapping[str, str],
+    needle: str,
+) -> list[tuple[ThreadRecord, tuple[str, str]]]:
+    """Up to `wanted` rows of `storage.list_threads` whose title holds `needle`, read page after page."""
+    found: list[tuple[ThreadRecord, tuple[str, str]]] = []
+    while len(found) < wanted:
+        rows = storage.list_threads(user_id, limit=TITLE_SCAN_PAGE, before=key, metadata=metadata)
+        found += [row for row in rows if needle in (row[0].title or "").casefold()]
+        if len(rows) < TITLE_SCAN_PAGE:
+            break
+        key = rows[-1][1]
+    return found[:wanted]
 
 
 def get_thread(storage: ThreadReads, thread_id: str, *, user_id: str | None) -> dict[str, Any]:
@@ -263,6 +309,11 @@ class ListArgs:
         check=checks.named(check_metadata),
         cli={"metavar": "KEY=VALUE", "help": "Only threads with this metadata (repeatable)."},
     )
+    title_contains: str | None = param(
+        None,
+        check=check_title_contains,
+        cli={"metavar": "TEXT", "help": "Only threads whose title holds TEXT (ignoring case)."},
+    )
 
 
 def list_threads_page(context: OperationContext, args: ListArgs) -> tuple[list[dict[str, Any]], str | None]:
@@ -274,12 +325,21 @@ def list_threads_page(context: OperationContext, args: ListArgs) -> tuple[list[d
     thread's as `before` for the next page (an empty page: no more). Paging neither repeats nor
     skips a thread while others write, except that a thread given new activity meanwhile moves to
     the top of a fresh first page (see `agent.operations.catalogue`). `limit`: 1 to 100.
-    `metadata`: only threads whose metadata holds all these pairs.
+    `metadata`: only threads whose metadata holds all these pairs. `title_contains`: only threads
+    whose title holds this text, ignoring case (at most 256 characters; the search reads the
+    user's threads until the page is full, so it also finds old ones).
 
-    Raises: `InvalidRequest` (bad limit, cursor or metadata; `before` neither a cursor nor one of
+    Raises: `InvalidRequest` (bad limit, cursor, metadata or title_contains; `before` neither a cursor nor one of
     the caller's thread ids).
     """
-    return list_page(context.storage, user_id=args.user_id, limit=args.limit, before=args.before, metadata=args.metadata)
+    return list_page(
+        context.storage,
+        user_id=args.user_id,
+        limit=args.limit,
+        before=args.before,
+        metadata=args.metadata,
+        title_contains=args.title_contains,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

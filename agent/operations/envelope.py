@@ -34,3 +34,5 @@ class Envelope:
     """A system message for this turn only (not stored)."""
     store: bool = True
     """False: the turn writes nothing (OpenAI's `store: false`)."""
+    background: bool = False
+    """True: answer at once (`queued`) and run the turn without the client (`agent.runs`)."""

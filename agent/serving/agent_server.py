@@ -17,7 +17,9 @@ What this module adds to MLflow's server:
   generator needs a worker thread per chunk; with Starlette's 40 threads the
   first release deadlocked at 100 streams.)
 * **A client that leaves cancels its turn**: the stream's task is cancelled,
-  which cancels the model request and releases the thread at once.
+  which cancels the model request and releases the thread at once. With `finish_left_streams`
+  the turn runs on to its end instead (its events are recorded, `agent.runs`), so the client can
+  resume it with `GET /responses/{id}?stream=true&starting_after=N`.
 * **One trace per turn**: the server's span covers the whole turn, the first
   model call of a stream included; the turn's model calls are spans inside it
   (`agent.tracing`), and the trace is tagged with the thread and checkpoints.
@@ -203,7 +205,7 @@ class _ResponsesAgentServer(AgentServer):
         handler = get_stream_function()
         if handler is None:
             raise HTTPException(status_code=500, detail="No stream function registered")
-        events: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BUFFER_EVENTS)
+        events = _StreamEvents(maxsize=STREAM_BUFFER_EVENTS)
         producer = asyncio.create_task(self._produce(handler, request, return_trace_id, events))
         # `response.created` and `response.in_progress` go out with the turn's first output, so that a turn
         # whose model fails before it answers still answers with its status (as one refused at its start).
@@ -236,8 +238,14 @@ class _ResponsesAgentServer(AgentServer):
                     item = await events.get()
                 yield "data: [DONE]\n\n"
             finally:
-                producer.cancel()  # also when the client left: ends the turn, nothing written
-                await asyncio.gather(producer, return_exceptions=True)
+                if _agent().settings.finish_left_streams and not producer.done():
+                    # The turn runs on to its end (its events are recorded: `agent.runs`); the client may resume.
+                    events.left = True
+                    _agent().runs.tasks.add(producer)
+                    producer.add_done_callback(_agent().runs.tasks.discard)
+                else:
+                    producer.cancel()  # also when the client left: ends the turn, nothing written
+                    await asyncio.gather(producer, return_exceptions=True)
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
@@ -276,6 +284,17 @@ class _ResponsesAgentServer(AgentServer):
             await events.put(exc)
             return
         await events.put(_END)
+
+
+class _StreamEvents(asyncio.Queue):
+    """A stream's events between its producer and the client; once the client `left` (with
+    `finish_left_streams`), the producer's puts are dropped, so the turn runs on without waiting for it."""
+
+    left = False
+
+    async def put(self, item: Any) -> None:
+        if not self.left:
+            await super().put(item)
 
 
 #: Smallest answer body compressed (when the client accepts gzip).

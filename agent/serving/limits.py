@@ -43,6 +43,10 @@ def body_limit(max_request_bytes: int) -> int:
     return 6 * max_request_bytes + 64 * 1024
 
 
+#: POST routes whose body may be empty (read as `{}`).
+BODYLESS_POST_SUFFIXES = ("/cancel",)
+
+
 class RequestBodyLimits:
     """ASGI middleware: a POST body must arrive within `timeout` seconds (else 408), be at most
     `max_bytes` bytes, and be a JSON object nested at most `MAX_JSON_DEPTH` deep (else 400)."""
@@ -68,7 +72,10 @@ class RequestBodyLimits:
             return
         if body is None:
             return  # refused, or the client left
-        parsed, problem = _json_object(body)
+        if not body.strip() and scope.get("path", "").endswith(BODYLESS_POST_SUFFIXES):
+            parsed, problem = {}, None  # the openai client's `responses.cancel(id)` sends no body
+        else:
+            parsed, problem = _json_object(body)
         if problem is not None:
             await _refuse(scope, send, 400, problem)
             return

@@ -4,7 +4,10 @@ Routes (what the `openai` client calls; shapes in `agent.operations.conversation
 
 | route | `openai` client | does |
 |---|---|---|
-| `GET /responses/{id}` | `responses.retrieve(id)` | the response at checkpoint `id` (`resp_<checkpoint_id>`): that turn's output items |
+| `GET /responses/{id}` | `responses.retrieve(id)` | the response at checkpoint `id` (`resp_<checkpoint_id>`): that turn's output items; a run's status while it is queued or runs, or why it failed (`run_views`) |
+| `GET /responses/{id}?stream=true&starting_after=N` | `responses.retrieve(id, stream=True, starting_after=N)` | its events after N, then live to its end, from any replica (`agent.runs`) |
+| `POST /responses/{id}/cancel` | `responses.cancel(id)` | stops a queued or running turn from any replica, nothing written |
+| `DELETE /responses/{id}` | `responses.delete(id)` | deletes its stored run record (status, events); its checkpoint stays (`run_views`) |
 | `GET /responses/{id}/input_items` | `responses.input_items.list(id)` | the items that led to it, paged |
 | `POST /conversations` | `conversations.create(metadata=, items=)` | a new thread, with those messages (one checkpoint) |
 | `GET /conversations/{id}` | `conversations.retrieve(id)` | the thread as a conversation |
@@ -40,12 +43,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-from agent.errors import AgentError, InvalidRequest
+from agent.errors import AgentError, InvalidRequest, ResponseNotFound
 from agent.operations import conversations as ops
 from agent.operations.branches import get_checkpoint_state
 from agent.operations.thread_values import check_metadata
+from agent.serving import run_views
 from agent.serving.errors import http_status, log_error_answer, openai_error_body
 from agent.messages import to_langchain
 from agent.requests import check_request_size
@@ -86,17 +90,68 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             log_error_answer(request.method, request.url.path, code, body, exc)
             return JSONResponse(body, status_code=code)
 
-    @router.get("/responses/{response_id}")
-    async def retrieve_response(response_id: str, request: Request) -> JSONResponse:
-        """The response at checkpoint `response_id` (`resp_<checkpoint_id>`), in the Responses API shape."""
+    @router.get("/responses/{response_id}", response_model=None)
+    async def retrieve_response(response_id: str, request: Request) -> JSONResponse | StreamingResponse:
+        """The response `response_id`: a run's status (`agent.runs`: queued, in_progress, failed, cancelled) or,
+        once done, the whole response; `?stream=true&starting_after=N`: its events after N, live to its end."""
+        if request.query_params.get("stream", "false") == "true":
+            return await resume_stream(response_id, request)
 
         def retrieve(user: str | None, body: dict) -> dict[str, Any]:
-            _query(request, allowed=("include", "stream"))
+            _query(request, allowed=("include", "stream", "starting_after"))
             if request.query_params.get("stream", "false") != "false" or request.query_params.getlist("include"):
-                raise InvalidRequest("stream and include are not supported: a stored response is returned whole")
-            return ops.response_object(storage, response_id, user_id=user, model=agent.settings.model)
+                raise InvalidRequest("stream must be true or false, and include is not supported")
+            return run_views.retrieve(agent, response_id, user)
 
         return await answer(request, retrieve)
+
+    async def resume_stream(response_id: str, request: Request) -> JSONResponse | StreamingResponse:
+        """The run's stream events after `starting_after` (-1: all), as server-sent events ending with `[DONE]`."""
+        try:
+            _query(request, allowed=("stream", "starting_after", "include"))
+            after = _starting_after(request)
+            user = caller(agent, request)
+            if await context.in_io(agent.runs.get, response_id, user) is None:  # unknown or foreign: 404 now
+                raise ResponseNotFound(f"Response {response_id!r} has no stored events (it was not streamed, or "
+                                       "ended more than response_events_seconds ago).", response_id=response_id)  # fmt: skip
+        except AgentError as exc:
+            code, body = http_status(exc), openai_error_body(exc)
+            log_error_answer(request.method, request.url.path, code, body, exc)
+            return JSONResponse(body, status_code=code)
+
+        async def sse() -> Any:
+            events = agent.runs.follow(response_id, user, after, context.in_io)
+            try:
+                async for event in events:
+                    yield f"data: {json.dumps(event)}\n\n"
+            except AgentError as exc:  # swept between the check and the read: OpenAI's error event
+                yield f"data: {json.dumps({'type': 'error', **openai_error_body(exc)['error'], 'sequence_number': after + 1})}\n\n"
+            finally:
+                await events.aclose()
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    @router.post("/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str, request: Request) -> JSONResponse:
+        """Stop a queued or running response from any replica; nothing of it is written."""
+
+        def cancel(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            _fields(body, allowed=())
+            return run_views.cancel(agent, response_id, user)
+
+        return await answer(request, cancel)
+
+    @router.delete("/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request) -> JSONResponse:
+        """Delete the response's stored record (its run: status and events); its checkpoint is kept (`run_views`)."""
+
+        def delete(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            return run_views.delete(agent, response_id, user)
+
+        return await answer(request, delete)
 
     @router.get("/responses/{response_id}/input_items")
     async def response_input_items(response_id: str, request: Request) -> JSONResponse:
@@ -217,6 +272,17 @@ def _query(request: Request, *, allowed: tuple[str, ...] = ()) -> None:
     unknown = sorted(set(request.query_params) - set(allowed))
     if unknown:
         raise InvalidRequest(f"Unknown query parameters {unknown}")
+
+
+def _starting_after(request: Request) -> int:
+    value = request.query_params.get("starting_after", "-1")
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidRequest(f"starting_after must be an integer (a sequence_number), got {value!r}") from None
+    if number < -1:
+        raise InvalidRequest(f"starting_after must be -1 or more, got {number}")
+    return number
 
 
 def _paging(request: Request) -> dict[str, Any]:

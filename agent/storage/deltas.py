@@ -5,14 +5,27 @@ checkpoint, so one thread of N turns costs O(N²) bytes (200 turns of ~500 bytes
 gave 44.6 MB of blobs). Here the `messages` value of a checkpoint is
 written as a delta against the checkpoint the run started from:
 
-    {DELTA_KEY: 1, "base": <checkpoint_id or None>, "keep": k, "add": [...]}
+    {COMPACT_KEY: <base checkpoint_id or None>, "k": k, "a": [...]}
 
-which means "the first `k` messages of `base`, then `add`". An ordinary turn
+which means "the first `k` messages of `base`, then the messages `a`". An ordinary turn
 appends, so `k` is the base's length and `add` holds that turn's messages. An
 edit or removal in the middle (`add_messages` replacing a message by id,
 `RemoveMessage`) shortens `k`, so every branch still reads back exactly what
 LangGraph wrote. Bases are checkpoint ids, which never change, so a resolved
 list can be cached without ever going stale.
+
+**Compact records.** A message of LangChain's own plain classes (human, ai,
+system, tool, chat, function) is stored as a record `[type, content, id]`,
+plus a dict of its other fields that differ from their defaults:
+LangGraph's serializer writes every field of a message under its name
+(`additional_kwargs`, `response_metadata`, `tool_calls`, ...), about 260
+bytes per message of a turn beyond its text, which was most of a turn's fixed
+storage cost with short messages (issue "pay only for what a turn says").
+`encode` rebuilds each record and keeps the message object itself whenever
+the rebuilt message would not be equal (a subclass, a chunk, a field the
+record cannot carry), so what is read back is always what was written. The
+earlier layout, `{DELTA_KEY: 1, "base", "keep", "add": [messages]}`, is still
+read (`parts`): stored threads need no rewrite.
 
 Why not LangGraph's `DeltaChannel`: it is beta, its messages reducer does not
 do everything `add_messages` does, langgraph#8548 reports a fork replaying the
@@ -23,13 +36,17 @@ the reducer and changes only how the value is stored.
 
 from __future__ import annotations
 
+import functools
 import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+#: The key of the earlier layout (messages stored as LangChain objects), still read.
 DELTA_KEY = "__tt_messages_delta__"
+#: The key of the compact layout written now; its value is the base checkpoint id.
+COMPACT_KEY = "~m"
 
 Messages = tuple[Any, ...]
 
@@ -41,7 +58,66 @@ def encode(messages: Sequence[Any], base_id: str | None, base_messages: Sequence
     objects, so an appending turn costs one C-level `is` pass over the list.
     """
     keep = common_prefix(messages, base_messages)
-    return {DELTA_KEY: 1, "base": base_id if keep else None, "keep": keep, "add": list(messages[keep:])}
+    return {COMPACT_KEY: base_id if keep else None, "k": keep, "a": [to_record(m) for m in messages[keep:]]}
+
+
+def parts(delta: Mapping[str, Any]) -> tuple[str | None, int, list[Any]]:
+    """(base checkpoint id or None, how many of the base's messages to keep, the messages added) of a
+    stored delta, in either layout (see "Compact records" above)."""
+    if COMPACT_KEY in delta:
+        return delta[COMPACT_KEY], delta["k"], [from_record(r) for r in delta["a"]]
+    return delta["base"], delta["keep"], list(delta["add"])
+
+
+def base_of(delta: Mapping[str, Any]) -> str | None:
+    """The base checkpoint id of a stored delta (either layout), without decoding its messages."""
+    return delta[COMPACT_KEY] if COMPACT_KEY in delta else delta["base"]
+
+
+@functools.cache
+def _message_classes() -> dict[str, type]:
+    """LangChain's plain message classes by their `type`."""
+    from langchain_core.messages import (  # here: `agent.state` imports this module without LangChain
+        AIMessage,
+        ChatMessage,
+        FunctionMessage,
+        HumanMessage,
+        SystemMessage,
+        ToolMessage,
+    )
+
+    classes = (HumanMessage, AIMessage, SystemMessage, ToolMessage, ChatMessage, FunctionMessage)
+    return {c.model_fields["type"].default: c for c in classes}
+
+
+def to_record(message: Any) -> Any:
+    """`[type, content, id]` (+ a dict of the other non-default fields) for a message of LangChain's plain
+    classes that it rebuilds exactly; else the message itself (LangGraph's serializer stores it)."""
+    classes = _message_classes()
+    kind = getattr(message, "type", None)
+    if not isinstance(kind, str) or classes.get(kind) is not type(message):
+        return message
+    try:
+        fields = message.model_dump(exclude_defaults=True, exclude={"type"})
+        record = [kind, fields.pop("content", ""), fields.pop("id", None)]
+        if fields:
+            record.append(fields)
+        same = from_record(record) == message
+    except Exception:  # noqa: BLE001 - a field the record cannot carry: keep the object
+        same = False
+    return record if same else message
+
+
+def from_record(record: Any) -> Any:
+    """The message a `to_record` record stands for (a message stored as itself is returned as it is)."""
+    if not isinstance(record, list):
+        return record
+    classes = _message_classes()
+    kind, content, message_id, *rest = record
+    fields = dict(rest[0]) if rest else {}
+    if message_id is not None:
+        fields["id"] = message_id
+    return classes[kind](content=content, **fields)
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -71,8 +147,8 @@ def is_message_list(value: Any) -> bool:
 
 
 def is_delta(value: Any) -> bool:
-    """Whether a stored `messages` value is a delta written by `encode`."""
-    return isinstance(value, dict) and DELTA_KEY in value
+    """Whether a stored `messages` value is a delta written by `encode` (in either layout)."""
+    return isinstance(value, dict) and (COMPACT_KEY in value or DELTA_KEY in value)
 
 
 class MessageIds:
@@ -212,13 +288,13 @@ def resolve(
     """
     if not is_delta(value):
         return list(value or ())
-    base = value["base"]
+    base, keep, added = parts(value)
     if base is None:
         prefix: Messages = ()
     else:
         cached = cache.get(base)
         prefix = cached if cached is not None else resolve_stored(base, fetch_thread(), cache)
-    return [*prefix[: value["keep"]], *value["add"]]
+    return [*prefix[:keep], *added]
 
 
 def resolve_stored(target: str, stored: Mapping[str, Any], cache: MessageCache) -> Messages:
@@ -243,10 +319,11 @@ def resolve_stored(target: str, stored: Mapping[str, Any], cache: MessageCache) 
             raise LookupError(f"checkpoint {current!r} is referenced by a message delta but is not stored")
         value = stored[current]
         chain.append((current, value))
-        current = value["base"] if is_delta(value) else None
+        current = base_of(value) if is_delta(value) else None
     for checkpoint_id, value in reversed(chain):
         if is_delta(value):
-            prefix = (*prefix[: value["keep"]], *value["add"])
+            _, keep, added = parts(value)
+            prefix = (*prefix[:keep], *added)
         else:
             # No value, or one that is not a list of messages: no message is shared with it.
             prefix = tuple(value) if is_message_list(value) else ()

@@ -31,6 +31,16 @@ SQLite one on `:memory:`), which provide the `_backend_*` hooks,
   is sealed when a key is configured, and the summary's message previews are
   sealed with it (`summaries.pack`). A delta is sealed as one blob: the
   encoding, and so the storage's linear growth, is unchanged.
+* **Short channel versions.** LangGraph's Postgres and SQLite savers write a
+  version as `f"{n:032}.{random():016}"` (about 50 characters; the random part
+  keeps two branches from one parent from writing the same blob key). A
+  checkpoint holds five or so versions, and a blob's key one more, so on a thread
+  of short messages they were a tenth of a turn's storage. `get_next_version`
+  writes `VERSION_DIGITS` digits, a dot and `VERSION_RANDOM_HEX` random hex
+  digits instead (18 characters, the same shape and the same order within a
+  thread), and keeps writing LangGraph's long form on a thread whose versions
+  already have it, since versions are compared as text (a thread mixing both
+  would compare them wrongly).
 * **No blocking on the event loop.** Every async method either answers from
   memory (a running turn's buffer) or runs the sync method in a worker thread
   (`asyncio.to_thread`): both backends' drivers are synchronous, and the
@@ -41,6 +51,7 @@ SQLite one on `:memory:`), which provide the `_backend_*` hooks,
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -56,8 +67,30 @@ from agent.storage.saver_threads import SaverThreadOperations
 from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary, summarize
 
 
+#: Digits of the counter in a short channel version (see "Short channel versions" above).
+VERSION_DIGITS = 10
+#: Random hex digits after the dot: two branches from one checkpoint get different versions (blob keys).
+VERSION_RANDOM_HEX = 7
+
+
 class TurnSaverMixin(SaverThreadOperations):
     """Turn buffering, message deltas and summaries, mixed into a LangGraph saver."""
+
+    def get_next_version(self, current, channel):
+        """The version after `current`: short (`0000000042.5f3a9c1`) unless `current` has LangGraph's long form.
+
+        LangGraph gives `current` as the largest version of the checkpoint, so one thread keeps one form.
+        """
+        if current is None:
+            counter = 0
+        elif isinstance(current, int):
+            counter = current
+        else:
+            digits = current.split(".")[0]
+            if len(digits) > VERSION_DIGITS:  # LangGraph's own form, on a thread written before
+                return super().get_next_version(current, channel)
+            counter = int(digits)
+        return f"{counter + 1:0{VERSION_DIGITS}}.{random.getrandbits(4 * VERSION_RANDOM_HEX):0{VERSION_RANDOM_HEX}x}"
 
     def _init_turns(self, message_cache_size: int, keyring: Keyring) -> None:
         #: Seals what the saver writes (blobs, message previews); without a key it only refuses sealed data.
@@ -199,7 +232,7 @@ class TurnSaverMixin(SaverThreadOperations):
         if listed:
             base = self._parent_messages(thread_id, checkpoint_ns, parent_id, turn) if parent_id else ()
             values["messages"] = deltas.encode(messages, parent_id, base)
-            kept = values["messages"]["keep"]
+            kept = values["messages"]["k"]
             self.message_cache.put(checkpoint["id"], messages)
         parent_summary = summaries.unpack(self._parent_metadata(config, parent_id, turn)) if parent_id else None
         summary = {

@@ -16,8 +16,9 @@ a checkpoint first appeared and which checkpoints are its alternatives
 What the model was sent comes from the run's **turn report**: a dict under
 `TURN_REPORT_KEY` in the run config's `configurable`, which the turn runner
 creates and the agent node fills (`agent.context.window`). `model_input_summary`
-turns it into `model_input_messages`, `model_input_tokens`, `summary_used` and
-`usage` for the checkpoint the turn writes, and adds `usage` to the parent's
+turns it into `model_input_messages`, `model_input_tokens`, `summary_used`,
+`usage` and `recalled_memories` (the ids of the long-term memories the model was
+sent; only when there were some, so a turn without any pays nothing) for the checkpoint the turn writes, and adds `usage` to the parent's
 `branch_usage` (every model call from the root to this checkpoint), so a
 branch's total is one checkpoint's metadata and every branch counts only its
 own calls. Why not a state channel: a new channel value each turn is a blob row
@@ -84,6 +85,7 @@ SHORT_NAMES = {
     "usage": "us",
     "branch_usage": "bu",
     "sealed_previews": "p",
+    "recalled_memories": "rm",
 }
 #: The summary fields, as the agent reads them (`agent_view`) and as the flat layout stored them.
 SUMMARY_FIELDS = frozenset(SHORT_NAMES)
@@ -226,7 +228,14 @@ def summarize(
 #: What a root checkpoint keeps of the metadata it is written with: a kept head that a `keep_latest` sweep
 #: made a root still holds its turn's model input and its branch's totals, which nothing can derive again
 #: (its parents are gone), so an import or a copy of it hands them over as they are.
-ROOT_CARRIED_FIELDS = ("model_input_messages", "model_input_tokens", "summary_used", "usage", "branch_usage")
+ROOT_CARRIED_FIELDS = (
+    "model_input_messages",
+    "model_input_tokens",
+    "summary_used",
+    "usage",
+    "branch_usage",
+    "recalled_memories",
+)
 
 
 def model_input_summary(
@@ -235,14 +244,15 @@ def model_input_summary(
     """The metadata about model input and token usage of a checkpoint with parent `parent_id`.
 
     Args:
-        report: the run's turn report, `{"start", "messages", "tokens", "summary_used", "usage"}`
-            once the agent node called the model (`start`: the checkpoint the turn started from), or
+        report: the run's turn report, `{"start", "messages", "tokens", "summary_used", "usage"}` (and
+            `"memories"`: recalled memory ids, when there were some) once the agent node called the model (`start`: the checkpoint the turn started from), or
             None / empty. It describes this checkpoint only when `start` is `parent_id`.
         parent_metadata: the parent checkpoint's metadata (None for a root checkpoint).
 
     Returns:
         `model_input_messages`, `model_input_tokens`, `summary_used` and `usage` (omitted when the
-        model reported none) from the report, and `branch_usage`: the parent's plus `usage`, for every
+        model reported none) from the report, `recalled_memories` (memory ids; only when the turn recalled
+        some), and `branch_usage`: the parent's plus `usage`, for every
         checkpoint that has a parent. Token counts are ints; usages are `{"input_tokens", "output_tokens"}`.
     """
     out: dict[str, Any] = {}
@@ -253,6 +263,8 @@ def model_input_summary(
         out["model_input_messages"] = report["messages"]
         out["model_input_tokens"] = report["tokens"]
         out["summary_used"] = bool(report["summary_used"])
+        if report.get("memories"):
+            out["recalled_memories"] = list(report["memories"])
         usage = report.get("usage")
         if usage is not None:
             out["usage"] = dict(usage)
@@ -274,6 +286,7 @@ def replayed_report(metadata: Mapping[str, Any], start: str) -> dict | None:
         "tokens": metadata["model_input_tokens"],
         "summary_used": metadata["summary_used"],
         "usage": metadata.get("usage"),
+        "memories": metadata.get("recalled_memories"),
     }
 
 

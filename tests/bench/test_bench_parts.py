@@ -27,7 +27,24 @@ import psycopg
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from bench import branches, catalogue, context, encryption, export, load, memory, memory_eval, report, search, startup, storage, web
+from bench import (
+    branches,
+    catalogue,
+    context,
+    encryption,
+    export,
+    load,
+    memory,
+    memory_eval,
+    report,
+    runs,
+    search,
+    startup,
+    storage,
+    streams,
+    turn_cost,
+    web,
+)
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
@@ -129,6 +146,36 @@ def check_storage(run: Run) -> None:
     assert databases_left(run.server_url, names=names) == []
 
 
+def check_turn_cost(run: Run) -> None:
+    result = run.report
+    assert result["turns"] == turn_cost.QUICK_TURNS and result["targets_total"] == 2 * len(turn_cost.MESSAGE_SIZES) + 2
+    storage_found = result["measurements"]["storage"]
+    for backend in ("postgres", "sqlite"):
+        for label in turn_cost.MESSAGE_SIZES:
+            ours, ref = storage_found[f"project_{backend}_{label}"], storage_found[f"reference_{backend}_{label}"]
+            assert ours["message_bytes"] > turn_cost.QUICK_TURNS * turn_cost.MESSAGE_SIZES[label] < ref["message_bytes"]
+            assert result["figures"][f"fixed_{backend}_{label}"]["measured"] == (
+                (ours["bytes"] - ours["message_bytes"]) / turn_cost.QUICK_TURNS
+            )
+    latency = result["measurements"]["latency"]
+    assert latency["tracing_on"]["tracing"] is True and latency["tracing_off"]["tracing"] is False
+    assert all(len(latency[mode]["ratios"]) == turn_cost.QUICK_ROUNDS for mode in latency)
+    assert databases_left(run.server_url, like="tt_bench_cost_%") == []
+
+
+def check_streams(run: Run) -> None:
+    result = run.report
+    assert result["streams"] == streams.QUICK_STREAMS and result["targets_total"] == 3
+    found = result["measurements"]
+    # No stream is lost: each of the 2 x 100 streams at once ended with its checkpoint id and no error
+    # event, and that checkpoint is its thread's head in the database (the turn was saved).
+    assert [found[phase]["requests"] for phase in ("zero_model", "slow_model")] == [streams.QUICK_STREAMS] * 2
+    assert found["zero_model"]["errors"] == found["slow_model"]["errors"] == 0
+    assert found["saved_heads"] == 2 * streams.QUICK_STREAMS and result["figures"]["lost"]["measured"] == 0
+    assert found["rss_peak_bytes"] >= found["rss_idle_bytes"] > 0 and found["cpu_seconds"] > 0
+    assert databases_left(run.server_url, names=[result["database"]]) == []
+
+
 def check_branches(run: Run) -> None:
     result = run.report
     assert result["error"] is None
@@ -213,6 +260,15 @@ def check_encryption(run: Run) -> None:
     assert databases_left(run.server_url, names=list(m["databases"].values())) == []
 
 
+def check_runs(run: Run) -> None:
+    result, m = run.report, run.report["measurements"]
+    assert result["targets_total"] == 1 and result["turns"] == runs.QUICK_TURNS
+    # Every turn streamed its text and kept a log; what was sent is many times what is kept.
+    assert m["text_bytes"] >= runs.QUICK_TURNS * runs.ANSWER_BYTES * 0.9 and m["log_bytes"] > 0
+    assert m["stream_bytes"] > m["running_log_bytes"] > m["log_bytes"]
+    assert databases_left(run.server_url, names=[m["database"]]) == []
+
+
 def check_startup(run: Run) -> None:
     # Nothing beyond what every part reports: start-up writes nothing and needs no server.
     del run
@@ -252,7 +308,10 @@ PARTS = [
     Part("startup", lambda: startup.FIGURES, check_startup, takes_database=False),
     Part("context", lambda: context.figures(context.QUICK), check_context),
     Part("storage", storage.figures, check_storage, timeout=300, via_runner=True),
+    Part("turn_cost", turn_cost.figures, check_turn_cost, timeout=300),
+    Part("streams", lambda: streams.figures(streams.QUICK_STREAMS), check_streams, timeout=300),
     Part("encryption", encryption.figures, check_encryption, timeout=300),
+    Part("runs", runs.figures, check_runs, timeout=300),
     Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
     Part("memory", memory.figures, check_memory, timeout=900),
     Part("memory_eval", memory_eval.figures, check_memory_eval, timeout=300),
@@ -263,7 +322,7 @@ PARTS = [
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.
-_SLOW = {"branches", "catalogue", "context", "memory", "memory_eval", "startup", "load", "web"}
+_SLOW = {"branches", "catalogue", "context", "memory", "memory_eval", "startup", "load", "web", "turn_cost", "streams"}
 
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:

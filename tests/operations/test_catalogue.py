@@ -163,6 +163,27 @@ def test_metadata_filters_keep_threads_holding_every_given_pair(agent):
     assert sorted(page_all(agent, u, limit=2, metadata={"app": "web"})) == sorted(web)
 
 
+def test_title_search_finds_old_threads_page_after_page_ignoring_case(agent, monkeypatch):
+    from agent.operations import catalogue
+
+    monkeypatch.setattr(catalogue, "TITLE_SCAN_PAGE", 3)  # several reads for ten threads
+    u, other = user(), user()
+    made = insert_threads(agent, u, 10)
+    for i, thread_id in enumerate(made):
+        agent.update_thread(thread_id, user_id=u, title=f"Trip to Lisbon {i}" if i in (0, 4, 9) else f"Other {i}")
+    [theirs] = insert_threads(agent, other, 1)
+    agent.update_thread(theirs, user_id=other, title="Lisbon, not yours")
+    newest_first = ids(agent.list_threads(user_id=u, limit=100))
+    lisbon = [t for t in newest_first if t in {made[0], made[4], made[9]}]
+    assert ids(agent.list_threads(user_id=u, title_contains="lisbon")) == lisbon  # past the first read's 3
+    assert ids(agent.list_threads(user_id=u, title_contains="LISBON", limit=1)) == lisbon[:1]
+    assert page_all(agent, u, limit=2, title_contains="  Lisbon ") == lisbon  # the cursor keeps the filter
+    assert agent.list_threads(user_id=u, title_contains="Porto") == []
+    assert ids(agent.list_threads(user_id=u, title_contains="")) == newest_first  # empty: no filter
+    over_http = outputs(agent.predict(request(action="list_threads", user_id=u, title_contains="lisbon 4")))
+    assert ids(over_http["threads"]) == [made[4]]
+
+
 # -- paging ----------------------------------------------------------------------------------------
 def test_paging_lists_every_thread_once_in_order_with_ties_broken_by_thread_id(agent):
     u = user()
@@ -237,7 +258,8 @@ def test_a_thread_id_as_before_pages_after_that_thread(agent):
 
 @pytest.mark.parametrize(
     "bad",
-    [{"limit": 0}, {"limit": 101}, {"before": "t1.not-base64!"}, {"before": 5}, {"metadata": {"k": 1}}, {"metadata": {"k" * 65: "v"}}],
+    [{"limit": 0}, {"limit": 101}, {"before": "t1.not-base64!"}, {"before": 5}, {"metadata": {"k": 1}}, {"metadata": {"k" * 65: "v"}},
+     {"title_contains": 5}, {"title_contains": "x" * 257}],  # fmt: skip
 )
 def test_bad_listing_arguments_are_invalid_requests(agent, bad):
     with pytest.raises(InvalidRequest):

@@ -183,7 +183,8 @@ REFUSED = [
     ("reasoning", {"reasoning": {"effort": "low"}}),
     ("tools", {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]}),
     ("tool_choice", {"tool_choice": "required"}),
-    ("background", {"background": True}),
+    ("background", {"extra_body": {"background": "yes"}}),  # honoured (agent.runs), but only true or false
+    ("background", {"background": True, "store": False}),  # a background response is fetched later: stored
     ("prompt", {"prompt": {"id": "pmpt_1"}}),
     ("truncation", {"truncation": "disabled"}),
     ("text", {"text": {"format": {"type": "json_object"}}}),

@@ -106,6 +106,8 @@ def assert_reads_back(agent, words: str, user_id: str, found: dict) -> None:
     thread_id = found["thread_id"]
     assert agent.get_thread(thread_id, user_id=user_id)["title"] == f"Remember that my passport is {words}"
     assert f"Remember that my passport is {words}" in [t["title"] for t in agent.list_threads(user_id=user_id)]
+    # The title search compares the opened titles (the database holds them sealed).
+    assert thread_id in [t["thread_id"] for t in agent.list_threads(user_id=user_id, title_contains=f"PASSPORT IS {words}")]
     history = agent.get_checkpoint_history(thread_id, user_id=user_id)
     assert {h["last_user_message"] for h in history} >= {f"Where is {words}?", f"I meant {words} island"}
     assert f"Where is {words}?" in user_texts(agent.get_checkpoint_state(thread_id, user_id=user_id))

@@ -16,6 +16,7 @@ documentation's pictures).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -383,6 +384,79 @@ def test_a_link_to_an_earlier_checkpoint_shows_it_and_a_message_sent_there_branc
         assert act(http, "get_checkpoint_state", thread_id=thread_id)["parent_checkpoint_id"] == first
 
 
+def test_what_the_model_saw_shows_the_summarys_text_and_the_recalled_memories(server):
+    from agent import create_agent
+
+    # A thread made by the offline model with a small window: a memory saved, then recalled on every
+    # turn, and the oldest turns folded into a summary (tests/operations/test_what_the_model_saw.py).
+    with create_agent(server.db_url, model="offline", tracing=False, context_strategy="summarize",
+                      max_context_tokens=1200) as agent:  # fmt: skip
+        thread_id = agent.predict({"input": [{"role": "user", "content": "remember that I am vegetarian"}],
+                                   "custom_inputs": {"user_id": "ivan"}}).custom_outputs["thread_id"]  # fmt: skip
+        for n in range(6):
+            agent.predict({"input": [{"role": "user", "content": f"message number {n} " + "word " * 40}],
+                           "custom_inputs": {"user_id": "ivan", "thread_id": thread_id}})  # fmt: skip
+    page = new_page(server, "ivan")
+    page.goto(f"{server.base_url}/?thread={thread_id}")
+    with api(server, "ivan") as http:
+        state = act(http, "get_checkpoint_state", thread_id=thread_id)
+        [memory] = act(http, "list_memories")["memories"]
+        assert state["summary_used"] and state["recalled_memories"] == [memory["memory_id"]]
+        page.get_by_test_id("model-saw-toggle").last.click()
+        expect(page.get_by_test_id("model-saw-summary")).to_have_text(state["context_summary"])
+        recalled = page.get_by_test_id("model-saw-memories").locator("li")
+        expect(recalled).to_have_text([memory["content"]])
+        assert recalled.get_attribute("data-memory-id") == memory["memory_id"]
+        # The first answer: no summary, and nothing recalled (the memory was saved by that turn).
+        page.get_by_test_id("model-saw-toggle").first.click()
+        first = page.get_by_test_id("model-saw").first
+        expect(first.get_by_test_id("model-saw-summary")).to_have_text("no")
+        expect(first).to_contain_text("Memories recalled")
+        assert first.get_by_test_id("model-saw-memories").count() == 0
+    assert page.errors == []
+
+
+def test_the_title_search_asks_the_server_and_finds_threads_older_than_the_100_listed(server):
+    from agent import create_agent
+
+    # 101 threads written at once (equal activity: listed by thread_id, descending): "a-…" comes last.
+    def insert(tx):
+        for n in range(100):
+            tx.insert_thread(f"t-judy-{n:03}", user_id="judy", head_checkpoint_id="none", message_count=0,
+                             title=f"Hay {n}", metadata={}, forked_from=None)  # fmt: skip
+        tx.insert_thread("a-judy-needle", user_id="judy", head_checkpoint_id="none", message_count=0,
+                         title="A needle in the haystack", metadata={}, forked_from=None)  # fmt: skip
+
+    with create_agent(server.db_url, model="offline", tracing=False) as agent:
+        agent.storage.transaction(insert)
+    page = new_page(server, "judy")
+    page.goto(server.base_url + "/")
+    rows = page.get_by_test_id("thread-row")
+    expect(rows).to_have_count(100)
+    assert rows.filter(has_text="needle").count() == 0  # not among the 100 the sidebar lists
+    page.get_by_test_id("thread-search").fill("NEEDLE")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-thread-id", "a-judy-needle")
+    page.get_by_test_id("thread-search").fill("")
+    expect(rows).to_have_count(100)
+    assert page.errors == []
+
+
+def test_without_a_user_header_the_page_says_it_acts_as_one_local_user(server, tmp_path):
+    from agent import create_agent
+    from agent.serving.agent_server import build_app
+    from tests.helpers.servers import in_process_server
+
+    with create_agent(f"sqlite:///{tmp_path / 'local.sqlite'}", model="offline", tracing=False) as agent:
+        with in_process_server(build_app(agent)) as url:
+            agent.predict({"input": [{"role": "user", "content": "A laptop's thread"}]})
+            page = server.browser.new_page()
+            page.goto(url + "/")
+            expect(page.get_by_test_id("identity")).to_have_text("One local user (no user header is configured)")
+            expect(page.get_by_test_id("thread-row")).to_have_text(re.compile("A laptop's thread"))
+            page.close()
+
+
 # -- living with many branches (issue 23): branch records, merge, search, memory as of a checkpoint -----------
 def say(http: httpx.Client, text: str, **custom_inputs) -> dict:
     """One turn over HTTP (not through the page): its `custom_outputs`."""
@@ -421,12 +495,12 @@ def row(page, checkpoint_id: str):
 def test_branches_are_labelled_pinned_archived_merged_and_deleted_from_the_page(server, shots):
     from tests.helpers.web import api_view, page_view
 
-    with api(server, "ivan") as http:
+    with api(server, "lena") as http:
         first = say(http, "I'm planning a trip!")
         thread_id = first["thread_id"]
         sf = say(http, "I'm headed to SF!", thread_id=thread_id)["checkpoint_id"]
         ny = say(http, "I'm headed to New York!", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])["checkpoint_id"]
-        page = new_page(server, "ivan")
+        page = new_page(server, "lena")
         page.goto(f"{server.base_url}/?thread={thread_id}")
         settled(page, http, lambda: thread_id)
         assert [r["checkpoint_id"] for r in rows_match(page, http, thread_id)] == [ny, sf]
@@ -497,14 +571,14 @@ def test_branches_are_labelled_pinned_archived_merged_and_deleted_from_the_page(
 def test_search_all_branches_opens_the_thread_at_the_hits_checkpoint(server):
     from tests.helpers.web import api_view, page_view
 
-    with api(server, "judy") as http:
+    with api(server, "mallory") as http:
         first = say(http, "Where should we travel?")
         thread_id = first["thread_id"]
         say(http, "By train to Lyon", thread_id=thread_id)
         ferry = say(http, "By ferry to Corsica", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])
         say(http, "Something else entirely", thread_id=thread_id)
         say(http, "Another ferry question")  # a second thread
-        page = new_page(server, "judy")
+        page = new_page(server, "mallory")
         page.goto(server.base_url + "/")
         page.get_by_test_id("search-all-input").fill("ferry corsica")
         page.get_by_test_id("search-all-go").click()

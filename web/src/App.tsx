@@ -276,7 +276,7 @@ export function App() {
   });
 
   const historyById = useMemo(() => new Map(history.map((e) => [e.checkpoint_id, e])), [history]);
-  const controls: ChatControls = { switchTo, saveOnly, historyById, running: running !== null };
+  const controls: ChatControls = { switchTo, saveOnly, historyById, threadId, running: running !== null };
   const off = branchesOffPath(history, shown?.checkpoint_id);
 
   return (

@@ -11,13 +11,14 @@ import {
   useAui,
   useAuiState,
 } from "@assistant-ui/react";
-import type { HistoryEntry, Interrupt } from "./api";
+import { action, type CheckpointState, type HistoryEntry, type Interrupt, type Memory } from "./api";
 import type { MessageCustom } from "./store";
 
 export type ChatControls = {
   switchTo: (checkpointId: string) => Promise<void>;
   saveOnly: (messageId: string, text: string) => Promise<void>;
   historyById: Map<string, HistoryEntry>;
+  threadId: string | null;
   running: boolean;
 };
 
@@ -67,18 +68,44 @@ function BranchSwitch() {
   );
 }
 
-/** What the model saw for this answer: the checkpoint's metadata (history entry) where the answer appeared. */
+type Seen = { summary: string | null; memories: Map<string, string> };
+
+/** What the model saw for this answer: the checkpoint's metadata (history entry) where the answer appeared;
+ * opening it reads the summary's text (`get_checkpoint_state` of that checkpoint, no messages) when a summary
+ * was used, and the recalled memories' texts (`list_memories`) when some were recalled. */
 function ModelSaw() {
   const custom = useCustom();
-  const { historyById } = useControls();
+  const { historyById, threadId } = useControls();
   const [open, setOpen] = useState(false);
+  const [seen, setSeen] = useState<Seen | null>(null);
   const entry = custom?.checkpointId ? historyById.get(custom.checkpointId) : undefined;
   if (!entry || custom?.pending || entry.model_input_messages === undefined) return null;
   const before = Math.max(0, entry.message_count - 1);
   const trimmed = Math.max(0, before - (entry.model_input_messages ?? 0));
+  const recalled = entry.recalled_memories ?? [];
+  const lastItem = custom?.group.items[custom.group.items.length - 1]?.id;
+  const toggle = async () => {
+    setOpen(!open);
+    if (open || seen !== null) return;
+    const [state, listed] = await Promise.all([
+      entry.summary_used && threadId
+        ? action<CheckpointState>("get_checkpoint_state", {
+            thread_id: threadId,
+            checkpoint_id: entry.checkpoint_id,
+            ...(lastItem ? { after_message_id: lastItem } : {}),
+          }).catch(() => null)
+        : null,
+      recalled.length
+        ? action<{ memories: Memory[] }>("list_memories", { limit: 100 }).catch(() => ({ memories: [] as Memory[] }))
+        : { memories: [] as Memory[] },
+    ]);
+    const texts = new Map<string, string>();
+    for (const memory of listed.memories) if (memory.memory_id) texts.set(memory.memory_id, String(memory.content ?? ""));
+    setSeen({ summary: state?.context_summary ?? null, memories: texts });
+  };
   return (
     <span className="model-saw">
-      <button type="button" onClick={() => setOpen(!open)} data-testid="model-saw-toggle">
+      <button type="button" onClick={toggle} data-testid="model-saw-toggle">
         What the model saw
       </button>
       {open && (
@@ -92,7 +119,23 @@ function ModelSaw() {
             {entry.model_input_messages} ({entry.model_input_tokens} tokens counted), {trimmed} trimmed
           </dd>
           <dt>Summary used</dt>
-          <dd>{entry.summary_used ? "yes" : "no"}</dd>
+          <dd data-testid="model-saw-summary">
+            {entry.summary_used ? (seen === null ? "yes" : seen.summary ?? "yes (its text is no longer stored)") : "no"}
+          </dd>
+          <dt>Memories recalled</dt>
+          <dd>
+            {recalled.length === 0 ? (
+              "none"
+            ) : (
+              <ul data-testid="model-saw-memories">
+                {recalled.map((id) => (
+                  <li key={id} data-memory-id={id}>
+                    {seen?.memories.get(id) ?? id}
+                  </li>
+                ))}
+              </ul>
+            )}
+          </dd>
         </dl>
       )}
     </span>

@@ -1,6 +1,7 @@
-// The user's threads in catalogue order (`list_threads`: newest activity first), searched by title in the page.
-import { useState } from "react";
-import type { Thread } from "./api";
+// The user's threads in catalogue order (`list_threads`: newest activity first). The title search asks the
+// server (`list_threads` with `title_contains`), so it finds threads older than the 100 listed.
+import { useEffect, useState } from "react";
+import { action, type Thread } from "./api";
 
 type Props = {
   threads: Thread[];
@@ -70,7 +71,29 @@ function ThreadRow({ thread, current, onOpen, onRename, onDelete, onFork }: { th
 
 export function Sidebar(props: Props) {
   const [query, setQuery] = useState("");
-  const shown = props.threads.filter((t) => (t.title ?? "").toLowerCase().includes(query.toLowerCase()));
+  const [found, setFound] = useState<Thread[] | null>(null);
+  const needle = query.trim();
+  useEffect(() => {
+    if (!needle) {
+      setFound(null);
+      return;
+    }
+    let current = true;
+    const timer = setTimeout(() => {
+      action<{ threads: Thread[] }>("list_threads", { limit: 100, title_contains: needle }).then(
+        (page) => current && setFound(page.threads),
+        () => current && setFound([]),
+      );
+    }, 250);
+    return () => {
+      current = false;
+      clearTimeout(timer);
+    };
+  }, [needle, props.threads]);
+  // Until the server answers, the loaded threads filtered here; then the server's matches.
+  const shown = !needle
+    ? props.threads
+    : (found ?? props.threads.filter((t) => (t.title ?? "").toLowerCase().includes(needle.toLowerCase())));
   return (
     <nav className="sidebar">
       <div className="identity" data-testid="identity">

@@ -31,6 +31,7 @@ export type HistoryEntry = {
   model_input_tokens?: number;
   summary_used?: boolean;
   usage?: { input_tokens: number; output_tokens: number };
+  recalled_memories?: string[];
 };
 
 export type Interrupt = { id: string; value: unknown; node?: string };
@@ -41,6 +42,7 @@ export type CheckpointState = HistoryEntry & {
   message_offset: number;
   messages: Item[];
   interrupts?: Interrupt[];
+  context_summary?: string;
 };
 
 export type Thread = {

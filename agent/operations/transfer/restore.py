@@ -157,6 +157,7 @@ def _turn_report(checkpoint: CheckpointDoc) -> dict[str, Any] | None:
         "tokens": metadata["model_input_tokens"],
         "summary_used": metadata["summary_used"],
         "usage": metadata.get("usage"),
+        "memories": metadata.get("recalled_memories"),
     }
 
 

@@ -22,7 +22,8 @@ and why each is what it is:
   `datetime.fromisoformat` reads and Postgres's `timestamptz` does not), is refused.
 * **Channel versions** (`channel_versions` and `versions_seen`): the strings
   LangGraph's Postgres and SQLite savers write (`get_next_version`: 32 digits,
-  a dot, and the text of a random number). LangGraph compares versions with
+  a dot, and the text of a random number), or the agent's short ones (10
+  digits, a dot, hex digits: `agent.storage.saver`). LangGraph compares versions with
   `max()` and `>`, and increments `int(version.split(".")[0])`; a number, or a
   string of another shape, breaks the next turn (comparing str with int, or a
   Postgres function given the wrong type).
@@ -34,7 +35,8 @@ and why each is what it is:
   `{"input_tokens", "output_tokens"}` integers from 0 to `MAX_TOKENS` (a
   trillion: no model call comes near it, and `get_usage`'s sum over a thread
   stays inside 64 bits, which SQLite's `sum()` needs, up to 9 million
-  checkpoints at the bound); `branch_usage` (derived again on import) the same shape.
+  checkpoints at the bound); `branch_usage` (derived again on import) the same shape;
+  `recalled_memories` a list of at most `MAX_RECALLED` memory ids.
 * **LangGraph's own metadata**: `step` (required) an integer from -1 to
   `MAX_TOKENS` (the loop adds one to it), `source` a string, `parents` an
   object of strings, `counters_since_delta_snapshot` an object of `[n, n]`.
@@ -64,10 +66,13 @@ MAX_INTEGER = 2**63 - 1
 MAX_DEPTH = 100
 #: Largest token or message count in a checkpoint's usage metadata, and largest `step`.
 MAX_TOKENS = 10**12
+#: Most memory ids in a checkpoint's `recalled_memories` (the memories one turn was sent).
+MAX_RECALLED = 1000
 #: Checkpoint formats (`v`) LangGraph's loop reads.
 MAX_CHECKPOINT_V = 4
-#: A channel version as LangGraph's Postgres and SQLite savers write it: `f"{n:032}.{random():016}"`.
-VERSION_PATTERN = re.compile(r"[0-9]{32}\.[0-9A-Za-z.+-]{1,32}")
+#: A channel version as LangGraph's Postgres and SQLite savers write it (`f"{n:032}.{random():016}"`), or
+#: as the agent's savers do (`f"{n:010}.{hex}"`, `agent.storage.saver.get_next_version`).
+VERSION_PATTERN = re.compile(r"([0-9]{32}|[0-9]{10})\.[0-9A-Za-z.+-]{1,32}")
 #: An ISO 8601 date and time with a UTC offset, as `datetime.isoformat()` writes it (`Z` also read).
 TIMESTAMP_PATTERN = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?([+-][0-9]{2}:[0-9]{2}|Z)")
 
@@ -212,6 +217,11 @@ def check_checkpoint_metadata(where: str, metadata: Mapping[str, Any]) -> None:
             _integer(f"{where}.{key}", metadata[key], 0, MAX_TOKENS)
     if "summary_used" in metadata and not isinstance(metadata["summary_used"], bool):
         raise invalid(f"{where}.summary_used must be true or false")
+    recalled = metadata.get("recalled_memories")
+    if recalled is not None and not (
+        isinstance(recalled, list) and len(recalled) <= MAX_RECALLED and all(isinstance(i, str) and 0 < len(i) <= 256 for i in recalled)
+    ):
+        raise invalid(f"{where}.recalled_memories must be a list of at most {MAX_RECALLED} memory ids")
     for key, most in (("usage", MAX_TOKENS), ("branch_usage", MAX_INTEGER)):
         usage = metadata.get(key)
         if usage is None:
@@ -233,7 +243,7 @@ def _version(name: str, value: Any) -> None:
     if not isinstance(value, str) or VERSION_PATTERN.fullmatch(value) is None:
         shown = value[:40] if isinstance(value, str) else type(value).__name__
         raise invalid(
-            f"{name} must be a channel version as LangGraph's savers write it (32 digits, a dot, digits), got {shown!r}"
+            f"{name} must be a channel version as LangGraph's savers write it (32 or 10 digits, a dot, digits), got {shown!r}"
         )
 
 

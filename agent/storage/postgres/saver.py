@@ -18,6 +18,11 @@ What it changes in `PostgresSaver`, and why:
   blob, where the serializer never sees it; with encryption on, such strings
   are sealed before `put` and opened when a row is loaded (`agent.encryption`).
   Numbers and booleans stay as they are.
+* **Compact rows.** `agent_put_checkpoint` stores a checkpoint without its
+  `id` (the row's column), its `ts` (when the summary holds the same one) and
+  LangGraph's empty `channel_values` and `pending_sends` (see the migration);
+  `expand_checkpoint` puts them back on every read, before LangGraph's loader
+  sees the row.
 * **Rows read by the storage's own statements** (the claim's start, a
   checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
 """
@@ -33,11 +38,23 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg_pool import ConnectionPool
 
 from agent.encryption import Keyring, is_sealed
-from agent.storage import deltas
+from agent.storage import deltas, summaries
 from agent.storage.postgres import branches, sql
 from agent.storage.postgres.batch import running_batch
 from agent.storage.records import checkpoint_taken
 from agent.storage.saver import TurnSaverMixin
+
+
+def expand_checkpoint(stored: Mapping[str, Any], checkpoint_id: str, metadata: Mapping[str, Any] | None) -> dict:
+    """A checkpoint as LangGraph wrote it, from the compact form `agent_put_checkpoint` stores (no `id`): its
+    id from the row, `ts` from the metadata's summary (either layout) unless stored, empty `channel_values`
+    and `pending_sends` unless stored."""
+    checkpoint = {"v": stored.get("v"), "id": checkpoint_id, **stored}
+    if "ts" not in checkpoint:
+        checkpoint["ts"] = summaries.unpack(metadata).get("ts")
+    checkpoint.setdefault("channel_values", {})
+    checkpoint.setdefault("pending_sends", [])
+    return checkpoint
 
 
 class SaverStorage(Protocol):
@@ -93,6 +110,8 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         return self._storage.faults(action, config["configurable"].get("thread_id"))
 
     def _load_checkpoint_tuple(self, value):
+        if "id" not in value["checkpoint"]:
+            value = {**value, "checkpoint": expand_checkpoint(value["checkpoint"], value["checkpoint_id"], value["metadata"])}
         tup = self._load_resolved(value)
         values = tup.checkpoint.get("channel_values") or {}
         if not any(is_sealed(v) for v in values.values()):

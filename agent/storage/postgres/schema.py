@@ -22,7 +22,7 @@ from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATION
 from langgraph.store.postgres.base import MIGRATIONS as STORE_MIGRATIONS
 
 from agent.storage.postgres import checkpoint_ids, indexes
-from agent.storage.postgres.migrations import MIGRATIONS, TABLES, USER_LOCK_CLASS
+from agent.storage.postgres.migrations import DROPPED_INDEXES, MIGRATIONS, TABLES, USER_LOCK_CLASS
 
 __all__ = ["MIGRATIONS", "TABLES", "USER_LOCK_CLASS", "migrate", "missing_tables", "migrations_current"]
 
@@ -50,8 +50,13 @@ SCHEMAS = (
     ("store_migrations", STORE_MIGRATIONS),
 )
 
-#: Every index a migration creates CONCURRENTLY (LangGraph's and ours), which `indexes.build` keeps valid.
-CONCURRENT_INDEXES = indexes.concurrent_indexes(statement for _, migrations in SCHEMAS for statement in migrations)
+#: Every index a migration creates CONCURRENTLY (LangGraph's and ours) and no later one drops, which
+#: `indexes.build` keeps valid.
+CONCURRENT_INDEXES = {
+    name: index
+    for name, index in indexes.concurrent_indexes(statement for _, migrations in SCHEMAS for statement in migrations).items()
+    if name not in DROPPED_INDEXES
+}
 
 #: The migration (migrations table, version) that creates each table: a table that a migration not yet
 #: applied creates is new (an upgrade), not dropped, and is no reason to re-apply everything.

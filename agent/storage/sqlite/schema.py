@@ -193,6 +193,11 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS agent_steers_thread_idx ON agent_steers (thread_id, target)",
     ],
+    [
+        # `agent_threads_activity_idx` starts with user_id and serves every lookup by user; every turn's
+        # change of `updated_at` rewrote an entry of this one too (the Postgres schema drops it as well).
+        "DROP INDEX IF EXISTS agent_threads_user_id_idx",
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).

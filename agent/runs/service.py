@@ -1,0 +1,394 @@
+"""`Runs`: this process's side of background runs and resumable streams (see the package docstring).
+
+* `recorder(...)` gives a streamed turn its `Recorder`, which writes the run row and the event log as the
+  turn runs: ops are buffered and written every `FLUSH_SECONDS` (and at the turn's end), so a token-by-token
+  stream costs a few inserts per second, not one per token.
+* A keeper thread (one per process, alive while it has runs) renews the leases of this process's live runs
+  every `CANCEL_POLL_SECONDS` in one statement for all of them, which also says which of them a cancel was
+  asked for (from any replica); those are cancelled here (`LocalRun.cancel`). One statement every half
+  second per process, whatever the number of runs.
+* `follow(...)` replays a run's log from the store and polls it (every `POLL_SECONDS`) until the run ends.
+  Polling, not Postgres `LISTEN/NOTIFY`: it needs no connection held per listener (a listener holds its
+  connection, which transaction-mode PgBouncer does not allow and the pool cannot spare for hundreds of
+  followers), it works the same on SQLite, and a follower that reconnects after a drop loses nothing by
+  construction (it reads from a sequence number). A follower in the process that runs the turn is woken at
+  once by the recorder's write instead of waiting for its next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.error_answers import answer_for
+from agent.errors import AgentError, InvalidRequest, ResponseNotFound, TurnCancelled
+from agent.runs.log import Ops, Replay, decode, encode
+from agent.runs.store import FINAL, Run, RunStore, open_run_store
+from agent.operations.conversations import response_not_found
+from agent.turn_events import StoredResponse, TurnResult, TurnStarted
+
+logger = logging.getLogger(__name__)
+
+#: How long a recorder buffers ops before writing them, in seconds.
+FLUSH_SECONDS = 0.1
+#: How often a follower on another process looks for new events, in seconds.
+POLL_SECONDS = 0.2
+#: How often the keeper looks for cancel requests of this process's runs, in seconds.
+CANCEL_POLL_SECONDS = 0.5
+#: How often `Runs` sweeps runs whose time is up, at most, in seconds.
+SWEEP_EVERY_SECONDS = 60.0
+
+
+class RunCancelled(TurnCancelled):
+    """The run was cancelled (`POST /responses/{id}/cancel`) before or while it ran; nothing was written."""
+
+
+@dataclass
+class LocalRun:
+    """A run of this process: how to stop it (its task, on its loop)."""
+
+    loop: asyncio.AbstractEventLoop
+    task: asyncio.Task | None = None
+    started: bool = False
+
+    def cancel(self) -> None:
+        if self.task is not None and self.started:
+            self.loop.call_soon_threadsafe(self.task.cancel)
+
+
+def response_run_id() -> str:
+    """A background run's response id, made when it is asked for (its checkpoint is named later: `agent.runs`)."""
+    from langgraph.checkpoint.base.id import uuid6
+
+    return f"resp_{uuid6(clock_seq=-1)}"
+
+
+class Runs:
+    """Runs on one storage: recording, following, status, cancel, delete. Thread-safe."""
+
+    def __init__(self, storage: Any, settings: Any, *, keyring: Any = None) -> None:
+        self.settings = settings
+        self.store: RunStore = open_run_store(storage, settings)
+        self.keyring = keyring if keyring is not None else getattr(storage, "keyring", None)
+        self._local: dict[str, LocalRun] = {}
+        self._wakers: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._lock = threading.Lock()
+        self._keeper: threading.Thread | None = None
+        self._closed = threading.Event()
+        self._last_sweep = 0.0
+        self.tasks: set[asyncio.Task] = set()  # background runs' tasks, kept from the garbage collector
+
+    # -- this process's runs ---------------------------------------------------------------------
+    def attach(self, response_id: str, local: LocalRun) -> None:
+        with self._lock:
+            self._local[response_id] = local
+            if self._keeper is None and not self._closed.is_set():
+                self._keeper = threading.Thread(target=self._keep, name="tt-run-keeper", daemon=True)
+                self._keeper.start()
+
+    def local(self, response_id: str) -> LocalRun | None:
+        with self._lock:
+            return self._local.get(response_id)
+
+    def detach(self, response_id: str) -> None:
+        with self._lock:
+            self._local.pop(response_id, None)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _keep(self) -> None:
+        while not self._closed.wait(min(CANCEL_POLL_SECONDS, self.settings.lease_seconds / 3)):
+            with self._lock:
+                local = dict(self._local)
+            if not local:
+                continue
+            try:
+                for response_id in self.store.renew(list(local)):
+                    local[response_id].cancel()
+            except Exception:  # noqa: BLE001 - a database hiccup must not kill the keeper; the lease has slack
+                logger.warning("Could not renew %d run(s)", len(local), exc_info=True)
+
+    def woken(self, response_id: str) -> None:
+        """Wake this process's followers of `response_id` (new rows were written)."""
+        with self._lock:
+            events = list(self._wakers.get(response_id, ()))
+        for loop, event in events:
+            loop.call_soon_threadsafe(event.set)
+
+    # -- starting ----------------------------------------------------------------------------------
+    def recorder(self, parsed: Any, *, background_id: str | None = None) -> Recorder:
+        return Recorder(self, parsed, background_id=background_id)
+
+    def queue(self, parsed: Any) -> str:
+        """Record a background run as `queued`; its response id. Sweeps ended runs now and then."""
+        response_id = response_run_id()
+        self.store.create(Run(response_id, parsed.envelope.user_id, "queued", True, request=request_fields(parsed)))
+        self.maybe_sweep()
+        return response_id
+
+    def sweep_due(self) -> bool:
+        return time.monotonic() - self._last_sweep >= SWEEP_EVERY_SECONDS
+
+    def maybe_sweep(self) -> None:
+        """Sweep runs whose time is up (`RunStore.sweep`), at most every `SWEEP_EVERY_SECONDS`. Never raises."""
+        if self.sweep_due():
+            self._last_sweep = time.monotonic()
+            try:
+                self.store.sweep()
+            except Exception:  # noqa: BLE001 - retried at the next run
+                logger.warning("Could not sweep ended runs", exc_info=True)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def get(self, response_id: str, user_id: str | None) -> Run | None:
+        """The run (as a reader reports it: `Run.seen`) if `user_id` may see it; None when there is no run
+        (a response that was not streamed, or swept).
+
+        Raises:
+            ResponseNotFound: the run is another user's (worded as an unknown id).
+        """
+        run = self.store.get(response_id)
+        if run is None:
+            return None
+        if run.user_id != user_id:  # the ownership rule of threads (`storage.owned_by`), worded as unknown
+            raise response_not_found(response_id)
+        return run.seen()
+
+    def replay(self, run: Run) -> Replay:
+        return Replay(model=self.settings.model, request=run.request, background_id=run.response_id if run.background else None)
+
+    def final_response(self, run: Run) -> dict[str, Any] | None:
+        """The whole response of an ended run, from its log (its `response.completed`); None if it has none."""
+        replay = self.replay(run)
+        last = None
+        for _, payload in self.store.rows(run.response_id, -1):  # after the run's end: one whole-log row
+            for event in replay.feed(decode(payload, self.keyring)[0]):
+                if event["type"] in ("response.completed",):
+                    last = {**event["response"], "custom_outputs": event.get("custom_outputs")}
+        return last
+
+    async def follow(
+        self, response_id: str, user_id: str | None, after: int, in_io: Callable[..., Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The run's stream events with `sequence_number > after`, in order, each once: those stored, then the
+        live ones as they are written, to the run's end (an `error` event if it failed or was cancelled).
+
+        Raises:
+            ResponseNotFound: no such run (not streamed, swept) or another user's.
+        """
+        run = await in_io(self.get, response_id, user_id)
+        if run is None:
+            raise ResponseNotFound(
+                f"Response {response_id!r} has no stored events (it was not streamed, or ended more than "
+                "response_events_seconds ago).", response_id=response_id)  # fmt: skip
+        replay, last_row, fed = self.replay(run), -1, 0  # `fed`: ops replayed, which a whole-log row repeats
+        wake = asyncio.Event()
+        waker = (asyncio.get_running_loop(), wake)
+        with self._lock:
+            self._wakers.setdefault(response_id, []).append(waker)
+        try:
+            while True:
+                rows = await in_io(self.store.rows, response_id, last_row)
+                for seq, payload in rows:
+                    last_row = seq
+                    ops, whole = decode(payload, self.keyring)
+                    ops = ops[fed:] if whole else ops
+                    fed += len(ops)
+                    for event in replay.feed(ops):
+                        if event["sequence_number"] > after:
+                            yield event
+                if replay.ended:
+                    return
+                if run.final:  # ended without a result in its log (lease expired, cancelled while queued)
+                    rows = await in_io(self.store.rows, response_id, last_row)
+                    if not rows:
+                        # A process killed within `FLUSH_SECONDS` of sending events had not stored them: the
+                        # error comes after what the client has.
+                        replay.stream.sequence = max(replay.stream.sequence, after + 1)
+                        yield replay.error(run.code or "server_error", run.reason or f"The response {run.status}.")
+                        return
+                    continue
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    pass
+                run = await in_io(self.get, response_id, user_id) or run
+        finally:
+            with self._lock:
+                waiting = self._wakers.get(response_id, [])
+                if waker in waiting:
+                    waiting.remove(waker)
+                if not waiting:
+                    self._wakers.pop(response_id, None)
+
+    # -- cancel and delete -------------------------------------------------------------------------
+    def cancel(self, response_id: str, user_id: str | None) -> Run:
+        """Stop a queued or running run from any process: nothing of it is written. Waits (up to
+        `lease_seconds` + 5 s) until it has stopped; returns the run as it ended.
+
+        Raises:
+            ResponseNotFound: no such run, or another user's.
+            InvalidRequest: the run had already ended (its status says how); nothing was cancelled.
+        """
+        run = self.get(response_id, user_id)
+        if run is None:
+            raise response_not_found(response_id)
+        if run.status == "queued" and self.store.cancel_queued(response_id):
+            return self.get(response_id, user_id)  # type: ignore[return-value]
+        if not run.final:
+            self.store.request_cancel(response_id)
+            local = self._local.get(response_id)
+            if local is not None:
+                local.cancel()
+            deadline = time.monotonic() + self.settings.lease_seconds + 5
+            while time.monotonic() < deadline:
+                run = self.get(response_id, user_id) or run
+                if run.final:
+                    break
+                time.sleep(0.1)
+        if run.status != "cancelled":
+            raise InvalidRequest(
+                f"Cannot cancel response '{response_id}': it is {run.status}" + (f" ({run.reason})" if run.reason else "")
+                + "; nothing was cancelled.")  # fmt: skip
+        return run
+
+
+def request_fields(parsed: Any) -> dict[str, Any]:
+    """What a run's response objects need of its request (`Replay`)."""
+    envelope = parsed.envelope
+    out: dict[str, Any] = {}
+    if envelope.instructions is not None:
+        out["instructions"] = envelope.instructions
+    if envelope.thread_of_checkpoint:
+        out["previous_response_id"] = f"resp_{envelope.checkpoint_id}"
+    return out
+
+
+class Recorder:
+    """Writes one streamed turn's run row and event log as it runs (`record` each turn event, then `ended`).
+
+    A background run's row exists already (`Runs.queue`); a stream's is written at its `TurnStarted`.
+    Storage work goes through `in_io` (the agent's storage pool), awaited, so the event loop never blocks.
+    """
+
+    def __init__(self, runs: Runs, parsed: Any, *, background_id: str | None) -> None:
+        self.runs = runs
+        self.parsed = parsed
+        self.background_id = background_id
+        self.response_id = background_id
+        self.ops = Ops()
+        #: Every op written so far, in order: the whole log the rows are compacted into at the end.
+        self.written: list[list[Any]] = []
+        self.seq = 0
+        self.flushing: asyncio.Task | None = None
+        self.lock = asyncio.Lock()
+        self.result: TurnResult | StoredResponse | None = None
+        self.in_io: Callable[..., Any] | None = None
+
+    async def record(self, event: Any, in_io: Callable[..., Any]) -> None:
+        """Record one turn event (`TurnStarted` first).
+
+        Raises:
+            RunCancelled: a background run cancelled while it waited for its thread (checked at `TurnStarted`).
+        """
+        self.in_io = in_io
+        if isinstance(event, TurnStarted):
+            if self.background_id is None:
+                self.response_id = event.response_id
+                run = Run(event.response_id, self.parsed.envelope.user_id, "in_progress", False, request=request_fields(self.parsed))
+                await in_io(self.runs.store.create, run)
+                if self.runs.sweep_due():
+                    await in_io(self.runs.maybe_sweep)
+            elif not await in_io(self.runs.store.start, self.background_id):
+                raise RunCancelled(f"The response {self.background_id!r} was cancelled before it started; nothing was written.")
+            local = self.runs.local(self.response_id) if self.background_id is not None else None
+            if local is None:
+                local = LocalRun(asyncio.get_running_loop(), asyncio.current_task())
+                self.runs.attach(self.response_id, local)
+            local.started = True  # from now on a cancel stops its task (before, the cancel is its status)
+        if self.response_id is None:
+            return  # an idempotent replay before any start: nothing runs
+        self.ops.add(event)
+        if isinstance(event, (TurnResult, StoredResponse)):
+            self.result = event
+            await self.flush()
+        elif self.flushing is None:
+            self.flushing = asyncio.ensure_future(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(FLUSH_SECONDS)
+        self.flushing = None
+        await self.flush()
+
+    async def flush(self) -> None:
+        async with self.lock:
+            ops = self.ops.take()
+            if not ops or self.response_id is None:
+                return
+            self.written += ops
+            seq, self.seq = self.seq, self.seq + 1
+            await self.in_io(self.runs.store.append, self.response_id, seq, encode(ops, self.runs.keyring))
+        self.runs.woken(self.response_id)
+
+    async def ended(self, error: BaseException | None, in_io: Callable[..., Any]) -> None:
+        """Record how the turn ended (`error` None: it yielded its result). Never raises."""
+        self.in_io = self.in_io or in_io
+        # `flushing` is set only while `_flush_later` sleeps (it clears it before writing): cancelling it then
+        # stops no write, and the flush below takes its ops. A write in progress holds `lock`, which the flush
+        # below waits for, so rows land in order and a follower never skips one.
+        if self.flushing is not None:
+            self.flushing.cancel()
+            self.flushing = None
+        response_id = self.response_id
+        if response_id is None:  # a stream that ended before its turn started: no run was recorded
+            return
+        try:
+            if self.result is not None:
+                status, reason, code = "completed", None, None
+                custom = self.result.as_dict() if isinstance(self.result, TurnResult) else self.result.custom_outputs
+                if custom.get("status") == "interrupted":
+                    status = "incomplete"
+                thread_id, checkpoint_id = custom.get("thread_id"), custom.get("checkpoint_id")
+            else:
+                status, reason, code = await asyncio.shield(self.in_io(_status_of, error, self.runs, response_id))
+                thread_id = checkpoint_id = None
+                self.ops.failed(code, reason)
+            await asyncio.shield(self._end(response_id, status, reason, code, thread_id, checkpoint_id))
+        except BaseException:  # noqa: BLE001 - the run then reads failed once its lease passes
+            logger.warning("Could not record the end of run %s", response_id, exc_info=True)
+        finally:
+            self.runs.detach(response_id)
+
+    async def _end(self, response_id, status, reason, code, thread_id, checkpoint_id) -> None:  # type: ignore[no-untyped-def]
+        await self.flush()
+        async with self.lock:  # after any flush still running (a pending `_flush_later`)
+            whole = encode(self.written, self.runs.keyring, whole=True) if self.seq else None
+            await self.in_io(lambda: self.runs.store.finish(response_id, status, reason=reason, code=code, thread_id=thread_id,
+                                                            checkpoint_id=checkpoint_id, whole=whole, last_seq=self.seq - 1))  # fmt: skip
+        self.runs.woken(response_id)
+
+
+def _status_of(error: BaseException | None, runs: Runs, response_id: str) -> tuple[str, str, str]:
+    """(status, reason, code) of a run that ended without its result."""
+    if isinstance(error, RunCancelled):
+        return "cancelled", str(error), "cancelled"
+    cancel_asked = False
+    try:
+        run = runs.store.get(response_id)
+        cancel_asked = run is not None and run.cancel_requested
+    except Exception:  # noqa: BLE001
+        pass
+    if cancel_asked:
+        return "cancelled", "Cancelled (POST /responses/{id}/cancel) while it ran; nothing was written.", "cancelled"
+    if error is None or isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        return "cancelled", "The client left the stream, which cancelled the turn; nothing was written.", "client_left"
+    if isinstance(error, AgentError):
+        return "failed", error.message, answer_for(error).openai_code or "server_error"
+    return "failed", f"Internal error ({type(error).__name__}); see the server log.", "server_error"

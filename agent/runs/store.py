@@ -1,0 +1,417 @@
+"""Where runs and their events are kept: `RunStore`, one implementation per backend, on the thread storage's
+own connections (Postgres pool; SQLite's one connection, also for `memory://`).
+
+Two tables, created by the store's own `setup` (`CREATE TABLE IF NOT EXISTS`, on Postgres under a
+transaction-scoped advisory lock so replicas starting together do not race): they hold short-lived data (kept
+`response_events_seconds` after a turn ends, then swept), never a thread's history, so the agent's migrations
+and the "a missing table re-applies everything" rule of setup do not need to know them.
+
+* `agent_runs`: one row per streamed or background turn, keyed by its response id: owner, status, why it
+  ended (`reason`), whether a cancel was asked, its lease (`expires_at`, renewed by the process that runs it;
+  a run whose lease passed was on a process that died: it reads `failed`), and what its response objects
+  need (`request`: instructions, previous_response_id; `checkpoint_id` once committed).
+* `agent_run_events`: the run's event log, in rows numbered from 0 (`seq`), each a compact batch of the turn's
+  events (`agent.runs.log`), written as the turn runs.
+
+Times are the database's clock on Postgres (`clock_timestamp()`: replicas' clocks may differ) and the
+machine's on SQLite (one machine).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The statuses of a run, as OpenAI's `Response.status`.
+FINAL = frozenset({"completed", "failed", "cancelled", "incomplete"})
+LIVE = frozenset({"queued", "in_progress"})
+
+#: Postgres: the advisory lock that serializes creating the run tables (any constant; apart from setup's own).
+RUNS_SETUP_LOCK_KEY = 7_140_213_912
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run (a streamed or background turn) as stored. `expired`: its lease passed while it was live."""
+
+    response_id: str
+    user_id: str | None
+    status: str
+    background: bool
+    thread_id: str | None = None
+    checkpoint_id: str | None = None
+    reason: str | None = None
+    code: str | None = None
+    cancel_requested: bool = False
+    request: dict[str, Any] = field(default_factory=dict)
+    expired: bool = False
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL or self.expired
+
+    def seen(self) -> Run:
+        """The run as a reader reports it: a live run whose lease passed `failed`, saying why."""
+        if self.status in LIVE and self.expired:
+            return Run(**{**self.__dict__, "status": "failed", "code": "lease_expired",
+                          "reason": "The server running this turn stopped (its lease expired); nothing was written."})  # fmt: skip
+        return self
+
+
+class RunStore(ABC):
+    """Runs and their event logs on one database. Every method is a short blocking call; errors propagate
+    as the storage's (`StorageUnavailable`)."""
+
+    def __init__(self, lease_seconds: float, keep_seconds: float) -> None:
+        self.lease_seconds = lease_seconds
+        self.keep_seconds = keep_seconds
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def ensure(self) -> None:
+        if not self._ready:
+            with self._lock:
+                if not self._ready:
+                    self.setup()
+                    self._ready = True
+
+    @abstractmethod
+    def setup(self) -> None:
+        """Create the tables if missing. Idempotent; safe from several processes at once."""
+
+    @abstractmethod
+    def create(self, run: Run) -> None:
+        """Insert `run` with a lease of `lease_seconds`."""
+
+    @abstractmethod
+    def get(self, response_id: str) -> Run | None:
+        """The run, None when unknown (or swept)."""
+
+    @abstractmethod
+    def start(self, response_id: str) -> bool:
+        """queued -> in_progress; False when the run is no longer queued (it was cancelled meanwhile)."""
+
+    @abstractmethod
+    def finish(self, response_id: str, status: str, *, reason: str | None = None, code: str | None = None,
+               thread_id: str | None = None, checkpoint_id: str | None = None, whole: bytes | None = None,
+               last_seq: int = -1) -> None:  # fmt: skip
+        """Record the run's end (`status` one of FINAL); it then expires `keep_seconds` later. With `whole`, in
+        the same transaction, the rows up to `last_seq` are replaced by row `last_seq + 1` holding `whole`
+        (the whole log compacted: `agent.runs.log`)."""
+
+    @abstractmethod
+    def cancel_queued(self, response_id: str) -> bool:
+        """queued -> cancelled, atomically; whether it was queued."""
+
+    @abstractmethod
+    def request_cancel(self, response_id: str) -> bool:
+        """Flag a running run for cancelling (its process stops it); whether it was in progress."""
+
+    @abstractmethod
+    def renew(self, response_ids: Sequence[str]) -> list[str]:
+        """Extend the leases of these live runs; the ids among them whose cancel was asked."""
+
+    @abstractmethod
+    def append(self, response_id: str, seq: int, payload: bytes) -> None:
+        """Add the event log's row `seq` (0, 1, 2, ... in order)."""
+
+    @abstractmethod
+    def rows(self, response_id: str, after: int) -> list[tuple[int, bytes]]:
+        """The event log's rows with `seq > after`, in order."""
+
+    @abstractmethod
+    def delete(self, response_id: str) -> bool:
+        """Delete the run and its events; whether there was one."""
+
+    @abstractmethod
+    def sweep(self) -> int:
+        """Delete runs that ended more than `keep_seconds` ago (and live runs whose lease passed that long
+        ago), with their events; how many runs."""
+
+
+# -- Postgres -----------------------------------------------------------------------------------------
+PG_SETUP_SQL = [
+    "SELECT pg_advisory_xact_lock(%s)" % RUNS_SETUP_LOCK_KEY,
+    """CREATE TABLE IF NOT EXISTS agent_runs (
+        response_id TEXT PRIMARY KEY,
+        user_id TEXT,
+        status TEXT NOT NULL,
+        background BOOLEAN NOT NULL,
+        thread_id TEXT,
+        checkpoint_id TEXT,
+        reason TEXT,
+        code TEXT,
+        cancel_requested BOOLEAN NOT NULL DEFAULT false,
+        request JSONB NOT NULL DEFAULT '{}',
+        expires_at TIMESTAMPTZ NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_runs_expires_idx ON agent_runs (expires_at)",
+    """CREATE TABLE IF NOT EXISTS agent_run_events (
+        response_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        payload BYTEA NOT NULL,
+        PRIMARY KEY (response_id, seq)
+    )""",
+]
+PG_CREATE_SQL = """
+INSERT INTO agent_runs (response_id, user_id, status, background, request, expires_at)
+VALUES (%(response_id)s, %(user_id)s, %(status)s, %(background)s, %(request)s,
+        clock_timestamp() + make_interval(secs => %(lease)s))
+ON CONFLICT DO NOTHING
+"""
+PG_GET_SQL = """
+SELECT response_id, user_id, status, background, thread_id, checkpoint_id, reason, code, cancel_requested, request,
+       expires_at < clock_timestamp() AS expired
+FROM agent_runs WHERE response_id = %s
+"""
+PG_START_SQL = "UPDATE agent_runs SET status = 'in_progress' WHERE response_id = %s AND status = 'queued'"
+PG_FINISH_SQL = """
+UPDATE agent_runs SET status = %(status)s, reason = %(reason)s, code = %(code)s,
+    thread_id = coalesce(%(thread_id)s, thread_id), checkpoint_id = coalesce(%(checkpoint_id)s, checkpoint_id),
+    expires_at = clock_timestamp() + make_interval(secs => %(keep)s)
+WHERE response_id = %(response_id)s AND status IN ('queued', 'in_progress')
+"""
+PG_CANCEL_QUEUED_SQL = """
+UPDATE agent_runs SET status = 'cancelled', reason = %s, code = 'cancelled',
+    expires_at = clock_timestamp() + make_interval(secs => %s)
+WHERE response_id = %s AND status = 'queued' AND expires_at >= clock_timestamp()
+"""
+PG_REQUEST_CANCEL_SQL = """
+UPDATE agent_runs SET cancel_requested = true
+WHERE response_id = %s AND status = 'in_progress' AND expires_at >= clock_timestamp()
+"""
+PG_RENEW_SQL = """
+UPDATE agent_runs SET expires_at = clock_timestamp() + make_interval(secs => %s)
+WHERE response_id = ANY(%s::text[]) AND status IN ('queued', 'in_progress')
+RETURNING response_id, cancel_requested
+"""
+PG_COMPACT_SQL = "DELETE FROM agent_run_events WHERE response_id = %s AND seq <= %s"
+# A retry after a connection lost with the insert committed (`storage.run` retries once) inserts nothing.
+PG_APPEND_SQL = "INSERT INTO agent_run_events (response_id, seq, payload) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+PG_ROWS_SQL = "SELECT seq, payload FROM agent_run_events WHERE response_id = %s AND seq > %s ORDER BY seq"
+PG_DELETE_SQL = """
+WITH events AS (DELETE FROM agent_run_events WHERE response_id = %(id)s)
+DELETE FROM agent_runs WHERE response_id = %(id)s
+"""
+PG_SWEEP_SQL = """
+WITH gone AS (
+    DELETE FROM agent_runs WHERE expires_at < clock_timestamp() - make_interval(secs => %s) RETURNING response_id
+), events AS (DELETE FROM agent_run_events WHERE response_id IN (SELECT response_id FROM gone))
+SELECT count(*) AS n FROM gone
+"""
+# A finished run's expiry is its end + keep_seconds; a live run's is its lease, kept as long again after it passed.
+PG_SWEEP_FINISHED_SQL = """
+WITH gone AS (
+    DELETE FROM agent_runs WHERE status IN ('completed', 'failed', 'cancelled', 'incomplete')
+        AND expires_at < clock_timestamp() RETURNING response_id
+), events AS (DELETE FROM agent_run_events WHERE response_id IN (SELECT response_id FROM gone))
+SELECT count(*) AS n FROM gone
+"""
+
+
+class PostgresRunStore(RunStore):
+    """`RunStore` on a `PostgresThreadStorage`'s pool (`storage.run`: a dead connection is retried once, so
+    every statement here is safe to repeat or is one whose repetition fails harmlessly)."""
+
+    def __init__(self, storage: Any, lease_seconds: float, keep_seconds: float) -> None:
+        super().__init__(lease_seconds, keep_seconds)
+        self.storage = storage
+
+    def _run(self, action: str, work: Any) -> Any:
+        self.ensure()
+        return self.storage.run(action, work)  # on the storage pool's threads: never inside a commit
+
+    def setup(self) -> None:
+        def create(conn: Any) -> None:
+            with conn.transaction():
+                for statement in PG_SETUP_SQL:
+                    conn.execute(statement)
+
+        self.storage.run("create the run tables", create)
+
+    def create(self, run: Run) -> None:
+        params = {"response_id": run.response_id, "user_id": run.user_id, "status": run.status,
+                  "background": run.background, "request": json.dumps(run.request), "lease": self.lease_seconds}  # fmt: skip
+        self._run("record the run", lambda conn: conn.execute(PG_CREATE_SQL, params))
+
+    def get(self, response_id: str) -> Run | None:
+        row = self._run("read the run", lambda conn: conn.execute(PG_GET_SQL, (response_id,)).fetchone())
+        return None if row is None else Run(**row)
+
+    def start(self, response_id: str) -> bool:
+        return self._run("start the run", lambda conn: conn.execute(PG_START_SQL, (response_id,)).rowcount) == 1
+
+    def finish(self, response_id, status, *, reason=None, code=None, thread_id=None, checkpoint_id=None, whole=None, last_seq=-1) -> None:
+        params = {"response_id": response_id, "status": status, "reason": reason, "code": code,
+                  "thread_id": thread_id, "checkpoint_id": checkpoint_id, "keep": self.keep_seconds}  # fmt: skip
+
+        def finish(conn: Any) -> None:
+            with conn.transaction():
+                conn.execute(PG_FINISH_SQL, params)
+                if whole is not None:
+                    conn.execute(PG_COMPACT_SQL, (response_id, last_seq))
+                    conn.execute(PG_APPEND_SQL, (response_id, last_seq + 1, whole))
+
+        self._run("record the run's end", finish)
+
+    def cancel_queued(self, response_id: str) -> bool:
+        params = ("Cancelled (POST /responses/{id}/cancel) before it started; nothing was written.", self.keep_seconds, response_id)
+        return self._run("cancel the run", lambda conn: conn.execute(PG_CANCEL_QUEUED_SQL, params).rowcount) == 1
+
+    def request_cancel(self, response_id: str) -> bool:
+        return self._run("cancel the run", lambda conn: conn.execute(PG_REQUEST_CANCEL_SQL, (response_id,)).rowcount) == 1
+
+    def renew(self, response_ids: Sequence[str]) -> list[str]:
+        rows = self._run("renew runs", lambda conn: conn.execute(PG_RENEW_SQL, (self.lease_seconds, list(response_ids))).fetchall())
+        return [row["response_id"] for row in rows if row["cancel_requested"]]
+
+    def append(self, response_id: str, seq: int, payload: bytes) -> None:
+        self._run("record the run's events", lambda conn: conn.execute(PG_APPEND_SQL, (response_id, seq, payload)))
+
+    def rows(self, response_id: str, after: int) -> list[tuple[int, bytes]]:
+        rows = self._run("read the run's events", lambda conn: conn.execute(PG_ROWS_SQL, (response_id, after)).fetchall())
+        return [(row["seq"], bytes(row["payload"])) for row in rows]
+
+    def delete(self, response_id: str) -> bool:
+        return self._run("delete the run", lambda conn: conn.execute(PG_DELETE_SQL, {"id": response_id}).rowcount) == 1
+
+    def sweep(self) -> int:
+        def sweep(conn: Any) -> int:
+            return conn.execute(PG_SWEEP_FINISHED_SQL).fetchone()["n"] + conn.execute(PG_SWEEP_SQL, (self.keep_seconds,)).fetchone()["n"]
+
+        return self._run("sweep ended runs", sweep)
+
+
+# -- SQLite -------------------------------------------------------------------------------------------
+SQLITE_SETUP_SQL = [
+    """CREATE TABLE IF NOT EXISTS agent_runs (
+        response_id TEXT PRIMARY KEY,
+        user_id TEXT,
+        status TEXT NOT NULL,
+        background INTEGER NOT NULL,
+        thread_id TEXT,
+        checkpoint_id TEXT,
+        reason TEXT,
+        code TEXT,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        request TEXT NOT NULL DEFAULT '{}',
+        expires_at REAL NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_runs_expires_idx ON agent_runs (expires_at)",
+    """CREATE TABLE IF NOT EXISTS agent_run_events (
+        response_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        payload BLOB NOT NULL,
+        PRIMARY KEY (response_id, seq)
+    )""",
+]
+SQLITE_COLUMNS = "response_id, user_id, status, background, thread_id, checkpoint_id, reason, code, cancel_requested, request"
+LIVE_IN = "('queued', 'in_progress')"
+FINAL_IN = "('completed', 'failed', 'cancelled', 'incomplete')"
+
+
+class SqliteRunStore(RunStore):
+    """`RunStore` on a `SqliteThreadStorage`'s one connection (its saver's lock; a short transaction per write)."""
+
+    def __init__(self, storage: Any, lease_seconds: float, keep_seconds: float) -> None:
+        super().__init__(lease_seconds, keep_seconds)
+        self.storage = storage
+
+    def _write(self, statement: str, params: Sequence[Any]) -> int:
+        self.ensure()
+        with self.storage._errors(), self.storage.saver.transaction() as cur:
+            return cur.execute(statement, params).rowcount
+
+    def _read(self, statement: str, params: Sequence[Any]) -> list[tuple]:
+        self.ensure()
+        with self.storage._errors(), self.storage.saver.cursor(transaction=False) as cur:
+            return cur.execute(statement, params).fetchall()
+
+    def setup(self) -> None:
+        self.storage.setup()
+        with self.storage._errors(), self.storage.saver.transaction() as cur:
+            for statement in SQLITE_SETUP_SQL:
+                cur.execute(statement)
+
+    def create(self, run: Run) -> None:
+        self._write(f"INSERT OR IGNORE INTO agent_runs ({SQLITE_COLUMNS}, expires_at) VALUES (?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, ?, ?)",
+                    (run.response_id, run.user_id, run.status, int(run.background), json.dumps(run.request),
+                     time.time() + self.lease_seconds))  # fmt: skip
+
+    def get(self, response_id: str) -> Run | None:
+        rows = self._read(f"SELECT {SQLITE_COLUMNS}, expires_at < ? FROM agent_runs WHERE response_id = ?", (time.time(), response_id))
+        if not rows:
+            return None
+        (rid, user, status, background, thread, checkpoint, reason, code, cancel, request, expired) = rows[0]
+        return Run(rid, user, status, bool(background), thread, checkpoint, reason, code, bool(cancel), json.loads(request), bool(expired))
+
+    def start(self, response_id: str) -> bool:
+        return self._write("UPDATE agent_runs SET status = 'in_progress' WHERE response_id = ? AND status = 'queued'", (response_id,)) == 1
+
+    def finish(self, response_id, status, *, reason=None, code=None, thread_id=None, checkpoint_id=None, whole=None, last_seq=-1) -> None:
+        self.ensure()
+        with self.storage._errors(), self.storage.saver.transaction() as cur:
+            cur.execute(
+                f"""UPDATE agent_runs SET status = ?, reason = ?, code = ?, thread_id = coalesce(?, thread_id),
+                    checkpoint_id = coalesce(?, checkpoint_id), expires_at = ? WHERE response_id = ? AND status IN {LIVE_IN}""",
+                (status, reason, code, thread_id, checkpoint_id, time.time() + self.keep_seconds, response_id),
+            )
+            if whole is not None:
+                cur.execute("DELETE FROM agent_run_events WHERE response_id = ? AND seq <= ?", (response_id, last_seq))
+                cur.execute("INSERT INTO agent_run_events (response_id, seq, payload) VALUES (?, ?, ?)", (response_id, last_seq + 1, whole))
+
+    def cancel_queued(self, response_id: str) -> bool:
+        reason = "Cancelled (POST /responses/{id}/cancel) before it started; nothing was written."
+        return self._write(
+            "UPDATE agent_runs SET status = 'cancelled', reason = ?, code = 'cancelled', expires_at = ? "
+            "WHERE response_id = ? AND status = 'queued' AND expires_at >= ?",
+            (reason, time.time() + self.keep_seconds, response_id, time.time()),
+        ) == 1
+
+    def request_cancel(self, response_id: str) -> bool:
+        return self._write(
+            "UPDATE agent_runs SET cancel_requested = 1 WHERE response_id = ? AND status = 'in_progress' AND expires_at >= ?",
+            (response_id, time.time()),
+        ) == 1
+
+    def renew(self, response_ids: Sequence[str]) -> list[str]:
+        ids = json.dumps(list(response_ids))
+        self._write(f"UPDATE agent_runs SET expires_at = ? WHERE response_id IN (SELECT value FROM json_each(?)) AND status IN {LIVE_IN}",
+                    (time.time() + self.lease_seconds, ids))  # fmt: skip
+        rows = self._read(f"SELECT response_id FROM agent_runs WHERE response_id IN (SELECT value FROM json_each(?)) "
+                          f"AND status IN {LIVE_IN} AND cancel_requested = 1", (ids,))  # fmt: skip
+        return [row[0] for row in rows]
+
+    def append(self, response_id: str, seq: int, payload: bytes) -> None:
+        self._write("INSERT OR IGNORE INTO agent_run_events (response_id, seq, payload) VALUES (?, ?, ?)", (response_id, seq, payload))
+
+    def rows(self, response_id: str, after: int) -> list[tuple[int, bytes]]:
+        rows = self._read("SELECT seq, payload FROM agent_run_events WHERE response_id = ? AND seq > ? ORDER BY seq", (response_id, after))
+        return [(seq, bytes(payload)) for seq, payload in rows]
+
+    def delete(self, response_id: str) -> bool:
+        self.ensure()
+        with self.storage._errors(), self.storage.saver.transaction() as cur:
+            cur.execute("DELETE FROM agent_run_events WHERE response_id = ?", (response_id,))
+            return cur.execute("DELETE FROM agent_runs WHERE response_id = ?", (response_id,)).rowcount == 1
+
+    def sweep(self) -> int:
+        self.ensure()
+        now = time.time()
+        gone = (f"SELECT response_id FROM agent_runs WHERE (status IN {FINAL_IN} AND expires_at < ?) "
+                "OR (expires_at < ?)")  # fmt: skip
+        with self.storage._errors(), self.storage.saver.transaction() as cur:
+            cur.execute(f"DELETE FROM agent_run_events WHERE response_id IN ({gone})", (now, now - self.keep_seconds))
+            return cur.execute(f"DELETE FROM agent_runs WHERE response_id IN ({gone})", (now, now - self.keep_seconds)).rowcount
+
+
+def open_run_store(storage: Any, settings: Any) -> RunStore:
+    """The `RunStore` for the thread storage's backend."""
+    postgres = type(storage).__module__.startswith("agent.storage.postgres")  # without importing psycopg for SQLite
+    cls = PostgresRunStore if postgres else SqliteRunStore
+    return cls(storage, settings.lease_seconds, settings.response_events_seconds)

@@ -1,0 +1,322 @@
+"""The fixed cost of a turn: storage bytes by message size, and a Postgres turn against an in-memory one.
+
+Usage::
+
+    python -m bench.turn_cost [--quick] [--json out.json] [--database-url URL]
+
+(`scripts/bench.py` runs it after `storage`.) Two measurements, each beside the
+reference design of `bench.storage` (the Databricks notebooks' `MessagesState`
++ `PostgresSaver`, and `SqliteSaver` for the file):
+
+* **Storage by message size.** For user messages of `MESSAGE_SIZES` bytes
+  (short, medium, long), one thread of `TURNS` turns with the offline model on
+  each design, on Postgres (every table of a scratch database with indexes and
+  TOAST, `pg_total_relation_size`, after the thread minus before it, each read
+  after a plain `VACUUM`: see `vacuumed_database_bytes`) and on a
+  SQLite file (its size after `VACUUM`, after minus before). The fixed cost of
+  a turn is (bytes added - the UTF-8 bytes of the text of every message the
+  thread holds) / turns: what a turn costs beyond what was said. Both designs
+  ran a warm-up thread first, so the tables' first pages are not counted.
+* **A Postgres turn over an in-memory one.** This project on Postgres and on
+  `memory://`, a new thread each, `LATENCY_TURNS` turns in lockstep (turn t on
+  both before turn t+1, so a busy moment of the machine hits both alike), p50
+  of the last `WINDOW` turns of each; `ROUNDS` times, with the default settings
+  (tracing as `create_agent` resolves it: on only where an MLflow tracking
+  server is configured) and with tracing on into a local MLflow store (what a
+  user who traces gets; both designs traced). The figure is the worst round.
+
+Beside them, the server's own price of a durable commit: the p50 of
+`DURABLE_COMMITS` one-row INSERTs in autocommit (each waits for its WAL flush,
+`synchronous_commit = on`, the default) and of the same with
+`synchronous_commit = off`. A turn commits once, durably, and an in-memory
+turn never waits for a disk, so where the server's flush takes milliseconds
+(a shared or network disk) it alone sets a floor under the ratio.
+
+The offline model answers by quoting the user's messages, so its replies grow
+with the message size; every figure counts the replies' text as message bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.memory import InMemorySaver
+
+from agent.models import OfflineChatModel
+from bench import report
+from bench.databases import scratch_database, server_version
+from bench.storage import _WORDS, Design, Project, Reference, database_bytes, message_bytes, p50_ms
+
+TITLE = "turn cost: fixed storage bytes per turn by message size, Postgres turn / in-memory turn"
+#: User message sizes in bytes (ASCII): short, medium and long chat turns.
+MESSAGE_SIZES = {"short": 200, "medium": 700, "long": 5000}
+#: Turns of each storage thread (a full run, and `--quick`).
+TURNS, QUICK_TURNS = 100, 3
+#: Turns of each latency thread, the window whose p50 is compared, and the rounds.
+LATENCY_TURNS, QUICK_LATENCY_TURNS = 60, 10
+WINDOW = 10
+ROUNDS, QUICK_ROUNDS = 3, 1
+WARMUP_TURNS = 3
+#: The target of the fixed cost of a turn, bytes.
+FIXED_BYTES_TARGET = 500
+#: One-row commits timed for the server's durable-commit figure.
+DURABLE_COMMITS = 200
+
+
+def user_message(turn: int, size: int) -> str:
+    """Deterministic ASCII text of exactly `size` bytes, drawn from a vocabulary (so TOAST cannot hide copies)."""
+    draw = random.Random(turn * 7919 + size)
+    text = f"Turn {turn:05d}:"
+    while len(text) < size:
+        text += " " + draw.choice(_WORDS)
+    return text[:size]
+
+
+def new_thread_id(label: str) -> str:
+    return f"cost-{label}-{uuid.uuid4().hex[:8]}"
+
+
+def run_thread(design: Design, size: int, turns: int, label: str) -> tuple[str, int]:
+    """One new thread of `turns` turns; (its id, the text bytes of its messages at the end)."""
+    thread_id = new_thread_id(label)
+    for turn in range(1, turns + 1):
+        design.turn(thread_id, user_message(turn, size))
+    return thread_id, message_bytes(design.messages(thread_id))
+
+
+def warm_up(design: Design, size: int) -> None:
+    run_thread(design, size, WARMUP_TURNS, "warmup")
+
+
+# -- storage ------------------------------------------------------------------------------
+def vacuumed_database_bytes(url: str) -> int:
+    """`database_bytes` after a plain `VACUUM`: the dead row versions of the rows every turn updates (the
+    thread's record, its claim) become free space, and every table has its free-space and visibility
+    maps already, so neither autovacuum's timing nor those maps' first pages land in one design's figure."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM")
+    return database_bytes(url)
+
+
+def postgres_storage(server_url: str, design_name: str, turns: int) -> dict[str, dict[str, float]]:
+    """For each message size, one thread on the design in one scratch database (bytes after - before)."""
+    out = {}
+    with scratch_database(server_url, "tt_bench_cost") as url:
+        design = Reference.on_postgres(url, OfflineChatModel()) if design_name == "reference" else Project(url)
+        try:
+            for label, size in MESSAGE_SIZES.items():
+                print(f"  storage: {design_name}, {label} messages ({size} B), Postgres ...", flush=True)
+                warm_up(design, size)
+                before = vacuumed_database_bytes(url)
+                _, raw = run_thread(design, size, turns, design_name)
+                added = vacuumed_database_bytes(url) - before
+                out[label] = {"bytes": added, "message_bytes": raw, "fixed_per_turn": (added - raw) / turns}
+        finally:
+            design.close()
+    return out
+
+
+def vacuumed_size(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("VACUUM")
+    conn.close()
+    return path.stat().st_size
+
+
+def sqlite_storage(workdir: Path, design_name: str, size: int, turns: int) -> dict[str, float]:
+    path = workdir / f"{design_name}-{size}-{uuid.uuid4().hex[:6]}.sqlite"
+
+    def open_design() -> Design:
+        if design_name == "reference":
+            return Reference.on_sqlite(str(path), OfflineChatModel())
+        return Project(f"sqlite:///{path}")
+
+    design = open_design()
+    try:
+        warm_up(design, size)
+    finally:
+        design.close()
+    before = vacuumed_size(path)
+    design = open_design()
+    try:
+        _, raw = run_thread(design, size, turns, design_name)
+    finally:
+        design.close()
+    added = vacuumed_size(path) - before
+    return {"bytes": added, "message_bytes": raw, "fixed_per_turn": (added - raw) / turns}
+
+
+def measure_storage(server_url: str, turns: int, workdir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for design_name in ("project", "reference"):
+        for label, found in postgres_storage(server_url, design_name, turns).items():
+            out[f"{design_name}_postgres_{label}"] = found
+        for label, size in MESSAGE_SIZES.items():
+            print(f"  storage: {design_name}, {label} messages ({size} B), SQLite ...", flush=True)
+            out[f"{design_name}_sqlite_{label}"] = sqlite_storage(workdir, design_name, size, turns)
+    return out
+
+
+# -- latency --------------------------------------------------------------------------------
+def commit_p50_ms(server_url: str) -> dict[str, float]:
+    """p50 (ms) of a one-row INSERT in autocommit, with `synchronous_commit` on and off, in a scratch database."""
+    import psycopg
+
+    out = {}
+    with scratch_database(server_url, "tt_bench_cost") as url, psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE commits (n integer)")
+        for setting in ("on", "off"):
+            conn.execute(f"SET synchronous_commit = {setting}")
+            times = []
+            for n in range(DURABLE_COMMITS):
+                start = time.perf_counter()
+                conn.execute("INSERT INTO commits VALUES (%s)", (n,))
+                times.append(time.perf_counter() - start)
+            out[setting] = p50_ms(times)
+    return out
+
+
+def lockstep_round(designs: dict[str, Design], turns: int) -> dict[str, float]:
+    """One new thread per design, in lockstep; p50 (ms) of each design's last `WINDOW` turns."""
+    threads = {name: new_thread_id(name) for name in designs}
+    times: dict[str, list[float]] = {name: [] for name in designs}
+    for turn in range(1, turns + 1):
+        text = user_message(turn, MESSAGE_SIZES["short"])
+        for name, design in designs.items():
+            start = time.perf_counter()
+            design.turn(threads[name], text)
+            times[name].append(time.perf_counter() - start)
+    return {name: p50_ms(values[-WINDOW:]) for name, values in times.items()}
+
+
+class DefaultProject(Project):
+    """This project with `create_agent`'s default settings (tracing resolved as it resolves it)."""
+
+    def __init__(self, url: str, **settings: Any) -> None:
+        from agent import create_agent
+
+        self.agent = create_agent(url, model="offline", **settings)
+
+
+def measure_latency(server_url: str, turns: int, rounds: int, workdir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mode, settings in (("default", {}), ("tracing_on", {"tracing": True}), ("tracing_off", {"tracing": False})):
+        print(f"  latency: Postgres / memory://, {mode}, {rounds} round(s) of {turns} turns ...", flush=True)
+        restore = None
+        if mode == "tracing_on":
+            import mlflow
+
+            restore = os.environ.get("MLFLOW_TRACKING_URI")
+            mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+        try:
+            with scratch_database(server_url, "tt_bench_cost") as url:
+                postgres, memory = DefaultProject(url, **settings), DefaultProject("memory://", **settings)
+                try:
+                    for design in (postgres, memory):
+                        warm_up(design, MESSAGE_SIZES["short"])
+                    found = [lockstep_round({"postgres": postgres, "memory": memory}, turns) for _ in range(rounds)]
+                    out[mode] = {
+                        "tracing": bool(postgres.agent.settings.tracing),
+                        "rounds": found,
+                        "ratios": [r["postgres"] / r["memory"] for r in found],
+                    }
+                finally:
+                    postgres.close()
+                    memory.close()
+        finally:
+            if restore is not None or mode == "tracing_on":
+                import mlflow
+
+                mlflow.set_tracking_uri(restore or "")
+    return out
+
+
+# -- figures ---------------------------------------------------------------------------------
+def figures() -> dict[str, report.Figure]:
+    bytes_, ratio, ms = report.fixed(0, " B"), report.fixed(2), report.fixed(2, " ms")
+    table: dict[str, report.Figure] = {}
+    for backend in ("postgres", "sqlite"):
+        for label, size in MESSAGE_SIZES.items():
+            table[f"fixed_{backend}_{label}"] = report.Figure(
+                f"{backend}: fixed bytes per turn beyond message bytes, {size} B messages",
+                f"<= {FIXED_BYTES_TARGET}",
+                lambda v: v <= FIXED_BYTES_TARGET,
+                bytes_,
+            )
+    table["postgres_vs_memory_default"] = report.Figure(
+        "turn p50 Postgres / memory://, default settings (worst round)", "<= 1.3", lambda v: v <= 1.3, ratio
+    )
+    table["postgres_vs_memory_traced"] = report.Figure(
+        "turn p50 Postgres / memory://, tracing on (worst round)", "<= 1.3", lambda v: v <= 1.3, ratio
+    )
+    table["postgres_vs_memory_untraced"] = report.Figure("turn p50 Postgres / memory://, tracing off (worst round)", fmt=ratio)
+    table["turn_ms_postgres_default"] = report.Figure("Postgres turn p50, default settings (last round)", fmt=ms)
+    table["turn_ms_postgres_traced"] = report.Figure("Postgres turn p50, tracing on (last round)", fmt=ms)
+    table["durable_commit_ms"] = report.Figure("the server's durable one-row commit p50 (its WAL flush)", fmt=ms)
+    return table
+
+
+def run(server_url: str, *, quick: bool = False) -> dict[str, Any]:
+    """Measure both parts; the report (`bench.report.build_report`), with `measurements` holding every number."""
+    turns = QUICK_TURNS if quick else TURNS
+    latency_turns, rounds = (QUICK_LATENCY_TURNS, QUICK_ROUNDS) if quick else (LATENCY_TURNS, ROUNDS)
+    header = report.environment(server_version(server_url))
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tt-bench-cost-") as tmp:
+        storage = measure_storage(server_url, turns, Path(tmp))
+        latency = measure_latency(server_url, latency_turns, rounds, Path(tmp))
+        commits = commit_p50_ms(server_url)
+    values: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    for backend in ("postgres", "sqlite"):
+        for label in MESSAGE_SIZES:
+            ours, ref = storage[f"project_{backend}_{label}"], storage[f"reference_{backend}_{label}"]
+            values[f"fixed_{backend}_{label}"] = ours["fixed_per_turn"]
+            notes[f"fixed_{backend}_{label}"] = (
+                f"{ours['bytes'] / ours['message_bytes']:.2f}x message bytes; reference {ref['fixed_per_turn']:.0f} B, "
+                f"{ref['bytes'] / ref['message_bytes']:.1f}x"
+            )
+    for mode, key in (("default", "postgres_vs_memory_default"), ("tracing_on", "postgres_vs_memory_traced"),
+                      ("tracing_off", "postgres_vs_memory_untraced")):  # fmt: skip
+        values[key] = max(latency[mode]["ratios"])
+        notes[key] = "rounds " + ", ".join(f"{r:.2f}" for r in latency[mode]["ratios"])
+        if mode == "default":
+            notes[key] += f"; tracing {'on' if latency[mode]['tracing'] else 'off'}"
+    values["turn_ms_postgres_default"] = latency["default"]["rounds"][-1]["postgres"]
+    notes["turn_ms_postgres_default"] = f"memory:// {latency['default']['rounds'][-1]['memory']:.2f} ms"
+    values["turn_ms_postgres_traced"] = latency["tracing_on"]["rounds"][-1]["postgres"]
+    notes["turn_ms_postgres_traced"] = f"memory:// {latency['tracing_on']['rounds'][-1]['memory']:.2f} ms"
+    values["durable_commit_ms"] = commits["on"]
+    notes["durable_commit_ms"] = f"{commits['off']:.2f} ms with synchronous_commit = off"
+    return report.build_report(
+        figures(),
+        values,
+        notes=notes,
+        **header,
+        turns=turns,
+        latency_turns=latency_turns,
+        rounds=rounds,
+        message_sizes=MESSAGE_SIZES,
+        measurements={"storage": storage, "latency": latency, "commit_p50_ms": commits},
+        elapsed_seconds=time.perf_counter() - started,
+    )
+
+
+def print_result(result: dict[str, Any]) -> None:
+    report.print_report(TITLE, result)
+
+
+if __name__ == "__main__":
+    sys.exit(report.standalone_main(__doc__, run, print_result))

@@ -1,0 +1,219 @@
+"""Threads stored in the earlier layout read the same after the upgrade to the compact one, and go on.
+
+The compact layout (`agent.storage.deltas` "Compact records", `agent.storage.saver` "Short channel
+versions", `agent.storage.postgres.saver` "Compact rows", the dropped indexes of the migrations) is
+what this release writes; nothing rewrites stored rows. Here a thread is written, its rows are turned
+into the earlier layout (messages as LangChain objects in a `DELTA_KEY` delta, LangGraph's 32-digit
+versions, whole checkpoint documents), the schema is set back to before the new migrations, and a
+new agent must read every checkpoint as before and continue the thread in the thread's own version
+form.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, ChatMessage, HumanMessage, SystemMessage, ToolMessage
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from agent.storage import deltas
+from agent.storage.postgres.migrations import DROPPED_INDEXES
+from agent.storage.postgres.saver import expand_checkpoint
+from agent.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
+from tests.helpers.databases import fresh_database
+
+
+def say(agent, text, **custom_inputs):
+    return agent.predict({"input": [{"role": "user", "content": text}], "custom_inputs": custom_inputs}).custom_outputs
+
+
+class LongVersions:
+    """Each short version mapped to one of LangGraph's long form (`f"{n:032}.{random():016}"`), and back."""
+
+    def __init__(self) -> None:
+        self.long: dict[str, str] = {}
+        self.draw = random.Random(7)
+
+    def __call__(self, version: str) -> str:
+        if version not in self.long:
+            self.long[version] = f"{int(version.split('.')[0]):032}.{self.draw.random():016}"
+        return self.long[version]
+
+    def checkpoint(self, checkpoint: dict) -> dict:
+        return {
+            **checkpoint,
+            "channel_versions": {c: self(v) for c, v in checkpoint["channel_versions"].items()},
+            "versions_seen": {n: {c: self(v) for c, v in seen.items()} for n, seen in checkpoint["versions_seen"].items()},
+        }
+
+
+def earlier_messages_value(value):
+    """A stored `messages` value in the earlier delta layout (messages as LangChain objects)."""
+    if not deltas.is_delta(value):
+        return value
+    base, keep, added = deltas.parts(value)
+    return {deltas.DELTA_KEY: 1, "base": base, "keep": keep, "add": added}
+
+
+#: The indexes the upgrade drops (`DROPPED_INDEXES`), as the previous release had them.
+EARLIER_INDEXES = {
+    "checkpoints_thread_id_idx": ("checkpoints", "thread_id"),
+    "checkpoint_blobs_thread_id_idx": ("checkpoint_blobs", "thread_id"),
+    "checkpoint_writes_thread_id_idx": ("checkpoint_writes", "thread_id"),
+    "agent_threads_user_id_idx": ("agent_threads", "user_id"),
+}
+
+
+def to_earlier_postgres(url: str, serde, versions: LongVersions) -> int:
+    """Rewrite every row of the database in the earlier layout; how many message deltas were rewritten."""
+    rewritten = 0
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        for row in conn.execute("SELECT * FROM checkpoints").fetchall():
+            checkpoint = versions.checkpoint(expand_checkpoint(row["checkpoint"], row["checkpoint_id"], row["metadata"]))
+            conn.execute(
+                "UPDATE checkpoints SET checkpoint = %s WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
+                (Jsonb(checkpoint), row["thread_id"], row["checkpoint_ns"], row["checkpoint_id"]),
+            )
+        for row in conn.execute("SELECT * FROM checkpoint_blobs").fetchall():
+            type_, blob = row["type"], row["blob"]
+            if row["channel"] == "messages" and type_ != "empty":
+                value = serde.loads_typed((type_, bytes(blob)))
+                rewritten += deltas.COMPACT_KEY in value
+                type_, blob = serde.dumps_typed(earlier_messages_value(value))
+            conn.execute(
+                "UPDATE checkpoint_blobs SET version = %s, type = %s, blob = %s "
+                "WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = %s",
+                (versions(row["version"]), type_, blob, row["thread_id"], row["checkpoint_ns"], row["channel"], row["version"]),
+            )
+        # The schema as the previous release left it: its indexes, and the new migrations not applied.
+        for name, (table, column) in EARLIER_INDEXES.items():
+            conn.execute(f"CREATE INDEX {name} ON {table} ({column})")
+        conn.execute("DELETE FROM agent_migrations WHERE v >= (SELECT max(v) - 1 FROM agent_migrations)")
+    return rewritten
+
+
+def to_earlier_sqlite(path: str, serde, versions: LongVersions) -> int:
+    """Rewrite every checkpoint of the file in the earlier layout; how many message deltas were rewritten."""
+    rewritten = 0
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        rows = conn.execute("SELECT thread_id, checkpoint_ns, checkpoint_id, type, checkpoint FROM checkpoints").fetchall()
+        for thread_id, ns, checkpoint_id, type_, blob in rows:
+            checkpoint = versions.checkpoint(serde.loads_typed((type_, blob)))
+            values = checkpoint["channel_values"]
+            if "messages" in values:
+                rewritten += deltas.is_delta(values["messages"]) and deltas.COMPACT_KEY in values["messages"]
+                values["messages"] = earlier_messages_value(values["messages"])
+            type_, blob = serde.dumps_typed(checkpoint)
+            conn.execute(
+                "UPDATE checkpoints SET type = ?, checkpoint = ? WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
+                (type_, blob, thread_id, ns, checkpoint_id),
+            )
+        conn.execute("CREATE INDEX agent_threads_user_id_idx ON agent_threads (user_id)")
+        conn.execute(f"PRAGMA user_version = {len(SQLITE_MIGRATIONS) - 1}")
+    finally:
+        conn.close()
+    return rewritten
+
+
+def reads(agent, thread_id: str) -> dict:
+    """Everything a caller reads of the thread: its record, history, and each checkpoint's messages and state."""
+    history = agent.get_checkpoint_history(thread_id)
+    states = {}
+    for entry in history:
+        config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": entry["checkpoint_id"]}}
+        tup = agent.storage.saver.get_tuple(config)
+        checkpoint = {k: v for k, v in tup.checkpoint.items() if k not in ("channel_versions", "versions_seen")}
+        states[entry["checkpoint_id"]] = {
+            "messages": agent.graph.get_state(config).values.get("messages"),
+            "checkpoint": checkpoint,
+            "metadata": tup.metadata,
+            "parent": tup.parent_config,
+        }
+    record = agent.get_thread(thread_id)
+    return {"history": history, "states": states, "record": json.dumps(record, sort_keys=True, default=str)}
+
+
+def long_form(agent, thread_id: str, checkpoint_id: str) -> set[bool]:
+    """For each channel version of the checkpoint: whether it has LangGraph's long form."""
+    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
+    checkpoint = agent.storage.saver.get_tuple(config).checkpoint
+    found = list(checkpoint["channel_versions"].values())
+    found += [v for seen in checkpoint["versions_seen"].values() for v in seen.values()]
+    return {len(v.split(".")[0]) == 32 for v in found}
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_a_thread_in_the_earlier_layout_reads_the_same_after_the_upgrade_and_goes_on(
+    backend, pg_server_url, tmp_path, make_agent
+):
+    with fresh_database(pg_server_url) as pg:
+        url = pg if backend == "postgres" else f"sqlite:///{tmp_path / 'earlier.sqlite'}"
+        agent = make_agent(url)
+        first = say(agent, "I'm planning a trip")
+        thread_id = first["thread_id"]
+        say(agent, "calculate 6*7", thread_id=thread_id)  # a tool call: messages of four kinds
+        say(agent, "I'm headed to SF", thread_id=thread_id)
+        branch = say(agent, "No, to New York", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])
+        assert long_form(agent, thread_id, branch["checkpoint_id"]) == {False}  # written in the short form
+        before = reads(agent, thread_id)
+        serde = agent.storage.saver.serde
+        agent.close()
+
+        versions = LongVersions()
+        if backend == "postgres":
+            rewritten = to_earlier_postgres(url, serde, versions)
+        else:
+            rewritten = to_earlier_sqlite(str(tmp_path / "earlier.sqlite"), serde, versions)
+        assert rewritten == 4  # each of the four turns wrote one checkpoint, holding a compact delta
+
+        assert set(EARLIER_INDEXES) == set(DROPPED_INDEXES)
+        upgraded = make_agent(url)
+        assert reads(upgraded, thread_id) == before
+        assert long_form(upgraded, thread_id, branch["checkpoint_id"]) == {True}
+        if backend == "postgres":
+            with psycopg.connect(url) as conn:
+                left = conn.execute("SELECT relname FROM pg_class WHERE relname = ANY(%s)", (list(DROPPED_INDEXES),)).fetchall()
+            assert left == []  # the upgrade's migration dropped them again
+        # The thread goes on, in its own (long) version form, on both branches.
+        after = say(upgraded, "Where am I going?", thread_id=thread_id)
+        assert long_form(upgraded, thread_id, after["checkpoint_id"]) == {True}
+        messages = upgraded.graph.get_state({"configurable": {"thread_id": thread_id}}).values["messages"]
+        assert "New York" in messages[-1].text and len(messages) == 6
+        old_branch = before["history"][-2]  # the SF head's ancestor chain is intact
+        again = say(upgraded, "And then?", thread_id=thread_id, checkpoint_id=before["history"][1]["checkpoint_id"])
+        assert long_form(upgraded, thread_id, again["checkpoint_id"]) == {True}
+        assert old_branch["checkpoint_id"] in {e["checkpoint_id"] for e in upgraded.get_checkpoint_history(thread_id)}
+        # A new thread is written in the compact form.
+        fresh = say(upgraded, "A new trip")
+        assert long_form(upgraded, fresh["thread_id"], fresh["checkpoint_id"]) == {False}
+        upgraded.close()
+
+
+class ShoutMessage(HumanMessage):
+    """A subclass of a plain class: stored as the object itself, never as a record of its base class."""
+
+
+def test_every_kind_of_message_reads_back_equal_and_of_its_own_class_from_a_compact_delta():
+    messages = [
+        SystemMessage("be brief", id="s1"),
+        HumanMessage("hi", id="h1", name="ann", additional_kwargs={"x": 1}),
+        AIMessage("", id="a1", tool_calls=[{"name": "calc", "args": {"e": "6*7"}, "id": "c1", "type": "tool_call"}],
+                  usage_metadata={"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}),  # fmt: skip
+        ToolMessage("42", tool_call_id="c1", id="t1", status="success"),
+        AIMessage([{"type": "text", "text": "It is 42."}], id="a2", response_metadata={"model_name": "m"}),
+        ChatMessage("hello", role="critic", id="x1"),
+        ShoutMessage("HEY", id="u1"),
+        AIMessageChunk("partial", id="k1"),
+    ]
+    delta = deltas.encode(messages, None, ())
+    records = delta["a"]
+    assert [isinstance(r, list) for r in records] == [True] * 6 + [False, False]
+    base, keep, added = deltas.parts(delta)
+    assert (base, keep) == (None, 0)
+    assert added == messages and [type(m) for m in added] == [type(m) for m in messages]

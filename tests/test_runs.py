@@ -1,0 +1,119 @@
+"""`agent.runs` on each backend, in process (offline model): a streamed turn's stored log replays the very
+events the stream sent, within its storage bound; `predict` with `custom_inputs.background` runs on without
+its caller; a run's owner alone sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pydantic
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+
+from agent.errors import ResponseNotFound
+from agent.runs.log import DELTA_OVERHEAD
+from agent.serving import run_views
+
+EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+#: Bytes a run's log may take beyond its text and its deltas' lengths (ids, custom_outputs).
+PER_TURN_BYTES = 700
+
+
+def streamed(agent, request: dict) -> list[dict]:
+    async def collect() -> list[dict]:
+        return [event.model_dump(exclude_none=True) async for event in agent.apredict_stream(request, openai_events=True)]
+
+    return asyncio.run(collect())
+
+
+def followed(agent, response_id: str, user_id: str | None, after: int = -1) -> list[dict]:
+    async def collect() -> list[dict]:
+        return [e async for e in agent.runs.follow(response_id, user_id, after, agent.operation_context.in_io)]
+
+    return asyncio.run(collect())
+
+
+@pytest.fixture
+def agent(make_agent, tmp_path):
+    """An offline agent on a SQLite file (the server tests run the same on Postgres)."""
+    return make_agent(f"sqlite:///{tmp_path / 'checkpoints.sqlite'}")
+
+
+def test_a_streamed_turn_is_replayed_from_the_store_as_it_was_sent_within_its_bound(agent):
+    request = {"input": [{"role": "user", "content": "Tell me a long story about the sea " * 20}],
+               "custom_inputs": {"user_id": "alice"}}  # fmt: skip
+    live = streamed(agent, request)
+    for event in live:
+        EVENT.validate_python(event)
+    response_id = live[0]["response"]["id"]
+    assert followed(agent, response_id, "alice") == live
+    assert followed(agent, response_id, "alice", after=3) == live[4:]
+    # The log costs the turn's text, not the stream's five copies of it.
+    text = "".join(e["delta"] for e in live if e["type"] == "response.output_text.delta")
+    deltas = sum(1 for e in live if e["type"] == "response.output_text.delta")
+    stored = sum(len(payload) for _, payload in agent.runs.store.rows(response_id, -1))
+    assert stored <= len(text.encode()) + DELTA_OVERHEAD * deltas + PER_TURN_BYTES
+    assert sum(len(str(e)) for e in live) > 3 * len(text)  # what storing the stream itself would have cost
+    run = agent.runs.get(response_id, "alice")
+    assert run.status == "completed" and run.checkpoint_id == live[-1]["custom_outputs"]["checkpoint_id"]
+    with pytest.raises(ResponseNotFound):
+        agent.runs.get(response_id, "mallory")
+
+
+def test_predict_with_custom_inputs_background_answers_queued_and_the_turn_completes(agent):
+    queued = agent.predict({"input": [{"role": "user", "content": "Hi"}], "custom_inputs": {"background": True}})
+    assert queued.status == "queued" and queued.output == []
+    deadline = time.monotonic() + 20
+    while (run := agent.runs.get(queued.id, None)).status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert run.status == "completed"
+    whole = run_views.retrieve(agent, queued.id, None)
+    Response.model_validate(whole)
+    assert whole["id"] == queued.id and whole["status"] == "completed" and whole["output"][-1]["content"][0]["text"]
+    assert agent.get_checkpoint_state(run.thread_id, run.checkpoint_id)["messages"]  # it was committed
+    # Streamed, a background run's events come from its log, to its end.
+    events = streamed(agent, {"input": "Hi again", "background": True})
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["id"] == events[0]["response"]["id"]
+    # Its id continues from its checkpoint, as the checkpoint's own id does.
+    follow_up = agent.predict({"input": "And then?", "previous_response_id": queued.id})
+    assert follow_up.custom_outputs["parent_checkpoint_id"] == run.checkpoint_id
+
+
+def test_a_streamed_turns_stored_events_are_sealed_when_encryption_is_on(make_agent, tmp_path):
+    from agent.encryption import generate_key
+
+    agent = make_agent(f"sqlite:///{tmp_path / 'sealed.sqlite'}", encryption_key=generate_key())
+    live = streamed(agent, {"input": "Zanzibarian marmalade"})
+    response_id = live[0]["response"]["id"]
+    rows = agent.runs.store.rows(response_id, -1)
+    assert rows and all(b"Zanzibarian" not in payload for _, payload in rows)
+    assert followed(agent, response_id, None) == live
+
+
+def test_ended_runs_are_swept_after_response_events_seconds(make_agent, tmp_path):
+    agent = make_agent(f"sqlite:///{tmp_path / 'swept.sqlite'}", response_events_seconds=0.2)
+    response_id = streamed(agent, {"input": "Hi"})[0]["response"]["id"]
+    assert agent.runs.get(response_id, None).status == "completed"
+    time.sleep(0.3)
+    assert agent.runs.store.sweep() == 1
+    assert agent.runs.get(response_id, None) is None and agent.runs.store.rows(response_id, -1) == []
+
+
+def test_a_stream_its_caller_leaves_reads_cancelled_and_wrote_nothing(agent):
+    async def leave_after_first_delta() -> str:
+        events = agent.apredict_stream({"input": "Tell me about Lisbon " * 10}, openai_events=True)
+        async for event in events:
+            if event.type == "response.output_text.delta":
+                await events.aclose()
+                return response_id
+            if event.type == "response.created":
+                response_id = event.model_dump()["response"]["id"]
+        raise AssertionError("no delta")
+
+    response_id = asyncio.run(leave_after_first_delta())
+    run = agent.runs.get(response_id, None)
+    assert (run.status, run.code, run.checkpoint_id) == ("cancelled", "client_left", None)
+    assert followed(agent, response_id, None)[-1]["code"] == "client_left"
+    assert agent.list_threads() == []  # its new thread was never written
