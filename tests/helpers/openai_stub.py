@@ -10,7 +10,9 @@ the reply quotes the user messages of the request, so tests can see memory.
 When a `calculator` tool is offered and the last message is a user message
 starting with "calculate ", it calls the tool; a last user message "use NAME
 {json arguments}" calls any offered tool NAME with those arguments (none: `{}`);
-after tool messages it repeats their results. It rejects an invalid history with HTTP 400, as the real API does.
+after tool messages it repeats their results. A memory extraction request (its user message starts with
+`EXTRACTION_HEADER`, see agent.memory.extraction) is answered with the JSON it asks for: one new memory per
+"remember that …" line of the user in its conversation. It rejects an invalid history with HTTP 400, as the real API does.
 
 Endpoints:
     GET  /v1/models            two models: `fake` (chat) and `fake-embed` (embeddings); any name is accepted.
@@ -100,6 +102,9 @@ MARKER = "[fake openai] "
 MAX_QUOTED_MESSAGES = 10
 MAX_QUOTED_CHARS = 80
 CALCULATE_PREFIX = "calculate "
+#: The start of a memory extraction request's user message (agent.memory.extraction.KNOWN_HEADER).
+EXTRACTION_HEADER = "Known memories ([memory_id] content):"
+EXTRACTION_FACT = re.compile(r"^user: remember that (?P<fact>.+)$", re.IGNORECASE | re.MULTILINE)
 #: A user message "use NAME {json}" makes the stub call the offered tool NAME.
 USE_TOOL_PREFIX = "use "
 WORDS_PER_CHUNK = 3
@@ -238,6 +243,9 @@ def answer(body: dict[str, Any]) -> dict[str, Any]:
             "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
         }
         return {"role": "assistant", "content": None, "tool_calls": [call]}
+    if last["role"] == "user" and last_text.startswith(EXTRACTION_HEADER):
+        facts = [{"content": m["fact"].strip(), "replaces": None} for m in EXTRACTION_FACT.finditer(last_text)]
+        return {"role": "assistant", "content": json.dumps({"memories": facts})}
     used = _used_tool(last_text, offered) if last["role"] == "user" else None
     if used is not None:
         name, arguments = used

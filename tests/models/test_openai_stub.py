@@ -232,3 +232,13 @@ def test_embeddings_of_an_empty_input_get_400(stub):
     response = httpx.post(f"{stub}/embeddings", json={"model": "fake-embed", "input": []}, timeout=10)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "input"
+
+
+def test_a_memory_extraction_request_is_answered_with_the_json_it_asks_for():
+    """The agent's own extraction request (agent.memory.extraction) gets proposals its parser reads."""
+    from agent.memory.extraction import extraction_request, parse_proposals
+    from tests.helpers.openai_stub import answer
+
+    request = extraction_request([HumanMessage("Hello"), AIMessage("Hi"), HumanMessage("Remember that I am vegetarian")], [])
+    body = {"messages": [{"role": "system" if m.type == "system" else "user", "content": m.text} for m in request]}
+    assert [p.content for p in parse_proposals(answer(body)["content"], [])] == ["I am vegetarian"]

@@ -455,3 +455,184 @@ def test_without_a_user_header_the_page_says_it_acts_as_one_local_user(server, t
             expect(page.get_by_test_id("identity")).to_have_text("One local user (no user header is configured)")
             expect(page.get_by_test_id("thread-row")).to_have_text(re.compile("A laptop's thread"))
             page.close()
+
+
+# -- living with many branches (issue 23): branch records, merge, search, memory as of a checkpoint -----------
+def say(http: httpx.Client, text: str, **custom_inputs) -> dict:
+    """One turn over HTTP (not through the page): its `custom_outputs`."""
+    response = http.post("/responses", json={"model": "agent", "input": [{"role": "user", "content": text}],
+                                             "custom_inputs": custom_inputs})  # fmt: skip
+    assert response.status_code == 200, response.text
+    return response.json()["custom_outputs"]
+
+
+def branch_rows(page) -> list[dict]:
+    return page.evaluate("""() => [...document.querySelectorAll('[data-testid=branch-row]')].map(r => ({
+        checkpoint_id: r.dataset.checkpointId, pinned: r.dataset.pinned === 'true', archived: r.dataset.archived === 'true',
+        label: r.querySelector('[data-testid=branch-label]').textContent || null}))""")
+
+
+def api_rows(http: httpx.Client, thread_id: str, include_archived: bool = False) -> list[dict]:
+    branches = act(http, "list_branches", thread_id=thread_id, include_archived=include_archived)["branches"]
+    return [{key: b[key] for key in ("checkpoint_id", "pinned", "archived", "label")} for b in branches]
+
+
+def rows_match(page, http: httpx.Client, thread_id: str, include_archived: bool = False) -> list[dict]:
+    """Wait until the page's branch list equals `list_branches` (order too); returns it."""
+    deadline = time.monotonic() + 10
+    while True:
+        want, got = api_rows(http, thread_id, include_archived), branch_rows(page)
+        if want == got:
+            return got
+        assert time.monotonic() < deadline, (got, want)
+        time.sleep(0.1)
+
+
+def row(page, checkpoint_id: str):
+    return page.locator(f'[data-testid=branch-row][data-checkpoint-id="{checkpoint_id}"]')
+
+
+def test_branches_are_labelled_pinned_archived_merged_and_deleted_from_the_page(server, shots):
+    from tests.helpers.web import api_view, page_view
+
+    with api(server, "lena") as http:
+        first = say(http, "I'm planning a trip!")
+        thread_id = first["thread_id"]
+        sf = say(http, "I'm headed to SF!", thread_id=thread_id)["checkpoint_id"]
+        ny = say(http, "I'm headed to New York!", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])["checkpoint_id"]
+        page = new_page(server, "lena")
+        page.goto(f"{server.base_url}/?thread={thread_id}")
+        settled(page, http, lambda: thread_id)
+        assert [r["checkpoint_id"] for r in rows_match(page, http, thread_id)] == [ny, sf]
+        # Label and pin the SF branch: the pinned branch is listed first, marked.
+        row(page, sf).get_by_role("button", name="Label").click()
+        row(page, sf).get_by_label("Branch label").fill("SF plan")
+        row(page, sf).get_by_role("button", name="Save label").click()
+        expect(row(page, sf).get_by_test_id("branch-label")).to_have_text("SF plan")
+        row(page, sf).get_by_role("button", name="Pin").click()
+        expect(row(page, sf).get_by_test_id("branch-pinned")).to_be_visible()
+        rows = rows_match(page, http, thread_id)
+        assert rows[0] == {"checkpoint_id": sf, "pinned": True, "archived": False, "label": "SF plan"}
+        page.reload()  # the tree marks the pinned checkpoint (its history entry says so)
+        expect(page.locator(f'[data-testid=tree-node][data-checkpoint-id="{sf}"]')).to_contain_text("★")
+        # Merge the SF branch's messages into the head (New York): the chosen messages, with the provenance.
+        row(page, sf).get_by_role("button", name="Merge into shown").click()
+        page.get_by_test_id("merge-mode-messages").check()
+        only = act(http, "compare_checkpoints", thread_id=thread_id, checkpoint_a=sf, checkpoint_b=ny)["only_a"]
+        expect(page.get_by_test_id("merge-message")).to_have_count(len(only))
+        page.get_by_test_id("merge-message").last.uncheck()  # the SF answer stays out
+        page.get_by_test_id("merge-confirm").click()
+        expect(page.get_by_test_id("merged-from-checkpoint")).to_have_text(sf)
+        settled(page, http, lambda: thread_id)
+        state = act(http, "get_checkpoint_state", thread_id=thread_id)
+        assert state["parent_checkpoint_id"] == ny
+        assert state["merged_from"]["checkpoint_id"] == sf and state["merged_from"]["mode"] == "messages"
+        assert state["merged_from"]["message_ids"] == [only[0]["id"]]
+        assert page_view(page) == api_view(state)
+        assert "⇐" in page.locator(f'[data-testid=tree-node][data-checkpoint-id="{state["checkpoint_id"]}"]').text_content()
+        # Merge it again, as the model's summary (the default mode).
+        row(page, sf).get_by_role("button", name="Merge into shown").click()
+        page.get_by_test_id("merge-confirm").click()
+        expect(page.get_by_test_id("merged-from")).to_contain_text("a summary of")
+        settled(page, http, lambda: thread_id)
+        summary = act(http, "get_checkpoint_state", thread_id=thread_id)
+        assert summary["parent_checkpoint_id"] == state["checkpoint_id"] and summary["merged_from"]["mode"] == "summary"
+        assert page_view(page) == api_view(summary)
+        state = summary
+        page.screenshot(path=str(shots / "web-branch-actions.png"))
+        # Archive hides the SF branch unless "show archived"; unarchive shows it again.
+        row(page, sf).get_by_role("button", name="Archive").click()
+        expect(row(page, sf)).to_have_count(0)
+        assert len(rows_match(page, http, thread_id)) == 1
+        page.get_by_test_id("show-archived").check()
+        assert {"checkpoint_id": sf, "pinned": True, "archived": True, "label": "SF plan"} in rows_match(page, http, thread_id, True)
+        row(page, sf).get_by_role("button", name="Unarchive").click()
+        expect(row(page, sf)).to_have_attribute("data-archived", "false")
+        page.get_by_test_id("show-archived").uncheck()
+        assert len(rows_match(page, http, thread_id)) == 2
+        # Deleting the head's branch is refused in words, and nothing is deleted.
+        before = act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"]
+        head_row = row(page, state["checkpoint_id"])
+        head_row.get_by_role("button", name="Delete").click()
+        head_row.get_by_role("button", name="Yes, delete").click()
+        expect(page.get_by_test_id("branch-error")).to_contain_text("holds the head")
+        assert act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"] == before
+        # Deleting the SF branch removes its checkpoint, from the list, the tree and the API.
+        row(page, sf).get_by_role("button", name="Delete").click()
+        row(page, sf).get_by_role("button", name="Yes, delete").click()
+        expect(row(page, sf)).to_have_count(0)
+        assert [r["checkpoint_id"] for r in rows_match(page, http, thread_id)] == [state["checkpoint_id"]]
+        after = act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"]
+        assert sf not in {e["checkpoint_id"] for e in after} and len(after) == len(before) - 1
+        expect(page.get_by_test_id("tree-node")).to_have_count(len(after))
+    assert page.errors == []
+
+
+def test_search_all_branches_opens_the_thread_at_the_hits_checkpoint(server):
+    from tests.helpers.web import api_view, page_view
+
+    with api(server, "mallory") as http:
+        first = say(http, "Where should we travel?")
+        thread_id = first["thread_id"]
+        say(http, "By train to Lyon", thread_id=thread_id)
+        ferry = say(http, "By ferry to Corsica", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])
+        say(http, "Something else entirely", thread_id=thread_id)
+        say(http, "Another ferry question")  # a second thread
+        page = new_page(server, "mallory")
+        page.goto(server.base_url + "/")
+        page.get_by_test_id("search-all-input").fill("ferry corsica")
+        page.get_by_test_id("search-all-go").click()
+        hits = act(http, "search_threads", query="ferry corsica", limit=20)["hits"]
+        assert hits and {h["thread_id"] for h in hits} == {thread_id}
+        shown = page.get_by_test_id("search-hit")
+        expect(shown).to_have_count(len(hits))
+        titles = {t["thread_id"]: t["title"] for t in act(http, "list_threads", limit=100)["threads"]}
+        for i, hit in enumerate(hits):
+            assert shown.nth(i).get_attribute("data-checkpoint-id") == hit["checkpoint_id"]
+            assert shown.nth(i).get_by_test_id("search-hit-snippet").inner_text() == hit["snippet"]
+            assert shown.nth(i).get_by_test_id("search-hit-title").inner_text() == titles[hit["thread_id"]]
+        hit = next(h for h in hits if h["checkpoint_id"] == ferry["checkpoint_id"])
+        head_before = act(http, "get_head", thread_id=thread_id)["checkpoint_id"]
+        page.locator(f'[data-testid=search-hit][data-message-id="{hit["message_id"]}"]').click()
+        expect(page.get_by_test_id("shown-checkpoint")).to_have_text(hit["checkpoint_id"])
+        assert page.evaluate("location.search") == f"?thread={thread_id}&head={hit['checkpoint_id']}"
+        state = act(http, "get_checkpoint_state", thread_id=thread_id, checkpoint_id=hit["checkpoint_id"])
+        assert page_view(page) == api_view(state)
+        assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] == head_before  # opening writes nothing
+    assert page.errors == []
+
+
+def test_memory_as_of_a_checkpoint_and_extraction_with_a_dry_run_from_the_page(server):
+    page = new_page(server, "kim")
+    page.goto(server.base_url + "/")
+    with api(server, "kim") as http:
+        send(page, "Hello there")
+        thread_id = settled(page, http, lambda: thread_of(page))
+        earlier = act(http, "get_checkpoint_state", thread_id=thread_id)["checkpoint_id"]
+        send(page, "remember that I am vegetarian")
+        settled(page, http, lambda: thread_id)
+        head = act(http, "get_checkpoint_state", thread_id=thread_id)["checkpoint_id"]
+        # The dry run shows the model's proposals and writes nothing.
+        page.get_by_test_id("extract-memories").click()
+        expect(page.get_by_test_id("proposal")).to_have_count(1)
+        dry = act(http, "extract_memories", thread_id=thread_id, checkpoint_id=head, dry_run=True)
+        assert [p["content"] for p in dry["proposals"]] == ["I am vegetarian"]
+        assert "I am vegetarian" in page.get_by_test_id("proposal").inner_text()
+        assert act(http, "list_memories")["memories"] == []
+        # Confirming writes them, with the checkpoint as provenance.
+        page.get_by_test_id("extract-confirm").click()
+        expect(page.get_by_test_id("extraction")).to_contain_text("Written: 1 memory")
+        [memory] = act(http, "list_memories")["memories"]
+        assert memory["content"] == "I am vegetarian" and memory["checkpoint_id"] == head
+        # What the agent knew: at the head, the memory; at the earlier checkpoint, none.
+        page.get_by_test_id("memories-as-of").click()
+        expect(page.get_by_test_id("memory-as-of-row")).to_have_count(1)
+        known = act(http, "list_memories", thread_id=thread_id, as_of_checkpoint=head)["memories"]
+        assert page.get_by_test_id("memory-as-of-row").all_inner_texts() == [m["content"] for m in known]
+        page.goto(f"{server.base_url}/?thread={thread_id}&head={earlier}")
+        expect(page.get_by_test_id("shown-checkpoint")).to_have_text(earlier)
+        page.get_by_test_id("memories-as-of").click()
+        expect(page.get_by_test_id("memory-as-of")).to_contain_text("no memories.")
+        assert act(http, "list_memories", thread_id=thread_id, as_of_checkpoint=earlier)["memories"] == []
+        assert page.get_by_test_id("memory-as-of-row").count() == 0
+    assert page.errors == []

@@ -17,6 +17,10 @@ import { Chat, type ChatControls, ChatContext } from "./Chat";
 import { Sidebar } from "./Sidebar";
 import { TreeView } from "./TreeView";
 import { MemoryPanel } from "./MemoryPanel";
+// Branch records, merge, search across branches, memory as of a checkpoint (issue 23's operations).
+import { BranchActions } from "./BranchActions";
+import { SearchPanel } from "./SearchPanel";
+import { MemoryAsOf } from "./MemoryAsOf";
 import { branchesOffPath, merged, type Running, threadMessages, withEntry, withHead } from "./store";
 
 function readUrl(): { thread: string | null; head: string | null } {
@@ -352,8 +356,18 @@ export function App() {
         </AssistantRuntimeProvider>
       </main>
       <aside className="side">
+        <SearchPanel threads={threads} onOpen={(thread, checkpoint) => open(thread, checkpoint, true)} />
         <TreeView history={history} shown={shown?.checkpoint_id ?? null} onJump={switchTo} threadId={threadId} />
+        <BranchActions
+          threadId={threadId}
+          shown={shown}
+          version={`${history.length}:${shown?.head_checkpoint_id ?? ""}`}
+          onOpen={switchTo}
+          onChanged={(stay) => open(threadId, stay ? shown?.checkpoint_id ?? null : null, false)}
+          onMerged={(state) => applyState(state, true)}
+        />
         <MemoryPanel who={who} />
+        <MemoryAsOf threadId={threadId} checkpointId={shown?.checkpoint_id ?? null} who={who} />
       </aside>
     </div>
   );

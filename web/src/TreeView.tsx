@@ -13,7 +13,9 @@ type Diff = { common_ancestor_checkpoint_id: string | null; only_a: Item[]; only
 function label(entry: HistoryEntry): string {
   if (entry.source === "root") return "(start)";
   const text = entry.last_user_message || entry.last_message || "(no message)";
-  const mark = entry.source === "update" ? "✎ " : "";
+  // Branch records (issue 23): ★ the pinned checkpoint, ⇐ a merge_branch checkpoint.
+  const records = entry as HistoryEntry & { merged_from?: unknown; pinned?: boolean };
+  const mark = (records.pinned ? "★ " : "") + (records.merged_from ? "⇐ " : "") + (entry.source === "update" ? "✎ " : "");
   return mark + (text.length > 22 ? `${text.slice(0, 21)}…` : text);
 }
 
