@@ -52,6 +52,12 @@ class AgentInfoAnswer(BaseModel):
     mlflow_version: str
 
 
+class EmptyBody(BaseModel):
+    """A request body with no fields (`POST /responses/{id}/cancel`): `{}`, or no body at all."""
+
+    model_config = {"extra": "forbid"}
+
+
 class ResponseDeleted(BaseModel):
     """`DELETE /responses/{id}`: the response's run record (status and stream events) is removed; its checkpoint,
     part of the thread's history, is kept and named (`serving.run_views`)."""
@@ -109,7 +115,7 @@ def routes() -> dict[tuple[str, str], RouteDoc]:
         ("get", "/agent/info"): RouteDoc(AgentInfoAnswer, errors=()),
         ("get", "/web/identity"): RouteDoc(WebIdentity, errors=()),
         ("get", "/responses/{response_id}"): RouteDoc(Response, openai=True, errors=(400, 404)),
-        ("post", "/responses/{response_id}/cancel"): RouteDoc(Response, openai=True),
+        ("post", "/responses/{response_id}/cancel"): RouteDoc(Response, EmptyBody, openai=True),
         ("delete", "/responses/{response_id}"): RouteDoc(ResponseDeleted, openai=True),
         ("get", "/responses/{response_id}/input_items"): RouteDoc(ResponseItemList, openai=True, paged=True, errors=(400, 404)),
         ("post", "/conversations"): RouteDoc(Conversation, ConversationCreateParams, openai=True),
@@ -178,7 +184,9 @@ def typed(schema: dict[str, Any], docs: dict[tuple[str, str], RouteDoc]) -> None
             continue
         if doc.request is not None:
             body = {"application/json": {"schema": ref[f"{method} {path} request"]}}
-            operation["requestBody"] = {"required": True, "content": body}
+            # A body without fields (cancel's) may be left out, as the openai client sends none or `{}`.
+            required = not (isinstance(doc.request, type) and issubclass(doc.request, EmptyBody))
+            operation["requestBody"] = {"required": required, "content": body}
         answer: dict[str, Any] = {"application/json": {"schema": ref[f"{method} {path} response"]}}
         if doc.stream is not None:
             answer["text/event-stream"] = {"schema": ref[f"{method} {path} stream"]}
