@@ -117,3 +117,19 @@ def test_a_stream_its_caller_leaves_reads_cancelled_and_wrote_nothing(agent):
     assert (run.status, run.code, run.checkpoint_id) == ("cancelled", "client_left", None)
     assert followed(agent, response_id, None)[-1]["code"] == "client_left"
     assert agent.list_threads() == []  # its new thread was never written
+
+
+@pytest.mark.parametrize("deletion", ["delete_thread", "delete_user_data"])
+def test_deleting_a_thread_or_a_user_deletes_its_runs_and_their_events(agent, deletion):
+    def turn(user: str) -> tuple[str, str]:
+        live = streamed(agent, {"input": [{"role": "user", "content": f"a secret of {user}"}], "custom_inputs": {"user_id": user}})
+        return live[0]["response"]["id"], live[-1]["custom_outputs"]["thread_id"]
+
+    (gone, thread_id), (kept, _) = turn("alice"), turn("bob")
+    assert agent.runs.store.rows(gone, -1)
+    if deletion == "delete_thread":
+        agent.delete_thread(thread_id, user_id="alice")
+    else:
+        agent.delete_user_data("alice")
+    assert agent.runs.store.get(gone) is None and agent.runs.store.rows(gone, -1) == []
+    assert agent.runs.get(kept, "bob").status == "completed" and agent.runs.store.rows(kept, -1)  # another user's stays

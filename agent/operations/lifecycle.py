@@ -104,6 +104,7 @@ def delete_one_thread(context: OperationContext, args: DeleteThreadArgs) -> None
     Raises: `InvalidRequest`, `ThreadNotFound` (unknown, or not the caller's).
     """
     delete_thread(context.storage, args.thread_id, user_id=args.user_id, memories=context.memories)
+    forget_runs(context, thread_id=args.thread_id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +115,18 @@ class UserArgs:
 def delete_all_user_data(context: OperationContext, args: UserArgs) -> list[str]:
     """Delete every thread `user_id` owns and all the user's long-term memories; returns the deleted
     thread ids, sorted."""
-    return delete_user_data(context.storage, args.user_id, memories=context.memories)
+    deleted = delete_user_data(context.storage, args.user_id, memories=context.memories)
+    forget_runs(context, user_id=args.user_id)
+    return deleted
+
+
+def forget_runs(context: OperationContext, *, user_id: str | None = None, thread_id: str | None = None) -> None:
+    """Delete the stored runs (status and stream events, `agent.runs`) of a deleted thread or user: their events
+    hold the turns' text. After the thread's own transaction: a run is kept at most `response_events_seconds`
+    anyway, and one that outlives a failure here is swept then."""
+    from agent.runs.store import open_run_store
+
+    open_run_store(context.storage, context.settings).forget(user_id=user_id, thread_id=thread_id)
 
 
 DELETE_THREAD = Operation(

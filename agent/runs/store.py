@@ -129,6 +129,14 @@ class RunStore(ABC):
         """Delete the run and its events; whether there was one."""
 
     @abstractmethod
+    def forget(self, *, user_id: str | None = None, thread_id: str | None = None) -> int:
+        """Delete every run of `user_id` (when given) or of `thread_id` (when given), with its events: a run's
+        events hold its turn's text, which `delete_thread` and `delete_user_data` promise to remove. How many runs.
+
+        Raises:
+            ValueError: neither is given."""
+
+    @abstractmethod
     def sweep(self) -> int:
         """Delete runs that ended more than `keep_seconds` ago (and live runs whose lease passed that long
         ago), with their events; how many runs."""
@@ -197,6 +205,12 @@ PG_ROWS_SQL = "SELECT seq, payload FROM agent_run_events WHERE response_id = %s 
 PG_DELETE_SQL = """
 WITH events AS (DELETE FROM agent_run_events WHERE response_id = %(id)s)
 DELETE FROM agent_runs WHERE response_id = %(id)s
+"""
+#: `forget`: the runs of a user (`column` user_id) or of a thread (thread_id), with their events.
+PG_FORGET_SQL = """
+WITH gone AS (DELETE FROM agent_runs WHERE {column} = %s RETURNING response_id),
+events AS (DELETE FROM agent_run_events WHERE response_id IN (SELECT response_id FROM gone))
+SELECT count(*) AS n FROM gone
 """
 PG_SWEEP_SQL = """
 WITH gone AS (
@@ -279,6 +293,11 @@ class PostgresRunStore(RunStore):
 
     def delete(self, response_id: str) -> bool:
         return self._run("delete the run", lambda conn: conn.execute(PG_DELETE_SQL, {"id": response_id}).rowcount) == 1
+
+    def forget(self, *, user_id: str | None = None, thread_id: str | None = None) -> int:
+        column, value = _forget_key(user_id, thread_id)
+        statement = PG_FORGET_SQL.format(column=column)
+        return self._run("delete the runs", lambda conn: conn.execute(statement, (value,)).fetchone()["n"])
 
     def sweep(self) -> int:
         def sweep(conn: Any) -> int:
@@ -400,6 +419,14 @@ class SqliteRunStore(RunStore):
             cur.execute("DELETE FROM agent_run_events WHERE response_id = ?", (response_id,))
             return cur.execute("DELETE FROM agent_runs WHERE response_id = ?", (response_id,)).rowcount == 1
 
+    def forget(self, *, user_id: str | None = None, thread_id: str | None = None) -> int:
+        column, value = _forget_key(user_id, thread_id)
+        self.ensure()
+        gone = f"SELECT response_id FROM agent_runs WHERE {column} = ?"
+        with self.storage._errors(), self.storage.saver.transaction() as cur:
+            cur.execute(f"DELETE FROM agent_run_events WHERE response_id IN ({gone})", (value,))
+            return cur.execute(f"DELETE FROM agent_runs WHERE {column} = ?", (value,)).rowcount
+
     def sweep(self) -> int:
         self.ensure()
         now = time.time()
@@ -408,6 +435,15 @@ class SqliteRunStore(RunStore):
         with self.storage._errors(), self.storage.saver.transaction() as cur:
             cur.execute(f"DELETE FROM agent_run_events WHERE response_id IN ({gone})", (now, now - self.keep_seconds))
             return cur.execute(f"DELETE FROM agent_runs WHERE response_id IN ({gone})", (now, now - self.keep_seconds)).rowcount
+
+
+def _forget_key(user_id: str | None, thread_id: str | None) -> tuple[str, str]:
+    """The column and value `forget` deletes by (a fixed column name: never caller text in the SQL)."""
+    if user_id is not None:
+        return "user_id", user_id
+    if thread_id is not None:
+        return "thread_id", thread_id
+    raise ValueError("forget needs a user_id or a thread_id")
 
 
 def open_run_store(storage: Any, settings: Any) -> RunStore:
