@@ -23,7 +23,8 @@ def keyring(*keys: str) -> Keyring:
 def test_a_sealed_text_opens_to_itself_and_holds_none_of_it():
     ring = keyring(A)
     sealed = ring.seal_text("I'm headed to SF!")
-    assert sealed.startswith(SEALED_PREFIX) and "SF" not in sealed
+    # A word of the text, not "SF": two letters turn up in random base64 about once in 60 seals.
+    assert sealed.startswith(SEALED_PREFIX) and "headed" not in sealed
     assert ring.open_text(sealed) == "I'm headed to SF!"
     assert ring.seal_text("I'm headed to SF!") != sealed  # a new nonce each time
 

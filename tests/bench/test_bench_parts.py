@@ -60,6 +60,8 @@ class Run:
     """The JSON file as written: the part's report, or the runner's `{"parts": ..., totals}`."""
     report: dict[str, Any]
     server_url: str
+    before: frozenset[str] = frozenset()
+    """The server's databases before the run: a database another run left (killed) is not this run's."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,11 @@ def databases_left(server_url: str, *, names: list[str] | None = None, like: str
         if names is not None:
             return conn.execute("SELECT datname FROM pg_database WHERE datname = ANY(%s)", (names,)).fetchall()
         return conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (like,)).fetchall()
+
+
+def left_by(run: Run, *, like: str) -> list[str]:
+    """The databases matching `like` that this run made and left (not those that were there before it)."""
+    return [name for (name,) in databases_left(run.server_url, like=like) if name not in run.before]
 
 
 # -- what is specific to each part ---------------------------------------------------------------
@@ -160,7 +167,7 @@ def check_turn_cost(run: Run) -> None:
     latency = result["measurements"]["latency"]
     assert latency["tracing_on"]["tracing"] is True and latency["tracing_off"]["tracing"] is False
     assert all(len(latency[mode]["ratios"]) == turn_cost.QUICK_ROUNDS for mode in latency)
-    assert databases_left(run.server_url, like="tt_bench_cost_%") == []
+    assert left_by(run, like="tt_bench_cost_%") == []
 
 
 def check_streams(run: Run) -> None:
@@ -186,7 +193,7 @@ def check_branches(run: Run) -> None:
     measured = {key: figure["measured"] for key, figure in result["figures"].items()}
     for action in branches.RENDER_ACTIONS:  # include: ["state"] saves the second request's bytes
         assert measured[f"render_{action}_after_kb"] < measured[f"render_{action}_before_kb"]
-    assert databases_left(run.server_url, like="tt_branches_%") == []
+    assert left_by(run, like="tt_branches_%") == []
 
 
 def check_export(run: Run) -> None:
@@ -198,7 +205,7 @@ def check_export(run: Run) -> None:
     assert measured["own_message_bytes"] < measured["document_bytes"]
     assert result["figures"]["document_ratio"]["measured"] == measured["document_bytes"] / measured["own_message_bytes"]
     assert measured["checkpoints"] == 1 + export.QUICK.turns + export.QUICK.branches * (1 + export.BRANCH_TURNS)
-    assert databases_left(run.server_url, like="tt_export_%") == []
+    assert left_by(run, like="tt_export_%") == []
 
 
 def check_search(run: Run) -> None:
@@ -209,7 +216,7 @@ def check_search(run: Run) -> None:
     for prefix in ("pg", "sqlite"):
         assert rows[f"{prefix}_ratio"]["measured"] > 1
         assert rows[f"{prefix}_overhead_per_message"]["measured"] > 0
-    assert databases_left(run.server_url, like="tt_search_%") == []
+    assert left_by(run, like="tt_search_%") == []
 
 
 def check_catalogue(run: Run) -> None:
@@ -217,7 +224,7 @@ def check_catalogue(run: Run) -> None:
     assert result["error"] is None
     assert result["targets_total"] == 1
     assert result["threads"]["large"] == catalogue.QUICK.large and result["threads"]["small"] == catalogue.QUICK.small
-    assert databases_left(run.server_url, like="tt_catalogue_%") == []
+    assert left_by(run, like="tt_catalogue_%") == []
 
 
 def check_context(run: Run) -> None:
@@ -326,6 +333,7 @@ _SLOW = {"branches", "catalogue", "context", "memory", "memory_eval", "startup",
 
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:
+    before = frozenset(name for (name,) in databases_left(server_url, like="tt_%"))
     done = subprocess.run(
         part.command(out, server_url),
         cwd=REPO_ROOT,
@@ -336,7 +344,7 @@ def run_part(part: Part, server_url: str, out: Path) -> Run:
     )
     output = json.loads(out.read_text()) if out.exists() else {}
     result = output.get("parts", {}).get(part.name, {}) if part.via_runner else output
-    return Run(done, output, result, server_url)
+    return Run(done, output, result, server_url, before)
 
 
 @pytest.mark.parametrize(
