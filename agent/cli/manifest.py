@@ -169,6 +169,7 @@ COMMANDS: tuple[dict[str, Any], ...] = (
             {'name': 'source_checkpoint_id', 'type': 'str', 'required': True, 'argument': True, 'help': 'The branch to bring in (its leaf, usually).', 'checkpoint': True},
             {'name': 'target_checkpoint_id', 'type': 'str', 'required': True, 'argument': True, 'help': 'Where the merge checkpoint is written.', 'checkpoint': True},
             {'name': 'mode', 'type': 'str', 'default': 'summary', 'help': 'summary (the model summarizes) or messages.'},
+            {'name': 'message_ids', 'type': 'ids', 'help': 'With mode messages: the source messages.'},
             {'name': 'user_id', 'type': 'str', 'optional': True},
         ),
     },

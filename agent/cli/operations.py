@@ -27,7 +27,7 @@ from agent.cli.outputs import OUTPUTS, show
 from agent.cli.runs import Run, operation_context, registered
 from agent.cli.stores import store_label
 
-_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "pairs": list[str]}
+_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "pairs": list[str], "ids": list[str]}
 
 #: The options every operation's command ends with.
 _SHARED = (
@@ -116,6 +116,8 @@ def run_command(spec: Mapping[str, Any], values: dict[str, Any]) -> None:
     flags = {flag.name: values.pop(flag.name) for flag in (output.flags if output else ())}
     with agent_errors(store=store_label(database_url)):
         values = {name: _from_command_line(name, value) if _is_pairs(spec, name) else value for name, value in values.items()}
+        # A repeatable id option not given is the operation's default (None), not an empty list.
+        values = {name: (tuple(value or ()) or None) if _has_type(spec, name, "ids") else value for name, value in values.items()}
         operation = registered(spec["operation"])
         with operation_context(operation, database_url) as context:
             run = Run(operation, context, values, flags, spec)
@@ -123,7 +125,11 @@ def run_command(spec: Mapping[str, Any], values: dict[str, Any]) -> None:
 
 
 def _is_pairs(spec: Mapping[str, Any], name: str) -> bool:
-    return any(param["name"] == name and param["type"] == "pairs" for param in spec["params"])
+    return _has_type(spec, name, "pairs")
+
+
+def _has_type(spec: Mapping[str, Any], name: str, kind: str) -> bool:
+    return any(param["name"] == name and param["type"] == kind for param in spec["params"])
 
 
 def _from_command_line(name: str, values: list[str] | None) -> dict[str, str] | None:

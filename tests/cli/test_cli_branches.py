@@ -98,3 +98,24 @@ def test_history_tree_labels_each_checkpoint_with_the_user_message_that_led_to_i
 def _root(url: str, thread_id: str) -> str:
     with create_agent(url, model="offline", tracing=False) as agent:
         return agent.get_checkpoint_history(thread_id, limit=1000)[-1]["checkpoint_id"]
+
+
+def test_branch_merge_brings_in_the_chosen_messages_given_by_repeated_message_ids(tmp_path):
+    url = f"sqlite:///{tmp_path / 'merge.sqlite'}"
+    with create_agent(url, model="offline", tracing=False) as agent:
+        first = agent.predict({"input": TRIP[0]}).custom_outputs
+        thread_id = first["thread_id"]
+        target = agent.predict({"input": TRIP[1], "custom_inputs": {"thread_id": thread_id}}).custom_outputs["checkpoint_id"]
+        source = agent.predict({"input": "Lisbon instead", "custom_inputs": {"thread_id": thread_id,
+                                                                          "checkpoint_id": first["checkpoint_id"]}})  # fmt: skip
+        source_id = source.custom_outputs["checkpoint_id"]
+        said = [m for m in agent.get_checkpoint_state(thread_id, source_id)["messages"] if m.get("role") == "user"]
+    chosen = said[-1]["id"]
+
+    result = run_cli("branch", "merge", thread_id, source_id, target, "--mode", "messages", "--message-ids", chosen,
+                     "--database-url", url, cwd=tmp_path)  # fmt: skip
+    assert_clean_success(result)
+    with create_agent(url, model="offline", tracing=False) as agent:
+        state = agent.get_checkpoint_state(thread_id)
+    assert state["merged_from"]["message_ids"] == [chosen] and state["merged_from"]["checkpoint_id"] == source_id
+    assert state["messages"][-1]["content"][0]["text"] == "Lisbon instead"  # the copy, on the target branch
