@@ -76,6 +76,8 @@ class RequestBodyLimits:
             parsed, problem = {}, None  # the openai client's `responses.cancel(id)` sends no body
         else:
             parsed, problem = _json_object(body)
+        if problem is None:
+            problem = _stream_problem(scope.get("path", ""), parsed)
         if problem is not None:
             await _refuse(scope, send, 400, problem)
             return
@@ -106,6 +108,17 @@ class RequestBodyLimits:
                 await _refuse(scope, send, 400, f"The request body is over the limit of {self.max_bytes} bytes")
                 return None
         return b"".join(chunks)
+
+
+def _stream_problem(path: str, parsed: dict) -> str | None:
+    """Why a turn's `stream` is refused, or None. Checked before the route: MLflow's Agent Server picks the
+    streaming handler by the value's truth, so `"stream": "false"` would stream and be refused mid-stream."""
+    if path not in ("/responses", "/invocations") or "stream" not in parsed:
+        return None
+    value = parsed["stream"]
+    if value is None or isinstance(value, bool):
+        return None
+    return f"stream must be true or false, got {json.dumps(value)[:40]}"
 
 
 def _json_object(body: bytes) -> tuple[dict | None, str | None]:

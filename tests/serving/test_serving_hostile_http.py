@@ -67,6 +67,9 @@ def assert_error_body(response: httpx.Response, status: int, error_code: str) ->
         # MLflow's own validator (HTTPException(400, detail=...)): a temperature that is not a number.
         ("POST", "/responses", json.dumps({"input": [], "temperature": "hot"}).encode(), 400, "INVALID_PARAMETER_VALUE"),
         ("POST", "/invocations", json.dumps({"input": 42, "stream": True}).encode(), 400, "INVALID_PARAMETER_VALUE"),
+        # `stream` is read by its truth to pick the streaming handler: anything but a bool is refused first.
+        ("POST", "/responses", json.dumps({"input": "hi", "stream": "false"}).encode(), 400, "INVALID_PARAMETER_VALUE"),
+        ("POST", "/invocations", json.dumps({"input": "hi", "stream": 1}).encode(), 400, "INVALID_PARAMETER_VALUE"),
         # The agent's own errors.
         ("POST", "/responses", json.dumps(request("hi", thread=1)).encode(), 400, "INVALID_PARAMETER_VALUE"),
         ("POST", "/invocations", json.dumps(request(action="get_checkpoint_history", thread_id="nobody")).encode(),
