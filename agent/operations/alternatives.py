@@ -20,12 +20,13 @@ ChatGPT and assistant-ui switch them apart, and so does this module:
   answer (tool calls, their results, the final text) has the same list.
 
 A version is described by its own checkpoint's messages, whichever branch is
-shown. The checkpoints of the shown branch usually need no read: the messages up
-to a position are unchanged from where it first appeared to the checkpoint
-shown, and an ordinary turn holds no more than that. The others (the siblings
-off the branch, and a checkpoint whose later messages a state update replaced
-or removed) are read in one query (`ThreadStorage.get_checkpoints`), only when
-there are any.
+shown, and so is the message's place: an answer kept at its place after an
+in-place replacement of the user message before it (`agent.operations.tree`)
+still lists the regenerations of the user message it answered. The checkpoints
+of the shown branch usually need no read: they hold the shown messages up to
+their length (`ThreadTree.intact`). The others (the siblings off the branch,
+and a checkpoint whose messages a later state update replaced or removed) are
+read in one query (`ThreadStorage.get_checkpoints`), only when there are any.
 """
 
 from __future__ import annotations
@@ -50,40 +51,43 @@ REGENERATIONS = "regenerations"
 def with_alternatives(
     storage: ThreadStorage,
     tree: ThreadTree,
+    chain: Sequence[str],
     messages: Sequence[BaseMessage],
     places: Sequence[MessagePlace],
     *,
     start: int = 0,
 ) -> list[MessagePlace]:
-    """`places[start:]` (one per message of `messages`, from `tree.places`), each with its message's `Alternatives`.
+    """`places[start:]` (one per message of `messages`, the messages of the chain's last checkpoint, from
+    `tree.places`), each with its message's `Alternatives`.
 
     One query for the messages of the siblings off the shown branch, when any message from `start` on
     has siblings (the messages before `start` are what a client already shows: `get_checkpoint_state`'s
     `after_message_id`).
     """
-    # A checkpoint of the shown branch holds the shown messages up to the last one placed at it, and no more
-    # unless a later checkpoint replaced or removed some (then it is read like the siblings off the branch).
-    held: dict[str, Sequence[BaseMessage]] = {}
-    for position, place in enumerate(places):
-        held[place.checkpoint_id] = messages[: position + 1]
-    held = {c: held_ for c, held_ in held.items() if tree.message_count(c) == len(held_)}
+    intact = tree.intact(chain)
+    held: dict[str, Sequence[BaseMessage]] = {
+        place.checkpoint_id: messages[: tree.message_count(place.checkpoint_id)]
+        for place in places
+        if place.checkpoint_id in intact
+    }
     wanted = sorted({s for place in places[start:] for s in place.sibling_checkpoint_ids if s not in held})
     for found in storage.get_checkpoints(tree.thread_id, wanted) if wanted else ():
         held[found.config["configurable"]["checkpoint_id"]] = found.checkpoint["channel_values"].get("messages") or ()
     out = []
     for position, place in enumerate(places[start:], start):
         siblings = [s for s in place.sibling_checkpoint_ids if s in held]  # one deleted meanwhile is left out
+        # The message as its place holds it, with what came before it there.
+        mine = held.get(place.checkpoint_id, messages)
         if messages[position].type == "human":
-            alternatives = _edits(tree, messages, position, place, siblings, held)
+            alternatives = _edits(tree, position, place, siblings, held)
         else:
-            alternatives = _regenerations(tree, messages, position, place, siblings, held)
+            alternatives = _regenerations(tree, mine, position, place, siblings, held)
         out.append(dataclasses.replace(place, alternatives=alternatives))
     return out
 
 
 def _edits(
     tree: ThreadTree,
-    messages: Sequence[BaseMessage],
     position: int,
     place: MessagePlace,
     siblings: Sequence[str],

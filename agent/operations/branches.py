@@ -89,7 +89,7 @@ def get_checkpoint_state(
         fill_kept(storage, tree, tree.chain(since_checkpoint_id))
         offset = min(tree.shared_messages(since_checkpoint_id, target), len(messages))
     if alternatives:
-        places = with_alternatives(storage, tree, messages, places, start=offset)
+        places = with_alternatives(storage, tree, tree.chain(target), messages, places, start=offset)
     else:
         places = places[offset:]
     summary = _summary(thread_id, found, record.head_checkpoint_id)

@@ -10,7 +10,8 @@ run on the async path and follow the thread's multitask strategy for free.
   wrote m, and the model sees X's messages before m, then the new input. That
   starting checkpoint normally holds exactly X's messages before m, and only
   the input is sent; when it does not (a message before m was replaced or
-  removed later on X's branch), the input first resets the state to X's
+  removed later on X's branch, for example in place, which leaves m at its
+  place: `agent.operations.tree`), the input first resets the state to X's
   messages before m (`RemoveMessage(REMOVE_ALL_MESSAGES)`), so the edit never
   brings back what X's branch had replaced.
 * **Regenerate** at X: rerun the model on X's messages up to its last user
@@ -128,13 +129,12 @@ def plan_regenerate(
             thread_id=tree.thread_id,
             checkpoint_id=target,
         )
-    wanted = last_user + 1
     first = tree.first_seen(chain, len(messages))[last_user]
-    # The newest checkpoint on the branch that holds exactly the messages up to the user message (positions up
-    # to `last_user` are unchanged from chain[first] on, so such a checkpoint holds exactly those).
-    for index in range(len(chain) - 1, first - 1, -1):
-        if tree.message_count(chain[index]) == wanted:
-            return TurnStart(chain[index], [])
+    # The newest checkpoint on the branch, from where the user message first appeared, that holds exactly the
+    # messages up to it.
+    holding = tree.newest_holding(chain, last_user + 1, since=first)
+    if holding is not None:
+        return TurnStart(chain[holding], [])
     return _start_before(tree, chain, messages, last_user, [messages[last_user]], what="regenerate")
 
 
@@ -146,7 +146,7 @@ def _start_before(
     if first == 0:
         raise _no_checkpoint_before(tree, chain[0], what)
     start = chain[first - 1]
-    if tree.kept[chain[first]] == position and tree.message_count(start) == position:
+    if tree.holds(chain, first - 1, position):
         return TurnStart(start, new)  # the start holds exactly the messages before `position`
     return TurnStart(start, [RemoveMessage(id=REMOVE_ALL_MESSAGES), *messages[:position], *new])
 

@@ -5,17 +5,22 @@ The tree is built from `CheckpointLink`s (id, parent, `message_count`,
 parent; `agent.storage.summaries`), one cheap index scan of metadata. From it:
 
 * **Where a message first appeared.** Walk the chain of a checkpoint X from X
-  towards the root. Position i of X's messages stayed unchanged through every
-  checkpoint whose `kept_messages` is greater than i; the newest checkpoint on
-  the chain with `kept_messages <= i` is where the message at i (with all
-  messages before it as they are in X) first appeared. An ordinary turn keeps
-  its parent's messages and adds two, so both of its messages first appear at
-  its own checkpoint. An edit in the middle (a message replaced or removed)
-  rewrites everything from that position, so the messages after it count as
-  appearing again there: the conversation before them changed.
+  towards the root. A checkpoint wrote the positions from its `kept_messages`
+  up to its last `kept_trailing` messages; the others it holds as its parent
+  does. The newest checkpoint on the chain that wrote position i is where the
+  message at i first appeared. An ordinary turn keeps its parent's messages
+  and adds two, so both of its messages first appear at its own checkpoint. A
+  removal in the middle shifts the messages after it, so they count as
+  appearing again there. An in-place replacement ("save only":
+  `update_checkpoint_state` with a message's id) keeps the length, and the
+  messages after the replaced one keep their places, so their alternatives
+  stay where they were written (before `kept_trailing`, they lost them).
 * **The checkpoint to branch from** to edit or regenerate a message is the one
   just before that checkpoint on the chain (a thread's root for its first
-  messages), and the message's **siblings** are that checkpoint's children,
+  messages); when a later checkpoint of X's branch replaced a message before
+  it, that checkpoint no longer holds X's messages before it, and the turn
+  starts by resetting them (`agent.operations.edits`). The message's
+  **siblings** are that checkpoint's children,
   oldest first: every alternative written at that point (edits, regenerations,
   branches, state updates). This is LangGraph `useStream`'s message metadata
   (`firstSeenState`, `branch`, `branchOptions`), computed here on the server.
@@ -23,7 +28,7 @@ parent; `agent.storage.summaries`), one cheap index scan of metadata. From it:
   switches to when the user picks that alternative ("< 2/3 >"), like
   `useStream`, which follows the newest child at every later fork.
 
-One pass over the chain assigns every position (O(depth + messages)), so
+One pass over the chain assigns every position (O(depth × replacements + messages)), so
 reading a checkpoint costs the same whatever the number of other branches.
 """
 
@@ -35,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from agent.errors import CheckpointNotFound
 from agent.operations.access import checkpoint_not_found
 from agent.storage import CheckpointLink, ThreadStorage
-from agent.storage.deltas import common_prefix
+from agent.storage.deltas import common_prefix, kept_trailing
 from agent.types import MessagePlace
 
 if TYPE_CHECKING:
@@ -59,6 +64,8 @@ class ThreadTree:
         self.kept: dict[str, int] = {
             link.checkpoint_id: link.kept_messages for link in self.links.values() if link.kept_messages is not None
         }
+        #: `kept_trailing` by checkpoint id, where not 0.
+        self.trailing: dict[str, int] = {link.checkpoint_id: link.kept_trailing for link in self.links.values() if link.kept_trailing}
 
     @classmethod
     def from_rows(cls, thread_id: str, rows: Iterable[Mapping[str, Any]]) -> ThreadTree:
@@ -160,16 +167,63 @@ class ThreadTree:
         Requires `kept` for the chain (see `fill_kept`).
         """
         first = [0] * message_count
-        unassigned = message_count  # positions [0, unassigned) are not assigned yet
+        # The positions not assigned yet, as [start, end) ranges: one, until an in-place replacement splits it.
+        open_ = [(0, message_count)]
         for index in range(len(chain) - 1, 0, -1):
-            if unassigned == 0:
+            if not open_:
                 break
-            kept = self.kept[chain[index]]
-            if kept < unassigned:
-                first[kept:unassigned] = [index] * (unassigned - kept)
-                unassigned = kept
+            checkpoint_id = chain[index]
+            # The positions this checkpoint wrote; the others are its parent's, at the same positions.
+            wrote = (self.kept[checkpoint_id], self.message_count(checkpoint_id) - self.trailing.get(checkpoint_id, 0))
+            still = []
+            for start, end in open_:
+                low, high = max(start, wrote[0]), min(end, wrote[1])
+                if low >= high:
+                    still.append((start, end))
+                    continue
+                first[low:high] = [index] * (high - low)
+                still += [(a, b) for a, b in ((start, low), (high, end)) if a < b]
+            open_ = still
         # What is left first appeared at the chain's oldest checkpoint (0, the default).
         return first
+
+    def newest_holding(self, chain: Sequence[str], count: int, since: int = 0) -> int | None:
+        """The chain index, `since` or later, of the newest checkpoint that holds exactly the first `count`
+        messages of the chain's last checkpoint (none of the checkpoints after it changed them), or None.
+
+        Requires `kept` for the chain (see `fill_kept`).
+        """
+        kept_after = count  # the fewest leading messages the checkpoints after `index` kept, capped at `count`
+        for index in range(len(chain) - 1, since - 1, -1):
+            if kept_after >= count and self.message_count(chain[index]) == count:
+                return index
+            if index:
+                kept_after = min(kept_after, self.kept[chain[index]])
+        return None
+
+    def holds(self, chain: Sequence[str], index: int, count: int) -> bool:
+        """Whether `chain[index]` holds exactly the first `count` messages of the chain's last checkpoint.
+
+        Requires `kept` for the chain (see `fill_kept`).
+        """
+        return self.message_count(chain[index]) == count and all(self.kept[c] >= count for c in chain[index + 1 :])
+
+    def intact(self, chain: Sequence[str]) -> set[str]:
+        """The checkpoints of the chain whose messages are the first messages of the chain's last checkpoint,
+        unchanged (a checkpoint before a replacement in place holds the replaced message as it was).
+
+        Requires `kept` for the chain (see `fill_kept`).
+        """
+        out = set()
+        kept_after = None  # the fewest leading messages the checkpoints after `index` kept
+        for index in range(len(chain) - 1, -1, -1):
+            checkpoint_id = chain[index]
+            if kept_after is None or self.message_count(checkpoint_id) <= kept_after:
+                out.add(checkpoint_id)
+            if index:
+                kept = self.kept[checkpoint_id]
+                kept_after = kept if kept_after is None else min(kept_after, kept)
+        return out
 
     def places(self, chain: Sequence[str], message_count: int) -> list[MessagePlace]:
         """The `MessagePlace` of each message of the chain's last checkpoint, in order."""
@@ -206,7 +260,8 @@ def read_tree(storage: ThreadStorage, thread_id: str) -> ThreadTree:
 
 
 def fill_kept(storage: ThreadStorage, tree: ThreadTree, chain: Sequence[str]) -> None:
-    """Compute `kept_messages` for checkpoints of `chain` written before summaries had it (reads their messages).
+    """Compute `kept_messages` (and `kept_trailing`) for checkpoints of `chain` written before summaries had
+    it (reads their messages).
 
     Raises:
         CheckpointNotFound: a checkpoint of the chain disappeared (the thread was deleted meanwhile).
@@ -215,7 +270,9 @@ def fill_kept(storage: ThreadStorage, tree: ThreadTree, chain: Sequence[str]) ->
         parent = tree.parent(checkpoint_id)
         mine = _messages(storage, tree.thread_id, checkpoint_id)
         theirs = _messages(storage, tree.thread_id, parent) if parent else ()
-        tree.kept[checkpoint_id] = common_prefix(mine, theirs)
+        tree.kept[checkpoint_id] = kept = common_prefix(mine, theirs)
+        if trailing := kept_trailing(mine, theirs, kept):
+            tree.trailing[checkpoint_id] = trailing
 
 
 def places_of(storage: ThreadStorage, tree: ThreadTree, chain: Sequence[str], messages: Sequence[BaseMessage]) -> list[MessagePlace]:

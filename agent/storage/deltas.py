@@ -134,6 +134,23 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     return keep
 
 
+def kept_trailing(a: Sequence[Any], b: Sequence[Any], kept: int) -> int:
+    """How many trailing messages `a` and `b` share after their first `kept` (their common prefix), when
+    both have the same length; 0 when the lengths differ.
+
+    Same length with a shorter prefix is an in-place replacement (`update_checkpoint_state` with a message
+    id): the messages after the replaced ones are unchanged, and the branch tree keeps their places
+    (`agent.operations.tree`). A change of length (a removal, a turn) shifts positions, so nothing after the
+    prefix counts as kept.
+    """
+    if len(a) != len(b):
+        return 0
+    trailing = 0
+    while trailing < len(a) - kept and (a[-1 - trailing] is b[-1 - trailing] or a[-1 - trailing] == b[-1 - trailing]):
+        trailing += 1
+    return trailing
+
+
 def is_message_list(value: Any) -> bool:
     """Whether `value` is stored as a delta: a list of LangChain messages (an empty list included).
 

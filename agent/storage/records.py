@@ -51,6 +51,8 @@ class CheckpointLink:
     parent_checkpoint_id: str | None
     message_count: int
     kept_messages: int | None
+    #: How many of its last messages are its parent's, after `kept_messages` (an in-place replacement).
+    kept_trailing: int = 0
 
 
 @dataclass(frozen=True)

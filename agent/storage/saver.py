@@ -228,15 +228,18 @@ class TurnSaverMixin(SaverThreadOperations):
         values = dict(checkpoint["channel_values"])
         messages = values.get("messages")
         listed = deltas.is_message_list(messages)
-        kept = 0
+        kept = trailing = 0
         if listed:
             base = self._parent_messages(thread_id, checkpoint_ns, parent_id, turn) if parent_id else ()
             values["messages"] = deltas.encode(messages, parent_id, base)
             kept = values["messages"]["k"]
+            trailing = deltas.kept_trailing(messages, base, kept) if kept < len(messages) else 0
             self.message_cache.put(checkpoint["id"], messages)
         parent_summary = summaries.unpack(self._parent_metadata(config, parent_id, turn)) if parent_id else None
         summary = {
-            **summarize(messages if listed else [], checkpoint, self.node_triggers, kept_messages=kept),
+            **summarize(
+                messages if listed else [], checkpoint, self.node_triggers, kept_messages=kept, kept_trailing=trailing
+            ),
             **model_input_summary(configurable.get(TURN_REPORT_KEY), parent_id, parent_summary),
         }
         if parent_id is None:

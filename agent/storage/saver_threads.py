@@ -201,10 +201,12 @@ class SaverThreadOperations:
             new_parent = surviving_ancestor(address)
             messages = _message_list(tup)
             base = _message_list(by_address[(address[0], new_parent)]) if new_parent is not None else None
-            kept = deltas.common_prefix(messages, base) if messages is not None and base is not None else 0
-            tx.rewrite_checkpoint(
-                thread_id, tup, parent_id=new_parent, metadata=summaries.with_fields(tup.metadata, kept_messages=kept)
-            )
+            kept = trailing = 0
+            if messages is not None and base is not None:
+                kept = deltas.common_prefix(messages, base)
+                trailing = deltas.kept_trailing(messages, base, kept)
+            metadata = summaries.with_fields(tup.metadata, kept_messages=kept, kept_trailing=trailing)
+            tx.rewrite_checkpoint(thread_id, tup, parent_id=new_parent, metadata=metadata)
         tx.delete_checkpoints(thread_id, keep=[a for a in by_address if a not in doomed])
         record = tx.thread_record(thread_id)
         if record is None or ("", record.head_checkpoint_id) not in doomed:

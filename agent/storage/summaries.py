@@ -8,7 +8,10 @@ scan whatever the length of the thread.
 
 `kept_messages` is how many of the checkpoint's first messages are its parent's,
 unchanged (the rest were written by this checkpoint: a turn's new messages, or
-everything from the first message an edit replaced or removed). With it and
+everything from the first message an edit replaced or removed). `kept_trailing`,
+stored only when not 0, is how many of the rest, at the end, are the parent's
+too: an in-place replacement (same length) leaves the messages after the
+replaced one where they were. With them and
 `message_count`, the tree of a thread's checkpoints tells where each message of
 a checkpoint first appeared and which checkpoints are its alternatives
 (`agent.operations.tree`) without reading a single message.
@@ -79,6 +82,7 @@ SHORT_NAMES = {
     "next_nodes": "x",
     "ts": "t",
     "kept_messages": "k",
+    "kept_trailing": "kt",
     "model_input_messages": "mi",
     "model_input_tokens": "mt",
     "summary_used": "s",
@@ -194,10 +198,13 @@ def summarize(
     node_triggers: Mapping[str, Sequence[str]],
     *,
     kept_messages: int = 0,
+    kept_trailing: int = 0,
 ) -> dict:
     """The summary stored in a checkpoint's metadata, read by history listings and the branch tree.
 
-    `kept_messages`: how many leading messages the checkpoint shares with its parent.
+    `kept_messages`: how many leading messages the checkpoint shares with its parent; `kept_trailing`: how
+    many of the rest, at the end, are its parent's too (an in-place replacement, `deltas.kept_trailing`),
+    stored only when not 0, as nearly every checkpoint has none.
 
     `next_nodes` applies LangGraph's trigger rule to the checkpoint alone: a
     node runs next when one of its trigger channels holds a value whose version
@@ -222,7 +229,7 @@ def summarize(
         "next_nodes": next_nodes,
         "ts": checkpoint.get("ts"),
         "kept_messages": kept_messages,
-    }
+    } | ({"kept_trailing": kept_trailing} if kept_trailing else {})
 
 
 #: What a root checkpoint keeps of the metadata it is written with: a kept head that a `keep_latest` sweep

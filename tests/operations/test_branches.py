@@ -217,13 +217,47 @@ def test_an_edit_after_a_replaced_message_keeps_the_replacement(agent):
     state = agent.get_checkpoint_state(thread_id)
     first = state["messages"][0]
     replaced = agent.update_checkpoint_state(thread_id, None, [{"role": "user", "content": "I'm planning a cruise!", "id": first["id"]}])
-    last_user = user_item(agent.get_checkpoint_state(thread_id), "Where did I say I'm going?")
-    # The question first appears again at the replacement (the conversation before it changed there).
-    assert last_user["checkpoint_id"] == replaced["checkpoint_id"]
+    after = agent.get_checkpoint_state(thread_id)
+    assert after["messages"][0]["checkpoint_id"] == replaced["checkpoint_id"]
+    last_user = user_item(after, "Where did I say I'm going?")
+    # A replacement in place leaves the messages after it at their places: the question stays where its
+    # turn wrote it, and an edit of it branches from there (its branch_checkpoint_id) ...
+    assert (last_user["checkpoint_id"], last_user["branch_checkpoint_id"]) == (trip["after_turn3"], trip["after_turn2"])
     edited = edit(agent, thread_id, last_user["id"], "Where am I going?")
-    assert outputs(edited)["parent_checkpoint_id"] == trip["after_turn3"]
+    assert outputs(edited)["parent_checkpoint_id"] == trip["after_turn2"]
+    # ... keeping the replacement, which the checkpoint it branches from does not hold.
     said = [t for role, t in texts(agent.get_checkpoint_state(thread_id)) if role == "user"]
     assert said == ["I'm planning a cruise!", "I'm headed to SF!", "Where am I going?"]
+    assert text_of(edited) == _expected_reply(list(zip(["user", "assistant", "user", "assistant", "user"], [
+        "I'm planning a cruise!", after["messages"][1]["content"][0]["text"], "I'm headed to SF!",
+        after["messages"][3]["content"][0]["text"], "Where am I going?"], strict=True)))  # fmt: skip
+
+
+def test_saving_an_early_message_in_place_keeps_the_switchers_of_the_messages_after_it(agent):
+    """The web page's "save only": the messages after the replaced one keep their alternatives."""
+    trip = run_trip(agent)
+    thread_id = trip["thread_id"]
+    again = outputs(regenerate(agent, thread_id))  # the last answer now has two versions
+    before = agent.get_checkpoint_state(thread_id)["messages"]
+    first = before[0]
+    replaced = agent.update_checkpoint_state(thread_id, None, [{"role": "user", "content": "I'm planning a cruise!", "id": first["id"]}])
+    after = agent.get_checkpoint_state(thread_id)["messages"]
+    assert [m["id"] for m in after] == [m["id"] for m in before]
+    assert after[0]["checkpoint_id"] == replaced["checkpoint_id"]
+    def switcher(alternatives: dict) -> tuple:  # latest_checkpoint_id moves to the new leaf, the replacement
+        return alternatives["kind"], alternatives["index"], [(o["checkpoint_id"], o["preview"]) for o in alternatives["options"]]
+
+    for old, new in zip(before[1:], after[1:], strict=True):
+        assert (new["checkpoint_id"], new["branch_checkpoint_id"]) == (old["checkpoint_id"], old["branch_checkpoint_id"])
+        assert switcher(new["alternatives"]) == switcher(old["alternatives"])
+    assert (after[5]["alternatives"]["index"], after[5]["alternatives"]["count"]) == (1, 2)
+    assert after[5]["checkpoint_id"] == again["checkpoint_id"]
+    # Regenerating that answer branches where its alternatives are, and keeps the replaced first message.
+    third = outputs(agent.predict(request(None, thread_id=thread_id, regenerate_message_id=after[5]["id"])))
+    assert third["parent_checkpoint_id"] == trip["after_turn2"]
+    now = agent.get_checkpoint_state(thread_id)
+    assert texts(now)[0] == ("user", "I'm planning a cruise!")
+    assert (now["messages"][5]["alternatives"]["index"], now["messages"][5]["alternatives"]["count"]) == (2, 3)
 
 
 # -- regenerate ---------------------------------------------------------------------------------------

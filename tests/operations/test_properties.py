@@ -127,11 +127,17 @@ class TreeModel:
         return [c for c in self.order if self.parents[c] == checkpoint_id]
 
     def first_seen(self, checkpoint_id: str, position: int) -> int:
-        """The chain index of the oldest checkpoint from which messages[: position + 1] stayed as they are."""
+        """The chain index of the oldest checkpoint from which the message at `position` stayed where it is:
+        each step back, the parent holds the same messages up to it, or (a replacement in place: same length)
+        the same messages from it to the end."""
         chain = self.chain(checkpoint_id)
-        prefix = self.messages[checkpoint_id][: position + 1]
         index = len(chain) - 1
-        while index > 0 and self.messages[chain[index - 1]][: position + 1] == prefix:
+        while index > 0:
+            mine, theirs = self.messages[chain[index]], self.messages[chain[index - 1]]
+            same_before = mine[: position + 1] == theirs[: position + 1]
+            same_after = len(mine) == len(theirs) and mine[position:] == theirs[position:]
+            if not (same_before or same_after):
+                break
             index -= 1
         return index
 
@@ -145,8 +151,9 @@ class TreeModel:
 
     def alternatives(self, checkpoint_id: str, position: int, first: str) -> dict:
         """A message's versions: a user message's distinct user messages at its place among the siblings
-        (several siblings holding one are one version), an answer's siblings answering the same user message."""
-        mine = self.messages[checkpoint_id]
+        (several siblings holding one are one version), an answer's siblings answering the same user message
+        as the answer's place (`first`) holds it."""
+        mine = self.messages[first]
         siblings = self.children(self.parents[first])
         if mine[position][1] == "user":
             versions: list[tuple[Message, list[str]]] = []
@@ -270,7 +277,7 @@ def _regenerate_start(model: TreeModel, at: str, last_user: int) -> str:
     chain = model.chain(at)
     first = model.first_seen(at, last_user)
     for checkpoint_id in reversed(chain[first:]):
-        if len(model.messages[checkpoint_id]) == last_user + 1:
+        if model.messages[checkpoint_id] == model.messages[at][: last_user + 1]:
             return checkpoint_id
     return chain[first - 1]
 

@@ -39,7 +39,7 @@ MESSAGE_TYPES = frozenset({"human", "ai", "system", "tool"})
 WRITE_MESSAGE_TYPES = MESSAGE_TYPES | {"remove"}
 #: Metadata the saver derives again from the checkpoint when it writes it (`storage.summaries`).
 DERIVED_METADATA = frozenset(
-    {"message_count", "last_message", "last_user_message", "next_nodes", "ts", "kept_messages", "branch_usage"}
+    {"message_count", "last_message", "last_user_message", "next_nodes", "ts", "kept_messages", "kept_trailing", "branch_usage"}
 )
 
 Version = str | int | float

@@ -141,7 +141,8 @@ def summary_field(name: str, *, index: int | None = None) -> str:
 # The thread's tree from the metadata summaries, without reading messages or whole metadata documents.
 CHECKPOINT_LINKS_SQL = f"""
 SELECT checkpoint_id, parent_checkpoint_id, COALESCE(({summary_field("message_count")} #>> '{{}}')::int, 0) AS message_count,
-    ({summary_field("kept_messages")} #>> '{{}}')::int AS kept_messages
+    ({summary_field("kept_messages")} #>> '{{}}')::int AS kept_messages,
+    COALESCE(({summary_field("kept_trailing")} #>> '{{}}')::int, 0) AS kept_trailing
 FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''
 """
 SET_HEAD_SQL = """

@@ -103,7 +103,8 @@ def summary_field(name: str, *, index: int | None = None) -> str:
 
 
 CHECKPOINT_LINKS_SQL = f"""
-SELECT checkpoint_id, parent_checkpoint_id, {summary_field("message_count")}, {summary_field("kept_messages")}
+SELECT checkpoint_id, parent_checkpoint_id, {summary_field("message_count")}, {summary_field("kept_messages")},
+    {summary_field("kept_trailing")}
 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ''
 """
 # The thread a checkpoint id names: the one agent_checkpoint_ids registers it to, else (an id no commit

@@ -328,7 +328,7 @@ class SqliteThreadStorage(ThreadStorage):
 
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         rows = self._read(lambda cur: cur.execute(sql.CHECKPOINT_LINKS_SQL, (thread_id,)).fetchall())
-        return [CheckpointLink(cid, parent, count or 0, kept) for cid, parent, count, kept in rows]
+        return [CheckpointLink(cid, parent, count or 0, kept, trailing or 0) for cid, parent, count, kept, trailing in rows]
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return self._read(lambda cur: reads.threads_of_user(cur, user_id))
