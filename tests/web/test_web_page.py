@@ -636,3 +636,25 @@ def test_memory_as_of_a_checkpoint_and_extraction_with_a_dry_run_from_the_page(s
         assert act(http, "list_memories", thread_id=thread_id, as_of_checkpoint=earlier)["memories"] == []
         assert page.get_by_test_id("memory-as-of-row").count() == 0
     assert page.errors == []
+
+
+def test_save_only_on_the_first_message_keeps_the_switchers_after_it(server):
+    """An in-place edit of an early message leaves the later messages' "< i/n >" where they were."""
+    page = new_page(server, "alice")
+    page.goto(server.base_url + "/")
+    with api(server, "alice") as http:
+        send(page, "I'm headed to Lisbon!")
+        thread_id = settled(page, http, lambda: thread_of(page))
+        send(page, "What should I see?")
+        settled(page, http, lambda: thread_id)
+        page.get_by_test_id("regenerate").last.click()
+        view = settled(page, http, lambda: thread_id, view=True)
+        assert view[-1]["count"] == "2/2"
+        page.get_by_test_id("edit").first.click()
+        page.get_by_test_id("edit-input").fill("I'm headed to Porto!")
+        page.get_by_test_id("save-only").click()
+        page.locator(".text-part", has_text="I'm headed to Porto!").wait_for(timeout=10_000)
+        view = settled(page, http, lambda: thread_id, view=True)
+        assert view[0]["text"] == "I'm headed to Porto!"
+        assert view[-1]["count"] == "2/2"  # the regenerated answer keeps its switcher
+    assert page.errors == []
