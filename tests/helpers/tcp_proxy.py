@@ -81,15 +81,19 @@ class ProxyServer:
             self.server.close()
             self.server = None
 
-    def cut(self) -> None:
-        for writer in list(self.writers):
-            _abort(writer)
+    async def cut(self) -> None:
+        writers = list(self.writers)
         self.writers.clear()
+        for writer in writers:
+            _abort(writer)
+        # abort() closes the socket on the loop's next pass (connection_lost); the control's answer must not
+        # go out before that, or the test may use a connection it believes dead while it still works.
+        await asyncio.gather(*(writer.wait_closed() for writer in writers), return_exceptions=True)
 
     async def command(self, name: str) -> str:
         if name == "stop":
             await self.stop_listening()
-            self.cut()
+            await self.cut()
             self.forwarding.set()
         elif name == "start":
             await self.listen()
@@ -98,7 +102,7 @@ class ProxyServer:
             await self.listen()
             self.forwarding.clear()
         elif name == "cut":
-            self.cut()
+            await self.cut()
         elif name != "status":
             return f"error unknown command {name!r}; known: {' '.join(COMMANDS)}"
         mode = "stopped" if self.server is None else "forwarding" if self.forwarding.is_set() else "blackholed"
