@@ -158,3 +158,11 @@ def test_a_newer_turn_that_interrupts_the_thread_stops_the_merge_with_nothing_wr
     history = agent.get_checkpoint_history(ids["thread_id"])
     assert not any(entry.get("merged_from") for entry in history)
     assert outputs(newer)["parent_checkpoint_id"] == ids["ny"] == history[1]["checkpoint_id"]
+
+
+def test_a_merge_counts_as_a_turn_for_admission_and_tracing_and_a_read_does_not():
+    from agent.requests import asks_for_turn
+
+    assert asks_for_turn({"custom_inputs": {"action": "merge_branch"}}) is True
+    assert asks_for_turn({"input": "hi"}) is True
+    assert asks_for_turn({"custom_inputs": {"action": "get_checkpoint_history"}}) is False
