@@ -7,7 +7,9 @@ objects with MLflow's types (`agent.response_events`). It holds no memory or
 branching logic; the time-travel methods are `Agent`'s.
 
 * One body: `_aevents` is the turn (or action) as an async iterator of
-  Responses stream events. `apredict` / `apredict_stream` (the HTTP server's,
+  Responses stream events. An action that is a turn (`Operation.stream`:
+  `merge_branch`) goes the turn's way (`_turn_events`): streamed token by token,
+  recorded for resuming, answered with its messages as `output`. `apredict` / `apredict_stream` (the HTTP server's,
   on its event loop: the model call is awaited and no thread is held while it
   runs) iterate it; `predict` / `predict_stream` (MLflow's interface for
   in-process callers and `mlflow models serve`) iterate the same body through

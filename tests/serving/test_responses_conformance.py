@@ -219,6 +219,11 @@ def test_a_merge_streams_like_a_turn_events_that_validate_and_the_clients_helper
     assert [item.type for item in final.output] == ["message"] and final.output_text.startswith(SUMMARY_PREFIX)
     assert "SF" in final.output_text and sum(event["type"] == "response.output_text.delta" for event in events) >= 3
     assert events[-1]["custom_outputs"]["parent_checkpoint_id"] == ny["checkpoint_id"]
+    # Recorded like a turn's stream: it can be resumed from the start, and retrieved whole.
+    resumed = server.http.get(f"/responses/{final.id}", params={"stream": "true", "starting_after": "-1"})
+    replay = [json.loads(line[6:]) for line in resumed.text.splitlines() if line.startswith("data: ") and line[6:] != "[DONE]"]
+    assert [event["type"] for event in replay] == [event["type"] for event in events]
+    assert Response.model_validate(server.http.get(f"/responses/{final.id}").json()).output_text == final.output_text
     # `/invocations` keeps MLflow's stream, as for a turn.
     again = {**merge, "checkpoint_id": events[-1]["custom_outputs"]["checkpoint_id"]}
     mlflow = streamed(server, input=[], custom_inputs=again, path="/invocations")
