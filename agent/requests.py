@@ -48,7 +48,7 @@ from agent.dialect import AS_SENT, OPENAI_CUSTOM_KEYS, SCHEMA_FIELDS, openai_fie
 from agent.operations.envelope import Envelope
 from agent.operations.idempotency import request_fingerprint
 from agent.operations.operation import Operation, from_request
-from agent.operations.registry import ACTION_NAMES, ACTIONS, TURN
+from agent.operations.registry import ACTION_NAMES, ACTIONS, TURN, TURN_ACTIONS
 from agent.operations.turn_options import TURN_KEYS, parse_turn_options
 from agent.validation import check_id, check_strategy, check_user_id, encoded_size
 
@@ -256,13 +256,14 @@ def action_name(custom_inputs: Mapping[str, Any]) -> Any:
 
 def asks_for_turn(raw: Mapping[str, Any]) -> bool:
     """Whether the raw request (a JSON object, not yet parsed) asks for a turn, by `parse_request`'s rule:
-    no `custom_inputs.action`, or `"turn"`. For the server's turn admission (`serving.admission`), which
-    decides before the request is parsed; a request that is neither a turn nor an action is refused by
+    no `custom_inputs.action`, or `"turn"`, or an action that runs as a turn (`registry.TURN_ACTIONS`:
+    `merge_branch`). For the server's turn admission (`serving.admission`), which decides before the
+    request is parsed, and for tracing; a request that is neither a turn nor an action is refused by
     `parse_request` later."""
     custom = raw.get("custom_inputs")
     if custom is None:
         return True
-    return isinstance(custom, Mapping) and action_name(custom) == TURN
+    return isinstance(custom, Mapping) and action_name(custom) in TURN_ACTIONS
 
 
 def _approval_responses(items: list[Any], custom: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

@@ -31,6 +31,8 @@ The wire format is OpenAI's whole (`openai.types.responses.Response` and
   one delta.
 * An action (`custom_inputs.action`) answers with a response whose `output` is empty and whose
   results are in `custom_outputs`; streamed, its three lifecycle events come at once, when it is done.
+  Except an action that is a turn (`Operation.stream`: `merge_branch`): it yields a turn's events,
+  so its response and its stream are a turn's, made here the same way.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ objects with MLflow's types (`agent.response_events`). It holds no memory or
 branching logic; the time-travel methods are `Agent`'s.
 
 * One body: `_aevents` is the turn (or action) as an async iterator of
-  Responses stream events. `apredict` / `apredict_stream` (the HTTP server's,
+  Responses stream events. An action that is a turn (`Operation.stream`:
+  `merge_branch`) goes the turn's way (`_turn_events`): streamed token by token,
+  recorded for resuming, answered with its messages as `output`. `apredict` / `apredict_stream` (the HTTP server's,
   on its event loop: the model call is awaited and no thread is held while it
   runs) iterate it; `predict` / `predict_stream` (MLflow's interface for
   in-process callers and `mlflow models serve`) iterate the same body through
@@ -212,12 +214,12 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         context = self.operation_context
         model = self.settings.model
         parsed = await context.in_io(self._resolved, parsed)
-        if not parsed.is_turn:
+        if not parsed.is_turn and parsed.operation.stream is None:
             outputs = await context.in_io(self._run_action, parsed)
             return response([], outputs, None, model=model)
         output: list[dict] = []
         result: TurnResult | None = None
-        async for event in context.turns.arun(_turn_args(parsed), stream_tokens=False):  # consumed to its end
+        async for event in self._turn_events(parsed, stream_tokens=False):  # consumed to its end
             if isinstance(event, NewMessages):
                 output.extend(to_output_items(event.messages))
             elif isinstance(event, TurnResult):
@@ -241,12 +243,12 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         error: BaseException | None = None
         try:
             parsed = stream.parsed = await context.in_io(self._resolved, parsed)
-            if not parsed.is_turn:
+            if not parsed.is_turn and parsed.operation.stream is None:
                 outputs = await context.in_io(self._run_action, parsed)
                 for event in action_events(outputs, model=self.settings.model, lifecycle=lifecycle):
                     yield event
                 return
-            async with contextlib.aclosing(context.turns.arun(_turn_args(parsed), stream_tokens=True)) as turn:
+            async with contextlib.aclosing(self._turn_events(parsed, stream_tokens=True)) as turn:
                 async for event in turn:
                     event = await self._finished(self._tagged(event, parsed), parsed)
                     if recorder is not None:
@@ -291,6 +293,17 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             return ResponsesAgentResponse(**fields, custom_outputs={"response_id": response_id, "background": True})
 
     # -- internals -------------------------------------------------------------------------
+    def _turn_events(self, parsed: ParsedRequest, *, stream_tokens: bool) -> AsyncIterator[Any]:
+        """The events of the turn `parsed` asks for: a turn's (`TurnRunner.arun`), or those of an operation that
+        is a turn (`Operation.stream`: `merge_branch`), which are streamed and answered the same way."""
+        context = self.operation_context
+        if parsed.is_turn:
+            return context.turns.arun(_turn_args(parsed), stream_tokens=stream_tokens)
+        envelope = parsed.envelope
+        if envelope.thread_id is not None:
+            tag_trace(envelope.thread_id, user_id=envelope.user_id)
+        return parsed.operation.stream(context, parsed.args, stream_tokens=stream_tokens)
+
     def _bridge(self) -> LoopThreads:
         return self.operation_context.turns.bridge
 

@@ -120,7 +120,15 @@ def run_command(spec: Mapping[str, Any], values: dict[str, Any]) -> None:
         values = {name: (tuple(value or ()) or None) if _has_type(spec, name, "ids") else value for name, value in values.items()}
         operation = registered(spec["operation"])
         with operation_context(operation, database_url) as context:
-            run = Run(operation, context, values, flags, spec)
+            # An operation that is a turn (`merge_branch`) prints its text as the model writes it, as `chat` does.
+            printer = None
+            if operation.stream is not None and not as_json:
+                from agent.cli.printing import TurnPrinter
+
+                printer = TurnPrinter()
+            run = Run(operation, context, values, flags, spec, stream_to=printer)
+            if printer is not None:
+                printer.end()
             show(run, as_json)
 
 

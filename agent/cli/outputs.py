@@ -146,6 +146,15 @@ def _usage(run: Run) -> None:
     console.print(Text(f"Branch up to checkpoint {short_id(usage['checkpoint_id'])}: {tokens(usage['branch_usage'])}"))
 
 
+def _merged(run: Run) -> None:
+    merged = run.python
+    console.print(
+        f"Merged checkpoint {run.args.source_checkpoint_id} ({run.args.mode}) into thread {merged['thread_id']}: "
+        f"saved as checkpoint {merged['checkpoint_id']} (parent {merged['parent_checkpoint_id']}), now the head.",
+        markup=False,
+    )
+
+
 #: By operation name.
 OUTPUTS: dict[str, Output] = {
     "get_checkpoint_history": Output(
@@ -163,4 +172,5 @@ OUTPUTS: dict[str, Output] = {
     "fork_thread": Output(_forked),
     "compare_checkpoints": Output(_compared),
     "get_usage": Output(_usage),
+    "merge_branch": Output(_merged),
 }

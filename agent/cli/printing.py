@@ -144,3 +144,19 @@ class _ReplyPrinter:
         if self.open:
             console.print()
             self.open = False
+
+
+class TurnPrinter(_ReplyPrinter):
+    """Prints a turn's events (`agent.types`: text deltas, new messages) as they happen: for an operation that is a
+    turn (`merge_branch`), whose events come from its own body rather than from `predict_stream`. Call it with
+    each event, then `end()`."""
+
+    def __call__(self, event: Any) -> None:
+        from agent.messages import to_output_items
+        from agent.types import NewMessages, TextDelta
+
+        if isinstance(event, TextDelta):
+            self.text(event.item_id, event.text)
+        elif isinstance(event, NewMessages):
+            for item in to_output_items(event.messages):
+                self.item(item)

@@ -10,7 +10,7 @@ one), resolved against the thread's history, read through the same door.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -36,12 +36,15 @@ def registered(name: str) -> Operation:
 @contextmanager
 def operation_context(operation: Operation, database_url: str | None) -> Iterator[OperationContext]:
     """The context `operation` runs on: a store's reads for a `reads_only` one, else an agent's, on an
-    existing store (never created)."""
+    existing store (never created). The agent's model is the offline one, except for an operation that
+    is a turn (`Operation.stream`: `merge_branch` summarizes with it), which gets the configured model
+    (`AGENT_MODEL`, else offline unless an OpenAI key or base URL is set), as `tt-agent chat` does."""
     if operation.reads_only:
         with open_reads(database_url) as context:
             yield context
         return
-    with open_agent(database_url, "offline", False, read_only=True) as agent:
+    model = None if operation.stream is not None else "offline"
+    with open_agent(database_url, model, False, read_only=True) as agent:
         yield agent.operation_context
 
 
@@ -49,12 +52,22 @@ class Run:
     """One run of an operation from the command line: its checked arguments and its result.
 
     Constructing it runs the operation. Short checkpoint ids among `values` are resolved first.
+    `stream_to`: for an operation that is a turn (`Operation.stream`), called with each of its events as it
+    happens (the summary's text deltas while the model writes it), through the same body the agent's method
+    drives; None: the operation runs whole.
 
     Raises: the operation's `AgentError`s.
     """
 
     def __init__(
-        self, operation: Operation, context: OperationContext, values: dict[str, Any], flags: dict[str, bool], spec: Mapping[str, Any]
+        self,
+        operation: Operation,
+        context: OperationContext,
+        values: dict[str, Any],
+        flags: dict[str, bool],
+        spec: Mapping[str, Any],
+        *,
+        stream_to: Callable[[Any], None] | None = None,
     ) -> None:
         from agent.operations.operation import arguments
 
@@ -66,7 +79,10 @@ class Run:
             if param.get("checkpoint") and isinstance(ref, str) and len(ref.strip().lstrip("…")) < FULL_ID_CHARS:
                 values[param["name"]] = self._full_id(ref)
         self.args = arguments(operation, values, context.settings)
-        self.result = operation.call(context, self.args)
+        if stream_to is not None and operation.stream is not None:
+            self.result = _streamed(operation, context, self.args, stream_to)
+        else:
+            self.result = operation.call(context, self.args)
 
     @cached_property
     def python(self) -> Any:
@@ -93,3 +109,16 @@ class Run:
         from agent.operations.history import resolve_checkpoint_ref
 
         return resolve_checkpoint_ref(self.history(), self._values.get("thread_id"), ref)
+
+
+def _streamed(operation: Operation, context: OperationContext, args: Any, stream_to: Callable[[Any], None]) -> Any:
+    """Drive the turn body of `operation` (`Operation.stream`) to its end on the turn runner's loop threads,
+    handing each event to `stream_to`; its `TurnResult` (an idempotent retry's stored one as a `TurnResult`)."""
+    from agent.operations.turns.commit import result_of
+    from agent.types import StoredResponse
+
+    last: Any = None
+    for event in context.turns.bridge.iterate(operation.stream(context, args, stream_tokens=True)):
+        stream_to(event)
+        last = event
+    return result_of(last) if isinstance(last, StoredResponse) else last

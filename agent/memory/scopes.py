@@ -27,11 +27,23 @@
   `extract_memories` has no tool result among the messages; it is anchored to
   the last message of the checkpoint it was read from, which every descendant
   of that checkpoint (and every fork of it) holds.
+* **Time** (`memory_scope="user"`, `as_of`). What the agent knew at a
+  checkpoint is, besides its branch's own versions, every version written by
+  a checkpoint no later than it, in any thread. "No later" compares when each
+  checkpoint was first written (`written_at`): the time in its id (a uuid6,
+  made when its turn took the thread) or, when earlier, its `ts`. The `ts`
+  matters for a fork: its copies get new ids, made when the fork was, but
+  keep the `ts` of the checkpoints they copy (and so do copies of copies), so
+  a fork made after a memory changed still knows, at its fork point, the
+  version the source knew there ("a fork inherits memory as it was at the
+  fork point"). A turn on the fork runs later and knows what was saved by
+  then, as recall under "user" scope gives it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime, timezone
 
 from langchain_core.messages import BaseMessage
 
@@ -40,6 +52,9 @@ NAMESPACE_ROOT = "user_memories"
 
 #: The `artifact` key a memory tool result carries: "save" or "forget".
 ARTIFACT_KIND = "tt_memory"
+
+#: The uuid epoch (1582-10-15, UTC), where uuid6 times count from in 100 ns intervals (RFC 9562, section 5.6).
+_GREGORIAN = datetime(1582, 10, 15, tzinfo=timezone.utc)
 
 
 def namespace(user_id: str) -> tuple[str, str]:
@@ -76,3 +91,44 @@ def saved_on_branch(messages: Iterable[BaseMessage]) -> frozenset[str]:
 def message_ids(messages: Iterable[BaseMessage]) -> frozenset[str]:
     """The ids of a branch's messages: an extracted version is on the branches that hold its anchor message."""
     return frozenset(message.id for message in messages if message.id)
+
+
+def written_at(checkpoint_id: str, ts: str | None = None) -> int | None:
+    """When a checkpoint was first written, in 100 ns intervals since the uuid epoch (module docstring, "Time"):
+    the earlier of the time in its id (a uuid6) and its `ts` (ISO 8601; a fork's copy keeps its source's).
+    None when neither is a time (an id that is not a uuid6 and no `ts`)."""
+    times = [time for time in (_id_time(checkpoint_id), _ts_time(ts)) if time is not None]
+    return min(times) if times else None
+
+
+def written_by(checkpoint_id: str, bound: int | None, as_of_checkpoint_id: str) -> bool:
+    """Whether a version written by `checkpoint_id` was written no later than `bound` (`written_at` of the
+    checkpoint `as_of_checkpoint_id`); ids that carry no time compare as strings (uuid6 ids sort by time)."""
+    time = _id_time(checkpoint_id) if bound is not None else None
+    if time is None:
+        return checkpoint_id <= as_of_checkpoint_id
+    return time <= bound
+
+
+def _id_time(checkpoint_id: str) -> int | None:
+    from langgraph.checkpoint.base.id import UUID  # its `time` reads a uuid6's layout (the standard library's: v1's)
+
+    try:
+        value = UUID(checkpoint_id)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return value.time if value.version == 6 else None
+
+
+def _ts_time(ts: str | None) -> int | None:
+    if not ts:
+        return None
+    try:
+        moment = datetime.fromisoformat(ts)
+    except (ValueError, TypeError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    # Whole numbers from the timedelta's parts: a float of 100 ns units since 1582 would round (about 2**54).
+    delta = moment - _GREGORIAN
+    return (delta.days * 86_400 + delta.seconds) * 10_000_000 + delta.microseconds * 10

@@ -19,7 +19,16 @@ from agent.memory import open_store
 from agent.memory.embeddings import PrecomputedEmbeddings, make_embeddings
 from agent.memory.index import MemoryIndex, anchored, rank, visible
 from agent.memory.retrieval import MAX_QUERY_CHARS, recall_query
-from agent.memory.scopes import ARTIFACT_KIND, memory_artifact, message_ids, namespace, prefix, saved_on_branch
+from agent.memory.scopes import (
+    ARTIFACT_KIND,
+    memory_artifact,
+    message_ids,
+    namespace,
+    prefix,
+    saved_on_branch,
+    written_at,
+    written_by,
+)
 from agent.memory.store import keywords
 from agent.types import Memory
 
@@ -95,16 +104,25 @@ class Memories:
         return self._rank(copy, query, limit=limit, keys=visible(copy, None), fill=False)
 
     def list_as_of(
-        self, user_id: str, query: str | None, *, limit: int, checkpoint_id: str, messages: Sequence[BaseMessage]
+        self,
+        user_id: str,
+        query: str | None,
+        *,
+        limit: int,
+        checkpoint_id: str,
+        messages: Sequence[BaseMessage],
+        ts: str | None = None,
     ) -> list[Memory]:
-        """What the agent knew at checkpoint `checkpoint_id` (whose messages are `messages`), as a turn
-        starting there would see it: under `branch` scope the versions saved on its branch; under `user`
-        those written by checkpoints up to it (checkpoint ids are time-ordered, across threads), and the
-        branch's own. Of each memory the newest of those versions; newest first, or best first for `query`."""
+        """What the agent knew at checkpoint `checkpoint_id` (whose messages are `messages` and whose `ts`
+        is `ts`), as a turn starting there would see it: under `branch` scope the versions saved on its
+        branch; under `user` those written by checkpoints no later than it, in any thread (`scopes`,
+        "Time": a fork's copy counts as of the checkpoint it copies), and the branch's own. Of each memory
+        the newest of those versions; newest first, or best first for `query`."""
         copy = self.index.current(prefix(user_id))
         keys = self._on_branch(copy, messages)
         if self.settings.memory_scope == "user":
-            keys |= {key for key, entry in copy.entries.items() if entry.memory.checkpoint_id <= checkpoint_id}
+            bound = written_at(checkpoint_id, ts)
+            keys |= {key for key, entry in copy.entries.items() if written_by(entry.memory.checkpoint_id, bound, checkpoint_id)}
         return self._rank(copy, query, limit=limit, keys=visible(copy, keys), fill=False)
 
     def find(self, user_id: str, memory_id: str, *, visible_messages: Sequence[BaseMessage] | None = None) -> Memory | None:

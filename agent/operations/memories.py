@@ -38,14 +38,26 @@ def list_memories(memories: Memories | None, user_id: str, *, query: str | None,
     return memories.list(user_id, query, limit=limit)
 
 
-def branch_at(context: OperationContext, thread_id: str, checkpoint_id: str | None, user_id: str | None) -> tuple[str, str | None, tuple]:
-    """`(checkpoint_id, thread owner, messages)` of a checkpoint of the thread (default: the head).
+@dataclass(frozen=True)
+class BranchAt:
+    """A checkpoint whose memories are asked about: its id, its thread's owner, its messages, and its `ts`
+    (a fork's copy keeps its source's: `agent.memory.scopes`, "Time")."""
+
+    checkpoint_id: str
+    owner: str | None
+    messages: tuple
+    ts: str | None
+
+
+def branch_at(context: OperationContext, thread_id: str, checkpoint_id: str | None, user_id: str | None) -> BranchAt:
+    """The checkpoint `checkpoint_id` of the thread (default: the head), read through the owner check.
 
     Raises: ThreadNotFound (unknown, or not the caller's), CheckpointNotFound.
     """
     record = authorize(context.storage.get_thread(thread_id), thread_id, user_id)
     target = checkpoint_id or record.head_checkpoint_id
-    return target, record.user_id, messages_of(checkpoint_of(context.storage, thread_id, target))
+    found = checkpoint_of(context.storage, thread_id, target)
+    return BranchAt(target, record.user_id, messages_of(found), found.checkpoint.get("ts"))
 
 
 def extract_memories(
@@ -60,11 +72,15 @@ def extract_memories(
     memories = context.memories
     if memories is None or memories.model is None:
         raise InvalidRequest("extract_memories needs long-term memory and a chat model; this agent has none")
-    target, owner, messages = branch_at(context, thread_id, checkpoint_id, user_id)
-    user = user_id or owner
+    at = branch_at(context, thread_id, checkpoint_id, user_id)
+    target, messages = at.checkpoint_id, at.messages
+    user = user_id or at.owner
     if user is None:
         raise InvalidRequest(f"extract_memories needs a user_id: thread {thread_id!r} has no owner", thread_id=thread_id)
-    known = {m.memory_id: m for m in memories.list_as_of(user, None, limit=MAX_MEMORY_LIMIT, checkpoint_id=target, messages=messages)}
+    known = {
+        m.memory_id: m
+        for m in memories.list_as_of(user, None, limit=MAX_MEMORY_LIMIT, checkpoint_id=target, messages=messages, ts=at.ts)
+    }
     request = extraction_request(messages, [(m.memory_id, m.content) for m in known.values()])
     try:
         answer = memories.model.invoke(request)
@@ -157,10 +173,12 @@ def list_user_memories(context: OperationContext, args: ListMemoriesArgs) -> lis
         return list_memories(context.memories, args.user_id, query=args.query, limit=args.limit)
     if args.thread_id is None:
         raise InvalidRequest("as_of_checkpoint needs the thread_id of its thread")
-    target, _, messages = branch_at(context, args.thread_id, args.as_of_checkpoint, args.user_id)
+    at = branch_at(context, args.thread_id, args.as_of_checkpoint, args.user_id)
     if context.memories is None:
         return []
-    return context.memories.list_as_of(args.user_id, args.query, limit=args.limit, checkpoint_id=target, messages=messages)
+    return context.memories.list_as_of(
+        args.user_id, args.query, limit=args.limit, checkpoint_id=at.checkpoint_id, messages=at.messages, ts=at.ts
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -107,6 +107,10 @@ class Operation:
     """The `tt-agent` command (`"history"`, `"threads show"`); None: none."""
     returns: str = "dict[str, Any]"
     """The Python method's return annotation (what `python` gives)."""
+    stream: Callable[..., Any] | None = None
+    """An operation that is a turn (`merge_branch`): `stream(context, args, stream_tokens=...)` is its body as
+    an async iterator of a turn's events (`agent.operations.turns.TurnEvent`), which the Responses adapter
+    streams and answers exactly as a turn's; `run` drives the same body to its end. None: an action."""
 
     # -- what the declaration says -------------------------------------------------------------
     @property

@@ -48,5 +48,9 @@ TURN = "turn"
 #: Each `custom_inputs.action` but the turn, by name.
 ACTIONS: dict[str, Operation] = {operation.name: operation for operation in OPERATIONS if operation.action}
 
+#: The actions that are turns: the turn, and the operations that run as one (`Operation.stream`: `merge_branch`,
+#: which calls the model and streams). A server admits them as turns (`serving.admission`) and traces them.
+TURN_ACTIONS: frozenset[str] = frozenset({TURN, *(operation.name for operation in OPERATIONS if operation.stream is not None)})
+
 #: Every action a request may name, the turn first.
 ACTION_NAMES: tuple[str, ...] = (TURN, *ACTIONS)

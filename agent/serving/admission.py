@@ -14,9 +14,10 @@ near its end, and `GET /health` waits seconds for its turn on the loop. So:
   and `Retry-After`. It never reached the agent: nothing was written.
 
 Only turns count: `POST /responses` and `POST /invocations` whose body asks for a
-turn (`agent.requests.asks_for_turn`: no `custom_inputs.action`), streamed or not; a
-stream holds its place until its last event. Actions (history, state, branches,
-threads: they never call the model), the `/conversations` and `/responses/{id}`
+turn (`agent.requests.asks_for_turn`: no `custom_inputs.action`, or an action that runs
+as a turn, `merge_branch`, which calls the model), streamed or not; a stream holds its
+place until its last event. Other actions (history, state, branches, threads: they
+never call the model), the `/conversations` and `/responses/{id}`
 routes, `GET /health`, `GET /ready` and every other route pass at once: they never
 wait behind turns.
 

@@ -119,3 +119,24 @@ def test_branch_merge_brings_in_the_chosen_messages_given_by_repeated_message_id
         state = agent.get_checkpoint_state(thread_id)
     assert state["merged_from"]["message_ids"] == [chosen] and state["merged_from"]["checkpoint_id"] == source_id
     assert state["messages"][-1]["content"][0]["text"] == "Lisbon instead"  # the copy, on the target branch
+
+
+def test_branch_merge_prints_the_summary_as_the_model_writes_it_then_where_it_was_saved(tmp_path):
+    url = f"sqlite:///{tmp_path / 'merge-summary.sqlite'}"
+    with create_agent(url, model="offline", tracing=False) as agent:
+        first = agent.predict({"input": TRIP[0]}).custom_outputs
+        thread_id = first["thread_id"]
+        source = agent.predict({"input": "I'm headed to SF, the Golden Gate hotel", "custom_inputs": {"thread_id": thread_id}})
+        target = agent.predict({"input": "Lisbon instead", "custom_inputs": {"thread_id": thread_id,
+                                                                          "checkpoint_id": first["checkpoint_id"]}})  # fmt: skip
+    source_id, target_id = source.custom_outputs["checkpoint_id"], target.custom_outputs["checkpoint_id"]
+
+    result = run_cli("branch", "merge", thread_id, source_id, target_id, "--database-url", url, cwd=tmp_path)
+    assert_clean_success(result)
+    with create_agent(url, model="offline", tracing=False) as agent:
+        state = agent.get_checkpoint_state(thread_id)
+    summary = state["messages"][-1]["content"][0]["text"]
+    assert "Golden Gate" in summary and state["merged_from"]["checkpoint_id"] == source_id
+    out = " ".join(result.stdout.split())  # the console wraps long lines
+    assert f"agent › {' '.join(summary.split())}" in out
+    assert f"saved as checkpoint {state['checkpoint_id']} (parent {target_id}), now the head." in out

@@ -63,6 +63,28 @@ def test_a_fork_inherits_memory_as_it_was_at_the_fork_point(backend_url, make_ag
     assert remembered(on_fork) == '1. "I live in Porto"'
 
 
+def test_under_user_scope_a_fork_made_after_a_change_knows_at_its_fork_point_what_the_agent_knew_there(
+    backend_url, make_agent, ana
+):
+    agent = make_agent(backend_url, memory_scope="user")
+    ids = moves(agent, ana)
+    # Made after the move to Lisbon: its copies get new (later) checkpoint ids, yet stand for the past.
+    fork = agent.fork_thread(ids["thread_id"], ids["porto"], user_id=ana)
+    on = lambda thread_id, checkpoint_id: contents(  # noqa: E731
+        agent.list_memories(ana, thread_id=thread_id, as_of_checkpoint=checkpoint_id)
+    )
+    copies = [entry["checkpoint_id"] for entry in agent.get_checkpoint_history(fork["thread_id"], user_id=ana)]
+    assert copies[0] == fork["checkpoint_id"] and len(copies) == 3  # the fork point, the first turn, the root
+    assert on(fork["thread_id"], fork["checkpoint_id"]) == ["I live in Porto"] == on(ids["thread_id"], ids["porto"])
+    assert on(fork["thread_id"], copies[1]) == [] == on(fork["thread_id"], copies[2])
+    # A fork of the fork inherits the same past.
+    again = agent.fork_thread(fork["thread_id"], fork["checkpoint_id"], user_id=ana)
+    assert on(again["thread_id"], again["checkpoint_id"]) == ["I live in Porto"]
+    # A turn on the fork runs now: under user scope it knew the user's current set, and so does its checkpoint.
+    turn = outputs(say(agent, "Where do I live?", thread_id=fork["thread_id"], user_id=ana))
+    assert on(fork["thread_id"], turn["checkpoint_id"]) == ["I live in Lisbon"]
+
+
 def test_forget_removes_every_version_of_a_memory(backend_url, make_agent, ana):
     agent = make_agent(backend_url)
     ids = moves(agent, ana)

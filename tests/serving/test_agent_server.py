@@ -414,6 +414,32 @@ def test_a_client_that_leaves_a_stream_ends_its_turn_and_frees_the_thread(tmp_pa
                 gc.enable()
 
 
+def test_a_client_that_leaves_a_merge_stream_writes_nothing_and_frees_the_thread(tmp_path):
+    gate = threading.Event()
+    url = f"sqlite:///{tmp_path / 'left-merge.sqlite'}"
+    with create_agent(url, model=PausesMidStream(gate=gate), tracing=False) as agent, in_process_server(build_app(agent)) as base:
+        say = lambda text, **custom: agent.predict(request(text, **custom)).custom_outputs  # noqa: E731
+        first = say("I'm planning for an upcoming trip!")
+        thread_id = first["thread_id"]
+        sf = say(TRIP[1], thread_id=thread_id)
+        ny = say("I'm headed to NY!", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])
+        history = agent.get_checkpoint_history(thread_id)
+        merge = request(action="merge_branch", thread_id=thread_id, checkpoint_id=ny["checkpoint_id"],
+                        source_checkpoint_id=sf["checkpoint_id"])  # fmt: skip
+        with httpx.Client(base_url=base, timeout=30) as http:
+            with http.stream("POST", "/responses", json={**merge, "stream": True}) as left:
+                # The model is writing the summary (a delta came); then the client goes away.
+                assert any('"response.output_text.delta"' in line for line in left.iter_lines())
+        gate.set()
+        deadline = time.monotonic() + 10
+        while is_claimed(url, thread_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_claimed(url, thread_id)
+        assert agent.get_checkpoint_history(thread_id) == history  # the abandoned merge wrote nothing
+        answer = agent.predict(request("Where am I going?", thread_id=thread_id, multitask_strategy="reject"))
+        assert answer.custom_outputs["parent_checkpoint_id"] == ny["checkpoint_id"]
+
+
 @pytest.mark.parametrize("body", [b"[]", b"null", b'"text"', b"42", b"{not json"])
 def test_a_body_that_is_not_a_json_object_is_a_400_with_the_error_body(server, body):
     for path in ("/invocations", "/responses"):

@@ -28,6 +28,7 @@ from openai.types.shared import ErrorObject
 
 from agent import create_agent
 from agent.models.offline import OfflineChatModel
+from agent.operations.merges import SUMMARY_PREFIX
 from agent.serving.agent_server import build_app
 from tests.helpers.scenario import TRIP
 from tests.helpers.servers import in_process_server
@@ -205,6 +206,36 @@ def test_an_action_streams_an_empty_response_with_its_results(server):
         EVENT.validate_python(event)
     assert [event["type"] for event in events] == ["response.created", "response.in_progress", "response.completed"]
     assert events[-1]["response"]["output"] == [] and len(events[-1]["custom_outputs"]["history"]) == 2
+
+
+def test_a_merge_streams_like_a_turn_events_that_validate_and_the_clients_helper_consumes_it(server):
+    first = streamed(server, TRIP[0])[-1]["custom_outputs"]
+    sf = streamed(server, TRIP[1], previous_response_id=first["response_id"])[-1]["custom_outputs"]
+    ny = streamed(server, "I'm headed to NY!", previous_response_id=first["response_id"])[-1]["custom_outputs"]
+    merge = {"action": "merge_branch", "thread_id": first["thread_id"], "checkpoint_id": ny["checkpoint_id"],
+             "source_checkpoint_id": sf["checkpoint_id"]}  # fmt: skip
+    events = streamed(server, input=[], custom_inputs=merge)
+    final = assert_conforms(events)
+    assert [item.type for item in final.output] == ["message"] and final.output_text.startswith(SUMMARY_PREFIX)
+    assert "SF" in final.output_text and sum(event["type"] == "response.output_text.delta" for event in events) >= 3
+    assert events[-1]["custom_outputs"]["parent_checkpoint_id"] == ny["checkpoint_id"]
+    # Recorded like a turn's stream: it can be resumed from the start, and retrieved whole.
+    resumed = server.http.get(f"/responses/{final.id}", params={"stream": "true", "starting_after": "-1"})
+    replay = [json.loads(line[6:]) for line in resumed.text.splitlines() if line.startswith("data: ") and line[6:] != "[DONE]"]
+    assert [event["type"] for event in replay] == [event["type"] for event in events]
+    assert Response.model_validate(server.http.get(f"/responses/{final.id}").json()).output_text == final.output_text
+    # `/invocations` keeps MLflow's stream, as for a turn.
+    again = {**merge, "checkpoint_id": events[-1]["custom_outputs"]["checkpoint_id"]}
+    mlflow = streamed(server, input=[], custom_inputs=again, path="/invocations")
+    assert {event["type"] for event in mlflow} == {"response.output_text.delta", "response.output_item.done", "response.completed"}
+    assert [event["sequence_number"] for event in mlflow] == list(range(len(mlflow)))
+    # The openai client's helper reads a merge as a turn.
+    after = {**merge, "checkpoint_id": mlflow[-1]["custom_outputs"]["checkpoint_id"]}
+    with server.client.responses.stream(model=MODEL, input=[], extra_body={"custom_inputs": after}) as stream:
+        text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
+        response = stream.get_final_response()
+    assert response.output_text == text and text.startswith(SUMMARY_PREFIX)
+    assert response.id == f"resp_{server.http.post('/responses', json={'input': [], 'custom_inputs': {'action': 'get_head', 'thread_id': first['thread_id']}}).json()['custom_outputs']['checkpoint_id']}"
 
 
 def test_an_unknown_previous_response_id_is_previous_response_not_found(server):
