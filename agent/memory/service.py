@@ -6,7 +6,9 @@ namespace (`scopes.namespace`), so the ownership rule is the namespace itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from concurrent.futures import Future
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,7 +58,12 @@ class Memories:
 
     # -- reads ------------------------------------------------------------------------------
     def recall(
-        self, user_id: str | None, new_messages: Sequence[BaseMessage], history: Sequence[BaseMessage]
+        self,
+        user_id: str | None,
+        new_messages: Sequence[BaseMessage],
+        history: Sequence[BaseMessage],
+        *,
+        primed: Future | None = None,
     ) -> tuple[Memory, ...]:
         """The memories to give the model before a turn: at most `max_memories_in_context`, most relevant
         to the turn's new messages first; `history` is the turn's start checkpoint's messages.
@@ -64,17 +71,41 @@ class Memories:
         Under `memory_scope="branch"` only the versions saved on the start's branch (of each memory the
         newest of those); under `user` the user's current set. By keywords, memories that share no word
         with the messages fill the places left, newest first. None without a user_id.
+
+        `primed`: `prime_recall` of this turn's `recall_vector_text`, running since before the claim; it is
+        waited for after the memories are listed, so the query's vector comes from the cache.
         """
         limit = self.settings.max_memories_in_context
         if user_id is None or limit == 0:
             return ()
         copy = self.index.current(prefix(user_id))
+        if primed is not None:
+            with contextlib.suppress(Exception):  # a failed embedding: `_rank` asks again, and raises
+                primed.result()
         keys = self._seen(copy, history)
         if keys is not None and not keys:
             return ()
         found = self._rank(copy, recall_query(new_messages, history), limit=limit, keys=keys, fill=True)
         self._used(user_id, found)
         return tuple(found)
+
+    def recall_vector_text(self, user_id: str | None, new_messages: Sequence[BaseMessage]) -> str | None:
+        """The text whose embedding `recall` will ask for, when the turn's new messages alone decide it
+        (they hold a user message); None when `recall` embeds nothing or needs the start's history.
+
+        For `prime_recall`: the turn embeds its query while its claim is on the way (`agent.operations.turns`).
+        """
+        if self.embeddings is None or user_id is None or self.settings.max_memories_in_context == 0:
+            return None
+        if not any(message.type == "human" for message in new_messages):
+            return None  # a regenerated reply searches with the history's last user message
+        query = recall_query(new_messages, ())[-MAX_QUERY_CHARS:]
+        return query if query.strip() else None
+
+    def prime_recall(self, text: str) -> None:
+        """Embed `text` into the embeddings cache (`recall_vector_text`), so that `recall` finds it there."""
+        if self.embeddings is not None:
+            self.embeddings.prime([text])
 
     def search(self, user_id: str, query: str, *, limit: int, visible: Sequence[BaseMessage] | None) -> list[Memory]:
         """The tool's search: the user's memories that match `query`, best first (every memory by

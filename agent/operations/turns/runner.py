@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from langgraph.graph.state import CompiledStateGraph
@@ -172,7 +172,13 @@ class TurnRunner:
         steering = strategy_of(parts, args) == "steer"
         if steering:
             args = dataclasses.replace(args, messages=steer.with_ids(args.messages))
-        claim, begun = await self.in_io(begin, parts, args.thread_id or str(uuid.uuid4()), args)
+        primed = self._prime_recall(args)
+        try:
+            claim, begun = await self.in_io(begin, parts, args.thread_id or str(uuid.uuid4()), args)
+        except BaseException:
+            if primed is not None:
+                primed.cancel()
+            raise
         done = False
         try:
             if claim.steered_into is not None:  # its messages were offered to the turn that ran: did it take them?
@@ -192,7 +198,8 @@ class TurnRunner:
                 context, inbox=steer.SteerInbox(parts.storage, claim, self.in_io)
             )
             yield TurnStarted(f"resp_{turn.head_id}")
-            await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config)
+            await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config, primed)
+            primed = None
             progress = Progress()
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -215,8 +222,27 @@ class TurnRunner:
                 result = dataclasses.replace(result, steer="new_turn")
             yield result
         finally:
+            if primed is not None:  # the turn ended before its recall: the embedding is not waited for
+                primed.cancel()
             if not done:
                 await asyncio.shield(self.in_io(parts.storage.release, claim))
+
+    def _prime_recall(self, args: TurnArgs) -> Future | None:
+        """Start embedding the turn's memory query on the storage thread pool, so that the embeddings
+        model's request runs while the claim's round trip and the memory listing do; `recall` waits for
+        it and finds the vector cached (`Memories.recall`).
+
+        Only a plain turn with a user message: an edit, a regeneration or a resume searches with messages
+        the claim's start decides (`start.recall`). A real thread even on a bridged sync turn, whose
+        `in_io` runs in place. A failure is left for `recall`, which embeds again and raises it.
+        """
+        memories = self.parts.memories
+        if memories is None or args.edit_message_id is not None or args.regenerate or args.resume is not None:
+            return None
+        text = memories.recall_vector_text(args.user_id, args.messages)
+        if text is None:
+            return None
+        return self._io.submit(memories.prime_recall, text)
 
 
 def _wake(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:

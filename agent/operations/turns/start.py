@@ -12,6 +12,7 @@ storage thread pool.
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future
 from typing import Any
 
 from langchain_core.messages import BaseMessage
@@ -212,11 +213,21 @@ def prepare(parts: TurnParts, claim: Claim, args: TurnArgs, begun: Start) -> tup
     return turn, start, config
 
 
-def recall(parts: TurnParts, turn: Turn, start: str, user_id: str | None, sent: list[BaseMessage], config: dict) -> None:
-    """Put the user's long-term memories for this turn into its TurnContext (a read; no connection kept)."""
+def recall(
+    parts: TurnParts,
+    turn: Turn,
+    start: str,
+    user_id: str | None,
+    sent: list[BaseMessage],
+    config: dict,
+    primed: Future | None = None,
+) -> None:
+    """Put the user's long-term memories for this turn into its TurnContext (a read; no connection kept).
+
+    `primed`: the embedding of the turn's query, started before the claim (`TurnRunner._prime_recall`)."""
     if parts.memories is None or user_id is None:
         return
-    memories = parts.memories.recall(user_id, sent, messages_of(turn, start))
+    memories = parts.memories.recall(user_id, sent, messages_of(turn, start), primed=primed)
     if memories:
         configurable = config["configurable"]
         configurable[TURN_CONTEXT_KEY] = dataclasses.replace(configurable[TURN_CONTEXT_KEY], memories=memories)
