@@ -6,10 +6,10 @@ namespace (`scopes.namespace`), so the ownership rule is the namespace itself.
 
 from __future__ import annotations
 
-import contextlib
 import logging
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import BaseMessage
@@ -29,6 +29,33 @@ logger = logging.getLogger(__name__)
 
 #: Minutes between sweeps of expired memories (LangGraph's TTL sweeper), when `memory_ttl_seconds` is set.
 SWEEP_INTERVAL_MINUTES = 5
+
+
+@dataclass(frozen=True)
+class Primed:
+    """`recall`'s reads started ahead (`Memories.prime`): the user's memory listing (a `MemoryIndex` copy)
+    and the embedding of the turn's query (None: not started)."""
+
+    listing: Future | None
+    vector: Future | None
+
+    def result(self, name: str) -> Any:
+        """The result of `listing` or `vector`, once done; None when it failed or never started (the caller
+        then reads itself). One still queued is cancelled rather than waited for: the caller may be a
+        worker of the same pool, which must not wait for work queued behind it."""
+        future = getattr(self, name)
+        if future is None or future.cancel():
+            return None
+        try:
+            return future.result()
+        except Exception:  # noqa: BLE001 - made again by the caller, which raises it then
+            return None
+
+    def cancel(self) -> None:
+        """Give up what has not started (what runs finishes, unread)."""
+        for future in (self.listing, self.vector):
+            if future is not None:
+                future.cancel()
 
 
 class Memories:
@@ -72,16 +99,19 @@ class Memories:
         newest of those); under `user` the user's current set. By keywords, memories that share no word
         with the messages fill the places left, newest first. None without a user_id.
 
-        `primed`: `prime_recall` of this turn's `recall_vector_text`, running since before the claim; it is
-        waited for after the memories are listed, so the query's vector comes from the cache.
+        `primed`: this turn's `prime`, started before its claim: its listing is used when it has one
+        (the runner drops it when the claim had to wait, since turns that ran meanwhile may have saved
+        memories), and its embedding is waited for, so the query's vector comes from the cache. A read
+        that failed there is made again here, and raises here.
         """
         limit = self.settings.max_memories_in_context
         if user_id is None or limit == 0:
             return ()
-        copy = self.index.current(prefix(user_id))
+        copy = primed.result("listing") if primed is not None else None
+        if copy is None:
+            copy = self.index.current(prefix(user_id))
         if primed is not None:
-            with contextlib.suppress(Exception):  # a failed embedding: `_rank` asks again, and raises
-                primed.result()
+            primed.result("vector")
         keys = self._seen(copy, history)
         if keys is not None and not keys:
             return ()
@@ -89,23 +119,21 @@ class Memories:
         self._used(user_id, found)
         return tuple(found)
 
-    def recall_vector_text(self, user_id: str | None, new_messages: Sequence[BaseMessage]) -> str | None:
-        """The text whose embedding `recall` will ask for, when the turn's new messages alone decide it
-        (they hold a user message); None when `recall` embeds nothing or needs the start's history.
-
-        For `prime_recall`: the turn embeds its query while its claim is on the way (`agent.operations.turns`).
+    def prime(self, user_id: str | None, new_messages: Sequence[BaseMessage], submit: Callable[..., Future]) -> Primed | None:
+        """Start `recall`'s reads before the turn's claim: the user's memory listing, and the embedding of
+        the query when the new messages alone decide it (they hold a user message; a regeneration searches
+        with the start's history). `submit(fn, *args)` runs them on other threads (the runner's pool), so
+        they overlap the claim's round trip. None when `recall` would read nothing.
         """
-        if self.embeddings is None or user_id is None or self.settings.max_memories_in_context == 0:
+        if user_id is None or self.settings.max_memories_in_context == 0:
             return None
-        if not any(message.type == "human" for message in new_messages):
-            return None  # a regenerated reply searches with the history's last user message
-        query = recall_query(new_messages, ())[-MAX_QUERY_CHARS:]
-        return query if query.strip() else None
-
-    def prime_recall(self, text: str) -> None:
-        """Embed `text` into the embeddings cache (`recall_vector_text`), so that `recall` finds it there."""
-        if self.embeddings is not None:
-            self.embeddings.prime([text])
+        listing = submit(self.index.current, prefix(user_id))
+        vector = None
+        if self.embeddings is not None and any(message.type == "human" for message in new_messages):
+            query = recall_query(new_messages, ())[-MAX_QUERY_CHARS:]
+            if query.strip():
+                vector = submit(self.embeddings.prime, [query])  # `_rank` then finds it in the cache
+        return Primed(listing, vector)
 
     def search(self, user_id: str, query: str, *, limit: int, visible: Sequence[BaseMessage] | None) -> list[Memory]:
         """The tool's search: the user's memories that match `query`, best first (every memory by

@@ -330,6 +330,23 @@ def test_a_turn_embeds_its_memory_query_once_and_a_regeneration_searches_with_th
     assert len(embedding_requests(embeddings_stub)) == before + 1
 
 
+def test_a_turn_queued_behind_one_that_saves_a_memory_is_given_that_memory(pg_url, make_agent, alice):
+    # A turn lists the user's memories while its claim is on the way; when the claim had to wait for
+    # another turn, that listing may predate the other turn's commit, so the turn lists them again.
+    import threading
+
+    from agent.models import OfflineChatModel
+
+    agent = make_agent(pg_url, model=OfflineChatModel(latency_ms=400), multitask_strategy="enqueue")
+    thread_id = outputs(say(agent, "Hello", user_id=alice))["thread_id"]
+    first = threading.Thread(target=say, args=(agent, "Remember that I live in Porto"), kwargs={"user_id": alice, "thread_id": thread_id})
+    first.start()
+    time.sleep(0.2)  # the first turn holds the thread (its model takes 400 ms per call)
+    reply = say(agent, "Where do I live? Porto?", user_id=alice, thread_id=thread_id)
+    first.join()
+    assert "I live in Porto" in remembered(reply)
+
+
 def scored(agent, user_id, query):
     """The memories a semantic search ranks, with their cosine similarity."""
     found = agent.operation_context.memories.list(user_id, query, limit=10)

@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from langgraph.graph.state import CompiledStateGraph
@@ -55,7 +55,7 @@ from agent.types import NewMessages, TurnResult, TurnStarted
 
 if TYPE_CHECKING:
     from agent.context.window import ContextWindow
-    from agent.memory.service import Memories
+    from agent.memory.service import Memories, Primed
 
 
 class TurnRunner:
@@ -198,6 +198,8 @@ class TurnRunner:
                 context, inbox=steer.SteerInbox(parts.storage, claim, self.in_io)
             )
             yield TurnStarted(f"resp_{turn.head_id}")
+            if primed is not None and claim.waited:  # turns that ran meanwhile may have saved memories
+                primed = dataclasses.replace(primed, listing=None)
             await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config, primed)
             primed = None
             progress = Progress()
@@ -227,22 +229,19 @@ class TurnRunner:
             if not done:
                 await asyncio.shield(self.in_io(parts.storage.release, claim))
 
-    def _prime_recall(self, args: TurnArgs) -> Future | None:
-        """Start embedding the turn's memory query on the storage thread pool, so that the embeddings
-        model's request runs while the claim's round trip and the memory listing do; `recall` waits for
-        it and finds the vector cached (`Memories.recall`).
+    def _prime_recall(self, args: TurnArgs) -> Primed | None:
+        """Start the turn's long-term memory reads (the user's memory listing, the query's embedding) on
+        the storage thread pool, so that they run while the claim's round trip does (`Memories.prime`);
+        `recall` then waits for them instead of making them one after another after the claim.
 
-        Only a plain turn with a user message: an edit, a regeneration or a resume searches with messages
-        the claim's start decides (`start.recall`). A real thread even on a bridged sync turn, whose
-        `in_io` runs in place. A failure is left for `recall`, which embeds again and raises it.
+        Only a plain turn: an edit, a regeneration or a resume searches with messages the claim's start
+        decides (`start.recall`). Real threads even on a bridged sync turn, whose `in_io` runs in place.
+        A read that fails there is made again by `recall`, which raises it.
         """
         memories = self.parts.memories
         if memories is None or args.edit_message_id is not None or args.regenerate or args.resume is not None:
             return None
-        text = memories.recall_vector_text(args.user_id, args.messages)
-        if text is None:
-            return None
-        return self._io.submit(memories.prime_recall, text)
+        return memories.prime(args.user_id, args.messages, self._io.submit)
 
 
 def _wake(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:

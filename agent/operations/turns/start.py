@@ -12,8 +12,7 @@ storage thread pool.
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import empty_checkpoint
@@ -34,6 +33,9 @@ from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.parts import TurnParts
 from agent.storage import Claim, Turn
 from agent.storage.summaries import TURN_REPORT_KEY
+
+if TYPE_CHECKING:
+    from agent.memory.service import Primed
 
 #: The metadata `source` of a thread's root checkpoint.
 ROOT_SOURCE = "root"
@@ -220,11 +222,11 @@ def recall(
     user_id: str | None,
     sent: list[BaseMessage],
     config: dict,
-    primed: Future | None = None,
+    primed: Primed | None = None,
 ) -> None:
     """Put the user's long-term memories for this turn into its TurnContext (a read; no connection kept).
 
-    `primed`: the embedding of the turn's query, started before the claim (`TurnRunner._prime_recall`)."""
+    `primed`: the memory reads started before the claim (`TurnRunner._prime_recall`)."""
     if parts.memories is None or user_id is None:
         return
     memories = parts.memories.recall(user_id, sent, messages_of(turn, start), primed=primed)
