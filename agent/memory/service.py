@@ -7,7 +7,9 @@ namespace (`scopes.namespace`), so the ownership rule is the namespace itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import BaseMessage
@@ -38,6 +40,33 @@ logger = logging.getLogger(__name__)
 SWEEP_INTERVAL_MINUTES = 5
 
 
+@dataclass(frozen=True)
+class Primed:
+    """`recall`'s reads started ahead (`Memories.prime`): the user's memory listing (a `MemoryIndex` copy)
+    and the embedding of the turn's query (None: not started)."""
+
+    listing: Future | None
+    vector: Future | None
+
+    def result(self, name: str) -> Any:
+        """The result of `listing` or `vector`, once done; None when it failed or never started (the caller
+        then reads itself). One still queued is cancelled rather than waited for: the caller may be a
+        worker of the same pool, which must not wait for work queued behind it."""
+        future = getattr(self, name)
+        if future is None or future.cancel():
+            return None
+        try:
+            return future.result()
+        except Exception:  # noqa: BLE001 - made again by the caller, which raises it then
+            return None
+
+    def cancel(self) -> None:
+        """Give up what has not started (what runs finishes, unread)."""
+        for future in (self.listing, self.vector):
+            if future is not None:
+                future.cancel()
+
+
 class Memories:
     """The long-term memories of one agent's users (see `agent.memory`)."""
 
@@ -65,7 +94,12 @@ class Memories:
 
     # -- reads ------------------------------------------------------------------------------
     def recall(
-        self, user_id: str | None, new_messages: Sequence[BaseMessage], history: Sequence[BaseMessage]
+        self,
+        user_id: str | None,
+        new_messages: Sequence[BaseMessage],
+        history: Sequence[BaseMessage],
+        *,
+        primed: Future | None = None,
     ) -> tuple[Memory, ...]:
         """The memories to give the model before a turn: at most `max_memories_in_context`, most relevant
         to the turn's new messages first; `history` is the turn's start checkpoint's messages.
@@ -73,17 +107,42 @@ class Memories:
         Under `memory_scope="branch"` only the versions saved on the start's branch (of each memory the
         newest of those); under `user` the user's current set. By keywords, memories that share no word
         with the messages fill the places left, newest first. None without a user_id.
+
+        `primed`: this turn's `prime`, started before its claim: its listing is used when it has one
+        (the runner drops it when the claim had to wait, since turns that ran meanwhile may have saved
+        memories), and its embedding is waited for, so the query's vector comes from the cache. A read
+        that failed there is made again here, and raises here.
         """
         limit = self.settings.max_memories_in_context
         if user_id is None or limit == 0:
             return ()
-        copy = self.index.current(prefix(user_id))
+        copy = primed.result("listing") if primed is not None else None
+        if copy is None:
+            copy = self.index.current(prefix(user_id))
+        if primed is not None:
+            primed.result("vector")
         keys = self._seen(copy, history)
         if keys is not None and not keys:
             return ()
         found = self._rank(copy, recall_query(new_messages, history), limit=limit, keys=keys, fill=True)
         self._used(user_id, found)
         return tuple(found)
+
+    def prime(self, user_id: str | None, new_messages: Sequence[BaseMessage], submit: Callable[..., Future]) -> Primed | None:
+        """Start `recall`'s reads before the turn's claim: the user's memory listing, and the embedding of
+        the query when the new messages alone decide it (they hold a user message; a regeneration searches
+        with the start's history). `submit(fn, *args)` runs them on other threads (the runner's pool), so
+        they overlap the claim's round trip. None when `recall` would read nothing.
+        """
+        if user_id is None or self.settings.max_memories_in_context == 0:
+            return None
+        listing = submit(self.index.current, prefix(user_id))
+        vector = None
+        if self.embeddings is not None and any(message.type == "human" for message in new_messages):
+            query = recall_query(new_messages, ())[-MAX_QUERY_CHARS:]
+            if query.strip():
+                vector = submit(self.embeddings.prime, [query])  # `_rank` then finds it in the cache
+        return Primed(listing, vector)
 
     def search(self, user_id: str, query: str, *, limit: int, visible: Sequence[BaseMessage] | None) -> list[Memory]:
         """The tool's search: the user's memories that match `query`, best first (every memory by

@@ -64,6 +64,9 @@ class Claim:
     #: Set when a `steer` request in this process offered messages to this running turn, so that the turn
     #: looks for them before its first model call too (later calls always look).
     steer_offered: bool = False
+    #: Set when the thread was busy at the first attempt and the claim came after waiting (other turns
+    #: may have committed meanwhile: what was read before the claim is not current).
+    waited: bool = False
     #: Set when renewing found the claim gone (expired and taken over): the commit will fail.
     lost: bool = False
     #: Set together with `cancel` or `lost`, so a running turn can stop early.

@@ -180,6 +180,7 @@ class TurnProtocol(ABC):
                     user_claim=user_claim.token if user_claim is not None else None,
                 )
                 if attempt.claim is not None:
+                    attempt.claim.waited = queued  # an earlier attempt found the thread busy
                     queued = False  # the claim's round trip took this turn out of the queue
                     attempt.claim.steered_into = steered_into
                     self.keeper.add(attempt.claim)

@@ -310,6 +310,43 @@ def test_semantic_search_on_postgres_ranks_exactly_over_stored_vectors_as_sqlite
     assert [t for body in embedding_requests(embeddings_stub)[before:] for t in body["input"]] == ["sister Ana"]
 
 
+def test_a_turn_embeds_its_memory_query_once_and_a_regeneration_searches_with_the_history(
+    embeddings_stub, pg_url, make_agent, alice
+):
+    # The query's vector is computed while the claim is on the way (`TurnRunner._prime_recall`) and
+    # recall takes it from the cache: the embeddings model is asked once per turn, and the same memory wins.
+    agent = make_agent(pg_url, embedding_model="fake-embed")
+    for fact in ("I live in Porto", "My sister Ana lives in Lisbon", "I like green tea"):
+        first = say(agent, f"Remember that {fact}", user_id=alice)
+    thread_id = first.custom_outputs["thread_id"]
+    before = len(embedding_requests(embeddings_stub))
+    reply = say(agent, "Where does my sister Ana live?", user_id=alice, thread_id=thread_id)
+    assert remembered(reply).startswith('1. "My sister Ana lives in Lisbon"')
+    asked = [text for body in embedding_requests(embeddings_stub)[before:] for text in body["input"]]
+    assert asked == ["Where does my sister Ana live?"]
+    # A regeneration has no new user message: nothing is embedded ahead, recall uses the cached query.
+    again = say(agent, None, user_id=alice, thread_id=thread_id, regenerate=True)
+    assert remembered(again).startswith('1. "My sister Ana lives in Lisbon"')
+    assert len(embedding_requests(embeddings_stub)) == before + 1
+
+
+def test_a_turn_queued_behind_one_that_saves_a_memory_is_given_that_memory(pg_url, make_agent, alice):
+    # A turn lists the user's memories while its claim is on the way; when the claim had to wait for
+    # another turn, that listing may predate the other turn's commit, so the turn lists them again.
+    import threading
+
+    from agent.models import OfflineChatModel
+
+    agent = make_agent(pg_url, model=OfflineChatModel(latency_ms=400), multitask_strategy="enqueue")
+    thread_id = outputs(say(agent, "Hello", user_id=alice))["thread_id"]
+    first = threading.Thread(target=say, args=(agent, "Remember that I live in Porto"), kwargs={"user_id": alice, "thread_id": thread_id})
+    first.start()
+    time.sleep(0.2)  # the first turn holds the thread (its model takes 400 ms per call)
+    reply = say(agent, "Where do I live? Porto?", user_id=alice, thread_id=thread_id)
+    first.join()
+    assert "I live in Porto" in remembered(reply)
+
+
 def scored(agent, user_id, query):
     """The memories a semantic search ranks, with their cosine similarity."""
     found = agent.operation_context.memories.list(user_id, query, limit=10)

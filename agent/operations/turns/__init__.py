@@ -8,7 +8,10 @@ A turn (see `agent.storage.base` for why it is built this way):
    owner of that rule is `start.start_of`); a new thread gets its empty **root**
    checkpoint first, so that its first message can be edited like any other.
    The user's long-term memories for the turn are read (`start.recall`) and
-   handed to the model-input pipeline in the turn's `TurnContext`.
+   handed to the model-input pipeline in the turn's `TurnContext`; those
+   reads (the memory listing, the query's embedding) start before the claim,
+   on other threads, so their round trips overlap the claim's
+   (`TurnRunner._prime_recall`).
 3. **Run** the graph (`graph.astream`) with every checkpoint and write
    buffered in memory. No connection is held. The claim is renewed
    meanwhile; if a newer turn asks this one to stop (`interrupt` /

@@ -55,7 +55,7 @@ from agent.types import NewMessages, TurnResult, TurnStarted
 
 if TYPE_CHECKING:
     from agent.context.window import ContextWindow
-    from agent.memory.service import Memories
+    from agent.memory.service import Memories, Primed
 
 
 class TurnRunner:
@@ -172,7 +172,13 @@ class TurnRunner:
         steering = strategy_of(parts, args) == "steer"
         if steering:
             args = dataclasses.replace(args, messages=steer.with_ids(args.messages))
-        claim, begun = await self.in_io(begin, parts, args.thread_id or str(uuid.uuid4()), args)
+        primed = self._prime_recall(args)
+        try:
+            claim, begun = await self.in_io(begin, parts, args.thread_id or str(uuid.uuid4()), args)
+        except BaseException:
+            if primed is not None:
+                primed.cancel()
+            raise
         done = False
         try:
             if claim.steered_into is not None:  # its messages were offered to the turn that ran: did it take them?
@@ -192,7 +198,10 @@ class TurnRunner:
                 context, inbox=steer.SteerInbox(parts.storage, claim, self.in_io)
             )
             yield TurnStarted(f"resp_{turn.head_id}")
-            await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config)
+            if primed is not None and claim.waited:  # turns that ran meanwhile may have saved memories
+                primed = dataclasses.replace(primed, listing=None)
+            await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config, primed)
+            primed = None
             progress = Progress()
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -215,8 +224,24 @@ class TurnRunner:
                 result = dataclasses.replace(result, steer="new_turn")
             yield result
         finally:
+            if primed is not None:  # the turn ended before its recall: the embedding is not waited for
+                primed.cancel()
             if not done:
                 await asyncio.shield(self.in_io(parts.storage.release, claim))
+
+    def _prime_recall(self, args: TurnArgs) -> Primed | None:
+        """Start the turn's long-term memory reads (the user's memory listing, the query's embedding) on
+        the storage thread pool, so that they run while the claim's round trip does (`Memories.prime`);
+        `recall` then waits for them instead of making them one after another after the claim.
+
+        Only a plain turn: an edit, a regeneration or a resume searches with messages the claim's start
+        decides (`start.recall`). Real threads even on a bridged sync turn, whose `in_io` runs in place.
+        A read that fails there is made again by `recall`, which raises it.
+        """
+        memories = self.parts.memories
+        if memories is None or args.edit_message_id is not None or args.regenerate or args.resume is not None:
+            return None
+        return memories.prime(args.user_id, args.messages, self._io.submit)
 
 
 def _wake(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:

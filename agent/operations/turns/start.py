@@ -12,7 +12,7 @@ storage thread pool.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import empty_checkpoint
@@ -33,6 +33,9 @@ from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.parts import TurnParts
 from agent.storage import Claim, Turn
 from agent.storage.summaries import TURN_REPORT_KEY
+
+if TYPE_CHECKING:
+    from agent.memory.service import Primed
 
 #: The metadata `source` of a thread's root checkpoint.
 ROOT_SOURCE = "root"
@@ -212,11 +215,21 @@ def prepare(parts: TurnParts, claim: Claim, args: TurnArgs, begun: Start) -> tup
     return turn, start, config
 
 
-def recall(parts: TurnParts, turn: Turn, start: str, user_id: str | None, sent: list[BaseMessage], config: dict) -> None:
-    """Put the user's long-term memories for this turn into its TurnContext (a read; no connection kept)."""
+def recall(
+    parts: TurnParts,
+    turn: Turn,
+    start: str,
+    user_id: str | None,
+    sent: list[BaseMessage],
+    config: dict,
+    primed: Primed | None = None,
+) -> None:
+    """Put the user's long-term memories for this turn into its TurnContext (a read; no connection kept).
+
+    `primed`: the memory reads started before the claim (`TurnRunner._prime_recall`)."""
     if parts.memories is None or user_id is None:
         return
-    memories = parts.memories.recall(user_id, sent, messages_of(turn, start))
+    memories = parts.memories.recall(user_id, sent, messages_of(turn, start), primed=primed)
     if memories:
         configurable = config["configurable"]
         configurable[TURN_CONTEXT_KEY] = dataclasses.replace(configurable[TURN_CONTEXT_KEY], memories=memories)
