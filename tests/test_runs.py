@@ -133,3 +133,27 @@ def test_deleting_a_thread_or_a_user_deletes_its_runs_and_their_events(agent, de
         agent.delete_user_data("alice")
     assert agent.runs.store.get(gone) is None and agent.runs.store.rows(gone, -1) == []
     assert agent.runs.get(kept, "bob").status == "completed" and agent.runs.store.rows(kept, -1)  # another user's stays
+
+
+@pytest.mark.parametrize("table", ["agent_runs", "agent_run_events"])
+def test_a_dropped_run_table_is_created_again_by_setups_repair_and_the_stream_is_recorded(backend_url, make_agent, table):
+    agent = make_agent(backend_url)
+    streamed(agent, {"input": [{"role": "user", "content": "first"}], "custom_inputs": {"user_id": "alice"}})
+    drop_table(backend_url, table)  # by hand, as an operator might
+    live = streamed(agent, {"input": [{"role": "user", "content": "second"}], "custom_inputs": {"user_id": "alice"}})
+    response_id = live[0]["response"]["id"]
+    assert followed(agent, response_id, "alice") == live
+    assert agent.runs.get(response_id, "alice").status == "completed"
+
+
+def drop_table(url: str, table: str) -> None:
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {table}")  # a fixed name from the test's parameters
+    else:
+        import sqlite3
+
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            conn.execute(f"DROP TABLE {table}")
