@@ -238,7 +238,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         background run this turn is."""
         context = self.operation_context
         stream = StreamEvents(parsed, model=self.settings.model, lifecycle=lifecycle, response_id=background_id)
-        recorder = self.runs.recorder(parsed, background_id=background_id) if parsed.envelope.store else None
+        recorder = self.runs.recorder(parsed, background_id=background_id, lifecycle=lifecycle) if parsed.envelope.store else None
         error: BaseException | None = None
         try:
             parsed = stream.parsed = await context.in_io(self._resolved, parsed)
