@@ -154,7 +154,8 @@ def enable_tracing(sample_ratio: float | None = 1.0) -> None:
     Building it opens the tracking store (for a SQLite store, SQLAlchemy and
     its migrations check) and reads the git and Databricks environment, which
     is most of what tracing costs a server's start-up: it is paid by the first
-    traced turn, not by a process that never traces.
+    traced turn, not by a process that never traces (`tt-agent serve` pays it at
+    start-up instead, `build_tracer_now`: on its event loop it stalled every request).
 
     Raises:
         ValueError: `sample_ratio` is not between 0 and 1.
