@@ -266,6 +266,15 @@ def asks_for_turn(raw: Mapping[str, Any]) -> bool:
     return isinstance(custom, Mapping) and action_name(custom) in TURN_ACTIONS
 
 
+def asks_for_background(raw: Mapping[str, Any]) -> bool:
+    """Whether the raw request (a JSON object, not yet parsed) asks for a background run: `background: true` at
+    the top level or in `custom_inputs` (`agent.dialect`). For the server's turn admission (`serving.admission`),
+    which must not hold such a request in its queue (it answers `queued` at once); a malformed or contradictory
+    value is refused by `parse_request` later."""
+    custom = raw.get("custom_inputs")
+    return raw.get("background") is True or (isinstance(custom, Mapping) and custom.get("background") is True)
+
+
 def _approval_responses(items: list[Any], custom: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """OpenAI's answer to an `mcp_approval_request` item, `{"type": "mcp_approval_response",
     "approval_request_id", "approve", "reason"?}`, as `custom_inputs.resume`: the graph's interrupt with

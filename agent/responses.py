@@ -58,6 +58,7 @@ from agent.operations.turns.bridge import LoopThreads
 from agent.requests import ParsedRequest, asks_for_turn, keeping_item_ids, parse_request, with_string_input
 from agent.response_events import StreamEvents, action_events, custom_outputs, response, response_object
 from agent.runs import Runs
+from agent.runs.places import keep_request_place
 from agent.runs.service import LocalRun
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.messages import to_output_items
@@ -239,7 +240,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         background run this turn is."""
         context = self.operation_context
         stream = StreamEvents(parsed, model=self.settings.model, lifecycle=lifecycle, response_id=background_id)
-        recorder = self.runs.recorder(parsed, background_id=background_id) if parsed.envelope.store else None
+        recorder = self.runs.recorder(parsed, background_id=background_id, lifecycle=lifecycle) if parsed.envelope.store else None
         error: BaseException | None = None
         try:
             parsed = stream.parsed = await context.in_io(self._resolved, parsed)
@@ -274,12 +275,22 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             raise InvalidRequest("background applies to turns only")
         response_id = await context.in_io(self.runs.queue, parsed)
 
+        # Under `tt-agent serve` the run takes its request's place under the admission bound, and waits for it
+        # when the request got a waiting one (`agent.runs.places`); None elsewhere (no admission).
+        place = None if own_loop else keep_request_place()
+
         async def run() -> None:
             # Its lease is renewed from now on, also while it waits for its thread (`agent.runs.service`).
             self.runs.attach(response_id, LocalRun(asyncio.get_running_loop(), asyncio.current_task()))
-            with contextlib.suppress(BaseException):  # recorded as the run's status (`Recorder.ended`)
-                async for _ in self._aevents(parsed, lifecycle=True, background_id=response_id):
-                    pass
+            try:
+                with contextlib.suppress(BaseException):  # recorded as the run's status (`Recorder.ended`)
+                    if place is not None:
+                        await place.wait()  # `queued` meanwhile; a cancel then finds it queued
+                    async for _ in self._aevents(parsed, lifecycle=True, background_id=response_id):
+                        pass
+            finally:
+                if place is not None:
+                    place.release()
 
         if own_loop:
             threading.Thread(target=asyncio.run, args=(run(),), name="tt-background-run", daemon=True).start()

@@ -154,7 +154,8 @@ def enable_tracing(sample_ratio: float | None = 1.0) -> None:
     Building it opens the tracking store (for a SQLite store, SQLAlchemy and
     its migrations check) and reads the git and Databricks environment, which
     is most of what tracing costs a server's start-up: it is paid by the first
-    traced turn, not by a process that never traces.
+    traced turn, not by a process that never traces (`tt-agent serve` pays it at
+    start-up instead, `build_tracer_now`: on its event loop it stalled every request).
 
     Raises:
         ValueError: `sample_ratio` is not between 0 and 1.
@@ -178,6 +179,31 @@ def enable_tracing(sample_ratio: float | None = 1.0) -> None:
             mlflow.tracing.reset()
         elif not is_tracing_enabled():
             mlflow.tracing.reset()
+
+
+def build_tracer_now() -> None:
+    """Build MLflow's tracer provider now, when tracing is on, rather than on the first traced turn.
+
+    A server calls this at start-up (`serving.app.with_lifespan`, before it takes requests): building the
+    provider opens the tracking store and probes the git and Databricks environment (it imports IPython),
+    about a second of CPU on the process's one event loop, during which nothing else of the process runs;
+    paid by the first traced turn of a burst, it was a one-second stall of `GET /health` and of every other
+    request (`bench.users`). A no-op when tracing is off or MLflow is not imported.
+    """
+    mlflow = _imported_mlflow()
+    if mlflow is None:
+        return
+    from mlflow.tracing.provider import is_tracing_enabled
+
+    if not is_tracing_enabled():
+        return
+    try:
+        # mlflow has no public "initialize now"; `_get_tracer` builds the provider once per process
+        # (`get_or_init_tracer`) and is what `mlflow.start_span` calls first.
+        from mlflow.tracing.provider import _get_tracer
+    except ImportError:  # another mlflow version: the first traced turn builds it, as before
+        return
+    _get_tracer(__name__)
 
 
 def traced_share() -> float | None:

@@ -10,7 +10,7 @@
   with the servers it measures (the `--workers` figure): httpx took about 3 ms
   of CPU per request, aiohttp about 0.6 ms, against 15 ms of the server's per
   turn with a 0 s model.
-* `HistoryPoller` and `ConnectionSampler` run in their own OS threads, so a
+* `HistoryPoller`, `HealthPoller` and `ConnectionSampler` run in their own OS threads, so a
   busy event loop in the load generator does not inflate what they measure.
 * `check_chain`: whether one thread's history is one linear chain holding
   each acknowledged turn exactly once.
@@ -58,6 +58,8 @@ class Outcome:
     """Why the request failed; None when it succeeded."""
     body: Any = None
     """The JSON answer of an unstreamed request."""
+    retry_after: str | None = None
+    """The `Retry-After` header of a refused request (429), None when it had none."""
 
     @property
     def ok(self) -> bool:
@@ -120,11 +122,12 @@ async def send_turn(
             if not stream:
                 response = await client.post(url, json=body)
                 status = response.status_code
-                return _judge(start, status, response.text)
+                return _judge(start, status, response.text, response.headers.get("retry-after"))
             async with client.stream("POST", url, json=body) as response:
                 status = response.status_code
                 if status != 200:
-                    return _judge(start, status, (await response.aread()).decode(errors="replace"))
+                    text = (await response.aread()).decode(errors="replace")
+                    return _judge(start, status, text, response.headers.get("retry-after"))
                 checkpoint_id, error = None, None
                 async for line in response.aiter_lines():
                     if not line.startswith("data:") or line == "data: [DONE]":
@@ -157,7 +160,7 @@ async def _send_unstreamed(client: LightClient, text: str, thread_id: str, url: 
     return Outcome(time.perf_counter() - start, status, None, error)
 
 
-def _judge(start: float, status: int, text: str) -> Outcome:
+def _judge(start: float, status: int, text: str, retry_after: str | None = None) -> Outcome:
     seconds = time.perf_counter() - start
     try:
         body = json.loads(text)
@@ -165,7 +168,7 @@ def _judge(start: float, status: int, text: str) -> Outcome:
         body = None
     if status != 200:
         message = body.get("message") or body.get("detail") if isinstance(body, dict) else None
-        return Outcome(seconds, status, None, f"HTTP {status}: {message or text[:200]}", body)
+        return Outcome(seconds, status, None, f"HTTP {status}: {message or text[:200]}", body, retry_after)
     outputs = (body or {}).get("custom_outputs") or {} if isinstance(body, dict) else {}
     if not outputs.get("checkpoint_id"):
         return Outcome(seconds, status, None, "the answer has no custom_outputs.checkpoint_id", body)
@@ -220,34 +223,36 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     }
 
 
-class HistoryPoller:
-    """Reads one thread's history over HTTP every `interval` seconds in its own OS thread, until stopped.
+class Poller:
+    """Sends one request every `interval` seconds in its own OS thread, until stopped; subclasses say which.
 
-    Each read is `POST /invocations` with `custom_inputs.action = get_checkpoint_history`.
-    One read at a time, as one user would: a read that takes longer than
+    One request at a time, as one user would: a request that takes longer than
     `interval` is followed at once by the next, so a stuck server shows as a
-    large max over few reads, not as many slow reads piling onto it.
+    large max over few requests, not as many slow requests piling onto it.
     """
 
-    def __init__(self, base_url: str, thread_id: str, user_id: str | None, interval: float = 0.1) -> None:
-        self.body = {"input": [], "custom_inputs": {"action": "get_checkpoint_history", "thread_id": thread_id}}
-        if user_id:
-            self.body["custom_inputs"]["user_id"] = user_id
+    name = "poller"
+
+    def __init__(self, base_url: str, interval: float) -> None:
         self.base_url = base_url
         self.interval = interval
         self.outcomes: list[Outcome] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="history-poller", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
-    def start(self) -> HistoryPoller:
+    def start(self) -> Poller:
         self._thread.start()
         return self
 
     def stop(self) -> list[Outcome]:
-        """Stop after the read in flight; the outcomes of every read."""
+        """Stop after the request in flight; the outcomes of every request."""
         self._stop.set()
         self._thread.join()
         return self.outcomes
+
+    def request(self, client: httpx.Client) -> str | None:
+        """Send one request; why it failed, or None when it succeeded."""
+        raise NotImplementedError
 
     def _run(self) -> None:
         with httpx.Client(base_url=self.base_url, timeout=TURN_TIMEOUT_S) as client:
@@ -255,15 +260,45 @@ class HistoryPoller:
             while not self._stop.is_set():
                 start = time.perf_counter()
                 try:
-                    response = client.post("/invocations", json=self.body)
-                    ok = response.status_code == 200 and "history" in (response.json().get("custom_outputs") or {})
-                    error = None if ok else f"HTTP {response.status_code}: {response.text[:200]}"
-                    self.outcomes.append(Outcome(time.perf_counter() - start, response.status_code, None, error))
+                    error = self.request(client)
                 except (httpx.HTTPError, ValueError) as exc:
                     error = f"{type(exc).__name__}: {exc}"
-                    self.outcomes.append(Outcome(time.perf_counter() - start, None, None, error))
+                self.outcomes.append(Outcome(time.perf_counter() - start, None, None, error))
                 due = max(due + self.interval, time.perf_counter())
                 self._stop.wait(due - time.perf_counter())
+
+
+class HistoryPoller(Poller):
+    """Reads one thread's history over HTTP every `interval` seconds (`Poller`).
+
+    Each read is `POST /invocations` with `custom_inputs.action = get_checkpoint_history`.
+    """
+
+    name = "history-poller"
+
+    def __init__(self, base_url: str, thread_id: str, user_id: str | None, interval: float = 0.1) -> None:
+        super().__init__(base_url, interval)
+        self.body = {"input": [], "custom_inputs": {"action": "get_checkpoint_history", "thread_id": thread_id}}
+        if user_id:
+            self.body["custom_inputs"]["user_id"] = user_id
+
+    def request(self, client: httpx.Client) -> str | None:
+        response = client.post("/invocations", json=self.body)
+        ok = response.status_code == 200 and "history" in (response.json().get("custom_outputs") or {})
+        return None if ok else f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+class HealthPoller(Poller):
+    """`GET /health` every `interval` seconds (`Poller`): what a load balancer's health check sees."""
+
+    name = "health-poller"
+
+    def __init__(self, base_url: str, interval: float = 0.05) -> None:
+        super().__init__(base_url, interval)
+
+    def request(self, client: httpx.Client) -> str | None:
+        response = client.get("/health")
+        return None if response.status_code == 200 else f"HTTP {response.status_code}: {response.text[:200]}"
 
 
 class ConnectionSampler:

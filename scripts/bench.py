@@ -40,7 +40,7 @@ from bench import report  # noqa: E402
 #: The benchmarks, `bench.<name>`, in the order they run.
 PARTS = [
     "storage", "turn_cost", "encryption", "branches", "search", "export", "catalogue", "context", "memory",
-    "memory_eval", "runs", "startup", "load", "web", "streams",
+    "memory_eval", "runs", "startup", "load", "web", "streams", "users",
 ]  # fmt: skip
 
 

@@ -20,9 +20,11 @@ EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 PER_TURN_BYTES = 700
 
 
-def streamed(agent, request: dict) -> list[dict]:
+def streamed(agent, request: dict, *, openai_events: bool = True) -> list[dict]:
+    """The events of one streamed turn: OpenAI's whole set (`POST /responses`), else MLflow's (`/invocations`)."""
+
     async def collect() -> list[dict]:
-        return [event.model_dump(exclude_none=True) async for event in agent.apredict_stream(request, openai_events=True)]
+        return [e.model_dump(exclude_none=True) async for e in agent.apredict_stream(request, openai_events=openai_events)]
 
     return asyncio.run(collect())
 
@@ -59,6 +61,18 @@ def test_a_streamed_turn_is_replayed_from_the_store_as_it_was_sent_within_its_bo
     assert run.status == "completed" and run.checkpoint_id == live[-1]["custom_outputs"]["checkpoint_id"]
     with pytest.raises(ResponseNotFound):
         agent.runs.get(response_id, "mallory")
+
+
+def test_a_turn_streamed_with_mlflows_events_resumes_with_them_numbered_as_it_was_sent(agent):
+    # `/invocations` streams MLflow's event set (no response.created / in_progress ...), numbered from 0: a client
+    # resuming with starting_after=N must get the events that followed its own N, not those of another numbering.
+    request = {"input": [{"role": "user", "content": "Tell me a story about the sea " * 5}], "custom_inputs": {"user_id": "alice"}}
+    live = streamed(agent, request, openai_events=False)
+    assert [e["sequence_number"] for e in live] == list(range(len(live)))
+    assert live[0]["type"] == "response.output_text.delta"
+    response_id = agent.runs.get(live[-1]["response"]["id"], "alice").response_id
+    assert followed(agent, response_id, "alice") == live
+    assert followed(agent, response_id, "alice", after=2) == live[3:]
 
 
 def test_predict_with_custom_inputs_background_answers_queued_and_the_turn_completes(agent):
@@ -133,3 +147,27 @@ def test_deleting_a_thread_or_a_user_deletes_its_runs_and_their_events(agent, de
         agent.delete_user_data("alice")
     assert agent.runs.store.get(gone) is None and agent.runs.store.rows(gone, -1) == []
     assert agent.runs.get(kept, "bob").status == "completed" and agent.runs.store.rows(kept, -1)  # another user's stays
+
+
+@pytest.mark.parametrize("table", ["agent_runs", "agent_run_events"])
+def test_a_dropped_run_table_is_created_again_by_setups_repair_and_the_stream_is_recorded(backend_url, make_agent, table):
+    agent = make_agent(backend_url)
+    streamed(agent, {"input": [{"role": "user", "content": "first"}], "custom_inputs": {"user_id": "alice"}})
+    drop_table(backend_url, table)  # by hand, as an operator might
+    live = streamed(agent, {"input": [{"role": "user", "content": "second"}], "custom_inputs": {"user_id": "alice"}})
+    response_id = live[0]["response"]["id"]
+    assert followed(agent, response_id, "alice") == live
+    assert agent.runs.get(response_id, "alice").status == "completed"
+
+
+def drop_table(url: str, table: str) -> None:
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {table}")  # a fixed name from the test's parameters
+    else:
+        import sqlite3
+
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            conn.execute(f"DROP TABLE {table}")

@@ -106,13 +106,18 @@ def decode(payload: bytes, keyring: Any) -> tuple[list[list[Any]], bool]:
 
 
 class Replay:
-    """The stream events (dicts, numbered from 0, OpenAI's whole set) of a run's log, fed row by row."""
+    """The stream events (dicts, numbered from 0) of a run's log, fed row by row: OpenAI's whole set, or MLflow's
+    for a turn streamed on `/invocations` (its request's `stream_events`), as the turn's own stream sent them."""
 
     def __init__(self, *, model: str, request: dict[str, Any], background_id: str | None) -> None:
         previous = request.get("previous_response_id")
         envelope = SimpleNamespace(instructions=request.get("instructions"), thread_of_checkpoint=previous is not None,
                                    checkpoint_id=(previous or "").removeprefix("resp_"))  # fmt: skip
-        self.stream = StreamEvents(SimpleNamespace(envelope=envelope), model=model, response_id=background_id)  # type: ignore[arg-type]
+        # A turn streamed with MLflow's event set (`/invocations`) is replayed with it, numbered as it was sent,
+        # so that `starting_after=N` means the same event to its client as on the first connection.
+        lifecycle = request.get("stream_events") != "mlflow"
+        self.stream = StreamEvents(SimpleNamespace(envelope=envelope), model=model, lifecycle=lifecycle,  # type: ignore[arg-type]
+                                   response_id=background_id)
         self.text: dict[str, str] = {}
         self.ended = False
 

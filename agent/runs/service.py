@@ -123,8 +123,9 @@ class Runs:
             loop.call_soon_threadsafe(event.set)
 
     # -- starting ----------------------------------------------------------------------------------
-    def recorder(self, parsed: Any, *, background_id: str | None = None) -> Recorder:
-        return Recorder(self, parsed, background_id=background_id)
+    def recorder(self, parsed: Any, *, background_id: str | None = None, lifecycle: bool = True) -> Recorder:
+        """The recorder of one streamed turn; `lifecycle`: its stream's event set (`request_fields`)."""
+        return Recorder(self, parsed, background_id=background_id, lifecycle=lifecycle)
 
     def queue(self, parsed: Any) -> str:
         """Record a background run as `queued`; its response id. Sweeps ended runs now and then."""
@@ -260,10 +261,13 @@ class Runs:
         return run
 
 
-def request_fields(parsed: Any) -> dict[str, Any]:
-    """What a run's response objects need of its request (`Replay`)."""
+def request_fields(parsed: Any, *, lifecycle: bool = True) -> dict[str, Any]:
+    """What a run's response objects need of its request (`Replay`); `lifecycle` False: the turn streams MLflow's
+    event set (`/invocations`, `predict_stream`), which a resumed stream keeps, numbered as it was sent."""
     envelope = parsed.envelope
     out: dict[str, Any] = {}
+    if not lifecycle:
+        out["stream_events"] = "mlflow"
     if envelope.instructions is not None:
         out["instructions"] = envelope.instructions
     if envelope.thread_of_checkpoint:
@@ -278,9 +282,10 @@ class Recorder:
     Storage work goes through `in_io` (the agent's storage pool), awaited, so the event loop never blocks.
     """
 
-    def __init__(self, runs: Runs, parsed: Any, *, background_id: str | None) -> None:
+    def __init__(self, runs: Runs, parsed: Any, *, background_id: str | None, lifecycle: bool = True) -> None:
         self.runs = runs
         self.parsed = parsed
+        self.lifecycle = lifecycle
         self.background_id = background_id
         self.response_id = background_id
         self.ops = Ops()
@@ -302,7 +307,8 @@ class Recorder:
         if isinstance(event, TurnStarted):
             if self.background_id is None:
                 self.response_id = event.response_id
-                run = Run(event.response_id, self.parsed.envelope.user_id, "in_progress", False, request=request_fields(self.parsed))
+                run = Run(event.response_id, self.parsed.envelope.user_id, "in_progress", False,
+                          request=request_fields(self.parsed, lifecycle=self.lifecycle))
                 await in_io(self.runs.store.create, run)
                 if self.runs.sweep_due():
                     await in_io(self.runs.maybe_sweep)

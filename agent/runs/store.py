@@ -1,10 +1,12 @@
 """Where runs and their events are kept: `RunStore`, one implementation per backend, on the thread storage's
 own connections (Postgres pool; SQLite's one connection, also for `memory://`).
 
-Two tables, created by the store's own `setup` (`CREATE TABLE IF NOT EXISTS`, on Postgres under a
-transaction-scoped advisory lock so replicas starting together do not race): they hold short-lived data (kept
-`response_events_seconds` after a turn ends, then swept), never a thread's history, so the agent's migrations
-and the "a missing table re-applies everything" rule of setup do not need to know them.
+Two tables, created by the agent's migrations like every other (`agent.storage.postgres.migrations`,
+`agent.storage.sqlite.schema`), so that setup creates them once, under its own lock, and re-creates them
+with the rest when one was dropped (a statement that finds a table missing makes the storage run its
+setup again and retries). They hold short-lived data (kept `response_events_seconds` after a turn ends,
+then swept), never a thread's history. (They were first created by this store on first use, which kept
+them out of that repair; nothing else depended on it.)
 
 * `agent_runs`: one row per streamed or background turn, keyed by its response id: owner, status, why it
   ended (`reason`), whether a cancel was asked, its lease (`expires_at`, renewed by the process that runs it;
@@ -30,9 +32,6 @@ from typing import Any
 #: The statuses of a run, as OpenAI's `Response.status`.
 FINAL = frozenset({"completed", "failed", "cancelled", "incomplete"})
 LIVE = frozenset({"queued", "in_progress"})
-
-#: Postgres: the advisory lock that serializes creating the run tables (any constant; apart from setup's own).
-RUNS_SETUP_LOCK_KEY = 7_140_213_912
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class RunStore(ABC):
 
     @abstractmethod
     def setup(self) -> None:
-        """Create the tables if missing. Idempotent; safe from several processes at once."""
+        """Make sure the storage's setup ran (it creates the run tables). Idempotent; safe from several processes."""
 
     @abstractmethod
     def create(self, run: Run) -> None:
@@ -143,29 +142,6 @@ class RunStore(ABC):
 
 
 # -- Postgres -----------------------------------------------------------------------------------------
-PG_SETUP_SQL = [
-    "SELECT pg_advisory_xact_lock(%s)" % RUNS_SETUP_LOCK_KEY,
-    """CREATE TABLE IF NOT EXISTS agent_runs (
-        response_id TEXT PRIMARY KEY,
-        user_id TEXT,
-        status TEXT NOT NULL,
-        background BOOLEAN NOT NULL,
-        thread_id TEXT,
-        checkpoint_id TEXT,
-        reason TEXT,
-        code TEXT,
-        cancel_requested BOOLEAN NOT NULL DEFAULT false,
-        request JSONB NOT NULL DEFAULT '{}',
-        expires_at TIMESTAMPTZ NOT NULL
-    )""",
-    "CREATE INDEX IF NOT EXISTS agent_runs_expires_idx ON agent_runs (expires_at)",
-    """CREATE TABLE IF NOT EXISTS agent_run_events (
-        response_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        payload BYTEA NOT NULL,
-        PRIMARY KEY (response_id, seq)
-    )""",
-]
 PG_CREATE_SQL = """
 INSERT INTO agent_runs (response_id, user_id, status, background, request, expires_at)
 VALUES (%(response_id)s, %(user_id)s, %(status)s, %(background)s, %(request)s,
@@ -241,12 +217,7 @@ class PostgresRunStore(RunStore):
         return self.storage.run(action, work)  # on the storage pool's threads: never inside a commit
 
     def setup(self) -> None:
-        def create(conn: Any) -> None:
-            with conn.transaction():
-                for statement in PG_SETUP_SQL:
-                    conn.execute(statement)
-
-        self.storage.run("create the run tables", create)
+        self.storage.setup()  # the run tables are among the agent's migrations
 
     def create(self, run: Run) -> None:
         params = {"response_id": run.response_id, "user_id": run.user_id, "status": run.status,
@@ -307,28 +278,6 @@ class PostgresRunStore(RunStore):
 
 
 # -- SQLite -------------------------------------------------------------------------------------------
-SQLITE_SETUP_SQL = [
-    """CREATE TABLE IF NOT EXISTS agent_runs (
-        response_id TEXT PRIMARY KEY,
-        user_id TEXT,
-        status TEXT NOT NULL,
-        background INTEGER NOT NULL,
-        thread_id TEXT,
-        checkpoint_id TEXT,
-        reason TEXT,
-        code TEXT,
-        cancel_requested INTEGER NOT NULL DEFAULT 0,
-        request TEXT NOT NULL DEFAULT '{}',
-        expires_at REAL NOT NULL
-    )""",
-    "CREATE INDEX IF NOT EXISTS agent_runs_expires_idx ON agent_runs (expires_at)",
-    """CREATE TABLE IF NOT EXISTS agent_run_events (
-        response_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        payload BLOB NOT NULL,
-        PRIMARY KEY (response_id, seq)
-    )""",
-]
 SQLITE_COLUMNS = "response_id, user_id, status, background, thread_id, checkpoint_id, reason, code, cancel_requested, request"
 LIVE_IN = "('queued', 'in_progress')"
 FINAL_IN = "('completed', 'failed', 'cancelled', 'incomplete')"
@@ -341,21 +290,27 @@ class SqliteRunStore(RunStore):
         super().__init__(lease_seconds, keep_seconds)
         self.storage = storage
 
+    def _transaction(self, work: Any) -> Any:
+        """`work(cursor)` in one write transaction, run again once if setup had to re-create a dropped table."""
+
+        def attempt() -> Any:
+            with self.storage.saver.transaction() as cur:
+                return work(cur)
+
+        return self.storage._repairing(attempt)  # the storage's errors (`StorageUnavailable`), after its setup
+
     def _write(self, statement: str, params: Sequence[Any]) -> int:
-        self.ensure()
-        with self.storage._errors(), self.storage.saver.transaction() as cur:
-            return cur.execute(statement, params).rowcount
+        return self._transaction(lambda cur: cur.execute(statement, params).rowcount)
 
     def _read(self, statement: str, params: Sequence[Any]) -> list[tuple]:
-        self.ensure()
-        with self.storage._errors(), self.storage.saver.cursor(transaction=False) as cur:
-            return cur.execute(statement, params).fetchall()
+        def attempt() -> list[tuple]:
+            with self.storage.saver.cursor(transaction=False) as cur:
+                return cur.execute(statement, params).fetchall()
+
+        return self.storage._repairing(attempt)
 
     def setup(self) -> None:
-        self.storage.setup()
-        with self.storage._errors(), self.storage.saver.transaction() as cur:
-            for statement in SQLITE_SETUP_SQL:
-                cur.execute(statement)
+        self.storage.setup()  # the run tables are among the agent's migrations
 
     def create(self, run: Run) -> None:
         self._write(f"INSERT OR IGNORE INTO agent_runs ({SQLITE_COLUMNS}, expires_at) VALUES (?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, ?, ?)",
@@ -373,8 +328,7 @@ class SqliteRunStore(RunStore):
         return self._write("UPDATE agent_runs SET status = 'in_progress' WHERE response_id = ? AND status = 'queued'", (response_id,)) == 1
 
     def finish(self, response_id, status, *, reason=None, code=None, thread_id=None, checkpoint_id=None, whole=None, last_seq=-1) -> None:
-        self.ensure()
-        with self.storage._errors(), self.storage.saver.transaction() as cur:
+        def work(cur: Any) -> None:
             cur.execute(
                 f"""UPDATE agent_runs SET status = ?, reason = ?, code = ?, thread_id = coalesce(?, thread_id),
                     checkpoint_id = coalesce(?, checkpoint_id), expires_at = ? WHERE response_id = ? AND status IN {LIVE_IN}""",
@@ -383,6 +337,8 @@ class SqliteRunStore(RunStore):
             if whole is not None:
                 cur.execute("DELETE FROM agent_run_events WHERE response_id = ? AND seq <= ?", (response_id, last_seq))
                 cur.execute("INSERT INTO agent_run_events (response_id, seq, payload) VALUES (?, ?, ?)", (response_id, last_seq + 1, whole))
+
+        self._transaction(work)
 
     def cancel_queued(self, response_id: str) -> bool:
         reason = "Cancelled (POST /responses/{id}/cancel) before it started; nothing was written."
@@ -414,27 +370,32 @@ class SqliteRunStore(RunStore):
         return [(seq, bytes(payload)) for seq, payload in rows]
 
     def delete(self, response_id: str) -> bool:
-        self.ensure()
-        with self.storage._errors(), self.storage.saver.transaction() as cur:
+        def work(cur: Any) -> bool:
             cur.execute("DELETE FROM agent_run_events WHERE response_id = ?", (response_id,))
             return cur.execute("DELETE FROM agent_runs WHERE response_id = ?", (response_id,)).rowcount == 1
 
+        return self._transaction(work)
+
     def forget(self, *, user_id: str | None = None, thread_id: str | None = None) -> int:
         column, value = _forget_key(user_id, thread_id)
-        self.ensure()
         gone = f"SELECT response_id FROM agent_runs WHERE {column} = ?"
-        with self.storage._errors(), self.storage.saver.transaction() as cur:
+
+        def work(cur: Any) -> int:
             cur.execute(f"DELETE FROM agent_run_events WHERE response_id IN ({gone})", (value,))
             return cur.execute(f"DELETE FROM agent_runs WHERE {column} = ?", (value,)).rowcount
 
+        return self._transaction(work)
+
     def sweep(self) -> int:
-        self.ensure()
         now = time.time()
         gone = (f"SELECT response_id FROM agent_runs WHERE (status IN {FINAL_IN} AND expires_at < ?) "
                 "OR (expires_at < ?)")  # fmt: skip
-        with self.storage._errors(), self.storage.saver.transaction() as cur:
+
+        def work(cur: Any) -> int:
             cur.execute(f"DELETE FROM agent_run_events WHERE response_id IN ({gone})", (now, now - self.keep_seconds))
             return cur.execute(f"DELETE FROM agent_runs WHERE response_id IN ({gone})", (now, now - self.keep_seconds)).rowcount
+
+        return self._transaction(work)
 
 
 def _forget_key(user_id: str | None, thread_id: str | None) -> tuple[str, str]:

@@ -16,8 +16,13 @@ near its end, and `GET /health` waits seconds for its turn on the loop. So:
 Only turns count: `POST /responses` and `POST /invocations` whose body asks for a
 turn (`agent.requests.asks_for_turn`: no `custom_inputs.action`, or an action that runs
 as a turn, `merge_branch`, which calls the model), streamed or not; a stream holds its
-place until its last event. Other actions (history, state, branches, threads: they
-never call the model), the `/conversations` and `/responses/{id}`
+place until its last event. A turn that outlives its request keeps its place until it
+ends (`agent.runs.places`): a background run, and a stream whose client left under
+`finish_left_streams`. A background request is never held in the queue, since it
+answers `queued` at once: when every place is taken it takes a waiting place and its
+run waits for a running one, reading `queued` meanwhile; with the queue full it gets the
+429 like any turn. Other actions (history, state, branches, threads: they never call the
+model), the `/conversations` and `/responses/{id}`
 routes, `GET /health`, `GET /ready` and every other route pass at once: they never
 wait behind turns.
 
@@ -40,7 +45,8 @@ from typing import Any
 import anyio
 
 from agent.errors import ServerBusy
-from agent.requests import asks_for_turn
+from agent.requests import asks_for_background, asks_for_turn
+from agent.runs.places import request_place
 from agent.serving.errors import answer_body, http_status, send_error_answer
 from agent.serving.limits import JSON_BODY_KEY
 
@@ -50,6 +56,64 @@ TURN_PATHS = frozenset({"/responses", "/invocations"})
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
 #: Weight of the latest turn in the mean turn length behind `Retry-After`.
 TURN_LENGTH_WEIGHT = 0.2
+
+
+class AdmissionPlace:
+    """One turn's place (`agent.runs.places.Place`): held among the running turns, or waiting in the queue.
+
+    The `CapacityLimiter` counts it as its borrower while it is held. Used on the server's event loop only.
+    """
+
+    def __init__(self, admission: TurnAdmission) -> None:
+        self.admission = admission
+        self.held = self.queued = self.kept = self.released = False
+        self.started = 0.0
+
+    def take_now(self) -> bool:
+        """Take a running place if one is free; whether it did."""
+        try:
+            self.admission.running.acquire_on_behalf_of_nowait(self)
+        except anyio.WouldBlock:
+            return False
+        self._held()
+        return True
+
+    def enqueue(self) -> None:
+        """Count this place among the waiting ones (the caller checked that the queue has room)."""
+        self.admission.waiting += 1
+        self.queued = True
+
+    async def wait(self) -> None:
+        if self.held or self.released:
+            return
+        if not self.queued:
+            self.enqueue()
+        try:
+            await self.admission.running.acquire_on_behalf_of(self)
+        finally:
+            self._unqueue()
+        self._held()
+
+    def keep(self) -> None:
+        self.kept = True
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self._unqueue()
+        if self.held:
+            self.held = False
+            self.admission.running.release_on_behalf_of(self)
+            self.admission.record(time.monotonic() - self.started)
+
+    def _held(self) -> None:
+        self.held, self.started = True, time.monotonic()
+
+    def _unqueue(self) -> None:
+        if self.queued:
+            self.queued = False
+            self.admission.waiting -= 1
 
 
 class TurnAdmission:
@@ -69,24 +133,26 @@ class TurnAdmission:
         if body is None or scope.get("path") not in TURN_PATHS or not asks_for_turn(body):
             await self.app(scope, receive, send)
             return
-        place = object()  # the turn's claim on a place (CapacityLimiter counts borrowers)
-        try:
-            self.running.acquire_on_behalf_of_nowait(place)
-        except anyio.WouldBlock:
+        place = AdmissionPlace(self)
+        if not place.take_now():
             if self.waiting >= self.max_waiting:
                 await self._refuse(scope, send)
                 return
-            receive = await self._wait(place, receive)
-            if receive is None:
-                return  # the client left while its turn waited: it never runs
-        started = time.monotonic()
+            if asks_for_background(body):
+                place.enqueue()  # answered at once; its run waits for the place (`agent.runs.places`)
+            else:
+                receive = await self._wait(place, receive)
+                if receive is None:
+                    return  # the client left while its turn waited: it never runs
+        token = request_place.set(place)
         try:
             await self.app(scope, receive, send)
         finally:
-            self.running.release_on_behalf_of(place)
-            self._record(time.monotonic() - started)
+            request_place.reset(token)
+            if not place.kept:  # a turn that outlives its request gives its place back itself
+                place.release()
 
-    async def _wait(self, place: object, receive: Any) -> Any:
+    async def _wait(self, place: AdmissionPlace, receive: Any) -> Any:
         """Wait for a place, watching the connection; the `receive` the app gets then, or None when the
         client left first (the turn then holds no place)."""
         # The body was read whole (RequestBodyLimits replays it): take it now, so that what the watcher
@@ -96,8 +162,8 @@ class TurnAdmission:
             messages.append(await receive())
         if messages[-1]["type"] != "http.request":
             return None
-        left = admitted = False
-        self.waiting += 1
+        left = False
+        place.enqueue()
         try:
             async with anyio.create_task_group() as group:
 
@@ -109,14 +175,12 @@ class TurnAdmission:
                     group.cancel_scope.cancel()  # cancels the wait below, which then holds no place
 
                 group.start_soon(watch)
-                await self.running.acquire_on_behalf_of(place)
-                admitted = True
+                await place.wait()
                 group.cancel_scope.cancel()
         finally:
-            self.waiting -= 1
-        if left or not admitted:
-            if admitted:  # the place came as the client left: give it to the next turn
-                self.running.release_on_behalf_of(place)
+            if left or not place.held:
+                place.release()  # the place came as the client left: it goes to the next turn
+        if left or not place.held:
             return None
 
         async def replay() -> dict:
@@ -137,7 +201,8 @@ class TurnAdmission:
         """Seconds a refused turn is told to wait: about one turn length (module docstring)."""
         return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(self.mean_turn_seconds)))
 
-    def _record(self, seconds: float) -> None:
+    def record(self, seconds: float) -> None:
+        """Count a turn that held its place `seconds` in the mean turn length."""
         if self.mean_turn_seconds == 0.0:
             self.mean_turn_seconds = seconds
         else:

@@ -19,7 +19,8 @@ What this module adds to MLflow's server:
 * **A client that leaves cancels its turn**: the stream's task is cancelled,
   which cancels the model request and releases the thread at once. With `finish_left_streams`
   the turn runs on to its end instead (its events are recorded, `agent.runs`), so the client can
-  resume it with `GET /responses/{id}?stream=true&starting_after=N`.
+  resume it with `GET /responses/{id}?stream=true&starting_after=N`; it keeps its place under the
+  admission bound until it ends (`agent.runs.places`).
 * **One trace per turn**: the server's span covers the whole turn, the first
   model call of a stream included; the turn's model calls are spans inside it
   (`agent.tracing`), and the trace is tagged with the thread and checkpoints.
@@ -42,7 +43,7 @@ What this module adds to MLflow's server:
 * **Turns at once.** At most `max_running_turns` turns run at once in the process, up to
   `max_waiting_turns` more wait (a waiting turn whose client leaves leaves the queue), and
   beyond that a turn is refused with 429 and `Retry-After`, nothing written
-  (`serving.admission`). Actions, `/health`, `/ready` and every other route never wait behind turns.
+  (`serving.admission`); background runs and left streams count until their turn ends. Actions, `/health`, `/ready` and every other route never wait behind turns.
 * **Browsers and bandwidth.** With `cors_origins` set, Starlette's `CORSMiddleware`
   answers preflights from those origins (others get no CORS headers); answers of
   1 kB or more are gzip-compressed for clients that accept it (`GZipMiddleware`,
@@ -89,6 +90,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from agent.errors import AgentError, InvalidRequest, validation_problems
 from agent.requests import keeping_item_ids, with_string_input
 from agent.responses import LangGraphResponsesAgent, traces
+from agent.runs.places import keep_request_place
 from agent.serving.admission import TurnAdmission
 from agent.serving.errors import answer_body, http_status, log_error_answer, speaks_openai, status_answer_body
 from agent.serving.identity import TrustedUserHeader
@@ -243,6 +245,9 @@ class _ResponsesAgentServer(AgentServer):
                     events.left = True
                     _agent().runs.tasks.add(producer)
                     producer.add_done_callback(_agent().runs.tasks.discard)
+                    place = keep_request_place()  # it still counts under the admission bound until it ends
+                    if place is not None:
+                        producer.add_done_callback(lambda _: place.release())
                 else:
                     producer.cancel()  # also when the client left: ends the turn, nothing written
                     await asyncio.gather(producer, return_exceptions=True)

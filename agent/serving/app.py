@@ -188,12 +188,16 @@ def create_app() -> FastAPI:
 def with_lifespan(app: FastAPI, agent: Any, *, close_agent: bool) -> None:
     """Give `app` the lifespan of one server process: the retention sweeper (`serving.sweeper`) runs
     from start-up to shutdown when `sweep_interval_seconds` is set; `close_agent`: close `agent` at shutdown."""
+    from agent.serving.collector import tune_for_serving
+    from agent.tracing import build_tracer_now
     from agent.serving.sweeper import Sweeper
 
     interval = agent.settings.sweep_interval_seconds
 
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
+        build_tracer_now()  # not on the first traced turn, which would stall the event loop (agent.tracing)
+        tune_for_serving()  # the agent and the app are built: their objects never need collecting
         sweeper = Sweeper(agent, interval) if interval else None
         if sweeper is not None:
             sweeper.start()

@@ -43,6 +43,7 @@ from bench import (
     storage,
     streams,
     turn_cost,
+    users,
     web,
 )
 from tests.helpers import REPO_ROOT
@@ -183,6 +184,21 @@ def check_streams(run: Run) -> None:
     assert databases_left(run.server_url, names=[result["database"]]) == []
 
 
+def check_users(run: Run) -> None:
+    result = run.report
+    assert result["users"] == users.QUICK_USERS and result["targets_total"] == 5
+    found = result["measurements"]
+    # Every user's turn was answered: streamed to its checkpoint, or refused with 429 and Retry-After.
+    assert found["turns"]["requests"] == users.QUICK_USERS and found["errors"] == 0
+    assert found["turns"]["errors"] == found["refused"]
+    # /health and the other user's history were read during the burst, and connections were sampled.
+    assert found["health"]["requests"] > 0 and found["health"]["errors"] == 0 and found["health"]["p99_s"] > 0
+    assert found["history"]["requests"] > 0 and found["history"]["errors"] == 0
+    assert found["connection_samples"] > 0 and 0 < found["peak_connections"]
+    assert result["settings"]["pool_max_size"] == users.POOL_MAX_SIZE
+    assert databases_left(run.server_url, names=[result["database"]]) == []
+
+
 def check_branches(run: Run) -> None:
     result = run.report
     assert result["error"] is None
@@ -317,6 +333,7 @@ PARTS = [
     Part("storage", storage.figures, check_storage, timeout=300, via_runner=True),
     Part("turn_cost", turn_cost.figures, check_turn_cost, timeout=300),
     Part("streams", lambda: streams.figures(streams.QUICK_STREAMS), check_streams, timeout=300),
+    Part("users", lambda: users.figures(users.QUICK_USERS), check_users, timeout=300),
     Part("encryption", encryption.figures, check_encryption, timeout=300),
     Part("runs", runs.figures, check_runs, timeout=300),
     Part("catalogue", lambda: catalogue.figures(catalogue.QUICK), check_catalogue),
@@ -329,7 +346,7 @@ PARTS = [
 ]  # fmt: skip
 
 # The storage part is the quick one; the others start servers and databases for minutes.
-_SLOW = {"branches", "catalogue", "context", "memory", "memory_eval", "startup", "load", "web", "turn_cost", "streams"}
+_SLOW = {"branches", "catalogue", "context", "memory", "memory_eval", "startup", "load", "web", "turn_cost", "streams", "users"}
 
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:

@@ -192,9 +192,11 @@ def test_no_row_of_a_deleted_thread_remains_in_any_table(url, make_agent):
     keep = new_thread(agent, "another thread")
     before = rows_in_every_table(url, thread_id)
     # Every table with a thread_id column holds rows of the thread, or the test would prove little; but
-    # the queue of turns waiting for the thread and the messages steered into its turns, empty once they ran.
+    # the queue of turns waiting for the thread and the messages steered into its turns, empty once they ran,
+    # and the runs, which only streamed and background turns have (`agent.runs`; these are unstreamed).
     assert before.pop("agent_claim_waiters") == 0
     assert before.pop("agent_steers") == 0
+    assert before.pop("agent_runs") == 0
     assert all(count > 0 for count in before.values()), before
     assert set(before) >= set(thread_rows(url, thread_id))
     kept_before = rows_in_every_table(url, keep)
@@ -202,7 +204,7 @@ def test_no_row_of_a_deleted_thread_remains_in_any_table(url, make_agent):
     removed = agent.sweep_expired_threads(now=expired_at(agent, thread_id))
 
     assert thread_id in removed["deleted_thread_ids"]
-    assert rows_in_every_table(url, thread_id) == {table: 0 for table in [*before, "agent_claim_waiters", "agent_steers"]}
+    assert rows_in_every_table(url, thread_id) == {table: 0 for table in [*before, "agent_claim_waiters", "agent_steers", "agent_runs"]}
     if keep not in removed["deleted_thread_ids"]:
         assert rows_in_every_table(url, keep) == kept_before
 

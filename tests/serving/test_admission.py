@@ -1,7 +1,8 @@
-"""Turn admission on `tt-agent serve` (`agent.serving.admission`): one turn runs, one waits, more get 429.
+"""Turn admission on `tt-agent serve` (`agent.serving.admission`): one turn runs, one waits, more get 429;
+background runs and streams left to run on (`agent.runs.places`) count until their turn ends.
 
-One server process for the module (the CLI, as a user starts it) with `AGENT_MAX_RUNNING_TURNS=1`
-and `AGENT_MAX_WAITING_TURNS=1`, on a SQLite file, its model the OpenAI-compatible stub slowed to
+One server process for the module (the CLI, as a user starts it) with `AGENT_MAX_RUNNING_TURNS=1`,
+`AGENT_MAX_WAITING_TURNS=1` and `AGENT_FINISH_LEFT_STREAMS=true`, on a SQLite file, its model the OpenAI-compatible stub slowed to
 `MODEL_LATENCY_S` per reply, so that a turn is still running while the next requests arrive.
 Everything goes over real HTTP.
 """
@@ -46,6 +47,7 @@ def server(tmp_path_factory):
             "AGENT_TRACING": "false",
             "AGENT_MAX_RUNNING_TURNS": "1",
             "AGENT_MAX_WAITING_TURNS": "1",
+            "AGENT_FINISH_LEFT_STREAMS": "true",
         }
         command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
         with server_process(command, port=port, health_path="/health", env=env, cwd=cwd) as base_url:
@@ -193,3 +195,89 @@ def test_a_waiting_turn_whose_client_leaves_leaves_the_queue_and_never_runs(serv
     assert following.status == 200 and following.ended > running.ended
     assert history_status(server, leaving_thread) == 404
     assert the_model_never_got(server, leaving_text)
+
+
+def background(text: str) -> dict:
+    return {**request(text, thread_id=f"admission-{uuid.uuid4().hex}"), "background": True}
+
+
+async def run_status(http: httpx.AsyncClient, response_id: str) -> str:
+    answer = await http.get(f"/responses/{response_id}")
+    assert answer.status_code == 200, answer.text
+    return answer.json()["status"]
+
+
+async def until_ended(http: httpx.AsyncClient, response_id: str) -> tuple[str, float]:
+    """Poll a background run until it ended: (its status, `time.monotonic()` when it was seen ended)."""
+    deadline = time.monotonic() + 60
+    while (status := await run_status(http, response_id)) in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, f"{response_id} still {status}"
+        await asyncio.sleep(0.1)
+    return status, time.monotonic()
+
+
+async def two_more_turns(http: httpx.AsyncClient) -> list[Answer]:
+    """Two turns sent at once; with the one place taken, one waits and the other is refused (or both run)."""
+    return list(await asyncio.gather(*(send(http, "/responses", request(turn_text("more"))) for _ in range(2))))
+
+
+def test_a_background_run_holds_its_place_until_its_turn_ends(server):
+    text = turn_text("background")
+
+    async def scenario() -> tuple[Answer, list[Answer], tuple[str, float]]:
+        async with client(server) as http:
+            queued = await send(http, "/responses", background(text))
+            await until_the_model_got(server, text)  # the request has ended; its turn runs
+            more = await two_more_turns(http)
+            return queued, more, await until_ended(http, queued.body["id"])
+
+    queued, more, (status, _) = asyncio.run(scenario())
+    assert queued.status == 200 and queued.body["status"] == "queued"
+    # The run holds the one place: of two more turns one waits, the other is one too many.
+    assert sorted(answer.status for answer in more) == [200, 429], more
+    assert status == "completed"
+
+
+def test_a_background_run_beyond_the_running_turns_answers_queued_at_once_and_waits_for_a_place(server):
+    running_text, background_text = turn_text("running"), turn_text("background")
+
+    async def scenario() -> tuple[Answer, Answer, float, Answer, tuple[str, float]]:
+        async with client(server) as http:
+            running = asyncio.create_task(send(http, "/responses", request(running_text), stream=True))
+            await until_the_model_got(server, running_text)
+            sent = time.monotonic()
+            queued = await send(http, "/responses", background(background_text))
+            refused = await send(http, "/responses", request(turn_text("refused")))  # the run waits in the queue
+            never_before = the_model_never_got(server, background_text)
+            assert never_before, "the background run started while the one place was taken"
+            return await running, queued, sent, refused, await until_ended(http, queued.body["id"])
+
+    running, queued, sent, refused, (status, _) = asyncio.run(scenario())
+    # Answered at once (not held in the queue for the running turn), and queued behind it.
+    assert queued.status == 200 and queued.body["status"] == "queued"
+    assert queued.ended < running.ended and queued.ended - sent < MODEL_LATENCY_S
+    assert refused.status == 429 and int(refused.headers["retry-after"]) >= 1
+    assert running.status == 200 and status == "completed"
+
+
+def test_a_left_stream_that_runs_on_holds_its_place_until_its_turn_ends(server):
+    left_text = turn_text("left")
+
+    async def scenario() -> list[Answer]:
+        async with client(server) as http, client(server) as leaving_http:
+            leaving = asyncio.create_task(send(leaving_http, "/responses", request(left_text), stream=True))
+            await until_the_model_got(server, left_text)
+            leaving.cancel()
+            await asyncio.gather(leaving, return_exceptions=True)
+            await leaving_http.aclose()  # the client left; under finish_left_streams its turn runs on
+            await asyncio.sleep(ARRIVAL_S)
+            return await two_more_turns(http)
+
+    # Still running when the two arrive, and streaming a delta every 0.2 s, so that the server sees at once
+    # that its client left (it finds out when it next writes) and the request ends long before the turn.
+    configure_stub(server.model_url, latency_s=4 * MODEL_LATENCY_S, chunks=20)
+    try:
+        more = asyncio.run(scenario())
+    finally:
+        configure_stub(server.model_url, latency_s=MODEL_LATENCY_S, chunks=2)
+    assert sorted(answer.status for answer in more) == [200, 429], more

@@ -21,6 +21,12 @@ holds its two ends:
   flags the claim: `Claim.steer_offered`) is looked for. An offer the turn
   never took (it made no further model call) is run by its request next.
 
+A steering request that finds turns already waiting for the thread does not offer: it
+waits behind them like `enqueue` and runs its messages as a turn of its own. Joining
+the running turn would put its messages before those of the waiting turns, which were
+sent earlier, and a thread's messages keep the order they were sent in (steer's contract,
+"appended to that turn ..., in order"; `tests/operations/test_steer.py`'s interleaving property test holds it).
+
 Why in the model step and not a graph node of its own: a user's graph that calls
 `agent.graph.call_model` gets steering with no change to its shape, and the
 built-in graph keeps its `agent` / `tools` nodes (history and `next_nodes`

@@ -453,6 +453,29 @@ MIGRATIONS = [
     # See DROPPED_INDEXES. A plain DROP (not CONCURRENTLY: setup's migrations run in one transaction) holds
     # each table's lock only for the catalogue change. One command: a migration may run as a prepared statement.
     f"DROP INDEX IF EXISTS {', '.join(DROPPED_INDEXES)}",
+    # Runs (`agent.runs.store`): one row per streamed or background turn, and its event log. Short-lived rows
+    # (swept `response_events_seconds` after the turn ends), but tables like any other: setup creates them,
+    # and re-creates them with the rest if one was dropped.
+    """CREATE TABLE IF NOT EXISTS agent_runs (
+        response_id TEXT PRIMARY KEY,
+        user_id TEXT,
+        status TEXT NOT NULL,
+        background BOOLEAN NOT NULL,
+        thread_id TEXT,
+        checkpoint_id TEXT,
+        reason TEXT,
+        code TEXT,
+        cancel_requested BOOLEAN NOT NULL DEFAULT false,
+        request JSONB NOT NULL DEFAULT '{}',
+        expires_at TIMESTAMPTZ NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_runs_expires_idx ON agent_runs (expires_at)",
+    """CREATE TABLE IF NOT EXISTS agent_run_events (
+        response_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        payload BYTEA NOT NULL,
+        PRIMARY KEY (response_id, seq)
+    )""",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
@@ -460,5 +483,5 @@ TABLES = (
     "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
     "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
     "agent_claim_waiters", "agent_user_claims", "agent_steers", "store_migrations", "store", "agent_branches",
-    "agent_message_text",
+    "agent_message_text", "agent_runs", "agent_run_events",
 )  # fmt: skip

@@ -198,13 +198,37 @@ MIGRATIONS: list[list[str]] = [
         # change of `updated_at` rewrote an entry of this one too (the Postgres schema drops it as well).
         "DROP INDEX IF EXISTS agent_threads_user_id_idx",
     ],
+    [
+        # Runs (`agent.runs.store`): one row per streamed or background turn, and its event log; short-lived
+        # rows, swept `response_events_seconds` after the turn ends.
+        """CREATE TABLE IF NOT EXISTS agent_runs (
+            response_id TEXT PRIMARY KEY,
+            user_id TEXT,
+            status TEXT NOT NULL,
+            background INTEGER NOT NULL,
+            thread_id TEXT,
+            checkpoint_id TEXT,
+            reason TEXT,
+            code TEXT,
+            cancel_requested INTEGER NOT NULL DEFAULT 0,
+            request TEXT NOT NULL DEFAULT '{}',
+            expires_at REAL NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS agent_runs_expires_idx ON agent_runs (expires_at)",
+        """CREATE TABLE IF NOT EXISTS agent_run_events (
+            response_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            payload BLOB NOT NULL,
+            PRIMARY KEY (response_id, seq)
+        )""",
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).
 TABLES = (
     "checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
     "agent_claim_waiters", "agent_user_claims", "agent_steers", "store_migrations", "store", "vector_migrations",
-    "store_vectors", "agent_branches", "agent_message_text", "agent_message_fts",
+    "store_vectors", "agent_branches", "agent_message_text", "agent_message_fts", "agent_runs", "agent_run_events",
 )  # fmt: skip
 
 #: LangGraph's store (long-term memory, agent.memory): its migration lists and their version tables,
