@@ -53,17 +53,24 @@ function labelLines(entry: HistoryEntry, siblings: HistoryEntry[]): string[] {
   if (entry.source === "root") return [`${head}(start)`];
   const records = entry as HistoryEntry & { merged_from?: unknown };
   const mark = head + (records.pinned ? "★ " : "") + (records.merged_from ? "⇐ " : "") + (entry.source === "update" ? "✎ " : "");
-  let text = textOfEntry(entry);
+  const text = textOfEntry(entry);
   const others = siblings.filter((s) => s !== entry);
-  if (entry.last_user_message && others.some((s) => s.last_user_message === entry.last_user_message)) {
-    return [wrapped(mark + text, 1)[0], ...wrapped(`↳ ${entry.last_message || "(no answer)"}`, 1)];
+  const same = others.filter((s) => entry.last_user_message && s.last_user_message === entry.last_user_message);
+  if (same.length) {
+    const answer = entry.last_message || "(no answer)";
+    const answerLine = fromWhereItParts(answer, same.map((s) => s.last_message || ""), LINE_CHARS - 2);
+    return [wrapped(mark + text, 1)[0], ...wrapped(`↳ ${answerLine}`, 1)];
   }
-  const differs = Math.max(0, ...others.map((s) => sharedStart(text, textOfEntry(s))));
-  if (differs > 2 * LINE_CHARS - 12) {
-    const from = text.lastIndexOf(" ", differs - 10);
-    text = `…${text.slice(from > 0 ? from + 1 : differs - 10)}`;
-  }
-  return wrapped(mark + text, 2);
+  return wrapped(mark + fromWhereItParts(text, others.map(textOfEntry), 2 * LINE_CHARS - mark.length), 2);
+}
+
+/** `text`, or when it shares more than `room` less a few words' worth of its start with one of `others`:
+ * "…" and `text` from the word before where the two part, so that what tells them apart is in view. */
+function fromWhereItParts(text: string, others: string[], room: number): string {
+  const differs = Math.max(0, ...others.map((other) => sharedStart(text, other)));
+  if (differs <= room - 12) return text;
+  const from = text.lastIndexOf(" ", differs - 10);
+  return `…${text.slice(from > 0 ? from + 1 : Math.max(0, differs - 10))}`;
 }
 
 /** The tooltip: the user message as the history holds it (its first 100 characters), the id, the head. */
@@ -168,6 +175,12 @@ export function TreeView({ history, shown, onJump, threadId }: { history: Histor
       </div>
       <div className="tree-box" ref={box}>
         <svg width={drawing.width} height={drawing.height} data-testid="tree-svg">
+          <defs>
+            {/* Each node's text stays in its box (in each node's own coordinates) even where a line runs long. */}
+            <clipPath id="tree-node-text" clipPathUnits="userSpaceOnUse">
+              <rect x={2} y={0} width={NODE_W - 6} height={NODE_H} />
+            </clipPath>
+          </defs>
           {drawing.edges.map((edge, i) => (
             <polyline key={i} points={edge.points.map((p) => `${p.x},${p.y}`).join(" ")} className="edge" />
           ))}
@@ -190,7 +203,7 @@ export function TreeView({ history, shown, onJump, threadId }: { history: Histor
               >
                 <title>{tooltip(entry)}</title>
                 <rect width={NODE_W} height={NODE_H} rx={6} />
-                <text x={8} y={lines.length > 1 ? 17 : 25}>
+                <text x={8} y={lines.length > 1 ? 17 : 25} clipPath="url(#tree-node-text)">
                   {lines.map((line, i) => (
                     <tspan key={i} x={8} dy={i ? 14 : 0}>
                       {line}
