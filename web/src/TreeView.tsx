@@ -204,11 +204,14 @@ export function TreeView({ history, shown, onJump, threadId }: { history: Histor
                 <title>{tooltip(entry)}</title>
                 <rect width={NODE_W} height={NODE_H} rx={6} />
                 <text x={8} y={lines.length > 1 ? 17 : 25} clipPath="url(#tree-node-text)">
-                  {lines.map((line, i) => (
-                    <tspan key={i} x={8} dy={i ? 14 : 0}>
-                      {line}
-                    </tspan>
-                  ))}
+                  {/* One line as plain text: a tspan per node costs the first render of a long thread. */}
+                  {lines.length === 1
+                    ? lines[0]
+                    : lines.map((line, i) => (
+                        <tspan key={i} x={8} dy={i ? 14 : 0}>
+                          {line}
+                        </tspan>
+                      ))}
                 </text>
               </g>
             );
