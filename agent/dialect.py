@@ -31,7 +31,7 @@ from typing import Any
 
 from mlflow.types.responses import ResponsesAgentRequest
 
-from agent.errors import InvalidRequest
+from agent.errors import InvalidRequest, shown_id
 from agent.validation import check_id
 
 #: The prefix of a response id: `resp_<checkpoint_id>` names the checkpoint a turn wrote.
@@ -123,7 +123,7 @@ def openai_fields(raw: Mapping[str, Any], custom: Mapping[str, Any], *, turn: bo
     if "previous_response_id" in given:
         response_id = check_id("previous_response_id", given["previous_response_id"])
         if not response_id.startswith(RESPONSE_ID_PREFIX) or response_id == RESPONSE_ID_PREFIX:
-            raise InvalidRequest(f"previous_response_id must be a response id ({RESPONSE_ID_PREFIX}...), got {response_id!r}")
+            raise InvalidRequest(f"previous_response_id must be a response id ({RESPONSE_ID_PREFIX}...), got {shown_id(response_id)}")
         out["previous_response_id"] = response_id.removeprefix(RESPONSE_ID_PREFIX)
     if "conversation" in given:
         conversation = given["conversation"]

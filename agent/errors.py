@@ -141,6 +141,23 @@ class ServerBusy(Unavailable):
 
 
 # -- wording ------------------------------------------------------------------------------------
+#: Ids up to this long are quoted whole in messages: every id the agent makes (a UUID, `resp_<uuid>`) fits.
+SHOWN_ID_CHARS = 64
+#: How much of a longer id a message quotes.
+CLIPPED_ID_CHARS = 40
+
+
+def shown_id(value: object) -> str:
+    """`value` quoted for an error message (`repr`): whole when it is at most `SHOWN_ID_CHARS` long, else its
+    first `CLIPPED_ID_CHARS` characters, "…" and its length, `'aaaa…' (256 characters)`. A request may name
+    ids of up to 256 characters (`validation.MAX_ID_CHARS`), and a message echoed to a person (a 404 on the
+    web page, a log line) has no use for all of them; the error's `ids` keep the whole id for code."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= SHOWN_ID_CHARS:
+        return repr(text)
+    return f"{text[:CLIPPED_ID_CHARS] + '…'!r} ({len(text)} characters)"
+
+
 def validation_problems(errors: list[dict[str, Any]], *, most: int = 3) -> str:
     """pydantic's `ValidationError.errors()` as one line for people: `input.0.role: Input should be …; …`.
 

@@ -48,7 +48,7 @@ from mlflow.pyfunc import ResponsesAgent
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
 
 from agent.agent import Agent, agent_errors
-from agent.errors import AgentError, InvalidRequest, PreviousResponseNotFound, ResponseNotFound
+from agent.errors import AgentError, InvalidRequest, PreviousResponseNotFound, ResponseNotFound, shown_id
 from agent.mlflow_errors import as_mlflow_exception
 from agent.operations.conversations import thread_of_response
 from agent.operations.history import head
@@ -348,7 +348,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                     # OpenAI's wording and code (`previous_response_not_found`): clients look for them to resend
                     # the whole history instead.
                     raise PreviousResponseNotFound(
-                        f"Previous response with id 'resp_{envelope.checkpoint_id}' not found.", **exc.ids
+                        f"Previous response with id {shown_id('resp_' + envelope.checkpoint_id)} not found.", **exc.ids
                     ) from None
                 record = thread_of_response(storage, checkpoint_id, user_id=envelope.user_id)
             envelope = dataclasses.replace(envelope, thread_id=record.thread_id, checkpoint_id=checkpoint_id)

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from agent.config import MULTITASK_STRATEGIES
-from agent.errors import InvalidRequest, validation_problems
+from agent.errors import InvalidRequest, shown_id, validation_problems
 
 #: Longest id (thread_id, checkpoint_id, user_id, …), in characters.
 MAX_ID_CHARS = 256
@@ -47,7 +47,7 @@ def check_id(name: str, value: Any) -> str | None:
     if not value or len(value) > MAX_ID_CHARS:
         raise InvalidRequest(f"{name} must be 1 to {MAX_ID_CHARS} characters long")
     if not value.isprintable():
-        raise InvalidRequest(f"{name} must not contain control characters: {value!r}")
+        raise InvalidRequest(f"{name} must not contain control characters: {shown_id(value)}")
     check_unicode(name, value)
     return value
 

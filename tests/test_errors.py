@@ -201,6 +201,26 @@ def test_history_before_a_checkpoint_of_another_thread_is_checkpoint_not_found(a
             assert before in err.value.message
 
 
+def test_a_very_long_unknown_id_is_clipped_in_the_message_and_kept_whole_in_ids(agent, trip):
+    long_thread, long_checkpoint = "t" * 200 + "-thread-end", "c" * 250 + "-end"
+    with pytest.raises(ThreadNotFound) as err:
+        agent.get_checkpoint_state(long_thread)
+    assert err.value.message == f"Thread {'t' * 40 + '…'!r} ({len(long_thread)} characters) was not found."
+    assert err.value.ids == {"thread_id": long_thread}
+    mine = trip["mine"]["thread_id"]
+    with pytest.raises(CheckpointNotFound) as err:
+        agent.get_checkpoint_state(mine, long_checkpoint)
+    assert err.value.message == (
+        f"Checkpoint {'c' * 40 + '…'!r} ({len(long_checkpoint)} characters) was not found in thread {mine!r}."
+    )
+    assert err.value.ids == {"thread_id": mine, "checkpoint_id": long_checkpoint}
+    assert len(err.value.message) < 200
+    # The ids the agent makes (UUIDs, `resp_<uuid>`) are quoted whole.
+    with pytest.raises(CheckpointNotFound) as err:
+        agent.get_checkpoint_state(mine, MISSING_CHECKPOINT)
+    assert repr(MISSING_CHECKPOINT) in err.value.message
+
+
 @pytest.mark.parametrize("limit", [0, -1, 1001, "5", 2.5, True, None])
 def test_bad_history_limit_is_invalid_request(agent, trip, limit):
     thread_id = trip["mine"]["thread_id"]

@@ -16,7 +16,7 @@ from langchain_core.messages import BaseMessage
 from langgraph.store.base import PutOp
 
 from agent.config import AgentSettings
-from agent.errors import MemoryNotFound
+from agent.errors import MemoryNotFound, shown_id
 from agent.memory import open_store
 from agent.memory.embeddings import PrecomputedEmbeddings, make_embeddings
 from agent.memory.index import MemoryIndex, anchored, rank, visible
@@ -270,7 +270,7 @@ class Memories:
             MemoryNotFound: no such memory among the user's (also another user's id); nothing was deleted.
         """
         if not self.store.delete_memory(prefix(user_id), memory_id):
-            raise MemoryNotFound(f"Memory {memory_id!r} was not found.", memory_id=memory_id)
+            raise MemoryNotFound(f"Memory {shown_id(memory_id)} was not found.", memory_id=memory_id)
 
     def delete_thread_memories(self, user_id: str | None, thread_id: str) -> None:
         """Under branch scope, delete the memories the thread's turns wrote (call it in the deletion's transaction)."""

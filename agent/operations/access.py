@@ -9,7 +9,7 @@ rule in SQL, `storage.owned_by`, so a stranger never even makes a thread busy.)
 
 from __future__ import annotations
 
-from agent.errors import CheckpointNotFound, ThreadNotFound
+from agent.errors import CheckpointNotFound, ThreadNotFound, shown_id
 from agent.storage import ThreadRecord, owned_by
 
 
@@ -25,12 +25,12 @@ def authorize(record: ThreadRecord | None, thread_id: str, user_id: str | None) 
 
 
 def thread_not_found(thread_id: str) -> ThreadNotFound:
-    return ThreadNotFound(f"Thread {thread_id!r} was not found.", thread_id=thread_id)
+    return ThreadNotFound(f"Thread {shown_id(thread_id)} was not found.", thread_id=thread_id)
 
 
 def checkpoint_not_found(thread_id: str, checkpoint_id: str) -> CheckpointNotFound:
     return CheckpointNotFound(
-        f"Checkpoint {checkpoint_id!r} was not found in thread {thread_id!r}.",
+        f"Checkpoint {shown_id(checkpoint_id)} was not found in thread {shown_id(thread_id)}.",
         thread_id=thread_id,
         checkpoint_id=checkpoint_id,
     )

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from agent.errors import InvalidRequest, ResponseNotFound
+from agent.errors import InvalidRequest, ResponseNotFound, shown_id
 from agent.operations import branches
 from agent.operations.access import authorize
 from agent.storage import ThreadRecord, ThreadStorage, owned_by
@@ -69,7 +69,7 @@ def checkpoint_of(response: str) -> str:
 
 
 def response_not_found(response: str) -> ResponseNotFound:
-    return ResponseNotFound(f"Response {response!r} was not found.", response_id=response)
+    return ResponseNotFound(f"Response {shown_id(response)} was not found.", response_id=response)
 
 
 def thread_of_response(storage: ThreadStorage, checkpoint_id: str, *, user_id: str | None) -> ThreadRecord:

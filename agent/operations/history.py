@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from agent.errors import CheckpointNotFound, InvalidRequest
+from agent.errors import CheckpointNotFound, InvalidRequest, shown_id
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.operation import Operation, param
 from agent.storage import BranchRecord, ThreadReads, ThreadStorage
@@ -79,7 +79,7 @@ def resolve_checkpoint_ref(entries: list[dict], thread_id: str, ref: str) -> str
     matches = [e["checkpoint_id"] for e in entries if e["checkpoint_id"].endswith(ref)]
     if not matches:
         raise CheckpointNotFound(
-            f"No checkpoint of thread {thread_id!r} has the id or short id {ref!r}.",
+            f"No checkpoint of thread {shown_id(thread_id)} has the id or short id {shown_id(ref)}.",
             thread_id=thread_id,
             checkpoint_id=ref,
         )

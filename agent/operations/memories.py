@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent.errors import InvalidRequest, MemoryNotFound, ModelError
+from agent.errors import InvalidRequest, MemoryNotFound, ModelError, shown_id
 from agent.operations import checks
 from agent.operations.access import authorize
 from agent.operations.branches import checkpoint_of, messages_of
@@ -120,7 +120,7 @@ def delete_memory(memories: Memories | None, user_id: str, memory_id: str) -> No
         MemoryNotFound: no such memory among the user's (another user's id answers the same); nothing was deleted.
     """
     if memories is None:
-        raise MemoryNotFound(f"Memory {memory_id!r} was not found.", memory_id=memory_id)
+        raise MemoryNotFound(f"Memory {shown_id(memory_id)} was not found.", memory_id=memory_id)
     memories.delete(user_id, memory_id)
 
 

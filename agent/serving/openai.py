@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agent.errors import AgentError, InvalidRequest, ResponseNotFound
+from agent.errors import AgentError, InvalidRequest, ResponseNotFound, shown_id
 from agent.operations import conversations as ops
 from agent.operations.branches import get_checkpoint_state
 from agent.operations.thread_values import check_metadata
@@ -112,7 +112,7 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             after = _starting_after(request)
             user = caller(agent, request)
             if await context.in_io(agent.runs.get, response_id, user) is None:  # unknown or foreign: 404 now
-                raise ResponseNotFound(f"Response {response_id!r} has no stored events (it was not streamed, or "
+                raise ResponseNotFound(f"Response {shown_id(response_id)} has no stored events (it was not streamed, or "
                                        "ended more than response_events_seconds ago).", response_id=response_id)  # fmt: skip
         except AgentError as exc:
             code, body = http_status(exc), openai_error_body(exc)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.errors import InvalidRequest, ResponseNotFound, ThreadBusy
+from agent.errors import InvalidRequest, ResponseNotFound, ThreadBusy, shown_id
 from agent.operations import conversations as ops
 from agent.response_events import created_at, response_object
 from agent.runs import Run
@@ -84,7 +84,7 @@ def delete(agent: Any, response_id: str, user_id: str | None) -> dict[str, Any]:
     kept = _kept(agent, run, response_id, user_id)
     if run is None:
         if kept is None:
-            raise ResponseNotFound(f"Response {response_id!r} was not found.", response_id=response_id)
+            raise ResponseNotFound(f"Response {shown_id(response_id)} was not found.", response_id=response_id)
         raise InvalidRequest(
             f"Response {response_id!r} is checkpoint {kept['checkpoint_id']!r} of thread {kept['thread_id']!r} and has no "
             "stored run record; a checkpoint is part of its thread's history and is never deleted alone (delete the "

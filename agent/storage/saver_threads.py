@@ -26,7 +26,7 @@ from typing import Any
 
 from langgraph.checkpoint.base import CheckpointTuple
 
-from agent.errors import InvalidRequest, ThreadBusy, ThreadExists, ThreadNotFound
+from agent.errors import InvalidRequest, ThreadBusy, ThreadExists, ThreadNotFound, shown_id
 from agent.storage import deltas, summaries
 from agent.storage.transaction import Tx
 
@@ -105,7 +105,7 @@ class SaverThreadOperations:
 
         def apply(tx: Tx) -> None:
             if not tx.thread_has_rows(source_thread_id):
-                raise ThreadNotFound(f"Thread {source_thread_id!r} has no checkpoint to copy.", thread_id=source_thread_id)
+                raise ThreadNotFound(f"Thread {shown_id(source_thread_id)} has no checkpoint to copy.", thread_id=source_thread_id)
             if tx.thread_has_rows(target_thread_id) or tx.thread_record(target_thread_id) is not None:
                 raise ThreadExists(
                     f"Thread {target_thread_id!r} already exists; nothing was copied.", thread_id=target_thread_id

@@ -89,7 +89,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from agent.config import AgentSettings, MultitaskStrategy
-from agent.errors import ThreadBusy, ThreadNotFound, UserBeingDeleted
+from agent.errors import ThreadBusy, ThreadNotFound, UserBeingDeleted, shown_id
 from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
 from agent.storage.records import owned_by
 from agent.storage.transaction import Tx
@@ -193,7 +193,7 @@ class TurnProtocol(ABC):
                         user_id=user_id,
                     )
                 if attempt.record is not None and not owned_by(attempt.record, user_id):
-                    raise ThreadNotFound(f"Thread {thread_id!r} was not found.", thread_id=thread_id)
+                    raise ThreadNotFound(f"Thread {shown_id(thread_id)} was not found.", thread_id=thread_id)
                 queued = waits  # refused as busy: the attempt took a ticket (or renewed its own)
                 if strategy in ("interrupt", "rollback") and not asked_to_stop:
                     # Asked once: the turn running now. Waiting turns are not cancelled; they then

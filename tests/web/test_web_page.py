@@ -657,4 +657,143 @@ def test_save_only_on_the_first_message_keeps_the_switchers_after_it(server):
         view = settled(page, http, lambda: thread_id, view=True)
         assert view[0]["text"] == "I'm headed to Porto!"
         assert view[-1]["count"] == "2/2"  # the regenerated answer keeps its switcher
+
+
+# -- small defects a new user found (issue 20's tryout) ----------------------------------------------------------
+def root_of(http: httpx.Client, thread_id: str) -> str:
+    history = act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"]
+    return next(e["checkpoint_id"] for e in history if e["source"] == "root")
+
+
+def node(page, checkpoint_id: str):
+    return page.locator(f'[data-testid=tree-node][data-checkpoint-id="{checkpoint_id}"]')
+
+
+def test_a_tree_click_while_an_earlier_checkpoint_is_shown_shows_the_clicked_checkpoint(server):
+    # set_head's state holds the messages from where the clicked checkpoint parts from the previous head; the
+    # page showed another branch (a link to it), so that state does not continue what it shows.
+    with api(server, "nina") as http:
+        first = say(http, "Where should we go first?")
+        thread_id = first["thread_id"]
+        second = say(http, "And then?", thread_id=thread_id)
+        other = say(http, "A different start", thread_id=thread_id, checkpoint_id=root_of(http, thread_id))
+        act(http, "set_head", thread_id=thread_id, checkpoint_id=second["checkpoint_id"])  # the link shows another branch
+        page = new_page(server, "nina")
+        page.goto(f"{server.base_url}/?thread={thread_id}&head={other['checkpoint_id']}")
+        expect(page.get_by_test_id("shown-checkpoint")).to_have_text(other["checkpoint_id"])
+        node(page, first["checkpoint_id"]).click()
+        expect(page.get_by_test_id("shown-checkpoint")).to_have_text(first["checkpoint_id"])
+        assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] == first["checkpoint_id"]
+        view = settled(page, http, lambda: thread_id, view=True)
+        assert [m["text"] for m in view if m["role"] == "user"] == ["Where should we go first?"]
+    assert page.errors == []
+
+
+#: Holds back the answer to a `set_head` naming `window.slowSetHead` by 2 s (the request reaches the server at
+#: once): the answer of an earlier click arrives after a later one's.
+SLOW_SET_HEAD_JS = """(() => {
+  const real = window.fetch.bind(window);
+  window.fetch = async (url, init) => {
+    const response = await real(url, init);
+    const body = init && typeof init.body === 'string' ? init.body : '';
+    if (window.slowSetHead && body.includes('"set_head"') && body.includes(window.slowSetHead)) {
+      await new Promise((resolve) => setTimeout(resolve, 2000));
+    }
+    return response;
+  };
+})()"""
+
+
+def test_an_earlier_clicks_answer_arriving_last_is_not_drawn(server):
+    with api(server, "oscar") as http:
+        one = say(http, "One")
+        thread_id = one["thread_id"]
+        two = say(http, "Two", thread_id=thread_id)
+        branch = say(http, "A branch after one", thread_id=thread_id, checkpoint_id=one["checkpoint_id"])
+        act(http, "set_head", thread_id=thread_id, checkpoint_id=two["checkpoint_id"])
+        page = new_page(server, "oscar")
+        page.add_init_script(SLOW_SET_HEAD_JS)
+        page.goto(f"{server.base_url}/?thread={thread_id}")
+        settled(page, http, lambda: thread_id)
+        page.evaluate("id => { window.slowSetHead = id; }", one["checkpoint_id"])
+        node(page, one["checkpoint_id"]).click()  # its answer comes 2 s late
+        deadline = time.monotonic() + 5
+        while act(http, "get_head", thread_id=thread_id)["checkpoint_id"] != one["checkpoint_id"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        node(page, branch["checkpoint_id"]).click()
+        expect(page.get_by_test_id("shown-checkpoint")).to_have_text(branch["checkpoint_id"])
+        page.wait_for_timeout(2500)  # past the late answer
+        assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] == branch["checkpoint_id"]
+        view = settled(page, http, lambda: thread_id, view=True)
+        assert [m["text"] for m in view if m["role"] == "user"] == ["One", "A branch after one"]
+    assert page.errors == []
+
+
+#: Each tree node: its label's text, how wide the label is drawn and how wide its box is.
+NODE_LABELS_JS = """() => [...document.querySelectorAll('[data-testid=tree-node]')].map(n => ({
+  id: n.dataset.checkpointId,
+  text: n.querySelector('text').textContent,
+  title: n.querySelector('title').textContent,
+  width: n.querySelector('text').getBBox().width,
+  box: n.querySelector('rect').getBBox().width,
+}))"""
+
+
+def test_tree_labels_tell_siblings_with_a_long_shared_beginning_apart(server):
+    start = "Please plan a week-long trip to the mountains of "
+    with api(server, "paula") as http:
+        colorado = say(http, start + "Colorado for my family")
+        thread_id = colorado["thread_id"]
+        swiss = say(http, start + "Switzerland for my family", thread_id=thread_id, checkpoint_id=root_of(http, thread_id))
+        page = new_page(server, "paula")
+        page.goto(f"{server.base_url}/?thread={thread_id}")
+        settled(page, http, lambda: thread_id)
+        labels = {n["id"]: n for n in page.evaluate(NODE_LABELS_JS)}
+        assert "Colorado" in labels[colorado["checkpoint_id"]]["text"]
+        assert "Switzerland" in labels[swiss["checkpoint_id"]]["text"]
+        # The tooltip has the whole message, and no label is drawn wider than its box.
+        assert start + "Switzerland for my family" in labels[swiss["checkpoint_id"]]["title"]
+        assert all(n["width"] <= n["box"] for n in labels.values()), labels
+    assert page.errors == []
+
+
+def test_archived_branches_are_hidden_from_the_tree_unless_asked_and_not_counted(server):
+    with api(server, "quinn") as http:
+        first = say(http, "Start here")
+        thread_id = first["thread_id"]
+        kept = say(http, "Keep going", thread_id=thread_id)
+        gone = say(http, "Archive this one", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])
+        say(http, "And another branch", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])
+        act(http, "set_head", thread_id=thread_id, checkpoint_id=kept["checkpoint_id"])
+        act(http, "archive_branch", thread_id=thread_id, checkpoint_id=gone["checkpoint_id"])
+        history = act(http, "get_checkpoint_history", thread_id=thread_id, limit=100)["history"]
+        listed = act(http, "list_branches", thread_id=thread_id)["branches"]
+        page = new_page(server, "quinn")
+        page.goto(f"{server.base_url}/?thread={thread_id}")
+        settled(page, http, lambda: thread_id)
+        # The header counts the branches leaving the path as list_branches lists them: the archived one is not.
+        assert len(listed) - 1 == 1
+        expect(page.get_by_test_id("branches-off-path")).to_have_text("1 branch leaves this path")
+        expect(page.get_by_test_id("tree-node")).to_have_count(len(history) - 1)
+        assert node(page, gone["checkpoint_id"]).count() == 0
+        page.get_by_test_id("tree-show-archived").check()
+        expect(page.get_by_test_id("tree-node")).to_have_count(len(history))
+        expect(node(page, gone["checkpoint_id"])).to_have_class(re.compile(r"\barchived\b"))
+        # Shown, an archived checkpoint is drawn (its own chain) though the box is unchecked.
+        page.get_by_test_id("tree-show-archived").uncheck()
+        page.goto(f"{server.base_url}/?thread={thread_id}&head={gone['checkpoint_id']}")
+        expect(page.get_by_test_id("shown-checkpoint")).to_have_text(gone["checkpoint_id"])
+        expect(node(page, gone["checkpoint_id"])).to_have_count(1)
+    assert page.errors == []
+
+
+def test_a_very_long_unknown_thread_id_is_clipped_where_the_page_says_it(server):
+    long_id = "x" * 250 + "-end"
+    page = new_page(server, "rosa")
+    page.goto(f"{server.base_url}/?thread={long_id}")
+    error = page.get_by_test_id("error")
+    expect(error).to_contain_text("was not found")
+    assert "x" * 40 + "…" in error.inner_text() and "x" * 41 not in error.inner_text()
+    assert "x" * 41 not in page.get_by_test_id("thread-title").inner_text()
     assert page.errors == []

@@ -21,7 +21,7 @@ import { MemoryPanel } from "./MemoryPanel";
 import { BranchActions } from "./BranchActions";
 import { SearchPanel } from "./SearchPanel";
 import { MemoryAsOf } from "./MemoryAsOf";
-import { branchesOffPath, merged, type Running, threadMessages, withEntry, withHead } from "./store";
+import { branchesOffPath, merged, type Running, threadMessages, withEntry, withHead, withoutArchived } from "./store";
 
 function readUrl(): { thread: string | null; head: string | null } {
   const params = new URLSearchParams(window.location.search);
@@ -43,6 +43,12 @@ function words(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
+/** An id as the header shows it: a long one (a link may name any id of up to 256 characters) clipped as the
+ * server clips ids in its messages (`agent.errors.shown_id`). */
+function clippedId(id: string): string {
+  return id.length > 64 ? `${id.slice(0, 40)}…` : id;
+}
+
 function textOfAppend(message: AppendMessage): string {
   return message.content.map((part) => (part.type === "text" ? part.text : "")).join("");
 }
@@ -51,7 +57,19 @@ export function App() {
   const [who, setWho] = useState<{ header: string | null; user_id: string | null } | null>(null);
   const [threads, setThreads] = useState<Thread[]>([]);
   const [threadId, setThreadId] = useState<string | null>(readUrl().thread);
-  const [shown, setShown] = useState<CheckpointState | null>(null);
+  const [shown, setShownState] = useState<CheckpointState | null>(null);
+  // What is shown, also as a ref: an answer is merged into what is shown when it arrives, not when it was asked.
+  const shownRef = useRef<CheckpointState | null>(null);
+  const setShown = useCallback((next: CheckpointState | null) => {
+    shownRef.current = next;
+    setShownState(next);
+  }, []);
+  // Every request whose answer replaces what is shown (open a thread, switch, a turn, save only) takes the next
+  // number; its answer is drawn only while no newer one was asked. Answers can arrive out of order (two quick
+  // clicks on the tree), and an older one drawn last would show a branch the head no longer is on.
+  const asked = useRef(0);
+  const ask = () => ++asked.current;
+  const newest = (ticket: number) => ticket === asked.current;
   const [history, setHistory] = useState<HistoryEntry[]>([]);
   const [running, setRunning] = useState<Running | null>(null);
   const [error, setError] = useState<string | null>(null);
@@ -70,6 +88,7 @@ export function App() {
 
   /** Open a thread at `head` (null: its head): the state and the whole history (for the tree), two requests. */
   const open = useCallback(async (thread: string | null, head: string | null, push: boolean) => {
+    const ticket = ask();
     setError(null);
     setNotice(null);
     setThreadId(thread);
@@ -85,17 +104,19 @@ export function App() {
         action<CheckpointState>("get_checkpoint_state", { thread_id: thread, ...(head ? { checkpoint_id: head } : {}) }),
         wholeHistory(thread),
       ]);
+      if (!newest(ticket)) return;
       setShown(state);
       setHistory(entries);
       writeUrl(thread, state.checkpoint_id, true);
     } catch (e) {
+      if (!newest(ticket)) return;
       setShown(null);
       setHistory([]);
       setError(words(e));
     } finally {
-      setLoading(false);
+      if (newest(ticket)) setLoading(false);
     }
-  }, []);
+  }, [setShown]);
 
   useEffect(() => {
     identity().then(setWho, (e) => setError(words(e)));
@@ -113,7 +134,8 @@ export function App() {
   /** Draw a write's answer: its `state` merged into what is shown, its checkpoint added to the tree. */
   const applyState = useCallback(
     (state: CheckpointState, wrote: boolean) => {
-      setShown((old) => merged(old && old.thread_id === state.thread_id ? old : null, state, wrote));
+      const old = shownRef.current;
+      setShown(merged(old && old.thread_id === state.thread_id ? old : null, state, wrote));
       setHistory((old) => (wrote ? withEntry(old, state) : withHead(old, state.head_checkpoint_id)));
       writeUrl(state.thread_id, state.checkpoint_id, false);
       setThreads((old) => {
@@ -123,7 +145,7 @@ export function App() {
         return wrote ? [updated, ...old.filter((t) => t !== known)] : old.map((t) => (t === known ? updated : t));
       });
     },
-    [],
+    [setShown],
   );
 
   /** The start of a write: the shown checkpoint when it is not the thread's head (a shared link, a read-only view). */
@@ -136,6 +158,7 @@ export function App() {
     async (input: string | null, inputs: Record<string, unknown>, run: Running) => {
       setError(null);
       setNotice(null);
+      const ticket = ask();
       const controller = new AbortController();
       abort.current = controller;
       setRunning(run);
@@ -152,11 +175,13 @@ export function App() {
           controller.signal,
         );
         const state = outputs.state as CheckpointState;
+        if (!newest(ticket)) return; // something else was opened meanwhile: its answer is what is shown
         if (creating) {
           setThreadId(outputs.thread_id);
           setShown(null);
           setHistory([]);
           const [entries] = await Promise.all([wholeHistory(outputs.thread_id), loadThreads()]);
+          if (!newest(ticket)) return;
           setShown({ ...state, message_offset: 0 });
           setHistory(entries);
           writeUrl(outputs.thread_id, state.checkpoint_id, false);
@@ -171,7 +196,7 @@ export function App() {
         setRunning(null);
       }
     },
-    [threadId, applyState, loadThreads],
+    [threadId, applyState, loadThreads, setShown],
   );
 
   const indexOf = useCallback((id: string) => (shown?.messages ?? []).findIndex((item) => item.id === id), [shown]);
@@ -202,6 +227,7 @@ export function App() {
     async (messageId: string, text: string) => {
       if (!threadId) return;
       setError(null);
+      const ticket = ask();
       try {
         const outputs = await action<{ state: CheckpointState }>("update_checkpoint_state", {
           thread_id: threadId,
@@ -209,9 +235,9 @@ export function App() {
           edit_message_id: messageId,
           include: ["state"],
         }, [{ role: "user", content: text }]);
-        applyState(outputs.state, true);
+        if (newest(ticket)) applyState(outputs.state, true);
       } catch (e) {
-        setError(words(e));
+        if (newest(ticket)) setError(words(e));
       }
     },
     [threadId, startFrom, applyState],
@@ -238,20 +264,34 @@ export function App() {
     abort.current?.abort();
   }, []);
 
-  /** "< i/n >", a tree node: move the head there (`set_head`, nothing else written) and draw the answer's state. */
+  /** "< i/n >", a tree node: move the head there (`set_head`, nothing else written) and draw the answer's state.
+   * The answer's `state` holds the messages from where the new head parts from the previous head
+   * (`previous_checkpoint_id`). When the page showed another checkpoint (a link to an earlier one, the back
+   * button), what it shows is not what that state continues: the whole state is read instead (a second request). */
   const switchTo = useCallback(
     async (checkpointId: string) => {
       if (!threadId) return;
       setError(null);
+      const ticket = ask();
       try {
-        const outputs = await action<{ state: CheckpointState }>("set_head", {
+        const outputs = await action<{ checkpoint_id: string; previous_checkpoint_id: string; state: CheckpointState }>("set_head", {
           thread_id: threadId,
           checkpoint_id: checkpointId,
           include: ["state"],
         });
-        applyState(outputs.state, false);
+        if (!newest(ticket)) return; // a newer click's answer is (or will be) drawn
+        let state = outputs.state;
+        const showing = shownRef.current;
+        const continues =
+          showing?.thread_id === threadId &&
+          (showing.checkpoint_id === outputs.previous_checkpoint_id || showing.checkpoint_id === state.checkpoint_id);
+        if (!continues && state.message_offset > 0) {
+          state = await action<CheckpointState>("get_checkpoint_state", { thread_id: threadId, checkpoint_id: outputs.checkpoint_id });
+          if (!newest(ticket)) return;
+        }
+        applyState(state, false);
       } catch (e) {
-        setError(words(e));
+        if (newest(ticket)) setError(words(e));
       }
     },
     [threadId, applyState],
@@ -277,7 +317,11 @@ export function App() {
 
   const historyById = useMemo(() => new Map(history.map((e) => [e.checkpoint_id, e])), [history]);
   const controls: ChatControls = { switchTo, saveOnly, historyById, threadId, running: running !== null };
-  const off = branchesOffPath(history, shown?.checkpoint_id);
+  // Archived branches count as list_branches counts them: not at all (the shown checkpoint's own chain stays).
+  const off = useMemo(
+    () => branchesOffPath(withoutArchived(history, shown?.checkpoint_id), shown?.checkpoint_id),
+    [history, shown?.checkpoint_id],
+  );
 
   return (
     <div className="layout">
@@ -320,7 +364,7 @@ export function App() {
       <main className="chat">
         <header className="chat-header">
           <span data-testid="thread-title">
-            {threads.find((t) => t.thread_id === threadId)?.title ?? (threadId ? threadId : "New chat")}
+            {threads.find((t) => t.thread_id === threadId)?.title ?? (threadId ? clippedId(threadId) : "New chat")}
           </span>
           {shown && (
             <span className="head-info">

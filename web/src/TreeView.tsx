@@ -3,20 +3,81 @@
 import { useEffect, useMemo, useRef, useState } from "react";
 import { Graph, layout } from "@dagrejs/dagre";
 import { type HistoryEntry, type Item, action, textOf } from "./api";
+import { withoutArchived } from "./store";
 
 const NODE_W = 168;
-const NODE_H = 30;
+const NODE_H = 42;
+/** Characters on one of a label's two lines: what fits in NODE_W at the tree's 11 px font. */
+const LINE_CHARS = 26;
+/** The server keeps a checkpoint's `last_user_message` to this many characters (`get_checkpoint_history`). */
+const PREVIEW_CHARS = 100;
 
-type Placed = { entry: HistoryEntry; x: number; y: number };
+type Placed = { entry: HistoryEntry; x: number; y: number; lines: string[] };
 type Diff = { common_ancestor_checkpoint_id: string | null; only_a: Item[]; only_b: Item[] };
 
-function label(entry: HistoryEntry): string {
-  if (entry.source === "root") return "(start)";
-  const text = entry.last_user_message || entry.last_message || "(no message)";
-  // Branch records (issue 23): ★ the pinned checkpoint, ⇐ a merge_branch checkpoint.
-  const records = entry as HistoryEntry & { merged_from?: unknown; pinned?: boolean };
-  const mark = (records.pinned ? "★ " : "") + (records.merged_from ? "⇐ " : "") + (entry.source === "update" ? "✎ " : "");
-  return mark + (text.length > 22 ? `${text.slice(0, 21)}…` : text);
+function textOfEntry(entry: HistoryEntry): string {
+  return entry.last_user_message || entry.last_message || "(no message)";
+}
+
+function sharedStart(a: string, b: string): number {
+  let i = 0;
+  while (i < a.length && i < b.length && a[i] === b[i]) i++;
+  return i;
+}
+
+/** `text` in at most `lines` lines of `LINE_CHARS`, broken between words, the last cut with "…". */
+function wrapped(text: string, lines: number): string[] {
+  const out: string[] = [];
+  let rest = text.trim();
+  while (rest && out.length < lines) {
+    if (rest.length <= LINE_CHARS) {
+      out.push(rest);
+      rest = "";
+      break;
+    }
+    const space = rest.lastIndexOf(" ", LINE_CHARS);
+    const cut = space > LINE_CHARS / 2 ? space : LINE_CHARS;
+    out.push(rest.slice(0, cut));
+    rest = rest.slice(cut).trimStart();
+  }
+  if (rest && out.length) out[out.length - 1] = `${out[out.length - 1].slice(0, LINE_CHARS - 1).trimEnd()}…`;
+  return out;
+}
+
+/** A node's two lines: the user message that led to it, from a little before where it parts from its siblings'
+ * when they share a long beginning (an edit often changes a message's end). A regeneration has its sibling's
+ * user message: its second line is the start of its answer instead. Marks: ★ the pinned checkpoint, ⇐ a
+ * merge_branch checkpoint, ✎ a state update (branch records: `get_checkpoint_history`). */
+function labelLines(entry: HistoryEntry, siblings: HistoryEntry[]): string[] {
+  const head = entry.is_head ? "● " : "";
+  if (entry.source === "root") return [`${head}(start)`];
+  const records = entry as HistoryEntry & { merged_from?: unknown };
+  const mark = head + (records.pinned ? "★ " : "") + (records.merged_from ? "⇐ " : "") + (entry.source === "update" ? "✎ " : "");
+  const text = textOfEntry(entry);
+  const others = siblings.filter((s) => s !== entry);
+  const same = others.filter((s) => entry.last_user_message && s.last_user_message === entry.last_user_message);
+  if (same.length) {
+    const answer = entry.last_message || "(no answer)";
+    const answerLine = fromWhereItParts(answer, same.map((s) => s.last_message || ""), LINE_CHARS - 2);
+    return [wrapped(mark + text, 1)[0], ...wrapped(`↳ ${answerLine}`, 1)];
+  }
+  return wrapped(mark + fromWhereItParts(text, others.map(textOfEntry), 2 * LINE_CHARS - mark.length), 2);
+}
+
+/** `text`, or when it shares more than `room` less a few words' worth of its start with one of `others`:
+ * "…" and `text` from the word before where the two part, so that what tells them apart is in view. */
+function fromWhereItParts(text: string, others: string[], room: number): string {
+  const differs = Math.max(0, ...others.map((other) => sharedStart(text, other)));
+  if (differs <= room - 12) return text;
+  const from = text.lastIndexOf(" ", differs - 10);
+  return `…${text.slice(from > 0 ? from + 1 : Math.max(0, differs - 10))}`;
+}
+
+/** The tooltip: the user message as the history holds it (its first 100 characters), the id, the head. */
+function tooltip(entry: HistoryEntry): string {
+  const text = textOfEntry(entry);
+  const clipped = text.length >= PREVIEW_CHARS ? "…" : "";
+  return `${text}${clipped}\n${entry.checkpoint_id}${entry.is_head ? " (head)" : ""}${entry.archived ? " (archived)" : ""}`;
 }
 
 function placed(history: HistoryEntry[]): { nodes: Placed[]; edges: { points: { x: number; y: number }[] }[]; width: number; height: number } {
@@ -32,9 +93,18 @@ function placed(history: HistoryEntry[]): { nodes: Placed[]; edges: { points: { 
   }
   layout(g);
   const byId = new Map(history.map((e) => [e.checkpoint_id, e]));
+  const children = new Map<string | null, HistoryEntry[]>();
+  for (const entry of ordered) {
+    const parent = entry.parent_checkpoint_id && ids.has(entry.parent_checkpoint_id) ? entry.parent_checkpoint_id : null;
+    const siblings = children.get(parent);
+    if (siblings) siblings.push(entry);
+    else children.set(parent, [entry]);
+  }
   const nodes = g.nodes().map((id) => {
     const n = g.node(id);
-    return { entry: byId.get(id)!, x: n.x, y: n.y };
+    const entry = byId.get(id)!;
+    const parent = entry.parent_checkpoint_id && ids.has(entry.parent_checkpoint_id) ? entry.parent_checkpoint_id : null;
+    return { entry, x: n.x, y: n.y, lines: labelLines(entry, children.get(parent) ?? []) };
   });
   const edges = g.edges().map((e) => ({ points: g.edge(e).points ?? [] }));
   const graph = g.graph();
@@ -43,7 +113,13 @@ function placed(history: HistoryEntry[]): { nodes: Placed[]; edges: { points: { 
 }
 
 export function TreeView({ history, shown, onJump, threadId }: { history: HistoryEntry[]; shown: string | null; onJump: (id: string) => Promise<void>; threadId: string | null }) {
-  const drawing = useMemo(() => placed(history), [history]);
+  const [showArchived, setShowArchived] = useState(false);
+  // Archived branches are hidden, as in the branch list, unless asked for; the shown checkpoint's chain stays.
+  const visible = useMemo(() => withoutArchived(history, shown), [history, shown]);
+  const drawn = showArchived ? history : visible;
+  const archived = history.length - visible.length;
+  const visibleIds = useMemo(() => (visible === history ? null : new Set(visible.map((e) => e.checkpoint_id))), [history, visible]);
+  const drawing = useMemo(() => placed(drawn), [drawn]);
   const [comparing, setComparing] = useState(false);
   const [picked, setPicked] = useState<string[]>([]);
   const [diff, setDiff] = useState<Diff | null>(null);
@@ -85,7 +161,13 @@ export function TreeView({ history, shown, onJump, threadId }: { history: Histor
   return (
     <section className="tree" data-testid="tree">
       <div className="tree-bar">
-        <strong>Tree</strong> <span data-testid="tree-count">{history.length} checkpoints</span>
+        <strong>Tree</strong> <span data-testid="tree-count">{drawn.length} checkpoints</span>
+        {archived > 0 && (
+          <label title="Branches archived with Archive (under the tree) are hidden from the tree and the branch counts">
+            <input type="checkbox" checked={showArchived} onChange={(e) => setShowArchived(e.target.checked)} data-testid="tree-show-archived" />
+            {archived} archived
+          </label>
+        )}
         <label>
           <input type="checkbox" checked={comparing} onChange={(e) => { setComparing(e.target.checked); setPicked([]); setDiff(null); }} data-testid="compare-mode" />
           compare two
@@ -93,11 +175,18 @@ export function TreeView({ history, shown, onJump, threadId }: { history: Histor
       </div>
       <div className="tree-box" ref={box}>
         <svg width={drawing.width} height={drawing.height} data-testid="tree-svg">
+          <defs>
+            {/* Each node's text stays in its box (in each node's own coordinates) even where a line runs long. */}
+            <clipPath id="tree-node-text" clipPathUnits="userSpaceOnUse">
+              <rect x={2} y={0} width={NODE_W - 6} height={NODE_H} />
+            </clipPath>
+          </defs>
           {drawing.edges.map((edge, i) => (
             <polyline key={i} points={edge.points.map((p) => `${p.x},${p.y}`).join(" ")} className="edge" />
           ))}
-          {drawing.nodes.map(({ entry, x, y }) => {
+          {drawing.nodes.map(({ entry, x, y, lines }) => {
             const classes = ["node"];
+            if (visibleIds && !visibleIds.has(entry.checkpoint_id)) classes.push("archived");
             if (entry.is_head) classes.push("head");
             if (entry.checkpoint_id === shown) classes.push("shown");
             if (path.has(entry.checkpoint_id)) classes.push("on-path");
@@ -112,11 +201,17 @@ export function TreeView({ history, shown, onJump, threadId }: { history: Histor
                 data-checkpoint-id={entry.checkpoint_id}
                 data-head={entry.is_head ? "true" : "false"}
               >
-                <title>{`${entry.last_user_message}\n${entry.checkpoint_id}${entry.is_head ? " (head)" : ""}`}</title>
+                <title>{tooltip(entry)}</title>
                 <rect width={NODE_W} height={NODE_H} rx={6} />
-                <text x={8} y={19}>
-                  {entry.is_head ? "● " : ""}
-                  {label(entry)}
+                <text x={8} y={lines.length > 1 ? 17 : 25} clipPath="url(#tree-node-text)">
+                  {/* One line as plain text: a tspan per node costs the first render of a long thread. */}
+                  {lines.length === 1
+                    ? lines[0]
+                    : lines.map((line, i) => (
+                        <tspan key={i} x={8} dy={i ? 14 : 0}>
+                          {line}
+                        </tspan>
+                      ))}
                 </text>
               </g>
             );

@@ -32,6 +32,10 @@ export type HistoryEntry = {
   summary_used?: boolean;
   usage?: { input_tokens: number; output_tokens: number };
   recalled_memories?: string[];
+  /** A branch record's fields (`label_branch`, `pin_branch`, `archive_branch`), on the checkpoints that have one. */
+  label?: string | null;
+  pinned?: boolean;
+  archived?: boolean;
 };
 
 export type Interrupt = { id: string; value: unknown; node?: string };

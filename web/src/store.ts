@@ -119,7 +119,33 @@ export function threadMessages(shown: CheckpointState | null, running: Running |
   return [...kept, ...pending];
 }
 
-/** Leaves of the history's tree, and how many of them are off the shown path (not at or after the shown checkpoint). */
+/** The history without its archived branches, as the server's `list_branches` leaves them out: a checkpoint whose
+ * entry says `archived` (`archive_branch` marks where a branch starts) and everything after it. The chain up to
+ * `keep` (the shown checkpoint) stays, as the server keeps the chain it reads (`get_checkpoint_state`). */
+export function withoutArchived(history: HistoryEntry[], keep: string | null | undefined): HistoryEntry[] {
+  if (!history.some((e) => e.archived)) return history;
+  const children = new Map<string, string[]>();
+  for (const e of history) {
+    if (!e.parent_checkpoint_id) continue;
+    const siblings = children.get(e.parent_checkpoint_id);
+    if (siblings) siblings.push(e.checkpoint_id);
+    else children.set(e.parent_checkpoint_id, [e.checkpoint_id]);
+  }
+  const gone = new Set<string>();
+  const stack = history.filter((e) => e.archived).map((e) => e.checkpoint_id);
+  while (stack.length) {
+    const id = stack.pop()!;
+    if (gone.has(id)) continue;
+    gone.add(id);
+    stack.push(...(children.get(id) ?? []));
+  }
+  const byId = new Map(history.map((e) => [e.checkpoint_id, e]));
+  for (let at = keep ?? null; at; at = byId.get(at)?.parent_checkpoint_id ?? null) gone.delete(at);
+  return gone.size ? history.filter((e) => !gone.has(e.checkpoint_id)) : history;
+}
+
+/** Leaves of the history's tree, and how many of them are off the shown path (not at or after the shown checkpoint).
+ * Give it the history `withoutArchived`, so that archived branches count as `list_branches` counts them: not at all. */
 export function branchesOffPath(history: HistoryEntry[], shown: string | undefined): number {
   const parents = new Set(history.map((e) => e.parent_checkpoint_id).filter(Boolean));
   const leaves = history.filter((e) => !parents.has(e.checkpoint_id));

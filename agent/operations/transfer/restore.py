@@ -14,7 +14,7 @@ import json
 import uuid
 from typing import Any
 
-from agent.errors import ThreadExists, ThreadNotFound
+from agent.errors import ThreadExists, ThreadNotFound, shown_id
 from agent.operations.transfer.document import (
     DERIVED_METADATA,
     MESSAGE_TYPES,
@@ -84,7 +84,7 @@ def import_thread(
         raise
     record = storage.get_thread(target)
     if record is None:  # pragma: no cover - deleted between the commit and this read
-        raise ThreadNotFound(f"Thread {target!r} was not found.", thread_id=target)
+        raise ThreadNotFound(f"Thread {shown_id(target)} was not found.", thread_id=target)
     return record
 
 
