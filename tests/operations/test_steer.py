@@ -149,10 +149,13 @@ def interleaving_agent():
         try_claim = agent.storage._try_claim
 
         def recording(thread_id, token, **kwargs):
+            attempt = try_claim(thread_id, token, **kwargs)
+            # A request's first attempt claims, or queues, in that round trip: it has arrived once the attempt
+            # returns (counted before it, the next request could queue first).
             with lock:
                 if token not in arrivals:
-                    arrivals.append(token)  # a request's first attempt: it claims, or queues, in that round trip
-            return try_claim(thread_id, token, **kwargs)
+                    arrivals.append(token)
+            return attempt
 
         agent.storage._try_claim = recording
         yield agent, arrivals
