@@ -194,20 +194,26 @@ def test_cancel_from_another_replica_while_queued_and_while_running_writes_nothi
     thread_id, _ = new_thread(replicas.b)
     before = history_length(replicas.b, thread_id)
     turn = {"input": "Write a poem", "background": True, "conversation": thread_id}
-    running = httpx.post(f"{replicas.a}/responses", json=turn, headers=USER, timeout=30).json()
-    wait_status(replicas.b, running["id"], {"in_progress"}, timeout=10)
-    # The second through MLflow's route: `custom_inputs.background`.
-    invocation = {"input": [{"role": "user", "content": "Write a poem"}],
-                  "custom_inputs": {"background": True, "thread_id": thread_id}}  # fmt: skip
-    queued = httpx.post(f"{replicas.a}/invocations", json=invocation, headers=USER, timeout=30).json()
-    assert wait_status(replicas.b, queued["id"], {"queued"}, timeout=1)["status"] == "queued"
+    # Slower than the module's turns until both are cancelled: on a loaded machine the steps before the second
+    # cancel took longer than SLOW_S, and the running turn had completed.
+    configure_stub(replicas.model_url, latency_s=SLOW_S * 4)
+    try:
+        running = httpx.post(f"{replicas.a}/responses", json=turn, headers=USER, timeout=30).json()
+        wait_status(replicas.b, running["id"], {"in_progress"}, timeout=10)
+        # The second through MLflow's route: `custom_inputs.background`.
+        invocation = {"input": [{"role": "user", "content": "Write a poem"}],
+                      "custom_inputs": {"background": True, "thread_id": thread_id}}  # fmt: skip
+        queued = httpx.post(f"{replicas.a}/invocations", json=invocation, headers=USER, timeout=30).json()
+        assert wait_status(replicas.b, queued["id"], {"queued"}, timeout=1)["status"] == "queued"
 
-    cancelled = httpx.post(f"{replicas.b}/responses/{queued['id']}/cancel", headers=USER, timeout=30)
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-    Response.model_validate(cancelled.json())
-    stopped = httpx.post(f"{replicas.b}/responses/{running['id']}/cancel", headers=USER, timeout=30)
-    assert stopped.status_code == 200, stopped.text
-    assert stopped.json()["status"] == "cancelled" and stopped.json()["custom_outputs"]["written"] is False
+        cancelled = httpx.post(f"{replicas.b}/responses/{queued['id']}/cancel", headers=USER, timeout=30)
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        Response.model_validate(cancelled.json())
+        stopped = httpx.post(f"{replicas.b}/responses/{running['id']}/cancel", headers=USER, timeout=30)
+        assert stopped.status_code == 200, stopped.text
+        assert stopped.json()["status"] == "cancelled" and stopped.json()["custom_outputs"]["written"] is False
+    finally:
+        configure_stub(replicas.model_url, latency_s=SLOW_S)
 
     # Both stay cancelled (the queued one never runs), nothing was written, and the thread is free.
     time.sleep(1.0)
