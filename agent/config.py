@@ -45,7 +45,7 @@ _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 
 #: Default admission of `tt-agent serve` (`serving.admission`): turns running at once per pooled connection,
 #: and turns waiting per running turn (`AgentSettings.max_running_turns`, `max_waiting_turns` say why).
-RUNNING_TURNS_PER_CONNECTION = 100
+RUNNING_TURNS_PER_CONNECTION = 20
 WAITING_TURNS_PER_RUNNING = 4
 
 ContextStrategy = Literal["trim", "summarize"]
@@ -135,17 +135,20 @@ class AgentSettings(BaseSettings):
 
     # -- turns at once (`tt-agent serve`, per process: serving.admission) ------------------------
     max_running_turns: int | None = Field(default=None, ge=1)
-    """Turns (requests that run the model) one server process runs at once; more wait. None: 100 x
-    `pool_max_size` (1,000 with the default pool). A turn holds a pooled connection only for its claim and
-    its commit (milliseconds each) and no connection, no OS thread and no CPU while it waits on its
-    model, so one process keeps 1,000 streams open (about 200 kB of memory each; `bench.streams` measures
-    them, docs/guides/serving.md has the figures). Its event loop runs on one core whatever the machine
-    has (more cores: more `--workers`, each with its own bound): lower it to finish a burst's turns one
-    after another rather than together, and to shorten `/health`'s worst waits under a burst."""
+    """Turns (requests that run the model) one server process runs at once; more wait. None: 20 x
+    `pool_max_size` (200 with the default pool). Why 200: every running turn's steps share the process's
+    one event loop (one core whatever the machine has; more cores: more `--workers`, each with its own
+    bound), so the turns that run at once set how long `/health` and reads wait for a round of the loop
+    during a burst; 200 streamed turns at once keep them fast (`bench.users`, `bench.load`). A turn holds
+    a pooled connection only for its claim and its commit (milliseconds each) and no connection, no OS
+    thread and no CPU while it waits on its model, so a process can keep 1,000 streams open (about
+    200 kB of memory each; `bench.streams` measures them with this set to 1,000): raise it when a
+    burst's own wall matters more than reads during it."""
     max_waiting_turns: int | None = Field(default=None, ge=0)
     """Turns that may wait for a place among the running ones (first come, first served); beyond them a
     turn is refused with ServerBusy (429 and `Retry-After`), nothing written. None: 4 x
-    `max_running_turns`, so a waiting turn starts within about four turn lengths. 0: no queue."""
+    `max_running_turns` (800 with the default pool), so a waiting turn starts within about four turn
+    lengths. 0: no queue."""
 
     # -- memory and context --------------------------------------------------------------------
     message_cache_size: int = Field(default=1024, ge=0)
