@@ -143,3 +143,64 @@ def test_the_index_holds_word_keys_not_text(backend_url, make_agent):
             matched = conn.execute("SELECT rowid FROM agent_message_terms WHERE agent_message_terms MATCH ?", (search.fts5_tokens([key]),)).fetchall()
         conn.close()
         assert matched and b"xylophonist" not in stored and b"quartets" not in stored
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_an_index_in_the_earlier_layout_goes_at_the_upgrade_and_the_backfill_finds_its_messages(
+    backend, pg_server_url, tmp_path, make_agent
+):
+    import sqlite3
+
+    import psycopg
+
+    from agent.storage.postgres.migrations import MIGRATIONS as POSTGRES_MIGRATIONS
+    from agent.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
+    from tests.helpers.databases import fresh_database
+
+    with fresh_database(pg_server_url) as pg:
+        url = pg if backend == "postgres" else f"sqlite:///{tmp_path / 'earlier.sqlite'}"
+        agent = make_agent(url)
+        first = outputs(say(agent, "a heron by the weir", user_id="ada"))
+        say(agent, "and a kingfisher", thread_id=first["thread_id"], user_id="ada")
+        before = agent.search_threads("heron", user_id="ada")
+        assert before
+        agent.close()
+
+        # The previous release's search tables (with a row of text) and schema version.
+        if backend == "postgres":
+            earlier = next(i for i, m in enumerate(POSTGRES_MIGRATIONS) if m == "DROP TABLE IF EXISTS agent_message_text")
+            with psycopg.connect(url) as conn:
+                conn.execute("DROP TABLE agent_message_terms")
+                for migration in POSTGRES_MIGRATIONS[:earlier]:
+                    if "agent_message_text" in migration:
+                        conn.execute(migration)
+                conn.execute("INSERT INTO agent_message_text VALUES (%s, %s, 'm1', 'a heron by the weir')",
+                             (first["thread_id"], first["checkpoint_id"]))  # fmt: skip
+                conn.execute("DELETE FROM agent_migrations WHERE v >= %s", (earlier,))
+        else:
+            earlier = len(SQLITE_MIGRATIONS) - 1
+            conn = sqlite3.connect(str(tmp_path / "earlier.sqlite"), isolation_level=None)
+            conn.execute("DROP TABLE agent_message_terms")
+            conn.execute("DROP TABLE agent_message_rows")
+            for migration in SQLITE_MIGRATIONS[:earlier]:
+                if any("agent_message_text" in statement for statement in migration):
+                    for statement in migration:
+                        conn.execute(statement)
+            conn.execute("INSERT INTO agent_message_text (thread_id, checkpoint_id, message_ids, body) VALUES (?, ?, 'm1', 'a heron by the weir')",
+                         (first["thread_id"], first["checkpoint_id"]))  # fmt: skip
+            conn.execute(f"PRAGMA user_version = {earlier}")
+            conn.close()
+
+        upgraded = make_agent(url)
+        assert upgraded.search_threads("heron", user_id="ada") == []  # the earlier rows (and their text) are gone
+        assert upgraded.backfill_search_index()["indexed_checkpoints"] >= 2
+        assert upgraded.search_threads("heron", user_id="ada") == before
+        assert upgraded.search_threads("kingfisher", user_id="ada")
+        if backend == "postgres":
+            with psycopg.connect(url) as conn:
+                assert conn.execute("SELECT to_regclass('agent_message_text')").fetchone()[0] is None
+        else:
+            conn = sqlite3.connect(str(tmp_path / "earlier.sqlite"))
+            assert not conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'agent_message_text%'").fetchall()
+            conn.close()
+        upgraded.close()
