@@ -53,7 +53,8 @@ TITLE = "search: index cost per message and search_threads latency ({threads} th
 PG_RATIO_TARGET, SQLITE_RATIO_TARGET = 1.0, 0.5
 INDEX_BYTES_SQL = "SELECT pg_total_relation_size('agent_message_terms')::bigint, (SELECT count(*) FROM agent_message_terms)"
 SQLITE_INDEX_TABLES = ("agent_message_rows", "sqlite_autoindex_agent_message_rows_1", "agent_message_terms",
-                       "agent_message_terms_data", "agent_message_terms_idx", "agent_message_terms_config")  # fmt: skip
+                       "agent_message_terms_data", "agent_message_terms_idx", "agent_message_terms_docsize",
+                       "agent_message_terms_config")  # fmt: skip
 
 
 @dataclass(frozen=True)

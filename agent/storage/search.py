@@ -6,9 +6,9 @@ row and one key, not one per message), and the row holds no text: only a
 32-bit key per distinct word (`word_key`, a BLAKE2b digest of the lower-cased
 word). Postgres keeps the keys as an `integer[]` with a GIN index (`@>` finds
 the rows holding every key of a query); SQLite gives them, as short ASCII
-tokens (`fts5_tokens`), to a contentless FTS5 table with `detail=none` and
-`columnsize=0` (https://sqlite.org/fts5.html#contentless_tables): it keeps
-only which rows hold which token. The text of a hit is read at search time
+tokens (`fts5_tokens`), to a contentless FTS5 table with `detail=none`
+(https://sqlite.org/fts5.html#contentless_tables): it keeps only which rows
+hold which token. The text of a hit is read at search time
 from the checkpoint itself (`saver.TurnSaverMixin.first_appeared`), where
 `hits` checks, in Python, which of that checkpoint's messages hold every word
 and cuts the snippet; a row whose keys matched by a collision, or whose words

@@ -201,8 +201,8 @@ MIGRATIONS: list[list[str]] = [
         # The search index without a copy of the text (`agent.storage.search`): the earlier content table kept
         # each row's text beside its FTS5 index, about twice the text, and broke the storage bound. A
         # contentless FTS5 table (https://sqlite.org/fts5.html#contentless_tables) of each row's word keys,
-        # `detail=none` (no positions: a query needs only which rows hold every key) and `columnsize=0`
-        # (no ranking), with the row ids of `agent_message_rows`; AUTOINCREMENT so that a deleted row's id,
+        # `detail=none` (no positions: a query needs only which rows hold every key; `columnsize=0` would
+        # save a few bytes a row more, but makes the table refuse a scan), with the row ids of `agent_message_rows`; AUTOINCREMENT so that a deleted row's id,
         # whose FTS5 entry stays until a rebuild, never names another checkpoint. The earlier rows are
         # dropped, not converted: `search.backfill` (`tt-agent search-index`) indexes them again.
         "DROP TRIGGER IF EXISTS agent_message_text_ai",
@@ -217,7 +217,7 @@ MIGRATIONS: list[list[str]] = [
             UNIQUE (thread_id, checkpoint_id)
         )""",
         """CREATE VIRTUAL TABLE IF NOT EXISTS agent_message_terms USING fts5(
-            body, content='', detail=none, columnsize=0)""",
+            body, content='', detail=none)""",
     ],
 ]
 
