@@ -237,6 +237,17 @@ COMMANDS: tuple[dict[str, Any], ...] = (
         ),
     },
     {
+        'command': 'search-index',
+        'operation': 'backfill_search_index',
+        'help': 'Index the checkpoints that have no search index row (messages written before the index, or before its layout). Never creates a store.',
+        'reads_only': False,
+        'writes': True,
+        'params': (
+            {'name': 'rebuild', 'type': 'bool', 'default': False, 'help': 'Remove every row first and index everything again.'},
+            {'name': 'batch_size', 'type': 'int', 'default': 500, 'help': 'Checkpoints per transaction (1 to 10000).', 'metavar': 'N'},
+        ),
+    },
+    {
         'command': 'memories',
         'operation': 'list_memories',
         'help': "The user's long-term memories: newest first, or best first for `query`. Never creates a store.",

@@ -34,6 +34,7 @@ OPERATIONS: tuple[Operation, ...] = (
     catalogue.GET_THREAD,
     catalogue.UPDATE_THREAD,
     search.SEARCH_THREADS,
+    search.BACKFILL_SEARCH_INDEX,
     documents.EXPORT_THREAD,
     documents.IMPORT_THREAD,
     retention.SWEEP_EXPIRED_THREADS,

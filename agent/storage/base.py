@@ -217,8 +217,25 @@ class ThreadStorage(TurnProtocol):
 
     @abstractmethod
     def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
-        """Up to `limit` search index rows of `user_id`'s threads (None: those written without one) whose
-        messages hold every one of `words` (`search.terms`), best match first, then newest."""
+        """Up to `limit` search index rows of `user_id`'s threads (None: those written without one) holding
+        the key of every one of `words` (`search.terms`), newest checkpoint first (candidates: `search.hits`
+        checks the messages)."""
+
+    @abstractmethod
+    def unindexed_checkpoints(self, after: tuple[str, str] | None, limit: int) -> list[tuple[str, str]]:
+        """Up to `limit` (thread_id, checkpoint_id) of root-namespace checkpoints without a search index row,
+        in (thread_id, checkpoint_id) order, after `after` (the last of the previous batch; None: from the
+        start). Checkpoints whose messages add nothing searchable stay in this list: `search.backfill`
+        pages with `after`, so it ends."""
+
+    def index_checkpoints(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
+        """Write search index rows (thread_id, checkpoint_id, `search.index_keys`) in one transaction,
+        replacing a checkpoint's row if it has one."""
+        self.transaction(lambda tx: tx.index_checkpoints(rows))
+
+    def clear_search_index(self) -> None:
+        """Remove every search index row (and on SQLite the FTS5 entries of deleted ones), in one transaction."""
+        self.transaction(lambda tx: tx.clear_search_index())
 
 
 class ThreadReads(Protocol):

@@ -69,6 +69,14 @@ def parts(delta: Mapping[str, Any]) -> tuple[str | None, int, list[Any]]:
     return delta["base"], delta["keep"], list(delta["add"])
 
 
+def added_messages(stored: Any) -> list[Any]:
+    """The messages a stored `messages` value adds to its base: a delta's added messages, a whole list
+    as it is (a thread's root), nothing for anything else a graph keeps there."""
+    if is_delta(stored):
+        return parts(stored)[2]
+    return list(stored) if is_message_list(stored) else []
+
+
 def base_of(delta: Mapping[str, Any]) -> str | None:
     """The base checkpoint id of a stored delta (either layout), without decoding its messages."""
     return delta[COMPACT_KEY] if COMPACT_KEY in delta else delta["base"]

@@ -142,15 +142,11 @@ class BranchRecord:
 
 @dataclass(frozen=True)
 class SearchRow:
-    """One checkpoint's row of the message search index: the messages that first appeared there.
-
-    `message_ids` and `body` hold one entry per indexed message, joined by `search.SEPARATOR`.
-    """
+    """One checkpoint whose row of the message search index holds every key of a query (`agent.storage.search`):
+    the messages that first appeared there may hold the query's words."""
 
     thread_id: str
     checkpoint_id: str
-    message_ids: str
-    body: str
 
 
 class IdempotencyKeyTaken(Exception):

@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -260,9 +260,9 @@ class TurnSaverMixin(SaverThreadOperations):
         result = self._backend_put(config, stored, {**clean, **summaries.pack(summary, seal)}, new_versions)
         if listed and not checkpoint_ns and not self.keyring.enabled:
             # The messages that first appear here (`search`); none with encryption at rest.
-            row = search.index_row(messages[kept:])
-            if row is not None:
-                self._backend_index(str(thread_id), checkpoint["id"], row)
+            keys = search.index_keys(messages[kept:])
+            if keys is not None:
+                self._backend_index(str(thread_id), checkpoint["id"], keys)
         return result
 
     def _parent_metadata(self, config, parent_id: str, turn: Turn | None) -> Mapping[str, Any] | None:
@@ -279,6 +279,13 @@ class TurnSaverMixin(SaverThreadOperations):
             found = turn.loaded[parent_id].checkpoint["channel_values"].get("messages")
             return found if deltas.is_message_list(found) else ()
         return self.messages_of(thread_id, checkpoint_ns, parent_id)
+
+    def first_appeared(self, thread_id: str, checkpoint_ids: Sequence[str]) -> dict[str, list]:
+        """The messages that first appeared at each of the thread's root-namespace checkpoints
+        `checkpoint_ids` (what its search index row was made from: the delta's added messages), keyed by
+        checkpoint id; a checkpoint that no longer exists is not a key. One query, no resolving."""
+        stored = self._fetch_checkpoint_messages(thread_id, list(checkpoint_ids))
+        return {checkpoint_id: deltas.added_messages(value) for checkpoint_id, value in stored.items()}
 
     def messages_of(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> tuple:
         """The full message list of a stored checkpoint (cached; a miss reads the thread's deltas once);
@@ -320,8 +327,13 @@ class TurnSaverMixin(SaverThreadOperations):
     def _backend_put_writes(self, config, writes, task_id, task_path):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _backend_index(self, thread_id: str, checkpoint_id: str, row: tuple[str, str]) -> None:  # pragma: no cover - abstract
-        """Write the search index row (`message_ids`, `body`) of a checkpoint, in the running transaction."""
+    def _backend_index(self, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:  # pragma: no cover - abstract
+        """Write the search index row (`search.index_keys`) of a checkpoint, in the running transaction."""
+        raise NotImplementedError
+
+    def _fetch_checkpoint_messages(self, thread_id: str, checkpoint_ids: Sequence[str]) -> Mapping[str, Any]:  # pragma: no cover
+        """The stored `messages` value (a delta, as written) of each of the root-namespace checkpoints
+        `checkpoint_ids` that exists, keyed by checkpoint id; one query."""
         raise NotImplementedError
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:  # pragma: no cover

@@ -163,6 +163,15 @@ class Tx(ABC):
         """Write `records` as they are (an import)."""
 
     @abstractmethod
+    def index_checkpoints(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
+        """Write search index rows (thread_id, checkpoint_id, `search.index_keys`), replacing a checkpoint's
+        row if it has one."""
+
+    @abstractmethod
+    def clear_search_index(self) -> None:
+        """Remove every search index row (on SQLite, the FTS5 entries of deleted rows too)."""
+
+    @abstractmethod
     def delete_branch_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]) -> None:
         """Delete these checkpoints (any namespace) with their pending writes, registered ids, branch
         records and search rows, and every blob no remaining checkpoint points at. The caller removes

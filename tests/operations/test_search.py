@@ -82,3 +82,125 @@ def test_after_keep_latest_the_heads_text_is_found_at_the_head_and_nothing_else(
     for word in ("pelican", "osprey"):
         hits = agent.search_threads(word, user_id="ada")
         assert hits and {hit["checkpoint_id"] for hit in hits} == {head}
+
+
+def test_backfill_indexes_messages_written_before_the_index_and_a_second_run_does_nothing(agent):
+    first = outputs(say(agent, "the albatross circled", user_id="ada"))
+    thread_id = first["thread_id"]
+    say(agent, "then a second albatross", thread_id=thread_id, user_id="ada")
+    say(agent, "a cormorant dived", thread_id=thread_id, checkpoint_id=first["checkpoint_id"], user_id="ada")
+    before = agent.search_threads("albatross", user_id="ada")
+    assert len(before) >= 2
+    # What an upgrade leaves: checkpoints without index rows (the migration drops the earlier layout's).
+    agent.storage.clear_search_index()
+    assert agent.search_threads("albatross", user_id="ada") == []
+
+    indexed = agent.backfill_search_index(batch_size=1)  # one checkpoint per transaction: pages must chain
+    assert indexed["indexed_checkpoints"] >= 3
+    assert sorted(map(str, agent.search_threads("albatross", user_id="ada"))) == sorted(map(str, before))
+    assert agent.search_threads("cormorant", user_id="ada")
+    assert agent.backfill_search_index() == {"indexed_checkpoints": 0}
+    assert sorted(map(str, agent.search_threads("albatross", user_id="ada"))) == sorted(map(str, before))
+
+
+def test_a_rebuild_forgets_deleted_branches_and_finds_the_rest(agent):
+    first = outputs(say(agent, "planning a trip", user_id="ada"))
+    thread_id = first["thread_id"]
+    doomed = outputs(say(agent, "maybe Reykjavik instead", thread_id=thread_id, user_id="ada"))
+    say(agent, "no, Lisbon", thread_id=thread_id, checkpoint_id=first["checkpoint_id"], user_id="ada")
+    agent.delete_branch(thread_id, doomed["checkpoint_id"], user_id="ada")
+    lisbon = agent.search_threads("Lisbon", user_id="ada")
+    assert agent.backfill_search_index(rebuild=True)["indexed_checkpoints"] >= 2
+    assert agent.search_threads("Reykjavik", user_id="ada") == []
+    assert agent.search_threads("Lisbon", user_id="ada") == lisbon
+
+
+def test_a_forks_messages_are_found_in_the_fork_too(agent):
+    first = outputs(say(agent, "a narwhal surfaced", user_id="ada"))
+    fork = agent.fork_thread(first["thread_id"], user_id="ada")
+    found = {hit["thread_id"] for hit in agent.search_threads("narwhal", user_id="ada")}
+    assert found == {first["thread_id"], fork["thread_id"]}
+
+
+def test_the_index_holds_word_keys_not_text(backend_url, make_agent):
+    from agent.storage import search
+
+    agent = make_agent(backend_url)
+    say(agent, "xylophonist quartets", user_id="ada")
+    key = search.word_key("xylophonist")
+    if backend_url.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(backend_url) as conn:
+            rows = conn.execute("SELECT * FROM agent_message_terms").fetchall()
+        assert rows and all(set(row[2]) and all(isinstance(k, int) for k in row[2]) for row in rows)
+        assert any(key in row[2] for row in rows)
+    else:
+        import sqlite3
+
+        with sqlite3.connect(backend_url.split("sqlite:///", 1)[1]) as conn:
+            stored = b"".join(bytes(block) for (block,) in conn.execute("SELECT block FROM agent_message_terms_data"))
+            matched = conn.execute("SELECT rowid FROM agent_message_terms WHERE agent_message_terms MATCH ?", (search.fts5_tokens([key]),)).fetchall()
+        conn.close()
+        assert matched and b"xylophonist" not in stored and b"quartets" not in stored
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_an_index_in_the_earlier_layout_goes_at_the_upgrade_and_the_backfill_finds_its_messages(
+    backend, pg_server_url, tmp_path, make_agent
+):
+    import sqlite3
+
+    import psycopg
+
+    from agent.storage.postgres.migrations import MIGRATIONS as POSTGRES_MIGRATIONS
+    from agent.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
+    from tests.helpers.databases import fresh_database
+
+    with fresh_database(pg_server_url) as pg:
+        url = pg if backend == "postgres" else f"sqlite:///{tmp_path / 'earlier.sqlite'}"
+        agent = make_agent(url)
+        first = outputs(say(agent, "a heron by the weir", user_id="ada"))
+        say(agent, "and a kingfisher", thread_id=first["thread_id"], user_id="ada")
+        before = agent.search_threads("heron", user_id="ada")
+        assert before
+        agent.close()
+
+        # The previous release's search tables (with a row of text) and schema version.
+        if backend == "postgres":
+            earlier = next(i for i, m in enumerate(POSTGRES_MIGRATIONS) if m == "DROP TABLE IF EXISTS agent_message_text")
+            with psycopg.connect(url) as conn:
+                conn.execute("DROP TABLE agent_message_terms")
+                for migration in POSTGRES_MIGRATIONS[:earlier]:
+                    if "agent_message_text" in migration:
+                        conn.execute(migration)
+                conn.execute("INSERT INTO agent_message_text VALUES (%s, %s, 'm1', 'a heron by the weir')",
+                             (first["thread_id"], first["checkpoint_id"]))  # fmt: skip
+                conn.execute("DELETE FROM agent_migrations WHERE v >= %s", (earlier,))
+        else:
+            earlier = len(SQLITE_MIGRATIONS) - 1
+            conn = sqlite3.connect(str(tmp_path / "earlier.sqlite"), isolation_level=None)
+            conn.execute("DROP TABLE agent_message_terms")
+            conn.execute("DROP TABLE agent_message_rows")
+            for migration in SQLITE_MIGRATIONS[:earlier]:
+                if any("agent_message_text" in statement for statement in migration):
+                    for statement in migration:
+                        conn.execute(statement)
+            conn.execute("INSERT INTO agent_message_text (thread_id, checkpoint_id, message_ids, body) VALUES (?, ?, 'm1', 'a heron by the weir')",
+                         (first["thread_id"], first["checkpoint_id"]))  # fmt: skip
+            conn.execute(f"PRAGMA user_version = {earlier}")
+            conn.close()
+
+        upgraded = make_agent(url)
+        assert upgraded.search_threads("heron", user_id="ada") == []  # the earlier rows (and their text) are gone
+        assert upgraded.backfill_search_index()["indexed_checkpoints"] >= 2
+        assert upgraded.search_threads("heron", user_id="ada") == before
+        assert upgraded.search_threads("kingfisher", user_id="ada")
+        if backend == "postgres":
+            with psycopg.connect(url) as conn:
+                assert conn.execute("SELECT to_regclass('agent_message_text')").fetchone()[0] is None
+        else:
+            conn = sqlite3.connect(str(tmp_path / "earlier.sqlite"))
+            assert not conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'agent_message_text%'").fetchall()
+            conn.close()
+        upgraded.close()

@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 
 from agent.storage import deltas
 from agent.storage.postgres.migrations import DROPPED_INDEXES
+from agent.storage.postgres.migrations import MIGRATIONS as POSTGRES_MIGRATIONS
 from agent.storage.postgres.saver import expand_checkpoint
 from agent.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.helpers.databases import fresh_database
@@ -69,6 +70,12 @@ EARLIER_INDEXES = {
 }
 
 
+#: The schema versions of the previous release's layout: before the checkpoint compaction (the migration
+#: before the index drop) on Postgres, before the index drop on SQLite; later migrations are re-applied too.
+EARLIER_POSTGRES_VERSION = next(i for i, m in enumerate(POSTGRES_MIGRATIONS) if m.startswith("DROP INDEX IF EXISTS checkpoints_thread_id_idx")) - 1
+EARLIER_SQLITE_VERSION = next(i for i, m in enumerate(SQLITE_MIGRATIONS) if m == ["DROP INDEX IF EXISTS agent_threads_user_id_idx"])
+
+
 def to_earlier_postgres(url: str, serde, versions: LongVersions) -> int:
     """Rewrite every row of the database in the earlier layout; how many message deltas were rewritten."""
     rewritten = 0
@@ -93,7 +100,7 @@ def to_earlier_postgres(url: str, serde, versions: LongVersions) -> int:
         # The schema as the previous release left it: its indexes, and the new migrations not applied.
         for name, (table, column) in EARLIER_INDEXES.items():
             conn.execute(f"CREATE INDEX {name} ON {table} ({column})")
-        conn.execute("DELETE FROM agent_migrations WHERE v >= (SELECT max(v) - 1 FROM agent_migrations)")
+        conn.execute("DELETE FROM agent_migrations WHERE v >= %s", (EARLIER_POSTGRES_VERSION,))
     return rewritten
 
 
@@ -115,7 +122,7 @@ def to_earlier_sqlite(path: str, serde, versions: LongVersions) -> int:
                 (type_, blob, thread_id, ns, checkpoint_id),
             )
         conn.execute("CREATE INDEX agent_threads_user_id_idx ON agent_threads (user_id)")
-        conn.execute(f"PRAGMA user_version = {len(SQLITE_MIGRATIONS) - 1}")
+        conn.execute(f"PRAGMA user_version = {EARLIER_SQLITE_VERSION}")
     finally:
         conn.close()
     return rewritten

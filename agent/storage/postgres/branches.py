@@ -3,9 +3,9 @@
 Apart from `sql` because they are one subject (`agent.operations.branch_records`,
 `agent.storage.search`) that every path removing checkpoints must also clean:
 deleting a thread, a branch, the checkpoints retention or LangGraph's `prune`
-drops, and copying a thread. The search is `to_tsvector('simple', body) @@
-plainto_tsquery('simple', words)`, served by the GIN expression index of the
-migration (`agent_message_text_search_idx`).
+drops, and copying a thread. A search row holds the keys of its words
+(`terms`, see `agent.storage.search`); `terms @> keys` is served by the GIN
+index of the migration (`agent_message_terms_idx`).
 """
 
 from __future__ import annotations
@@ -33,25 +33,33 @@ ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET label = EXCLUDED.label, pin
 """
 
 INDEX_MESSAGES_SQL = """
-INSERT INTO agent_message_text (thread_id, checkpoint_id, message_ids, body) VALUES (%s, %s, %s, %s)
-ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET message_ids = EXCLUDED.message_ids, body = EXCLUDED.body
+INSERT INTO agent_message_terms (thread_id, checkpoint_id, terms) VALUES (%s, %s, %s)
+ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET terms = EXCLUDED.terms
 """
-# The rows of one user's threads holding every word, best first, then newest.
+# The rows of one user's threads holding every key, newest first.
 SEARCH_SQL = """
-SELECT m.thread_id, m.checkpoint_id, m.message_ids, m.body
-FROM agent_message_text m JOIN agent_threads t ON t.thread_id = m.thread_id,
-     plainto_tsquery('simple', %(words)s) q
-WHERE to_tsvector('simple', m.body) @@ q AND t.user_id IS NOT DISTINCT FROM %(user_id)s
-ORDER BY ts_rank(to_tsvector('simple', m.body), q) DESC, m.checkpoint_id DESC
+SELECT m.thread_id, m.checkpoint_id
+FROM agent_message_terms m JOIN agent_threads t ON t.thread_id = m.thread_id
+WHERE m.terms @> %(keys)s::integer[] AND t.user_id IS NOT DISTINCT FROM %(user_id)s
+ORDER BY m.checkpoint_id DESC
 LIMIT %(limit)s
 """
+# The backfill's pages (`search.backfill`): root-namespace checkpoints without a row, in key order.
+UNINDEXED_SQL = """
+SELECT c.thread_id, c.checkpoint_id FROM checkpoints c
+WHERE c.checkpoint_ns = '' AND (c.thread_id, c.checkpoint_id) > (%(thread_id)s, %(checkpoint_id)s)
+  AND NOT EXISTS (SELECT 1 FROM agent_message_terms m WHERE m.thread_id = c.thread_id AND m.checkpoint_id = c.checkpoint_id)
+ORDER BY c.thread_id, c.checkpoint_id
+LIMIT %(limit)s
+"""
+CLEAR_INDEX_SQL = "DELETE FROM agent_message_terms"
 
 DELETE_CHECKPOINTS_SQL = [
     "DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
     "DELETE FROM checkpoints WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
     "DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
     "DELETE FROM agent_branches WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
-    "DELETE FROM agent_message_text WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
+    "DELETE FROM agent_message_terms WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
     # Blobs are shared between checkpoints by (channel, version): keep exactly those a remaining one points at.
     """DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
         SELECT 1 FROM checkpoints c
@@ -60,20 +68,20 @@ DELETE_CHECKPOINTS_SQL = [
 ]
 DELETE_THREAD_SQL = [
     "DELETE FROM agent_branches WHERE thread_id = %s",
-    "DELETE FROM agent_message_text WHERE thread_id = %s",
+    "DELETE FROM agent_message_terms WHERE thread_id = %s",
 ]
 # What retention's keep_only_head and LangGraph's prune leave: rows of the checkpoints kept.
 KEEP_ONLY_SQL = [
     """DELETE FROM agent_branches b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
         SELECT 1 FROM checkpoints c WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = ''
           AND c.checkpoint_id = b.checkpoint_id)""",
-    """DELETE FROM agent_message_text m WHERE m.thread_id = %(thread_id)s AND NOT EXISTS (
+    """DELETE FROM agent_message_terms m WHERE m.thread_id = %(thread_id)s AND NOT EXISTS (
         SELECT 1 FROM checkpoints c WHERE c.thread_id = %(thread_id)s AND c.checkpoint_ns = ''
           AND c.checkpoint_id = m.checkpoint_id)""",
 ]
 COPY_THREAD_SQL = [
     """INSERT INTO agent_branches (thread_id, checkpoint_id, label, pinned, archived)
     SELECT %(target)s, checkpoint_id, label, pinned, archived FROM agent_branches WHERE thread_id = %(source)s""",
-    """INSERT INTO agent_message_text (thread_id, checkpoint_id, message_ids, body)
-    SELECT %(target)s, checkpoint_id, message_ids, body FROM agent_message_text WHERE thread_id = %(source)s""",
+    """INSERT INTO agent_message_terms (thread_id, checkpoint_id, terms)
+    SELECT %(target)s, checkpoint_id, terms FROM agent_message_terms WHERE thread_id = %(source)s""",
 ]

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from agent.encryption import Keyring
 from agent.errors import InvalidRequest
-from agent.storage import summaries
+from agent.storage import search, summaries
 from agent.storage.postgres import branches, sql
 from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.postgres.transaction import to_record
@@ -87,8 +87,13 @@ class PostgresReads:
         }
 
     def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
-        params = {"words": " ".join(words), "user_id": user_id, "limit": limit}
+        params = {"keys": search.query_keys(words), "user_id": user_id, "limit": limit}
         return [SearchRow(**row) for row in self._read(None, branches.SEARCH_SQL, params)]
+
+    def unindexed_checkpoints(self, after: tuple[str, str] | None, limit: int) -> list[tuple[str, str]]:
+        thread_id, checkpoint_id = after or ("", "")
+        params = {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "limit": limit}
+        return [(row["thread_id"], row["checkpoint_id"]) for row in self._read(None, branches.UNINDEXED_SQL, params)]
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, sql.SELECT_USER_THREADS_SQL, (user_id,))]

@@ -105,9 +105,9 @@ class PostgresTx(Tx):
             self.batch.execute(statement, params)
         if deltas.is_message_list(list(messages or ())) and not self.keyring.enabled:
             # The head is now the root: every message of it first appears there.
-            row = search.index_row(list(messages or ()))
-            if row is not None:
-                self.batch.execute(branches.INDEX_MESSAGES_SQL, (thread_id, head_id, *row))
+            keys = search.index_keys(list(messages or ()))
+            if keys is not None:
+                self.batch.execute(branches.INDEX_MESSAGES_SQL, (thread_id, head_id, keys))
         return int(removed)
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
@@ -162,6 +162,13 @@ class PostgresTx(Tx):
         for r in records:
             params = (thread_id, r.checkpoint_id, self.keyring.seal_text(r.label), r.pinned, r.archived)
             self.batch.execute(branches.INSERT_BRANCH_SQL, params)
+
+    def index_checkpoints(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
+        for row in rows:
+            self.batch.execute(branches.INDEX_MESSAGES_SQL, row)
+
+    def clear_search_index(self) -> None:
+        self.batch.execute(branches.CLEAR_INDEX_SQL)
 
     def delete_branch_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]) -> None:
         params = {"thread_id": thread_id, "ids": list(checkpoint_ids)}

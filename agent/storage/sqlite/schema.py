@@ -199,6 +199,28 @@ MIGRATIONS: list[list[str]] = [
         "DROP INDEX IF EXISTS agent_threads_user_id_idx",
     ],
     [
+        # The search index without a copy of the text (`agent.storage.search`): the earlier content table kept
+        # each row's text beside its FTS5 index, about twice the text, and broke the storage bound. A
+        # contentless FTS5 table (https://sqlite.org/fts5.html#contentless_tables) of each row's word keys,
+        # `detail=none` (no positions: a query needs only which rows hold every key; `columnsize=0` would
+        # save a few bytes a row more, but makes the table refuse a scan), with the row ids of `agent_message_rows`; AUTOINCREMENT so that a deleted row's id,
+        # whose FTS5 entry stays until a rebuild, never names another checkpoint. The earlier rows are
+        # dropped, not converted: `search.backfill` (`tt-agent search-index`) indexes them again.
+        "DROP TRIGGER IF EXISTS agent_message_text_ai",
+        "DROP TRIGGER IF EXISTS agent_message_text_ad",
+        "DROP TRIGGER IF EXISTS agent_message_text_au",
+        "DROP TABLE IF EXISTS agent_message_fts",
+        "DROP TABLE IF EXISTS agent_message_text",
+        """CREATE TABLE IF NOT EXISTS agent_message_rows (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            thread_id TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL,
+            UNIQUE (thread_id, checkpoint_id)
+        )""",
+        """CREATE VIRTUAL TABLE IF NOT EXISTS agent_message_terms USING fts5(
+            body, content='', detail=none)""",
+    ],
+    [
         # Runs (`agent.runs.store`): one row per streamed or background turn, and its event log; short-lived
         # rows, swept `response_events_seconds` after the turn ends.
         """CREATE TABLE IF NOT EXISTS agent_runs (
@@ -228,7 +250,7 @@ MIGRATIONS: list[list[str]] = [
 TABLES = (
     "checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
     "agent_claim_waiters", "agent_user_claims", "agent_steers", "store_migrations", "store", "vector_migrations",
-    "store_vectors", "agent_branches", "agent_message_text", "agent_message_fts", "agent_runs", "agent_run_events",
+    "store_vectors", "agent_branches", "agent_message_rows", "agent_message_terms", "agent_runs", "agent_run_events",
 )  # fmt: skip
 
 #: LangGraph's store (long-term memory, agent.memory): its migration lists and their version tables,

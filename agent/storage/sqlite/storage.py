@@ -337,7 +337,11 @@ class SqliteThreadStorage(ThreadStorage):
         return self._read(lambda cur: branches.branch_records(cur, thread_id, self.keyring))
 
     def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
-        return self._read(lambda cur: branches.search(cur, user_id, search.fts5_query(words), limit))
+        return self._read(lambda cur: branches.search_rows(cur, user_id, search.fts5_query(words), limit))
+
+    def unindexed_checkpoints(self, after: tuple[str, str] | None, limit: int) -> list[tuple[str, str]]:
+        params = (*(after or ("", "")), limit)
+        return self._read(lambda cur: [tuple(row) for row in cur.execute(branches.UNINDEXED_SQL, params).fetchall()])
 
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
         params = {"checkpoint_id": checkpoint_id}

@@ -103,9 +103,9 @@ class SqliteTx(Tx):
             self.cur.execute(statement, {"thread_id": thread_id})
         if deltas.is_message_list(list(messages or ())) and not self.keyring.enabled:
             # The head is now the root: every message of it first appears there.
-            row = search.index_row(list(messages or ()))
-            if row is not None:
-                self.cur.execute(branches.INDEX_MESSAGES_SQL, (thread_id, head_id, *row))
+            keys = search.index_keys(list(messages or ()))
+            if keys is not None:
+                branches.index_checkpoint(self.cur, thread_id, head_id, keys)
         return removed
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
@@ -124,6 +124,8 @@ class SqliteTx(Tx):
     def copy_thread_rows(self, source_thread_id: str, target_thread_id: str) -> None:
         for statement in (*sql.COPY_THREAD_SQL, *branches.COPY_THREAD_SQL):
             self.cur.execute(statement, {"source": source_thread_id, "target": target_thread_id})
+        if not self.keyring.enabled:
+            branches.copy_index(self.cur, self.saver.serde, source_thread_id, target_thread_id)
 
     def rewrite_checkpoint(self, thread_id, tup, *, parent_id, metadata) -> None:
         configurable = tup.config["configurable"]
@@ -169,6 +171,14 @@ class SqliteTx(Tx):
 
     def delete_branch_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]) -> None:
         branches.delete_checkpoints(self.cur, thread_id, checkpoint_ids)
+
+    def index_checkpoints(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
+        for thread_id, checkpoint_id, keys in rows:
+            branches.index_checkpoint(self.cur, thread_id, checkpoint_id, keys)
+
+    def clear_search_index(self) -> None:
+        for statement in branches.CLEAR_INDEX_SQL:
+            self.cur.execute(statement)
 
 
 def epoch(now: datetime | None) -> float:
