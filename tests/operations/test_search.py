@@ -178,7 +178,7 @@ def test_an_index_in_the_earlier_layout_goes_at_the_upgrade_and_the_backfill_fin
                              (first["thread_id"], first["checkpoint_id"]))  # fmt: skip
                 conn.execute("DELETE FROM agent_migrations WHERE v >= %s", (earlier,))
         else:
-            earlier = len(SQLITE_MIGRATIONS) - 1
+            earlier = next(i for i, m in enumerate(SQLITE_MIGRATIONS) if "DROP TABLE IF EXISTS agent_message_text" in m)
             conn = sqlite3.connect(str(tmp_path / "earlier.sqlite"), isolation_level=None)
             conn.execute("DROP TABLE agent_message_terms")
             conn.execute("DROP TABLE agent_message_rows")
