@@ -263,7 +263,10 @@ def asks_for_turn(raw: Mapping[str, Any]) -> bool:
     custom = raw.get("custom_inputs")
     if custom is None:
         return True
-    return isinstance(custom, Mapping) and action_name(custom) in TURN_ACTIONS
+    if not isinstance(custom, Mapping):
+        return False
+    action = action_name(custom)
+    return isinstance(action, str) and action in TURN_ACTIONS  # anything else is refused by `parse_request`
 
 
 def asks_for_background(raw: Mapping[str, Any]) -> bool:
