@@ -20,7 +20,9 @@ def serve(
     ] = 1,
     agent_file: AgentFile = None,
 ) -> None:
-    """Start the MLflow Agent Server (POST /invocations, POST /responses, GET /health, GET /ready, GET /agent/info)."""
+    """Start the MLflow Agent Server (POST /invocations, POST /responses, GET /health, GET /ready, GET /agent/info)
+    and the web page at /. Settings come from AGENT_* variables (docs/configuration.md): behind a proxy that names
+    the user, AGENT_USER_ID_HEADER (e.g. X-Forwarded-User) makes each request act as that user."""
     with agent_errors():
         from agent.serving.app import run_agent_server
 
