@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from agent.error_answers import ERROR_ANSWERS, INTERNAL
+
 #: MLflow error codes of stream error events, as statuses.
 CODE_STATUS = {
     "INVALID_PARAMETER_VALUE": 400,
@@ -31,6 +33,10 @@ CODE_STATUS = {
     "TEMPORARILY_UNAVAILABLE": 503,
     "DEADLINE_EXCEEDED": 408,
     "INTERNAL_ERROR": 500,
+    # A `POST /responses` stream's error event carries OpenAI's code (`agent.error_answers`), not MLflow's: a
+    # database fault after the first event (the run recorder's write, the commit) is "unavailable", a 503.
+    **{answer.openai_code: answer.status for _, answer in ERROR_ANSWERS},
+    INTERNAL.openai_code: INTERNAL.status,
 }
 
 #: Ordinary timeouts: long enough for a retry that waits for its original (`enqueue_timeout`).
