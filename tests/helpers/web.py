@@ -60,11 +60,16 @@ def _text(item: dict) -> str:
 
 def api_view(state: dict) -> list[dict]:
     """`get_checkpoint_state`'s messages as the page groups them: each user message, and each answer (its tool
-    calls, results and text) as one message named by its first item."""
+    calls, results and text) as one message named by its first item; an assistant text message right after
+    another (a merge's summary after an answer) starts a message of its own."""
     out: list[dict] = []
+    previous: dict | None = None
     for item in state["messages"]:
         user = item["type"] == "message" and item.get("role") == "user"
-        if user or not out or out[-1]["role"] == "user":
+        text = item["type"] == "message" and not user
+        after_text = previous is not None and previous["type"] == "message" and previous.get("role") != "user"
+        previous = item
+        if user or not out or out[-1]["role"] == "user" or (text and after_text):
             out.append({"id": item["id"], "role": "user" if user else "assistant", "texts": [], "count": None})
         if item["type"] == "message":
             out[-1]["texts"].append(_text(item))

@@ -111,6 +111,16 @@ def test_the_page_streams_a_turn_and_shows_what_the_api_holds(server, shots):
         expect(card).to_contain_text("Book a trip to Tokyo?", timeout=10_000)
         assert act(http, "get_checkpoint_state", thread_id=thread_id)["interrupts"][0]["value"]["destination"] == "Tokyo"
         page.screenshot(path=str(shots / "web-interrupt.png"))
+        # Sending instead asks first: nothing is sent, the question and the typed text stay.
+        before = act(http, "get_head", thread_id=thread_id)["checkpoint_id"]
+        send(page, "Never mind")
+        expect(page.get_by_test_id("drop-question")).to_contain_text("drops the question")
+        expect(page.get_by_test_id("composer-input")).to_have_value("Never mind")
+        assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] == before
+        expect(card).to_be_visible()
+        page.get_by_role("button", name="Keep the question").click()
+        expect(page.get_by_test_id("drop-question")).to_have_count(0)
+        page.get_by_test_id("composer-input").fill("")
         card.get_by_placeholder("Your answer").fill("yes")
         card.get_by_role("button", name="Answer").click()
         settled(page, http, lambda: thread_id)
@@ -334,10 +344,24 @@ def test_a_busy_thread_is_an_error_in_words_and_the_page_keeps_what_was_saved(se
             time.sleep(0.5)  # the other turn holds the thread
             send(page, "Mine")
             expect(page.get_by_test_id("error")).to_contain_text("busy", timeout=10_000)
+            expect(page.get_by_test_id("composer-input")).to_have_value("Mine")  # not to be retyped
             other.join()
+            # After the refusal the page reads the head again: the other tab's turn shows, nothing is lost.
+            settled(page, http, lambda: thread_id)
+            assert page.get_by_test_id("message").count() == 4
+            # A double click on Regenerate while the model takes 2 s: one regeneration, and the page follows it.
+            page.get_by_test_id("composer-input").fill("")
+            before = act(http, "get_head", thread_id=thread_id)["checkpoint_id"]
+            # Two clicks in one task, before React draws the first (Playwright's dblclick lets it draw in between).
+            page.evaluate("() => { const b = [...document.querySelectorAll('[data-testid=regenerate]')].at(-1); b.click(); b.click(); }")
+            page.locator('[data-message-id="pending-answer"]').wait_for(timeout=10_000)
+            page.get_by_test_id("send").wait_for(timeout=15_000)
         finally:
             configure_stub(server.model_url, latency_s=0.3, chunks=4)
-        assert page.get_by_test_id("message").count() == 2  # the page still shows the saved turn, not a blank page
+        view = settled(page, http, lambda: thread_id, view=True)
+        assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] != before
+        assert view[-1]["count"] == "2/2"
+        assert page.get_by_test_id("error").count() == 0
 
 
 def test_the_memory_panel_lists_the_users_memories_and_deletes_one(server):
@@ -382,6 +406,12 @@ def test_a_link_to_an_earlier_checkpoint_shows_it_and_a_message_sent_there_branc
         send(page, "Instead")
         settled(page, http, lambda: thread_id)
         assert act(http, "get_checkpoint_state", thread_id=thread_id)["parent_checkpoint_id"] == first
+        # A link whose head= the thread does not hold: the error, and a button to the thread's real head.
+        page.goto(f"{server.base_url}/?thread={thread_id}&head=1f0-no-such-checkpoint")
+        expect(page.get_by_test_id("error")).to_be_visible()
+        page.get_by_test_id("open-real-head").click()
+        settled(page, http, lambda: thread_id)
+        expect(page.get_by_test_id("error")).to_have_count(0)
 
 
 def test_what_the_model_saw_shows_the_summarys_text_and_the_recalled_memories(server):
@@ -530,7 +560,10 @@ def test_branches_are_labelled_pinned_archived_merged_and_deleted_from_the_page(
         assert state["merged_from"]["message_ids"] == [only[0]["id"]]
         assert page_view(page) == api_view(state)
         assert "⇐" in page.locator(f'[data-testid=tree-node][data-checkpoint-id="{state["checkpoint_id"]}"]').text_content()
-        # Merge it again, as the model's summary (the default mode).
+        # A turn, so that the head ends with an answer; then merge it again, as the model's summary (the default mode).
+        send(page, "And then?")
+        settled(page, http, lambda: thread_id)
+        state = act(http, "get_checkpoint_state", thread_id=thread_id)
         row(page, sf).get_by_role("button", name="Merge into shown").click()
         page.get_by_test_id("merge-confirm").click()
         expect(page.get_by_test_id("merged-from")).to_contain_text("a summary of")
@@ -538,6 +571,12 @@ def test_branches_are_labelled_pinned_archived_merged_and_deleted_from_the_page(
         summary = act(http, "get_checkpoint_state", thread_id=thread_id)
         assert summary["parent_checkpoint_id"] == state["checkpoint_id"] and summary["merged_from"]["mode"] == "summary"
         assert page_view(page) == api_view(summary)
+        # The summary is a bubble of its own after the answer it follows, which keeps its "What the model saw".
+        shown = page_view(page)
+        assert [m["role"] for m in shown[-2:]] == ["assistant", "assistant"]
+        assert shown[-1]["id"] == summary["messages"][-1]["id"]
+        answer = page.locator(f'[data-testid=message][data-message-id="{shown[-2]["id"]}"]')
+        expect(answer.get_by_test_id("model-saw-toggle")).to_have_count(1)
         state = summary
         page.screenshot(path=str(shots / "web-branch-actions.png"))
         # Archive hides the SF branch unless "show archived"; unarchive shows it again.

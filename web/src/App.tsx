@@ -49,6 +49,11 @@ function clippedId(id: string): string {
   return id.length > 64 ? `${id.slice(0, 40)}…` : id;
 }
 
+/** A 409: the server refused because another turn holds the thread (or the head moved under the request). */
+function refusedAsBusy(error: unknown): boolean {
+  return error instanceof ApiError && (error.status === 409 || error.code === "RESOURCE_CONFLICT" || error.code === "conflict");
+}
+
 function textOfAppend(message: AppendMessage): string {
   return message.content.map((part) => (part.type === "text" ? part.text : "")).join("");
 }
@@ -75,7 +80,16 @@ export function App() {
   const [error, setError] = useState<string | null>(null);
   const [notice, setNotice] = useState<string | null>(null);
   const [loading, setLoading] = useState(false);
+  // A link's head= that the thread does not hold: the error offers the thread's real head.
+  const [missingHead, setMissingHead] = useState<string | null>(null);
+  // A message typed while the agent's question (interrupt) waits: sent only once the user agrees to drop it.
+  const [dropQuestion, setDropQuestion] = useState<string | null>(null);
   const abort = useRef<AbortController | null>(null);
+  // A turn in flight, set before React draws it: a second click in the same instant (a double click on
+  // Regenerate) is ignored rather than sent, as the server would refuse it ("busy") and the page would lose track.
+  const busy = useRef(false);
+  // Set below, once the runtime exists: puts text back in the composer after a refused turn.
+  const restoreText = useRef<(text: string) => void>(() => {});
 
   const loadThreads = useCallback(async () => {
     try {
@@ -91,6 +105,8 @@ export function App() {
     const ticket = ask();
     setError(null);
     setNotice(null);
+    setMissingHead(null);
+    setDropQuestion(null);
     setThreadId(thread);
     if (push) writeUrl(thread, head);
     if (!thread) {
@@ -113,6 +129,7 @@ export function App() {
       setShown(null);
       setHistory([]);
       setError(words(e));
+      if (head && e instanceof ApiError && e.status >= 400 && e.status < 500) setMissingHead(head);
     } finally {
       if (newest(ticket)) setLoading(false);
     }
@@ -148,6 +165,36 @@ export function App() {
     [setShown],
   );
 
+  /** After a refused or broken request (409 busy, a lost connection): read the thread's head and its history
+   * again, so the page shows what the server holds (another tab's turn, a turn that landed) rather than what it
+   * believed. The error stays shown; a failure to read (the server still away) leaves the page as it was.
+   * `busy` (a 409: another turn holds the thread): the head is read again every second, for up to 30 s, until
+   * it moves from the head shown before, so that the other turn's answer shows once it is saved. */
+  const refresh = useCallback(
+    async (thread: string, ticket: number, busy = false) => {
+      const before = shownRef.current?.head_checkpoint_id;
+      for (let attempt = 0; attempt < (busy ? 30 : 1); attempt++) {
+        if (attempt) await new Promise((done) => setTimeout(done, 1000));
+        if (!newest(ticket)) return;
+        try {
+          const [state, entries] = await Promise.all([
+            action<CheckpointState>("get_checkpoint_state", { thread_id: thread }),
+            wholeHistory(thread),
+          ]);
+          if (!newest(ticket)) return;
+          setShown(state);
+          setHistory(entries);
+          writeUrl(thread, state.checkpoint_id, true);
+          setThreads((old) => old.map((t) => (t.thread_id === thread ? { ...t, checkpoint_id: state.checkpoint_id } : t)));
+          if (state.head_checkpoint_id !== before) return;
+        } catch {
+          return; // the server cannot answer: what is shown stays, with the error above it
+        }
+      }
+    },
+    [setShown],
+  );
+
   /** The start of a write: the shown checkpoint when it is not the thread's head (a shared link, a read-only view). */
   const startFrom = useCallback((): Record<string, unknown> => {
     if (!shown) return {};
@@ -156,8 +203,11 @@ export function App() {
 
   const runTurn = useCallback(
     async (input: string | null, inputs: Record<string, unknown>, run: Running) => {
+      if (busy.current) return;
+      busy.current = true;
       setError(null);
       setNotice(null);
+      setDropQuestion(null);
       const ticket = ask();
       const controller = new AbortController();
       abort.current = controller;
@@ -191,12 +241,16 @@ export function App() {
       } catch (e) {
         if (controller.signal.aborted) setNotice("Stopped: the turn was cancelled and nothing was saved.");
         else setError(words(e));
+        // The typed text goes back in the composer: a refused turn need not be retyped.
+        if (input !== null && run.kind === "turn") restoreText.current(input);
+        if (!controller.signal.aborted && threadId && newest(ticket)) void refresh(threadId, ticket, refusedAsBusy(e));
       } finally {
         abort.current = null;
+        busy.current = false;
         setRunning(null);
       }
     },
-    [threadId, applyState, loadThreads, setShown],
+    [threadId, applyState, loadThreads, setShown, refresh],
   );
 
   const indexOf = useCallback((id: string) => (shown?.messages ?? []).findIndex((item) => item.id === id), [shown]);
@@ -204,18 +258,39 @@ export function App() {
   const onNew = useCallback(
     async (message: AppendMessage) => {
       const text = textOfAppend(message);
+      if (busy.current) {
+        restoreText.current(text);
+        return;
+      }
       const keep = shown?.messages.length ?? 0;
-      const inputs = shown?.interrupts?.length ? { ...startFrom(), cancel_interrupts: true } : startFrom();
-      await runTurn(text, inputs, { kind: "turn", keep, userText: text, items: [], text: "" });
+      if (shown?.interrupts?.length) {
+        // The API refuses a turn while the agent's question waits, so nobody answers it by accident: the page
+        // asks the user first, and sends with `cancel_interrupts` only on their "yes" (dropQuestion's button).
+        restoreText.current(text);
+        setDropQuestion(text);
+        return;
+      }
+      await runTurn(text, startFrom(), { kind: "turn", keep, userText: text, items: [], text: "" });
     },
     [shown, startFrom, runTurn],
   );
+
+  /** "Send anyway": the message kept by `onNew`, sent with the agent's pending question dropped. */
+  const sendDroppingQuestion = useCallback(async () => {
+    const text = dropQuestion;
+    if (text === null) return;
+    setDropQuestion(null);
+    restoreText.current("");
+    const keep = shown?.messages.length ?? 0;
+    await runTurn(text, { ...startFrom(), cancel_interrupts: true }, { kind: "turn", keep, userText: text, items: [], text: "" });
+  }, [dropQuestion, shown, startFrom, runTurn]);
 
   const onEdit = useCallback(
     async (message: AppendMessage) => {
       const text = textOfAppend(message);
       const id = message.sourceId;
       if (!id) return onNew(message);
+      if (busy.current) return;
       const at = indexOf(id);
       await runTurn(text, { ...startFrom(), edit_message_id: id }, { kind: "edit", keep: Math.max(at, 0), userText: text, items: [], text: "" });
     },
@@ -225,7 +300,7 @@ export function App() {
   /** "Save only": the user message replaced in place (`update_checkpoint_state`), no model run. */
   const saveOnly = useCallback(
     async (messageId: string, text: string) => {
-      if (!threadId) return;
+      if (!threadId || busy.current) return;
       setError(null);
       const ticket = ask();
       try {
@@ -237,14 +312,17 @@ export function App() {
         }, [{ role: "user", content: text }]);
         if (newest(ticket)) applyState(outputs.state, true);
       } catch (e) {
-        if (newest(ticket)) setError(words(e));
+        if (!newest(ticket)) return;
+        setError(words(e));
+        await refresh(threadId, ticket);
       }
     },
-    [threadId, startFrom, applyState],
+    [threadId, startFrom, applyState, refresh],
   );
 
   const onReload = useCallback(
     async (parentId: string | null) => {
+      if (busy.current) return;
       const items = shown?.messages ?? [];
       const userAt = parentId ? indexOf(parentId) : -1;
       const answer = items[userAt + 1];
@@ -270,7 +348,7 @@ export function App() {
    * button), what it shows is not what that state continues: the whole state is read instead (a second request). */
   const switchTo = useCallback(
     async (checkpointId: string) => {
-      if (!threadId) return;
+      if (!threadId || busy.current) return;
       setError(null);
       const ticket = ask();
       try {
@@ -291,10 +369,12 @@ export function App() {
         }
         applyState(state, false);
       } catch (e) {
-        if (newest(ticket)) setError(words(e));
+        if (!newest(ticket)) return;
+        setError(words(e));
+        await refresh(threadId, ticket);
       }
     },
-    [threadId, applyState],
+    [threadId, applyState, refresh],
   );
 
   const resume = useCallback(
@@ -309,11 +389,15 @@ export function App() {
     messages,
     convertMessage: (m) => m,
     isRunning: running !== null,
+    // While a turn runs assistant-ui hides Send and disables Regenerate; `busy` also refuses the same instant's
+    // second click (a double click), and an edit saved meanwhile. Typing stays possible.
     onNew,
     onEdit,
     onReload,
     onCancel,
   });
+
+  restoreText.current = (text: string) => runtime.thread.composer.setText(text);
 
   const historyById = useMemo(() => new Map(history.map((e) => [e.checkpoint_id, e])), [history]);
   const controls: ChatControls = { switchTo, saveOnly, historyById, threadId, running: running !== null };
@@ -385,6 +469,26 @@ export function App() {
         {error && (
           <div role="alert" className="error" data-testid="error">
             {error}
+            {missingHead && threadId && (
+              <>
+                {" "}
+                <button type="button" data-testid="open-real-head" onClick={() => open(threadId, null, true)}>
+                  Open this thread at its head
+                </button>
+              </>
+            )}
+          </div>
+        )}
+        {dropQuestion !== null && (
+          <div role="alert" className="notice" data-testid="drop-question">
+            The agent is waiting for your answer to its question. Sending this message drops the question (the
+            tool call it asked about is not run).{" "}
+            <button type="button" data-testid="drop-question-send" onClick={sendDroppingQuestion}>
+              Drop the question and send
+            </button>{" "}
+            <button type="button" onClick={() => setDropQuestion(null)}>
+              Keep the question
+            </button>
           </div>
         )}
         {notice && (

@@ -106,6 +106,11 @@ export type TurnCallbacks = {
   onItem: (item: Item) => void;
 };
 
+/** What the page says when a turn's stream breaks off before its last event. */
+export const LOST =
+  "The connection to the server was lost before the turn finished. A turn is saved only when it completes, so " +
+  "this one was most likely not saved: reload to see what the server holds.";
+
 /** A streamed turn: text deltas and finished items as they come; resolves with the last event's `custom_outputs`.
  * Aborting `signal` closes the stream: the server cancels the turn and writes nothing. */
 export async function streamTurn(
@@ -137,7 +142,16 @@ export async function streamTurn(
   let buffer = "";
   let outputs: Record<string, any> | null = null;
   for (;;) {
-    const { value, done } = await reader.read();
+    let chunk: ReadableStreamReadResult<string>;
+    try {
+      chunk = await reader.read();
+    } catch (error) {
+      if (signal.aborted) throw error;
+      // The server went away mid-turn (killed, restarted, the network): it saves a turn only when the turn
+      // completes, so what the page streamed may not be what the server holds.
+      throw new ApiError(LOST, 0, "connection_lost");
+    }
+    const { value, done } = chunk;
     if (done) break;
     buffer += value;
     let end: number;
@@ -157,7 +171,7 @@ export async function streamTurn(
       else if (event.type === "error") throw new ApiError(event.message ?? event.error?.message ?? "The turn failed.", 500, event.code ?? null);
     }
   }
-  if (outputs === null) throw new ApiError("The stream ended before the turn completed.", 0, null);
+  if (outputs === null) throw new ApiError(LOST, 0, "connection_lost");
   return outputs;
 }
 

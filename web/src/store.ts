@@ -42,12 +42,19 @@ export function withHead(history: HistoryEntry[], head: string): HistoryEntry[] 
 /** Items grouped as the chat shows them: a user message, or one answer (its tool calls, results and text). */
 export type Group = { role: "user" | "assistant"; id: string; items: Item[]; index: number };
 
+const isText = (item: Item | undefined) => item?.type === "message" && item.role !== "user";
+
+/** An answer ends with its text: an assistant text message right after another (a merge's "Summary of another
+ * branch ...", written after the answer it follows) starts its own bubble, so each answer keeps its own
+ * checkpoint ("What the model saw", Regenerate). tests/helpers/web.py `api_view` groups the same way. */
 export function groups(items: Item[]): Group[] {
   const out: Group[] = [];
   items.forEach((item, index) => {
     const user = item.type === "message" && item.role === "user";
     const last = out[out.length - 1];
-    if (user || !last || last.role === "user") out.push({ role: user ? "user" : "assistant", id: item.id, items: [item], index });
+    const answerDone = last && isText(item) && isText(last.items[last.items.length - 1]);
+    if (user || !last || last.role === "user" || answerDone)
+      out.push({ role: user ? "user" : "assistant", id: item.id, items: [item], index });
     else last.items.push(item);
   });
   return out;
