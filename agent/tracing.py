@@ -184,7 +184,8 @@ def enable_tracing(sample_ratio: float | None = 1.0) -> None:
 def build_tracer_now() -> None:
     """Build MLflow's tracer provider now, when tracing is on, rather than on the first traced turn.
 
-    A server calls this at start-up (`serving.app.with_lifespan`, before it takes requests): building the
+    A server calls this at start-up (`serving.app.with_lifespan`, in a worker thread once it answers, so
+    that `/ready` does not wait for it): building the
     provider opens the tracking store and probes the git and Databricks environment (it imports IPython),
     about a second of CPU on the process's one event loop, during which nothing else of the process runs;
     paid by the first traced turn of a burst, it was a one-second stall of `GET /health` and of every other

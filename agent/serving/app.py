@@ -194,10 +194,16 @@ def with_lifespan(app: FastAPI, agent: Any, *, close_agent: bool) -> None:
 
     interval = agent.settings.sweep_interval_seconds
 
+    def warm_up() -> None:
+        build_tracer_now()  # not on the first traced turn, which would stall the event loop (agent.tracing)
+        tune_for_serving()  # the agent, the app and the tracer are built: their objects never need collecting
+
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
-        build_tracer_now()  # not on the first traced turn, which would stall the event loop (agent.tracing)
-        tune_for_serving()  # the agent and the app are built: their objects never need collecting
+        # In a worker thread, once the server answers: about a second of CPU that `/ready` need not wait for
+        # (`bench.startup`); a turn that comes first waits for the tracer's build (MLflow builds it once, under
+        # a lock), as it did before the warm-up existed.
+        warming = asyncio.get_running_loop().run_in_executor(None, warm_up)
         sweeper = Sweeper(agent, interval) if interval else None
         if sweeper is not None:
             sweeper.start()
@@ -205,6 +211,7 @@ def with_lifespan(app: FastAPI, agent: Any, *, close_agent: bool) -> None:
             yield
         finally:
             try:
+                await asyncio.gather(warming, return_exceptions=True)
                 if sweeper is not None:
                     await asyncio.to_thread(sweeper.stop)
             finally:

@@ -7,7 +7,8 @@ FastAPI and the agent), and a burst of streams adds hundreds per open stream. Wi
 the default thresholds (700, 10, 10), a burst of 500 streamed turns set off a full
 collection every two seconds or so, each stopping the event loop for 0.4 to 1.6 s
 on a 2-CPU machine under load (seen with `gc.callbacks`): `GET /health`'s p99 was
-1.7 s. So, once per server process, at start-up (`serving.app.with_lifespan`):
+1.7 s. So, once per server process, at start-up (`serving.app.with_lifespan`, in a worker thread once the
+server answers, after the tracer is built):
 
 * `gc.freeze()`, after a collection, moves every object alive at start-up into
   the permanent generation, which no collection walks: they live as long as the
