@@ -76,7 +76,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,11 @@ class Sizes:
     chain_turns: int = 12
     workers_turns: int = 400
     workers_concurrency: int = 32
+    tracking_server: bool = True
+    """Whether the run starts an MLflow tracking server: the servers of phases 1-7 send it their traces, and
+    phase 8 measures a server sending it every trace, for reference. Without it (the quick run) phases 1-7
+    trace into the default local store and phase 8 has no tracking-server reference: starting `mlflow
+    server` was a third of the quick run's time, and tests/test_tracing.py covers that destination."""
 
 
 #: The smoke test's sizes (tests/bench): enough for every figure to be computed, not to be trusted.
@@ -140,6 +145,7 @@ QUICK = Sizes(
     chain_turns=4,
     workers_turns=40,
     workers_concurrency=8,
+    tracking_server=False,
 )
 
 
@@ -190,10 +196,10 @@ def figures(sizes: Sizes) -> dict[str, report.Figure]:
         "cpu_ms_per_turn_traced": report.Figure("server CPU per turn, tracing at its default (local store)",
                                                 fmt=report.fixed(1, " ms")),  # fmt: skip
         "cpu_ms_per_turn_untraced": report.Figure("server CPU per turn, tracing off", fmt=report.fixed(1, " ms")),
-        "cpu_ms_per_turn_traced_server": report.Figure("server CPU per turn, every turn to a tracking server",
-                                                       fmt=report.fixed(1, " ms")),  # fmt: skip
-        "tracing_server_cpu_ratio": report.Figure("server CPU per turn, every turn to a tracking server / off",
-                                                  fmt=ratio),  # fmt: skip
+        **({"cpu_ms_per_turn_traced_server": report.Figure("server CPU per turn, every turn to a tracking server",
+                                                           fmt=report.fixed(1, " ms")),
+            "tracing_server_cpu_ratio": report.Figure("server CPU per turn, every turn to a tracking server / off",
+                                                      fmt=ratio)} if sizes.tracking_server else {}),  # fmt: skip
         "cpu_ms_per_turn_traced_local": report.Figure("server CPU per turn, every turn into its own SQLite file",
                                                       fmt=report.fixed(1, " ms")),  # fmt: skip
         "tracing_local_cpu_ratio": report.Figure("server CPU per turn, every turn into its own SQLite file / off",
@@ -220,7 +226,7 @@ class LoadBenchmark:
     """The phases of one run. Each phase returns its measurements and adds its figures to `values`/`notes`."""
 
     def __init__(self, server_url: str, stub_url: str, workdir: Path, sizes: Sizes, load_tracing: bool,
-                 tracking_uri: str) -> None:  # fmt: skip
+                 tracking_uri: str | None) -> None:  # fmt: skip
         self.server_url = server_url
         self.stub_url = stub_url
         self.tracking_uri = tracking_uri
@@ -235,13 +241,16 @@ class LoadBenchmark:
 
     # -- servers -----------------------------------------------------------------------------
     def server_spec(self, name: str, database_url: str, *, tracing: bool, workers: int | None = None,
-                    traces: str = "server"):  # fmt: skip
+                    traces: str | None = None):  # fmt: skip
         """A `running_servers` spec for `python -m agent serve` on a free port, and its base URL.
 
         `traces`: "server" sends every trace to the run's tracking server; "local" writes every trace into a
         SQLite file of the server's own; "default" sets nothing (the default store under the run's directory,
-        and the default sample ratio), as a user who runs `tt-agent serve` as installed.
+        and the default sample ratio), as a user who runs `tt-agent serve` as installed. None: "server" when
+        the run has a tracking server, else "default".
         """
+        if traces is None:
+            traces = "server" if self.tracking_uri else "default"
         port = free_port()
         args = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
         if workers is not None:
@@ -402,13 +411,16 @@ class LoadBenchmark:
             untraced_spec, untraced_url = self.server_spec("untraced", untraced_db, tracing=False)
             remote_spec, remote_url = self.server_spec("traced-server", remote_db, tracing=True, traces="server")
             local_spec, local_url = self.server_spec("traced-local", local_db, tracing=True, traces="local")
-            with self.servers([traced_spec, untraced_spec, remote_spec, local_spec]) as (traced, untraced, remote,
-                                                                                          local):  # fmt: skip
+            specs = {"traced": (traced_spec, traced_url), "untraced": (untraced_spec, untraced_url),
+                     "traced_local": (local_spec, local_url)}  # fmt: skip
+            if self.tracking_uri:
+                specs["traced_server"] = (remote_spec, remote_url)
+            with self.servers([spec for spec, _ in specs.values()]) as processes:
                 print(f"  {self.sizes.cpu_turns} turns on a server tracing at its default, one without tracing, one "
-                      "sending every trace to a tracking server and one writing every trace into its own SQLite "
-                      "file ...", flush=True)  # fmt: skip
-                servers = {"traced": (traced, traced_url), "untraced": (untraced, untraced_url),
-                           "traced_server": (remote, remote_url), "traced_local": (local, local_url)}  # fmt: skip
+                      "writing every trace into its own SQLite file"
+                      f"{' and one sending every trace to a tracking server' if self.tracking_uri else ''} ...",
+                      flush=True)  # fmt: skip
+                servers = {name: (process, url) for (name, (_, url)), process in zip(specs.items(), processes)}
                 out = asyncio.run(self._cpu_rounds(servers))
         per_turn = {
             name: out[name]["cpu_s"] / out[name]["turns"]["requests"] if out[name]["turns"]["requests"] else None
@@ -419,7 +431,7 @@ class LoadBenchmark:
             self.values["tracing_cpu_ratio"] = per_turn["traced"] / per_turn["untraced"]
             self.values["cpu_ms_per_turn_traced"] = per_turn["traced"] * 1000
             self.values["cpu_ms_per_turn_untraced"] = per_turn["untraced"] * 1000
-        if per_turn["traced_server"] is not None and per_turn["untraced"]:
+        if per_turn.get("traced_server") is not None and per_turn["untraced"]:
             self.values["cpu_ms_per_turn_traced_server"] = per_turn["traced_server"] * 1000
             self.values["tracing_server_cpu_ratio"] = per_turn["traced_server"] / per_turn["untraced"]
         if per_turn["traced_local"] is not None and per_turn["untraced"]:
@@ -441,6 +453,8 @@ class LoadBenchmark:
             # Symmetric rounds, so a drift of the machine's speed hits every server alike.
             for name in ("traced", "untraced", "traced_server", "traced_local", "traced_local", "traced_server",
                          "untraced", "traced"):  # fmt: skip
+                if name not in servers:
+                    continue
                 process = servers[name][0]
                 for other, _ in servers.values():  # all idle first: one still exporting traces would skew it
                     await _idle_cpu_seconds(other)
@@ -690,7 +704,7 @@ def run(server_url: str, *, quick: bool = False, load_tracing: bool = True) -> d
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tt-load-") as tmp, \
             openai_stub_server(latency_s=MODEL_LATENCY_S, chunks=MODEL_CHUNKS) as stub_url, \
-            tracking_server(Path(tmp)) as tracking_uri:  # fmt: skip
+            (tracking_server(Path(tmp)) if sizes.tracking_server else nullcontext()) as tracking_uri:  # fmt: skip
         bench = LoadBenchmark(server_url, stub_url, Path(tmp), sizes, load_tracing, tracking_uri)
         measurements, broken = run_phases(
             bench,

@@ -3,7 +3,7 @@
     python -m bench.startup [--quick] [--json FILE]
 
 Each command runs as a whole process, in turn with its baseline (A B A B …,
-after one warm-up each), so a machine that slows down slows both; a figure is
+after one warm-up each, none with `--quick`), so a machine that slows down slows both; a figure is
 the median of the pairwise ratios, of wall time and of CPU time (user + system,
 from `resource.getrusage(RUSAGE_CHILDREN)`, or summed over a server's process
 group from `/proc` while it runs).
@@ -174,18 +174,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def paired(command: Sequence[str], baseline: Sequence[str], runs: int, cwd: Path, env: dict[str, str]) -> dict[str, float]:
+def paired(command: Sequence[str], baseline: Sequence[str], runs: int, cwd: Path, env: dict[str, str], *,
+           warm_up: bool = True) -> dict[str, float]:  # fmt: skip
     """Run `command` and `baseline` in turn `runs` times (after a warm-up each); medians and median ratios."""
-    return paired_runs(lambda: timed(command, cwd, env), lambda: timed(baseline, cwd, env), runs)
+    return paired_runs(lambda: timed(command, cwd, env), lambda: timed(baseline, cwd, env), runs, warm_up=warm_up)
 
 
 def paired_runs(
-    command: Callable[[], tuple[float, float]], baseline: Callable[[], tuple[float, float]], runs: int
-) -> dict[str, float]:
+    command: Callable[[], tuple[float, float]], baseline: Callable[[], tuple[float, float]], runs: int, *,
+    warm_up: bool = True,
+) -> dict[str, float]:  # fmt: skip
     """Call `command` and `baseline` (each returns wall and CPU seconds) in turn `runs` times, after a
-    warm-up each; the medians of each and of the pairwise ratios."""
-    command()
-    baseline()
+    warm-up each unless `warm_up` is false (the quick run: a smoke test, whose figures are not to be
+    trusted, and the warm-ups were half its time); the medians of each and of the pairwise ratios."""
+    if warm_up:
+        command()
+        baseline()
     walls, cpus, base_walls, base_cpus, wall_ratios, cpu_ratios = [], [], [], [], [], []
     for _ in range(runs):
         wall, cpu = command()
@@ -228,18 +232,21 @@ def run(server_url: str | None = None, *, quick: bool = False) -> dict[str, Any]
         cwd = Path(tmp)
         env = measured_environment()
         thread_id = demo_thread(cwd)
+        warm = not quick
         measured = {
-            "help": paired([*tt_agent(), "--help"], baseline, runs, cwd, env),
-            "version": paired([*tt_agent(), "--version"], baseline, runs, cwd, env),
-            "history": paired([*tt_agent(), "history", thread_id], baseline, runs, cwd, env),
+            "help": paired([*tt_agent(), "--help"], baseline, runs, cwd, env, warm_up=warm),
+            "version": paired([*tt_agent(), "--version"], baseline, runs, cwd, env, warm_up=warm),
+            "history": paired([*tt_agent(), "history", thread_id], baseline, runs, cwd, env, warm_up=warm),
             "create_agent": paired(
-                [sys.executable, "-c", CREATE_AGENT], [sys.executable, "-c", LANGGRAPH_IMPORT], agent_runs, cwd, env
+                [sys.executable, "-c", CREATE_AGENT], [sys.executable, "-c", LANGGRAPH_IMPORT], agent_runs, cwd, env,
+                warm_up=warm,
             ),
             # The warm-up run also creates the tracing store (.agent/mlflow.db), which later runs reuse.
             "serve": paired_runs(
                 lambda: served_until_ready(cwd, env),
                 lambda: timed([sys.executable, "-c", SERVER_BASELINE], cwd, env),
                 agent_runs,
+                warm_up=warm,
             ),
         }
     values = {
