@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime, timedelta, timezone
 
 import pydantic
 import pytest
@@ -133,20 +134,50 @@ def test_a_stream_its_caller_leaves_reads_cancelled_and_wrote_nothing(agent):
     assert agent.list_threads() == []  # its new thread was never written
 
 
-@pytest.mark.parametrize("deletion", ["delete_thread", "delete_user_data"])
-def test_deleting_a_thread_or_a_user_deletes_its_runs_and_their_events(agent, deletion):
-    def turn(user: str) -> tuple[str, str]:
-        live = streamed(agent, {"input": [{"role": "user", "content": f"a secret of {user}"}], "custom_inputs": {"user_id": user}})
+@pytest.mark.parametrize("deletion", ["delete_thread", "delete_user_data", "retention sweep"])
+def test_deleting_a_thread_or_a_user_deletes_its_runs_and_their_events(backend_url, make_agent, deletion):
+    agent = make_agent(backend_url, thread_ttl_seconds=3600)
+
+    def turn(user: str, thread_id: str | None = None) -> tuple[str, str]:
+        custom = {"user_id": user, "thread_id": thread_id} if thread_id else {"user_id": user}
+        live = streamed(agent, {"input": [{"role": "user", "content": f"a secret of {user}"}], "custom_inputs": custom})
         return live[0]["response"]["id"], live[-1]["custom_outputs"]["thread_id"]
 
-    (gone, thread_id), (kept, _) = turn("alice"), turn("bob")
-    assert agent.runs.store.rows(gone, -1)
+    (first, thread_id), (kept, _) = turn("alice"), turn("bob")
+    second, _ = turn("alice", thread_id)
+    for gone in (first, second):
+        assert agent.runs.store.rows(gone, -1)
     if deletion == "delete_thread":
         agent.delete_thread(thread_id, user_id="alice")
-    else:
+    elif deletion == "delete_user_data":
         agent.delete_user_data("alice")
-    assert agent.runs.store.get(gone) is None and agent.runs.store.rows(gone, -1) == []
+    else:
+        agent.update_thread(thread_id, user_id="alice", ttl_seconds=60)  # expires before bob's
+        swept = agent.sweep_expired_threads(now=datetime.now(timezone.utc) + timedelta(seconds=600))
+        assert swept["deleted_thread_ids"] == [thread_id]
+    for gone in (first, second):
+        assert agent.runs.store.get(gone) is None and agent.runs.store.rows(gone, -1) == []
     assert agent.runs.get(kept, "bob").status == "completed" and agent.runs.store.rows(kept, -1)  # another user's stays
+
+
+def test_deleting_a_thread_deletes_its_runs_that_ended_without_committing(agent):
+    thread_id = streamed(agent, {"input": "Hi"})[-1]["custom_outputs"]["thread_id"]
+
+    async def leave_after_first_delta() -> str:
+        events = agent.apredict_stream({"input": "Tell me about Lisbon " * 10, "custom_inputs": {"thread_id": thread_id}},
+                                       openai_events=True)  # fmt: skip
+        async for event in events:
+            if event.type == "response.created":
+                response_id = event.model_dump()["response"]["id"]
+            if event.type == "response.output_text.delta":
+                await events.aclose()
+                return response_id
+        raise AssertionError("no delta")
+
+    left = asyncio.run(leave_after_first_delta())
+    assert agent.runs.store.get(left).status == "cancelled" and agent.runs.store.rows(left, -1)
+    agent.delete_thread(thread_id)
+    assert agent.runs.store.get(left) is None and agent.runs.store.rows(left, -1) == []
 
 
 @pytest.mark.parametrize("table", ["agent_runs", "agent_run_events"])

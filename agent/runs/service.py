@@ -296,6 +296,9 @@ class Recorder:
         self.lock = asyncio.Lock()
         self.result: TurnResult | StoredResponse | None = None
         self.in_io: Callable[..., Any] | None = None
+        #: The thread the turn runs on, once known (None: a new thread); recorded with the run's end, so that
+        #: deleting the thread deletes the run (`Tx.delete_thread`) whether or not it committed.
+        self.thread_id: str | None = None
 
     async def record(self, event: Any, in_io: Callable[..., Any]) -> None:
         """Record one turn event (`TurnStarted` first).
@@ -364,7 +367,7 @@ class Recorder:
                 thread_id, checkpoint_id = custom.get("thread_id"), custom.get("checkpoint_id")
             else:
                 status, reason, code = await asyncio.shield(self.in_io(_status_of, error, self.runs, response_id))
-                thread_id = checkpoint_id = None
+                thread_id, checkpoint_id = self.thread_id, None
                 self.ops.failed(code, reason)
             await asyncio.shield(self._end(response_id, status, reason, code, thread_id, checkpoint_id))
         except BaseException:  # noqa: BLE001 - the run then reads failed once its lease passes
