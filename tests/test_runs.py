@@ -180,6 +180,56 @@ def test_deleting_a_thread_deletes_its_runs_that_ended_without_committing(agent)
     assert agent.runs.store.get(left) is None and agent.runs.store.rows(left, -1) == []
 
 
+def waiters(url: str, thread_id: str) -> int:
+    """The thread's tickets in its claim queue (`agent_claim_waiters`): the turns waiting for it."""
+    statement = "SELECT count(*) FROM agent_claim_waiters WHERE thread_id = {}"
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            return conn.execute(statement.format("%s"), (thread_id,)).fetchone()[0]
+    import sqlite3
+
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        return conn.execute(statement.format("?"), (thread_id,)).fetchone()[0]
+
+
+def eventually(check, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_run_queued_for_its_thread_stops_waiting_at_once_when_another_replica_cancels_it(backend_url, make_agent):
+    agent = make_agent(backend_url, multitask_strategy="enqueue", enqueue_timeout=60)
+    thread_id = outputs_of(agent.predict({"input": "Hi", "custom_inputs": {"thread_id": "t-queued"}}))["thread_id"]
+    before = agent.get_checkpoint_history(thread_id)
+    held = agent.storage.claim(thread_id, user_id=None, checkpoint_id=None, strategy="reject", timeout=0)  # a turn running
+    try:
+        queued = agent.predict({"input": "Write a poem", "custom_inputs": {"background": True, "thread_id": thread_id}})
+        response_id = queued.id
+        assert eventually(lambda: waiters(backend_url, thread_id) == 1)
+        # Another replica cancels it: a write to the database, nothing else (this process learns it from there).
+        assert agent.runs.store.cancel_queued(response_id)
+        # It stops waiting while the thread is still held: out of the thread's queue, its task ended.
+        assert eventually(lambda: waiters(backend_url, thread_id) == 0 and agent.runs.local(response_id) is None)
+    finally:
+        agent.storage.release(held)
+    run = agent.runs.get(response_id, None)
+    assert (run.status, run.code) == ("cancelled", "cancelled") and "before it started" in run.reason
+    time.sleep(0.5)  # had it still waited, it would claim the thread now
+    assert agent.get_checkpoint_history(thread_id) == before and agent.runs.get(response_id, None).status == "cancelled"
+    follow_up = agent.predict({"input": "Still there?", "custom_inputs": {"thread_id": thread_id, "multitask_strategy": "reject"}})
+    assert outputs_of(follow_up)["parent_checkpoint_id"] == before[0]["checkpoint_id"]  # the thread is free
+
+
+def outputs_of(response) -> dict:
+    return response.custom_outputs
+
+
 @pytest.mark.parametrize("table", ["agent_runs", "agent_run_events"])
 def test_a_dropped_run_table_is_created_again_by_setups_repair_and_the_stream_is_recorded(backend_url, make_agent, table):
     agent = make_agent(backend_url)
