@@ -287,7 +287,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             try:
                 with contextlib.suppress(BaseException):  # recorded as the run's status (`Recorder.ended`)
                     if place is not None:
-                        await place.wait()  # `queued` meanwhile; a cancel then finds it queued
+                        await place.wait()  # `queued` meanwhile; a cancel then stops the wait (`Runs.cancel`)
                     async for _ in self._aevents(parsed, lifecycle=True, background_id=response_id):
                         pass
             finally:
