@@ -627,8 +627,14 @@ def test_a_merge_streams_its_summary_into_the_chat_as_a_turn_streams_its_answer(
             pending = page.locator('[data-message-id="pending-answer"]', has_text="[fake openai]")
             pending.wait_for(timeout=10_000)
             assert "Summary of another branch" in pending.inner_text()
-            assert page.get_by_test_id("stop").is_visible()
             assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] == ny
+            # Stop cancels it as it cancels a turn: nothing saved. Then the merge again, to its end.
+            page.get_by_test_id("stop").click()
+            assert "nothing was saved" in page.get_by_test_id("notice").inner_text(timeout=10_000)
+            settled(page, http, lambda: thread_id)
+            assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] == ny
+            page.get_by_test_id("merge-confirm").click()
+            pending.wait_for(timeout=10_000)
         finally:
             configure_stub(server.model_url, latency_s=0.3, chunks=4)
         expect(page.get_by_test_id("merged-from")).to_contain_text("a summary of", timeout=15_000)
