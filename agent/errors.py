@@ -110,7 +110,8 @@ class InterruptPending(Conflict):
 
 
 class TurnCancelled(Conflict):
-    """A newer turn on the thread rolled this turn back (`multitask_strategy="rollback"`); nothing was written."""
+    """A newer turn on the thread rolled this turn back (`multitask_strategy="rollback"`), or the turn was cancelled
+    (`POST /responses/{id}/cancel`, a client that left) while it waited for its thread; nothing was written."""
 
 
 class UserBeingDeleted(Conflict):

@@ -244,6 +244,8 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         error: BaseException | None = None
         try:
             parsed = stream.parsed = await context.in_io(self._resolved, parsed)
+            if recorder is not None:
+                recorder.thread_id = parsed.envelope.thread_id  # a run that fails still names its thread
             if not parsed.is_turn and parsed.operation.stream is None:
                 outputs = await context.in_io(self._run_action, parsed)
                 for event in action_events(outputs, model=self.settings.model, lifecycle=lifecycle):
@@ -285,7 +287,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             try:
                 with contextlib.suppress(BaseException):  # recorded as the run's status (`Recorder.ended`)
                     if place is not None:
-                        await place.wait()  # `queued` meanwhile; a cancel then finds it queued
+                        await place.wait()  # `queued` meanwhile; a cancel then stops the wait (`Runs.cancel`)
                     async for _ in self._aevents(parsed, lifecycle=True, background_id=response_id):
                         pass
             finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime, timedelta, timezone
 
 import pydantic
 import pytest
@@ -133,20 +134,100 @@ def test_a_stream_its_caller_leaves_reads_cancelled_and_wrote_nothing(agent):
     assert agent.list_threads() == []  # its new thread was never written
 
 
-@pytest.mark.parametrize("deletion", ["delete_thread", "delete_user_data"])
-def test_deleting_a_thread_or_a_user_deletes_its_runs_and_their_events(agent, deletion):
-    def turn(user: str) -> tuple[str, str]:
-        live = streamed(agent, {"input": [{"role": "user", "content": f"a secret of {user}"}], "custom_inputs": {"user_id": user}})
+@pytest.mark.parametrize("deletion", ["delete_thread", "delete_user_data", "retention sweep"])
+def test_deleting_a_thread_or_a_user_deletes_its_runs_and_their_events(backend_url, make_agent, deletion):
+    agent = make_agent(backend_url, thread_ttl_seconds=3600)
+
+    def turn(user: str, thread_id: str | None = None) -> tuple[str, str]:
+        custom = {"user_id": user, "thread_id": thread_id} if thread_id else {"user_id": user}
+        live = streamed(agent, {"input": [{"role": "user", "content": f"a secret of {user}"}], "custom_inputs": custom})
         return live[0]["response"]["id"], live[-1]["custom_outputs"]["thread_id"]
 
-    (gone, thread_id), (kept, _) = turn("alice"), turn("bob")
-    assert agent.runs.store.rows(gone, -1)
+    (first, thread_id), (kept, _) = turn("alice"), turn("bob")
+    second, _ = turn("alice", thread_id)
+    for gone in (first, second):
+        assert agent.runs.store.rows(gone, -1)
     if deletion == "delete_thread":
         agent.delete_thread(thread_id, user_id="alice")
-    else:
+    elif deletion == "delete_user_data":
         agent.delete_user_data("alice")
-    assert agent.runs.store.get(gone) is None and agent.runs.store.rows(gone, -1) == []
+    else:
+        agent.update_thread(thread_id, user_id="alice", ttl_seconds=60)  # expires before bob's
+        swept = agent.sweep_expired_threads(now=datetime.now(timezone.utc) + timedelta(seconds=600))
+        assert swept["deleted_thread_ids"] == [thread_id]
+    for gone in (first, second):
+        assert agent.runs.store.get(gone) is None and agent.runs.store.rows(gone, -1) == []
     assert agent.runs.get(kept, "bob").status == "completed" and agent.runs.store.rows(kept, -1)  # another user's stays
+
+
+def test_deleting_a_thread_deletes_its_runs_that_ended_without_committing(agent):
+    thread_id = streamed(agent, {"input": "Hi"})[-1]["custom_outputs"]["thread_id"]
+
+    async def leave_after_first_delta() -> str:
+        events = agent.apredict_stream({"input": "Tell me about Lisbon " * 10, "custom_inputs": {"thread_id": thread_id}},
+                                       openai_events=True)  # fmt: skip
+        async for event in events:
+            if event.type == "response.created":
+                response_id = event.model_dump()["response"]["id"]
+            if event.type == "response.output_text.delta":
+                await events.aclose()
+                return response_id
+        raise AssertionError("no delta")
+
+    left = asyncio.run(leave_after_first_delta())
+    assert agent.runs.store.get(left).status == "cancelled" and agent.runs.store.rows(left, -1)
+    agent.delete_thread(thread_id)
+    assert agent.runs.store.get(left) is None and agent.runs.store.rows(left, -1) == []
+
+
+def waiters(url: str, thread_id: str) -> int:
+    """The thread's tickets in its claim queue (`agent_claim_waiters`): the turns waiting for it."""
+    statement = "SELECT count(*) FROM agent_claim_waiters WHERE thread_id = {}"
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            return conn.execute(statement.format("%s"), (thread_id,)).fetchone()[0]
+    import sqlite3
+
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        return conn.execute(statement.format("?"), (thread_id,)).fetchone()[0]
+
+
+def eventually(check, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_run_queued_for_its_thread_stops_waiting_at_once_when_another_replica_cancels_it(backend_url, make_agent):
+    agent = make_agent(backend_url, multitask_strategy="enqueue", enqueue_timeout=60)
+    thread_id = outputs_of(agent.predict({"input": "Hi", "custom_inputs": {"thread_id": "t-queued"}}))["thread_id"]
+    before = agent.get_checkpoint_history(thread_id)
+    held = agent.storage.claim(thread_id, user_id=None, checkpoint_id=None, strategy="reject", timeout=0)  # a turn running
+    try:
+        queued = agent.predict({"input": "Write a poem", "custom_inputs": {"background": True, "thread_id": thread_id}})
+        response_id = queued.id
+        assert eventually(lambda: waiters(backend_url, thread_id) == 1)
+        # Another replica cancels it: a write to the database, nothing else (this process learns it from there).
+        assert agent.runs.store.cancel_queued(response_id)
+        # It stops waiting while the thread is still held: out of the thread's queue, its task ended.
+        assert eventually(lambda: waiters(backend_url, thread_id) == 0 and agent.runs.local(response_id) is None)
+    finally:
+        agent.storage.release(held)
+    run = agent.runs.get(response_id, None)
+    assert (run.status, run.code) == ("cancelled", "cancelled") and "before it started" in run.reason
+    time.sleep(0.5)  # had it still waited, it would claim the thread now
+    assert agent.get_checkpoint_history(thread_id) == before and agent.runs.get(response_id, None).status == "cancelled"
+    follow_up = agent.predict({"input": "Still there?", "custom_inputs": {"thread_id": thread_id, "multitask_strategy": "reject"}})
+    assert outputs_of(follow_up)["parent_checkpoint_id"] == before[0]["checkpoint_id"]  # the thread is free
+
+
+def outputs_of(response) -> dict:
+    return response.custom_outputs
 
 
 @pytest.mark.parametrize("table", ["agent_runs", "agent_run_events"])

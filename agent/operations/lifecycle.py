@@ -104,7 +104,6 @@ def delete_one_thread(context: OperationContext, args: DeleteThreadArgs) -> None
     Raises: `InvalidRequest`, `ThreadNotFound` (unknown, or not the caller's).
     """
     delete_thread(context.storage, args.thread_id, user_id=args.user_id, memories=context.memories)
-    forget_runs(context, thread_id=args.thread_id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,13 +119,14 @@ def delete_all_user_data(context: OperationContext, args: UserArgs) -> list[str]
     return deleted
 
 
-def forget_runs(context: OperationContext, *, user_id: str | None = None, thread_id: str | None = None) -> None:
-    """Delete the stored runs (status and stream events, `agent.runs`) of a deleted thread or user: their events
-    hold the turns' text. After the thread's own transaction: a run is kept at most `response_events_seconds`
-    anyway, and one that outlives a failure here is swept then."""
+def forget_runs(context: OperationContext, *, user_id: str) -> None:
+    """Delete the stored runs (status and stream events, `agent.runs`) of a deleted user: their events hold the
+    turns' text. A thread's runs go with its rows (`Tx.delete_thread`); this also takes the user's runs that
+    name no thread (a first turn that failed). After the threads' own transactions: a run is kept at most
+    `response_events_seconds` anyway, and one that outlives a failure here is swept then."""
     from agent.runs.store import open_run_store
 
-    open_run_store(context.storage, context.settings).forget(user_id=user_id, thread_id=thread_id)
+    open_run_store(context.storage, context.settings).forget(user_id=user_id)
 
 
 DELETE_THREAD = Operation(

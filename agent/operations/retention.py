@@ -8,7 +8,7 @@ with neither it never expires. `sweep_expired_threads` then applies
 
 * `delete`: every row of the thread, exactly as `delete_thread` removes it
   (`lifecycle.delete_rows`: checkpoints, blobs, writes, record, claim,
-  idempotency results, branch-scoped memories).
+  idempotency results, its runs and their stream events, branch-scoped memories).
 * `keep_latest`: the head stays, every other checkpoint goes with its blobs
   and pending writes. Messages are stored as deltas against an ancestor
   (`storage.deltas`), so the head's messages are first stored whole; the head

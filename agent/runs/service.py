@@ -5,8 +5,11 @@
   stream costs a few inserts per second, not one per token.
 * A keeper thread (one per process, alive while it has runs) renews the leases of this process's live runs
   every `CANCEL_POLL_SECONDS` in one statement for all of them, which also says which of them a cancel was
-  asked for (from any replica); those are cancelled here (`LocalRun.cancel`). One statement every half
-  second per process, whatever the number of runs.
+  asked for (from any replica), and which are no longer live; those are cancelled here (`LocalRun.cancel`):
+  a running run whose cancel was asked, and a queued run (waiting for its admission place or its thread)
+  that a cancel ended (or a delete removed) on any replica, so that it stops waiting at once, its place and
+  its ticket in the thread's queue given up, instead of seeing its status only when its turn came. One
+  statement every half second per process, whatever the number of runs.
 * `follow(...)` replays a run's log from the store and polls it (every `POLL_SECONDS`) until the run ends.
   Polling, not Postgres `LISTEN/NOTIFY`: it needs no connection held per listener (a listener holds its
   connection, which transaction-mode PgBouncer does not allow and the pool cannot spare for hundreds of
@@ -18,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -51,14 +55,16 @@ class RunCancelled(TurnCancelled):
 
 @dataclass
 class LocalRun:
-    """A run of this process: how to stop it (its task, on its loop)."""
+    """A run of this process: how to stop it (its task, on its loop). `started`: its turn holds its thread."""
 
     loop: asyncio.AbstractEventLoop
     task: asyncio.Task | None = None
     started: bool = False
 
     def cancel(self) -> None:
-        if self.task is not None and self.started:
+        """Cancel its task: a running turn stops and writes nothing; a queued one stops waiting (its admission
+        place and its thread's queue: `agent.runs.places`, `ClaimHandoff`)."""
+        if self.task is not None:
             self.loop.call_soon_threadsafe(self.task.cancel)
 
 
@@ -110,8 +116,11 @@ class Runs:
             if not local:
                 continue
             try:
-                for response_id in self.store.renew(list(local)):
-                    local[response_id].cancel()
+                live = self.store.renew(list(local))
+                for response_id, run in local.items():
+                    # A running run whose cancel was asked; a queued one cancelled (or deleted) meanwhile.
+                    if live.get(response_id) or (response_id not in live and not run.started):
+                        run.cancel()
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the keeper; the lease has slack
                 logger.warning("Could not renew %d run(s)", len(local), exc_info=True)
 
@@ -242,6 +251,9 @@ class Runs:
         if run is None:
             raise response_not_found(response_id)
         if run.status == "queued" and self.store.cancel_queued(response_id):
+            local = self.local(response_id)
+            if local is not None:  # waiting here: it stops now (on another process, at its keeper's next renew)
+                local.cancel()
             return self.get(response_id, user_id)  # type: ignore[return-value]
         if not run.final:
             self.store.request_cancel(response_id)
@@ -296,6 +308,9 @@ class Recorder:
         self.lock = asyncio.Lock()
         self.result: TurnResult | StoredResponse | None = None
         self.in_io: Callable[..., Any] | None = None
+        #: The thread the turn runs on, once known (None: a new thread); recorded with the run's end, so that
+        #: deleting the thread deletes the run (`Tx.delete_thread`) whether or not it committed.
+        self.thread_id: str | None = None
 
     async def record(self, event: Any, in_io: Callable[..., Any]) -> None:
         """Record one turn event (`TurnStarted` first).
@@ -318,7 +333,7 @@ class Recorder:
             if local is None:
                 local = LocalRun(asyncio.get_running_loop(), asyncio.current_task())
                 self.runs.attach(self.response_id, local)
-            local.started = True  # from now on a cancel stops its task (before, the cancel is its status)
+            local.started = True  # from now on only a cancel asked stops its task (before, a status no longer queued)
         if self.response_id is None:
             return  # an idempotent replay before any start: nothing runs
         self.ops.add(event)
@@ -364,7 +379,7 @@ class Recorder:
                 thread_id, checkpoint_id = custom.get("thread_id"), custom.get("checkpoint_id")
             else:
                 status, reason, code = await asyncio.shield(self.in_io(_status_of, error, self.runs, response_id))
-                thread_id = checkpoint_id = None
+                thread_id, checkpoint_id = self.thread_id, None
                 self.ops.failed(code, reason)
             await asyncio.shield(self._end(response_id, status, reason, code, thread_id, checkpoint_id))
         except BaseException:  # noqa: BLE001 - the run then reads failed once its lease passes
@@ -385,13 +400,12 @@ def _status_of(error: BaseException | None, runs: Runs, response_id: str) -> tup
     """(status, reason, code) of a run that ended without its result."""
     if isinstance(error, RunCancelled):
         return "cancelled", str(error), "cancelled"
-    cancel_asked = False
-    try:
+    run = None
+    with contextlib.suppress(Exception):
         run = runs.store.get(response_id)
-        cancel_asked = run is not None and run.cancel_requested
-    except Exception:  # noqa: BLE001
-        pass
-    if cancel_asked:
+    if run is not None and run.status in FINAL:  # cancelled while queued: the task stopped waiting (`Runs._keep`)
+        return run.status, run.reason or f"The response {run.status}.", run.code or run.status
+    if run is not None and run.cancel_requested:
         return "cancelled", "Cancelled (POST /responses/{id}/cancel) while it ran; nothing was written.", "cancelled"
     if error is None or isinstance(error, (asyncio.CancelledError, GeneratorExit)):
         return "cancelled", "The client left the stream, which cancelled the turn; nothing was written.", "client_left"

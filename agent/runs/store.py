@@ -112,8 +112,9 @@ class RunStore(ABC):
         """Flag a running run for cancelling (its process stops it); whether it was in progress."""
 
     @abstractmethod
-    def renew(self, response_ids: Sequence[str]) -> list[str]:
-        """Extend the leases of these live runs; the ids among them whose cancel was asked."""
+    def renew(self, response_ids: Sequence[str]) -> dict[str, bool]:
+        """Extend the leases of these runs that are live; each live one's id -> whether its cancel was asked (the
+        ids missing are no longer live: ended, cancelled while queued, deleted)."""
 
     @abstractmethod
     def append(self, response_id: str, seq: int, payload: bytes) -> None:
@@ -251,9 +252,9 @@ class PostgresRunStore(RunStore):
     def request_cancel(self, response_id: str) -> bool:
         return self._run("cancel the run", lambda conn: conn.execute(PG_REQUEST_CANCEL_SQL, (response_id,)).rowcount) == 1
 
-    def renew(self, response_ids: Sequence[str]) -> list[str]:
+    def renew(self, response_ids: Sequence[str]) -> dict[str, bool]:
         rows = self._run("renew runs", lambda conn: conn.execute(PG_RENEW_SQL, (self.lease_seconds, list(response_ids))).fetchall())
-        return [row["response_id"] for row in rows if row["cancel_requested"]]
+        return {row["response_id"]: row["cancel_requested"] for row in rows}
 
     def append(self, response_id: str, seq: int, payload: bytes) -> None:
         self._run("record the run's events", lambda conn: conn.execute(PG_APPEND_SQL, (response_id, seq, payload)))
@@ -354,13 +355,13 @@ class SqliteRunStore(RunStore):
             (response_id, time.time()),
         ) == 1
 
-    def renew(self, response_ids: Sequence[str]) -> list[str]:
+    def renew(self, response_ids: Sequence[str]) -> dict[str, bool]:
         ids = json.dumps(list(response_ids))
         self._write(f"UPDATE agent_runs SET expires_at = ? WHERE response_id IN (SELECT value FROM json_each(?)) AND status IN {LIVE_IN}",
                     (time.time() + self.lease_seconds, ids))  # fmt: skip
-        rows = self._read(f"SELECT response_id FROM agent_runs WHERE response_id IN (SELECT value FROM json_each(?)) "
-                          f"AND status IN {LIVE_IN} AND cancel_requested = 1", (ids,))  # fmt: skip
-        return [row[0] for row in rows]
+        rows = self._read(f"SELECT response_id, cancel_requested FROM agent_runs WHERE response_id IN (SELECT value FROM json_each(?)) "
+                          f"AND status IN {LIVE_IN}", (ids,))  # fmt: skip
+        return {row[0]: bool(row[1]) for row in rows}
 
     def append(self, response_id: str, seq: int, payload: bytes) -> None:
         self._write("INSERT OR IGNORE INTO agent_run_events (response_id, seq, payload) VALUES (?, ?, ?)", (response_id, seq, payload))

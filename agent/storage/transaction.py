@@ -58,7 +58,8 @@ class Tx(ABC):
 
     @abstractmethod
     def delete_thread(self, thread_id: str) -> None:
-        """Delete every row of the thread in every table (checkpoints, writes, blobs, record, claim, idempotency)."""
+        """Delete every row of the thread in every table (checkpoints, writes, blobs, record, claim, idempotency,
+        branch records, search index, and its runs with their events)."""
 
     @abstractmethod
     def store_response(

@@ -82,6 +82,7 @@ the storage only as `claims.Leases`, so `claims` imports nothing of this module.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -89,7 +90,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from agent.config import AgentSettings, MultitaskStrategy
-from agent.errors import ThreadBusy, ThreadNotFound, UserBeingDeleted, shown_id
+from agent.errors import ThreadBusy, ThreadNotFound, TurnCancelled, UserBeingDeleted, shown_id
 from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
 from agent.storage.records import owned_by
 from agent.storage.transaction import Tx
@@ -127,6 +128,7 @@ class TurnProtocol(ABC):
         read_start: bool = True,
         user_claim: UserClaim | None = None,
         steer: tuple[str, bytes] | None = None,
+        abandoned: threading.Event | None = None,
     ) -> Claim:
         """Claim `thread_id` for one turn, and read its record and the turn's start, without holding a connection.
 
@@ -147,6 +149,9 @@ class TurnProtocol(ABC):
             user_claim: the deletion of `user_id`'s data this claim is part of: its own claims are
                 the only ones that user claim lets through.
             steer: with `strategy="steer"`, the serialized messages to offer (`serde.dumps_typed`).
+            abandoned: set when the caller no longer wants the claim (its task was cancelled while it waited:
+                a client that left, a queued background run cancelled): the wait ends at once, its place in
+                the thread's queue given up.
 
         Returns:
             The claim; it is renewed until `commit` or `release`. `Claim.steered_into` is set when `steer`
@@ -157,6 +162,7 @@ class TurnProtocol(ABC):
             ThreadBusy: another turn holds the thread, or turns wait for it (`reject`), or it stayed
                 busy for `timeout` seconds.
             UserBeingDeleted: `delete_user_data` is deleting `user_id`'s data; nothing was written.
+            TurnCancelled: `abandoned` was set while the claim waited; nothing was claimed.
             StorageUnavailable: the database failed; nothing was written.
         """
         self.setup()
@@ -214,7 +220,12 @@ class TurnProtocol(ABC):
                     raise ThreadBusy(
                         f"Thread {thread_id!r} stayed busy for {timeout} s; the turn was not run.", thread_id=thread_id
                     )
-                time.sleep(min(delay, remaining))
+                if abandoned is None:
+                    time.sleep(min(delay, remaining))
+                elif abandoned.wait(min(delay, remaining)):
+                    raise TurnCancelled(
+                        f"The turn waiting for thread {thread_id!r} was cancelled; nothing was written.", thread_id=thread_id
+                    )
                 delay = min(delay * 2, 0.1)
         finally:
             if queued:

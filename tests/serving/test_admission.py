@@ -260,6 +260,27 @@ def test_a_background_run_beyond_the_running_turns_answers_queued_at_once_and_wa
     assert running.status == 200 and status == "completed"
 
 
+def test_cancelling_a_background_run_that_waits_for_a_place_frees_its_place_in_the_queue_at_once(server):
+    running_text, background_text, next_text = turn_text("running"), turn_text("background"), turn_text("next")
+
+    async def scenario() -> tuple[Answer, Answer, Answer, str]:
+        async with client(server) as http:
+            running = asyncio.create_task(send(http, "/responses", request(running_text), stream=True))
+            await until_the_model_got(server, running_text)
+            queued = await send(http, "/responses", background(background_text))  # the one waiting place
+            cancelled = await http.post(f"/responses/{queued.body['id']}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+            # While the running turn still runs: the waiting place is free again, so this turn waits in it.
+            following = await send(http, "/responses", request(next_text))
+            return await running, queued, following, await run_status(http, queued.body["id"])
+
+    running, queued, following, status = asyncio.run(scenario())
+    assert queued.status == 200 and queued.body["status"] == "queued"
+    assert following.status == 200, following.body
+    assert running.status == 200 and status == "cancelled"
+    assert the_model_never_got(server, background_text)
+
+
 def test_a_left_stream_that_runs_on_holds_its_place_until_its_turn_ends(server):
     left_text = turn_text("left")
 

@@ -37,7 +37,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg import sql
 
 from agent.errors import AgentError, ModelError, StorageUnavailable
-from agent.storage.postgres import MIGRATIONS
+from agent.storage.postgres import MIGRATIONS, TABLES
 from tests.helpers.reliability import (
     HANG_TIMEOUT,
     Child,
@@ -525,16 +525,18 @@ def test_commit_landed_tells_a_committed_turn_from_one_that_was_not(pg_url, make
 
 
 @pytest.fixture
-def limited_role(pg_server_url, fault_db, make_agent):
+def limited_role(request, pg_server_url, fault_db, make_agent):
     """A login role on `fault_db` (set up first) that may do everything a turn does except INSERT into
-    `checkpoints`; yields its URL. The role is dropped afterwards (roles are server-wide)."""
+    `checkpoints` (or into the table the test's indirect parameter names); yields its URL. The role is
+    dropped afterwards (roles are server-wide)."""
+    table = getattr(request, "param", "checkpoints")
     make_agent(fault_db).close()
     role = f"tt_limited_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(fault_db, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}").format(sql.Identifier(role)))
-        conn.execute(sql.SQL("REVOKE INSERT ON checkpoints FROM {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("REVOKE INSERT ON {} FROM {}").format(sql.Identifier(table), sql.Identifier(role)))
     info = psycopg.conninfo.conninfo_to_dict(fault_db)
     try:
         yield psycopg.conninfo.make_conninfo(fault_db, user=role, dbname=info["dbname"])
@@ -558,6 +560,35 @@ def test_a_role_without_insert_on_checkpoints_is_refused_before_the_model_is_cal
     assert "INSERT on checkpoints" in refused.value.message and "model was not called" in refused.value.message
     assert model.calls[0] == 0
     assert all_rows(fault_db) == rows
+
+
+@pytest.mark.parametrize("limited_role", ["agent_run_events"], indirect=True)
+def test_a_role_without_insert_on_the_run_events_is_refused_before_the_model_is_called(limited_role, fault_db, make_agent):
+    # A streamed turn records its events as it runs: without the privilege it would fail mid-stream.
+    model = gated_model()
+    agent = make_agent(limited_role, model=model)
+    rows = all_rows(fault_db)
+    with pytest.raises(StorageUnavailable) as refused:
+        list(agent.predict_stream(request("hello")))
+    assert "INSERT on agent_run_events" in refused.value.message and "model was not called" in refused.value.message
+    assert model.calls[0] == 0
+    assert all_rows(fault_db) == rows
+
+
+def test_the_privilege_check_covers_every_table_the_agent_writes(fault_db, make_agent):
+    make_agent(fault_db).close()
+    role = f"tt_none_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(fault_db, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+        try:
+            with conn.transaction(force_rollback=True):
+                conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
+                missing = conn.execute("SELECT agent_missing_privileges()").fetchone()[0]
+        finally:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    written = [table for table in TABLES if not table.endswith("_migrations")]
+    assert {"agent_runs", "agent_run_events", "agent_steers", "agent_claims", "store"} <= set(written)
+    assert missing == [f"{privilege} on {table}" for table in written for privilege in ("INSERT", "UPDATE")]
 
 
 def test_a_read_only_database_is_refused_before_the_model_is_called_and_still_reads(fault_db, make_agent):

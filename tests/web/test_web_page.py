@@ -607,6 +607,44 @@ def test_branches_are_labelled_pinned_archived_merged_and_deleted_from_the_page(
     assert page.errors == []
 
 
+
+def test_a_merge_streams_its_summary_into_the_chat_as_a_turn_streams_its_answer(server):
+    from tests.helpers.web import api_view, page_view
+
+    with api(server, "mira") as http:
+        first = say(http, "I'm planning a trip!")
+        thread_id = first["thread_id"]
+        sf = say(http, "I'm headed to SF!", thread_id=thread_id)["checkpoint_id"]
+        ny = say(http, "I'm headed to New York!", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])["checkpoint_id"]
+        page = new_page(server, "mira")
+        page.goto(f"{server.base_url}/?thread={thread_id}")
+        settled(page, http, lambda: thread_id)
+        configure_stub(server.model_url, latency_s=2.0, chunks=8)
+        try:
+            row(page, sf).get_by_role("button", name="Merge into shown").click()
+            page.get_by_test_id("merge-confirm").click()
+            # The model's words are on the page while it still writes them, before anything is saved.
+            pending = page.locator('[data-message-id="pending-answer"]', has_text="[fake openai]")
+            pending.wait_for(timeout=10_000)
+            assert "Summary of another branch" in pending.inner_text()
+            assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] == ny
+            # Stop cancels it as it cancels a turn: nothing saved. Then the merge again, to its end.
+            page.get_by_test_id("stop").click()
+            assert "nothing was saved" in page.get_by_test_id("notice").inner_text(timeout=10_000)
+            settled(page, http, lambda: thread_id)
+            assert act(http, "get_head", thread_id=thread_id)["checkpoint_id"] == ny
+            page.get_by_test_id("merge-confirm").click()
+            pending.wait_for(timeout=10_000)
+        finally:
+            configure_stub(server.model_url, latency_s=0.3, chunks=4)
+        expect(page.get_by_test_id("merged-from")).to_contain_text("a summary of", timeout=15_000)
+        settled(page, http, lambda: thread_id)
+        state = act(http, "get_checkpoint_state", thread_id=thread_id)
+        assert state["parent_checkpoint_id"] == ny and state["merged_from"]["checkpoint_id"] == sf
+        assert page_view(page) == api_view(state)
+    assert page.errors == []
+
+
 def test_search_all_branches_opens_the_thread_at_the_hits_checkpoint(server):
     from tests.helpers.web import api_view, page_view
 

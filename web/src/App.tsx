@@ -202,8 +202,8 @@ export function App() {
   }, [shown]);
 
   const runTurn = useCallback(
-    async (input: string | null, inputs: Record<string, unknown>, run: Running) => {
-      if (busy.current) return;
+    async (input: string | null, inputs: Record<string, unknown>, run: Running): Promise<boolean> => {
+      if (busy.current) return false;
       busy.current = true;
       setError(null);
       setNotice(null);
@@ -225,25 +225,27 @@ export function App() {
           controller.signal,
         );
         const state = outputs.state as CheckpointState;
-        if (!newest(ticket)) return; // something else was opened meanwhile: its answer is what is shown
+        if (!newest(ticket)) return true; // something else was opened meanwhile: its answer is what is shown
         if (creating) {
           setThreadId(outputs.thread_id);
           setShown(null);
           setHistory([]);
           const [entries] = await Promise.all([wholeHistory(outputs.thread_id), loadThreads()]);
-          if (!newest(ticket)) return;
+          if (!newest(ticket)) return true;
           setShown({ ...state, message_offset: 0 });
           setHistory(entries);
           writeUrl(outputs.thread_id, state.checkpoint_id, false);
         } else {
           applyState(state, true);
         }
+        return true;
       } catch (e) {
         if (controller.signal.aborted) setNotice("Stopped: the turn was cancelled and nothing was saved.");
         else setError(words(e));
         // The typed text goes back in the composer: a refused turn need not be retyped.
         if (input !== null && run.kind === "turn") restoreText.current(input);
         if (!controller.signal.aborted && threadId && newest(ticket)) void refresh(threadId, ticket, refusedAsBusy(e));
+        return false;
       } finally {
         abort.current = null;
         busy.current = false;
@@ -512,7 +514,9 @@ export function App() {
           version={`${history.length}:${shown?.head_checkpoint_id ?? ""}`}
           onOpen={switchTo}
           onChanged={(stay) => open(threadId, stay ? shown?.checkpoint_id ?? null : null, false)}
-          onMerged={(state) => applyState(state, true)}
+          onMerge={(inputs) =>
+            runTurn(null, { action: "merge_branch", ...inputs }, { kind: "merge", keep: shown?.messages.length ?? 0, userText: null, items: [], text: "" })
+          }
         />
         <MemoryPanel who={who} />
         <MemoryAsOf threadId={threadId} checkpointId={shown?.checkpoint_id ?? null} who={who} />

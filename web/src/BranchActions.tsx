@@ -1,7 +1,8 @@
 // The thread's branches as the server lists them (`list_branches`: the pinned one first, archived ones only
 // with "show archived"), and what can be done to one: open, label, pin, archive, delete, merge into the shown
 // checkpoint. Each is one action request; the page then redraws from what the server says (no branch record
-// is kept here). A merge's provenance (`merged_from` of the shown checkpoint) is shown under the list.
+// is kept here). A merge runs as a streamed turn (`onMerge`: its summary shows in the chat as the model writes
+// it, as a turn's answer does). A merge's provenance (`merged_from` of the shown checkpoint) is shown under the list.
 import { useCallback, useEffect, useState } from "react";
 import { type CheckpointState, type Item, action, textOf } from "./api";
 
@@ -32,8 +33,9 @@ type Props = {
   onOpen: (checkpointId: string) => Promise<void>;
   /** The tree changed (archive, delete): read the thread again; `stay` false when the shown checkpoint is gone. */
   onChanged: (stay: boolean) => Promise<void>;
-  /** A merge's answer (`include: ["state"]`): the new checkpoint, now the head. */
-  onMerged: (state: CheckpointState) => void;
+  /** Run `merge_branch` with these inputs (not `thread_id`) as a streamed turn: the chat shows its summary as it
+   * comes, then the new checkpoint, now the head. Resolves with whether it was saved (the page shows why not). */
+  onMerge: (inputs: Record<string, unknown>) => Promise<boolean>;
 };
 
 function short(id: string): string {
@@ -44,7 +46,7 @@ function words(e: unknown): string {
   return e instanceof Error ? e.message : String(e);
 }
 
-export function BranchActions({ threadId, shown, version, onOpen, onChanged, onMerged }: Props) {
+export function BranchActions({ threadId, shown, version, onOpen, onChanged, onMerge }: Props) {
   const [branches, setBranches] = useState<Branch[]>([]);
   const [showArchived, setShowArchived] = useState(false);
   const [problem, setProblem] = useState<string | null>(null);
@@ -114,18 +116,13 @@ export function BranchActions({ threadId, shown, version, onOpen, onChanged, onM
     setProblem(null);
     setBusy(true);
     try {
-      const answer = await action<{ state: CheckpointState }>("merge_branch", {
-        thread_id: threadId,
+      const saved = await onMerge({
         source_checkpoint_id: merging.source,
         checkpoint_id: shown.checkpoint_id, // the target (`target_checkpoint_id` in Python)
         mode: merging.mode,
         ...(merging.mode === "messages" ? { message_ids: merging.chosen } : {}),
-        include: ["state"],
       });
-      setMerging(null);
-      onMerged(answer.state);
-    } catch (e) {
-      setProblem(words(e));
+      if (saved) setMerging(null);
     } finally {
       setBusy(false);
     }

@@ -3,9 +3,9 @@
 import type { ThreadMessageLike } from "@assistant-ui/react";
 import { type CheckpointState, type HistoryEntry, type Item, textOf } from "./api";
 
-/** What a streaming turn shows until its answer arrives. */
+/** What a streaming turn (or merge: `merge_branch` streams like a turn) shows until its answer arrives. */
 export type Running = {
-  kind: "turn" | "edit" | "regenerate" | "resume";
+  kind: "turn" | "edit" | "regenerate" | "resume" | "merge";
   /** Items of the shown state kept above the run (the rest is replaced by it). */
   keep: number;
   userText: string | null;

@@ -48,7 +48,7 @@ from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.progress import Progress, modes, until
 from agent.context import TURN_CONTEXT_KEY
 from agent.operations.turns import steer
-from agent.operations.turns.start import begin, check_budget, prepare, recall, strategy_of
+from agent.operations.turns.start import ClaimHandoff, begin, check_budget, prepare, recall, strategy_of
 from agent.operations.turns.updates import update_state
 from agent.storage import ThreadStorage
 from agent.types import NewMessages, TurnResult, TurnStarted
@@ -173,11 +173,15 @@ class TurnRunner:
         if steering:
             args = dataclasses.replace(args, messages=steer.with_ids(args.messages))
         primed = self._prime_recall(args)
+        handoff = ClaimHandoff()
         try:
-            claim, begun = await self.in_io(begin, parts, args.thread_id or str(uuid.uuid4()), args)
+            claim, begun = await self.in_io(begin, parts, args.thread_id or str(uuid.uuid4()), args, handoff)
         except BaseException:
             if primed is not None:
                 primed.cancel()
+            lost = handoff.abandon()  # cancelled while the claim waited: the wait ends, a claim got is released
+            if lost is not None:
+                await asyncio.shield(self.in_io(parts.storage.release, lost))
             raise
         done = False
         try:

@@ -12,6 +12,7 @@ storage thread pool.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import BaseMessage
@@ -21,7 +22,7 @@ from langgraph.graph.message import add_messages
 
 from agent.config import AgentSettings
 from agent.context import TURN_CONTEXT_KEY, TurnContext
-from agent.errors import InvalidRequest
+from agent.errors import InvalidRequest, TurnCancelled
 from agent.models.pairing import pairing_walk
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.edits import plan_edit, plan_regenerate
@@ -55,8 +56,38 @@ def check_budget(settings: AgentSettings, args: TurnArgs) -> None:
         )
 
 
-def claim(parts: TurnParts, thread_id: str, args: TurnArgs) -> Claim:
-    """Claim `thread_id` for the turn `args` asks for, by its strategy (`ThreadStorage.claim` raises).
+class ClaimHandoff:
+    """A claim passed from the storage thread that waits for it to the task that asked for it.
+
+    The task may be cancelled while the thread waits (a client that left, a queued background run cancelled from
+    any replica): `abandon` then ends the wait at once (`ThreadStorage.claim`'s `abandoned`), and a claim the
+    thread got anyway is never lost: either `deliver` refuses it (the thread releases it) or `abandon` returns it
+    (the task releases it). Without this the wait went on to its turn, and the claim it got was held by nobody.
+    """
+
+    def __init__(self) -> None:
+        self.abandoned = threading.Event()
+        self._lock = threading.Lock()
+        self._claim: Claim | None = None
+
+    def deliver(self, claim: Claim) -> bool:
+        """From the storage thread: hand `claim` over; False when the task abandoned it (release it then)."""
+        with self._lock:
+            if self.abandoned.is_set():
+                return False
+            self._claim = claim
+            return True
+
+    def abandon(self) -> Claim | None:
+        """From the task, once it will not take the result: end the wait; the claim delivered meanwhile, if any."""
+        with self._lock:
+            self.abandoned.set()
+            return self._claim
+
+
+def claim(parts: TurnParts, thread_id: str, args: TurnArgs, abandoned: threading.Event | None = None) -> Claim:
+    """Claim `thread_id` for the turn `args` asks for, by its strategy (`ThreadStorage.claim` raises); the wait
+    ends when `abandoned` is set.
 
     A `steer` turn whose messages can join another turn offers them to the running one (`steer`)."""
     strategy = strategy_of(parts, args)
@@ -68,6 +99,7 @@ def claim(parts: TurnParts, thread_id: str, args: TurnArgs) -> Claim:
         timeout=parts.settings.enqueue_timeout,
         idempotency_key=None if args.idempotency_key is None else claim_key(args.user_id, args.idempotency_key),
         steer=steer.offer(parts, args) if strategy == "steer" and steer.can_join(args) else None,
+        abandoned=abandoned,
     )
 
 
@@ -76,16 +108,20 @@ def strategy_of(parts: TurnParts, args: TurnArgs) -> str:
     return args.strategy or parts.settings.multitask_strategy
 
 
-def begin(parts: TurnParts, thread_id: str, args: TurnArgs) -> tuple[Claim, Start]:
-    """Claim the thread and decide where the turn starts; the claim is released if that fails.
+def begin(parts: TurnParts, thread_id: str, args: TurnArgs, handoff: ClaimHandoff | None = None) -> tuple[Claim, Start]:
+    """Claim the thread and decide where the turn starts; the claim is released if that fails, or if the task
+    that asked abandoned `handoff` meanwhile.
 
     Raises:
         InvalidRequest: as `plan_start`, or a tool result of the input answers no tool call (`check_tool_results`).
+        TurnCancelled: `handoff` was abandoned; nothing is held.
     """
-    held = claim(parts, thread_id, args)
+    held = claim(parts, thread_id, args, handoff.abandoned if handoff is not None else None)
     try:
         begun = plan_start(parts, held, args)
         check_tool_results(begun, args)
+        if handoff is not None and not handoff.deliver(held):
+            raise TurnCancelled(f"The turn on thread {thread_id!r} was cancelled; nothing was written.", thread_id=thread_id)
         return held, begun
     except BaseException:
         parts.storage.release(held)

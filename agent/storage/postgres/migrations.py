@@ -9,7 +9,10 @@ statements" in the package docstring): the claim (`agent_claim_turn`, which
 replaced `agent_begin_turn`, with `agent_missing_privileges`), the commit's
 fencing check (`agent_end_claim`) and the commit's writes (`agent_put_blob`,
 `agent_put_checkpoint`, `agent_upsert_thread`). A function changed later is
-created again by a later migration (the earlier text stays, as history).
+created again by a later migration (the earlier text stays, as history), except
+`agent_missing_privileges`, whose last text is made from `TABLES`
+(`missing_privileges_sql`) and created again whenever setup applies a
+migration: a table added later is checked without another copy of the list.
 
 Checkpoint ids. A response id is `resp_<checkpoint_id>`, so a checkpoint id
 must name one thread, and two imports racing with the same ids into two new
@@ -49,6 +52,37 @@ DROPPED_INDEXES = (
 #: The first key of the per-user advisory locks (the second is the user id's hash): a claim takes its
 #: user's lock shared, a deletion's user claim exclusively (see `storage.turns`). Any constant works.
 USER_LOCK_CLASS = 714_021_392
+
+#: Every table setup must leave behind (LangGraph's and the agent's).
+TABLES = (
+    "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
+    "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
+    "agent_claim_waiters", "agent_user_claims", "agent_steers", "store_migrations", "store", "agent_branches",
+    "agent_message_terms", "agent_runs", "agent_run_events",
+)  # fmt: skip
+
+#: Tables only setup writes (each schema's record of its applied migrations); the agent writes every
+#: other table of `TABLES`, each under a claim (turns, deletions, branch operations).
+SETUP_ONLY_TABLES = ("checkpoint_migrations", "agent_migrations", "store_migrations")
+
+#: The privileges the agent's writes need on each table it writes.
+TURN_PRIVILEGES = ("INSERT", "UPDATE")
+
+
+def missing_privileges_sql() -> str:
+    """`agent_missing_privileges()`, which the claim calls before the model runs: `TURN_PRIVILEGES` on every
+    table of `TABLES` but `SETUP_ONLY_TABLES`, so that a table added to `TABLES` is checked without a copy
+    of the list to keep (`schema.migrate` creates it again after applying any migration)."""
+    checked = [(table, privilege) for table in TABLES if table not in SETUP_ONLY_TABLES for privilege in TURN_PRIVILEGES]
+    rows = ", ".join(f"({i}, '{table}', '{privilege}')" for i, (table, privilege) in enumerate(checked, 1))
+    return f"""CREATE OR REPLACE FUNCTION agent_missing_privileges() RETURNS TEXT[]
+    LANGUAGE plpgsql STABLE AS $$
+    BEGIN
+        RETURN (SELECT coalesce(array_agg(n.privilege || ' on ' || n.tbl ORDER BY n.i), '{{}}')
+                FROM (VALUES {rows}) AS n(i, tbl, privilege)
+                WHERE NOT has_table_privilege(n.tbl, n.privilege));
+    END $$"""
+
 
 # The agent's own migrations; a migration's position is its version. Each is idempotent,
 # so setup can re-apply them all when it finds a table missing.
@@ -503,12 +537,7 @@ MIGRATIONS = [
                              (11, 'agent_message_terms', 'UPDATE')) AS n(i, tbl, privilege)
                 WHERE NOT has_table_privilege(n.tbl, n.privilege));
     END $$""",
+    # The privileges a turn needs, now on every table a turn writes (the earlier lists had missed the run
+    # tables, the steers, the claims, the branch records and the store), derived from `TABLES`.
+    missing_privileges_sql(),
 ]
-
-#: Every table setup must leave behind (LangGraph's and the agent's).
-TABLES = (
-    "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
-    "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
-    "agent_claim_waiters", "agent_user_claims", "agent_steers", "store_migrations", "store", "agent_branches",
-    "agent_message_terms", "agent_runs", "agent_run_events",
-)  # fmt: skip

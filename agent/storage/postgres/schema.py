@@ -22,7 +22,7 @@ from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATION
 from langgraph.store.postgres.base import MIGRATIONS as STORE_MIGRATIONS
 
 from agent.storage.postgres import checkpoint_ids, indexes
-from agent.storage.postgres.migrations import DROPPED_INDEXES, MIGRATIONS, TABLES, USER_LOCK_CLASS
+from agent.storage.postgres.migrations import DROPPED_INDEXES, MIGRATIONS, TABLES, USER_LOCK_CLASS, missing_privileges_sql
 
 __all__ = ["MIGRATIONS", "TABLES", "USER_LOCK_CLASS", "migrate", "missing_tables", "migrations_current"]
 
@@ -105,6 +105,7 @@ def migrate(conn: psycopg.Connection, *, where: str) -> None:
         everything = bool(dropped) and "agent_migrations" not in missing
         if everything:
             logger.warning("Tables %s were missing from %s; re-creating them", dropped, where)
+        applied = False
         for table, migrations in SCHEMAS:
             conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
             row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
@@ -120,5 +121,9 @@ def migrate(conn: psycopg.Connection, *, where: str) -> None:
                     # the build is instant without it.
                     conn.execute(statement.replace("CONCURRENTLY ", ""))
                 conn.execute(f"INSERT INTO {table} (v) VALUES (%s) ON CONFLICT DO NOTHING", (version,))
+                applied = True
+        if applied:
+            # The migration that made it is applied once; the table list it checks may have grown since.
+            conn.execute(missing_privileges_sql())
 
 

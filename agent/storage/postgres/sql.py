@@ -223,6 +223,9 @@ DELETE_THREAD_SQL = [
     "DELETE FROM agent_checkpoint_ids WHERE thread_id = %s",
     "DELETE FROM agent_idempotency WHERE thread_id = %s",
     "DELETE FROM agent_threads WHERE thread_id = %s",
+    # Its runs (`agent.runs.store`): their events hold its turns' text, kept for response_events_seconds otherwise.
+    "DELETE FROM agent_run_events WHERE response_id IN (SELECT response_id FROM agent_runs WHERE thread_id = %s)",
+    "DELETE FROM agent_runs WHERE thread_id = %s",
 ]
 # -- retention (`operations.retention`) --
 # A thread's expiry: its own ttl_seconds, else the agent's thread_ttl_seconds (NULL: never). The ttl is read

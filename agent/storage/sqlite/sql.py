@@ -150,6 +150,9 @@ DELETE_THREAD_SQL = [
     "DELETE FROM agent_checkpoint_ids WHERE thread_id = ?",
     "DELETE FROM agent_idempotency WHERE thread_id = ?",
     "DELETE FROM agent_threads WHERE thread_id = ?",
+    # Its runs (`agent.runs.store`): their events hold its turns' text, kept for response_events_seconds otherwise.
+    "DELETE FROM agent_run_events WHERE response_id IN (SELECT response_id FROM agent_runs WHERE thread_id = ?)",
+    "DELETE FROM agent_runs WHERE thread_id = ?",
     # Only a released claim: the deleting operation's own claim is released by its commit first.
     "DELETE FROM agent_claims WHERE thread_id = ? AND token = ''",
 ]
