@@ -128,8 +128,7 @@ async def amerge(turns: TurnRunner, args: MergeArgs, *, stream_tokens: bool) -> 
     """
     from agent.operations.turns.args import Start, TurnArgs
     from agent.operations.turns.bridge import caught_up
-    from agent.operations.turns.start import claim as claim_thread
-    from agent.operations.turns.start import prepare
+    from agent.operations.turns.start import ClaimHandoff, claim_for, prepare
 
     parts, in_io = turns.parts, turns.in_io
     _check_request(args)
@@ -142,7 +141,12 @@ async def amerge(turns: TurnRunner, args: MergeArgs, *, stream_tokens: bool) -> 
         if stored is not None:
             yield stored
             return
-    claim = await in_io(claim_thread, parts, args.thread_id, turn_args)
+    handoff = ClaimHandoff()
+    try:
+        claim = await in_io(claim_for, parts, args.thread_id, turn_args, handoff)
+    except BaseException:
+        await handoff.abandon_and_release(in_io, parts)  # cancelled while the claim waited: nothing is held
+        raise
     done = False
     try:
         plan = await in_io(_plan, parts, claim, args)

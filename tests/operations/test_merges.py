@@ -20,6 +20,7 @@ from agent import TurnCancelled
 from agent.context.summaries import SUMMARY_PROMPT
 from agent.models.offline import OfflineChatModel
 from agent.operations.merges import SUMMARY_PREFIX
+from tests.helpers.reliability import gated_model
 from tests.helpers.scenario import outputs, request, say
 from tests.test_streaming import COMPLETED, DELTA, DONE, done_items, message_text
 
@@ -166,3 +167,37 @@ def test_a_merge_counts_as_a_turn_for_admission_and_tracing_and_a_read_does_not(
     assert asks_for_turn({"custom_inputs": {"action": "merge_branch"}}) is True
     assert asks_for_turn({"input": "hi"}) is True
     assert asks_for_turn({"custom_inputs": {"action": "get_checkpoint_history"}}) is False
+
+
+
+def test_a_merge_cancelled_while_it_waits_for_the_thread_leaves_no_claim_behind(backend_url, make_agent):
+    """Without the hand-off its wait went on in the storage thread, and the claim it got was held by nobody."""
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)
+    ids = forked_trip(agent)
+    slow = threading.Thread(target=say, args=(agent, "block here"), kwargs={"thread_id": ids["thread_id"]})
+    slow.start()
+    assert model.entered.wait(30)  # the slow turn holds the thread
+
+    async def cancelled_merge() -> None:
+        async def consume() -> None:
+            async for _ in agent.apredict_stream(merge_request(ids, multitask_strategy="enqueue")):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(1.0)  # the merge waits behind the slow turn
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(cancelled_merge())
+    finally:
+        model.gate.set()
+        slow.join(30)
+    # Free: a turn that refuses to wait gets the thread at once, after the slow turn's checkpoint.
+    slow_head = agent.get_checkpoint_history(ids["thread_id"])[0]["checkpoint_id"]
+    turn = say(agent, "what now?", thread_id=ids["thread_id"], multitask_strategy="reject")
+    assert outputs(turn)["parent_checkpoint_id"] == slow_head
+    assert not any(entry.get("merged_from") for entry in agent.get_checkpoint_history(ids["thread_id"]))

@@ -179,9 +179,7 @@ class TurnRunner:
         except BaseException:
             if primed is not None:
                 primed.cancel()
-            lost = handoff.abandon()  # cancelled while the claim waited: the wait ends, a claim got is released
-            if lost is not None:
-                await asyncio.shield(self.in_io(parts.storage.release, lost))
+            await handoff.abandon_and_release(self.in_io, parts)  # cancelled while the claim waited
             raise
         done = False
         try:

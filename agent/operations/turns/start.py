@@ -11,8 +11,10 @@ storage thread pool.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import BaseMessage
@@ -84,6 +86,13 @@ class ClaimHandoff:
             self.abandoned.set()
             return self._claim
 
+    async def abandon_and_release(self, in_io: Callable[..., Awaitable[Any]], parts: TurnParts) -> None:
+        """From the task that failed or was cancelled while it waited: end the wait, release a claim got meanwhile
+        (shielded, so a second cancellation cannot leak it)."""
+        lost = self.abandon()
+        if lost is not None:
+            await asyncio.shield(in_io(parts.storage.release, lost))
+
 
 def claim(parts: TurnParts, thread_id: str, args: TurnArgs, abandoned: threading.Event | None = None) -> Claim:
     """Claim `thread_id` for the turn `args` asks for, by its strategy (`ThreadStorage.claim` raises); the wait
@@ -101,6 +110,19 @@ def claim(parts: TurnParts, thread_id: str, args: TurnArgs, abandoned: threading
         steer=steer.offer(parts, args) if strategy == "steer" and steer.can_join(args) else None,
         abandoned=abandoned,
     )
+
+
+def claim_for(parts: TurnParts, thread_id: str, args: TurnArgs, handoff: ClaimHandoff) -> Claim:
+    """`claim` for a task that may abandon `handoff` while it waits (a turn without a start to plan: a merge).
+
+    Raises:
+        TurnCancelled: `handoff` was abandoned; nothing is held.
+    """
+    held = claim(parts, thread_id, args, handoff.abandoned)
+    if not handoff.deliver(held):
+        parts.storage.release(held)
+        raise TurnCancelled(f"The turn on thread {thread_id!r} was cancelled; nothing was written.", thread_id=thread_id)
+    return held
 
 
 def strategy_of(parts: TurnParts, args: TurnArgs) -> str:
