@@ -128,8 +128,21 @@ class TurnSaverMixin(SaverThreadOperations):
             self._backend_put_writes(config, writes, task_id, task_path)
 
     def agent_tuple(self, tup: CheckpointTuple | None) -> CheckpointTuple | None:
-        """`tup` with its metadata as the agent's operations read it (`summaries.agent_view`)."""
-        return None if tup is None else tup._replace(metadata=summaries.agent_view(tup.metadata, self.keyring.open_text))
+        """`tup` (its messages resolved) with its metadata as the agent's operations read it
+        (`summaries.agent_view`, the previews it does not store taken from its messages)."""
+        if tup is None:
+            return None
+        view = summaries.agent_view(tup.metadata, self.keyring.open_text)
+        if summaries.lacks_previews(view):
+            summaries.fill_previews(view, deltas.added_messages(tup.checkpoint.get("channel_values", {}).get("messages")))
+        return tup._replace(metadata=view)
+
+    def agent_rows(self, thread_id: str, rows: list[dict]) -> list[dict]:
+        """`rows` of the thread's root namespace (`checkpoint_id`, `metadata` as `summaries.agent_view`
+        reads it) with the previews they lack: from the cached message lists, else from their stored
+        deltas, read in one query (`summaries.agent_rows`)."""
+        fetch = lambda checkpoint_ids: self._fetch_checkpoint_messages(thread_id, checkpoint_ids)  # noqa: E731
+        return summaries.agent_rows(rows, fetch, self.message_cache.get)
 
     # -- BaseCheckpointSaver ------------------------------------------------
     def get_tuple(self, config):
@@ -244,6 +257,9 @@ class TurnSaverMixin(SaverThreadOperations):
         }
         if parent_id is None:
             summary.update({key: metadata[key] for key in summaries.ROOT_CARRIED_FIELDS if key in metadata})
+        if listed and new_versions.get("messages") is not None:
+            # The previews are read from the delta stored here (`summaries`, "Previews from the delta").
+            summary = summaries.stored_previews(summary, messages[kept:])
         # The agent's own `tt_` configurable keys (the turn report) are not metadata, nor is a summary
         # handed back in: the agent's copies (fork_thread, import_thread, inside a turn) pass the metadata
         # they read, whose summary fields are recomputed here. A caller's keys are kept.

@@ -79,7 +79,7 @@ def list_checkpoints(
     cur: sqlite3.Cursor, thread_id: str, *, limit: int | None, before: str | None, keyring: Keyring
 ) -> list[dict]:
     """Up to `limit` rows (None: all) (`checkpoint_id`, `parent_checkpoint_id`, `metadata` dict, its message
-    previews opened with `keyring`), newest first."""
+    previews opened with `keyring`; those it does not store are left to `summaries.agent_rows`), newest first."""
     # A negative LIMIT is no limit in SQLite.
     rows = cur.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, -1 if limit is None else limit)).fetchall()
     return [
@@ -204,9 +204,23 @@ class SqliteReader:
         with self._cursor() as cur:
             return checkpoint_in_thread(cur, thread_id, checkpoint_id)
 
-    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
+    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None, previews: bool = True) -> list[dict]:
         with self._cursor() as cur:
-            return list_checkpoints(cur, thread_id, limit=limit, before=before, keyring=self.keyring)
+            rows = list_checkpoints(cur, thread_id, limit=limit, before=before, keyring=self.keyring)
+        return self.fill_previews(thread_id, rows) if previews else rows
+
+    def fill_previews(self, thread_id: str, rows: list[dict]) -> list[dict]:
+        if not any(summaries.lacks_previews(row["metadata"]) for row in rows):
+            return rows
+        # Imported on use: most reads need no blob, and the serializer loads LangGraph.
+        from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+        from agent.storage.encrypted import KeyringSerializer
+        from agent.storage.sqlite.branches import stored_messages
+
+        serde = KeyringSerializer(self.keyring, JsonPlusSerializer())
+        with self._cursor() as cur:
+            return summaries.agent_rows(rows, lambda checkpoint_ids: stored_messages(cur, serde, thread_id, checkpoint_ids))
 
     def threads_of_user(self, user_id: str) -> list[str]:
         with self._cursor() as cur:
