@@ -13,23 +13,12 @@ columns share one key list and one format (`agent.encryption`).
 is configured: it writes plaintext then, and an encrypted blob read without
 its key is `EncryptionKeyError` rather than LangGraph's "unknown type".
 
-**Compressed blobs.** A serialized value of at least `COMPRESS_AT` bytes is
-stored zlib-compressed (stdlib, level 6) when that makes it smaller, its type
-marked with `ZLIB_SUFFIX` (`msgpack.zlib`, sealed: `msgpack.zlib+aesgcm`),
-before it is sealed (a sealed blob does not compress). A type without the mark
-is read as it always was, so stored rows need no rewrite. Why: a turn's message
-delta is most of its blob bytes and chat text compresses about 2:1 (with 200-
-byte messages, 1,160 bytes of blob became about 640); LangGraph's serde has no
-compression of its own (`langgraph.checkpoint.serde` offers msgpack, JSON,
-pickle and encryption), and Postgres compresses (TOAST) only values of about
-2 kB and more, SQLite never. Below `COMPRESS_AT` zlib's header and the lost
-byte alignment earn nothing. Compressing costs about 35 us per kilobyte, reading
-it back less.
+**Compressed blobs** (`compression`): a long serialized value is compressed
+before it is sealed, its type marked (`msgpack.zlib+aesgcm`); both forms read.
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 from langgraph.checkpoint.serde.base import CipherProtocol, SerializerProtocol
@@ -37,6 +26,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
 from agent.encryption import CIPHER_NAME, Keyring
 from agent.errors import EncryptionKeyError
+from agent.storage import compression
 
 
 class KeyringCipher(CipherProtocol):
@@ -57,16 +47,8 @@ class KeyringCipher(CipherProtocol):
         return self.keyring.decrypt(ciphertext, what="A checkpoint blob")
 
 
-#: Smallest serialized value stored compressed, in bytes (see "Compressed blobs" above).
-COMPRESS_AT = 256
-#: The mark of a compressed value's type: `msgpack.zlib` is `msgpack` bytes, zlib-compressed.
-ZLIB_SUFFIX = ".zlib"
-#: Types whose bytes are compressed when long enough (LangGraph's "bytes" and "null" are left as they are).
-COMPRESSED_TYPES = frozenset({"msgpack", "json", "pickle"})
-
-
 class KeyringSerializer(EncryptedSerializer):
-    """`serde` with blobs compressed when long (`COMPRESS_AT`) and sealed by `keyring` (plaintext when it has
+    """`serde` with blobs compressed when long (`compression.COMPRESS_AT`) and sealed by `keyring` (plaintext when it has
     no key); reads every form, and rows written without compression or a key."""
 
     def __init__(self, keyring: Keyring, serde: SerializerProtocol) -> None:
@@ -74,11 +56,7 @@ class KeyringSerializer(EncryptedSerializer):
         self.keyring = keyring
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        typ, data = self.serde.dumps_typed(obj)
-        if typ in COMPRESSED_TYPES and len(data) >= COMPRESS_AT:
-            packed = zlib.compress(data)
-            if len(packed) < len(data):
-                typ, data = typ + ZLIB_SUFFIX, packed
+        typ, data = compression.compress(*self.serde.dumps_typed(obj))
         if not self.keyring.enabled:
             return typ, data
         ciphername, ciphertext = self.cipher.encrypt(data)
@@ -89,6 +67,4 @@ class KeyringSerializer(EncryptedSerializer):
         if "+" in typ:  # sealed (`EncryptedSerializer`'s form)
             typ, ciphername = typ.split("+", 1)
             payload = self.cipher.decrypt(ciphername, payload)
-        if typ.endswith(ZLIB_SUFFIX):
-            typ, payload = typ[: -len(ZLIB_SUFFIX)], zlib.decompress(payload)
-        return self.serde.loads_typed((typ, payload))
+        return self.serde.loads_typed(compression.decompress(typ, payload))

@@ -217,10 +217,52 @@ def lacks_previews(view: Mapping[str, Any]) -> bool:
 def fill_previews(view: dict, messages: Sequence[BaseMessage]) -> dict:
     """`view` with the previews it misses taken from `messages`: the checkpoint's whole message list,
     or the messages its stored delta adds (`deltas.added_messages`), which end the same. Returns `view`."""
-    derived = previews(messages)
+    return set_missing(view, previews(messages))
+
+
+def set_missing(view: dict, derived: Mapping[str, str]) -> dict:
+    """`view` with the previews it misses set from `derived` (`previews` or `record_previews`). Returns `view`."""
     for name in TEXT_FIELDS:
         view.setdefault(name, derived[name])
     return view
+
+
+def record_previews(stored: Any) -> dict[str, str] | None:
+    """`previews` of what a stored `messages` value adds, read from its compact records (`deltas.to_record`)
+    without LangChain, for the light reader of read-only commands (`sqlite.reads.SqliteReader`); None when
+    the value holds a message stored as an object, or is of another layout (then `previews` of the decoded
+    messages serves). No value (a checkpoint without messages) gives empty previews."""
+    if stored is None:
+        return {name: "" for name in TEXT_FIELDS}
+    if not (isinstance(stored, Mapping) and deltas.COMPACT_KEY in stored):
+        return None
+    records = stored.get("a")
+    if not isinstance(records, list) or not all(isinstance(r, list) and len(r) >= 3 for r in records):
+        return None
+    last_user = next((r for r in reversed(records) if r[0] == "human"), None)
+    return {
+        "last_message": _clip(_record_text(records[-1])) if records else "",
+        "last_user_message": _clip(_record_text(last_user)) if last_user is not None else "",
+    }
+
+
+def _record_text(record: list) -> str:
+    # `message_text` of the message a record stands for: LangChain's `BaseMessage.text` (a string content,
+    # or its string and "text" blocks joined), else the tools an AI message calls.
+    kind, content, _, *rest = record
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(
+            block if isinstance(block, str) else block["text"]
+            for block in content
+            if isinstance(block, str)
+            or (isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str))
+        )
+    calls = rest[0].get("tool_calls") if rest and isinstance(rest[0], Mapping) else None
+    if not text and kind == "ai" and calls:
+        text = "[tool call: " + ", ".join(call["name"] for call in calls) + "]"
+    return text
 
 
 def previews(messages: Sequence[BaseMessage]) -> dict[str, str]:

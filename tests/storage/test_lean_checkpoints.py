@@ -17,19 +17,27 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
+import ormsgpack
 import psycopg
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from agent import create_agent
-from agent.encryption import generate_key
-from agent.storage import summaries
-from agent.storage.encrypted import ZLIB_SUFFIX
+from agent.encryption import NO_KEYS, Keyring, generate_key, parse_keys
+from agent.storage import deltas, summaries
+from agent.storage.sqlite.reads import SqliteReader
+from agent.storage.compression import ZLIB_SUFFIX
 from tests.helpers.databases import fresh_database
 
 KEY = generate_key()
+
+
+class ShoutMessage(HumanMessage):
+    """A subclass of a plain class: stored as the object itself, not as a record."""
 
 
 @pytest.fixture(params=["postgres", "sqlite"])
@@ -127,6 +135,29 @@ def test_every_checkpoint_lists_the_previews_of_its_whole_message_list_and_turns
         assert reads(reopened, thread_id) == found
     finally:
         reopened.close()
+    if url.startswith("sqlite:///"):
+        # The light reader of read-only commands reads them from the records, without LangGraph.
+        reader = SqliteReader.open(Path(url.removeprefix("sqlite:///")), Keyring(parse_keys(key)) if key else NO_KEYS)
+        with reader:
+            rows = reader.list_checkpoints(thread_id, limit=None, before=None)
+        listed = {row["checkpoint_id"]: {n: row["metadata"][n] for n in summaries.TEXT_FIELDS} for row in rows}
+        assert listed == {e["checkpoint_id"]: {n: e[n] for n in summaries.TEXT_FIELDS} for e in found["history"]}
+
+
+def test_previews_read_from_compact_records_equal_those_of_the_messages():
+    tool_call = {"name": "calculator", "args": {"expression": "6*7"}, "id": "call_1"}
+    cases = [
+        [HumanMessage("a question", id="h1"), AIMessage("an answer " * 30, id="a1")],
+        [HumanMessage([{"type": "text", "text": "blocks "}, "and text", {"type": "image_url", "image_url": {"url": "x"}}])],
+        [HumanMessage("calc"), AIMessage("", tool_calls=[tool_call], id="a2"), ToolMessage("42", tool_call_id="call_1")],
+        [AIMessage("", tool_calls=[tool_call, {**tool_call, "name": "search", "id": "call_2"}])],
+        [SystemMessage("be brief"), AIMessage("ok")],
+        [],
+    ]
+    for messages in cases:
+        stored = ormsgpack.unpackb(ormsgpack.packb(deltas.encode(messages, None, ())))
+        assert summaries.record_previews(stored) == summaries.previews(messages)
+    assert summaries.record_previews(deltas.encode([ShoutMessage("loud")], None, ())) is None  # an object: not light
 
 
 def to_earlier_layout(url: str, serde, previews: dict[str, dict], seal) -> int:
