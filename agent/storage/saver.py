@@ -12,7 +12,10 @@ SQLite one on `:memory:`), which provide the `_backend_*` hooks,
   `durability="exit"`.
 * **Messages stored once** (`deltas.py`) and a **summary** in each checkpoint's
   metadata (`summaries.py`), with what the turn sent the model and the tokens it
-  used (the run's turn report, `summaries.TURN_REPORT_KEY`).
+  used (the run's turn report, `summaries.TURN_REPORT_KEY`). The summary leaves
+  out the message previews that the checkpoint's own delta gives back
+  (`summaries`, "Previews from the delta"): `agent_tuple` and `agent_rows` put
+  them back when the agent reads a checkpoint or a listing.
 * **A LangGraph checkpointer for any graph.** Outside a turn the saver is an
   ordinary checkpointer (`langgraph-checkpoint-conformance` passes on it, and
   tests/storage/test_foreign_graphs.py runs graphs of other shapes on it): a `messages`
@@ -28,9 +31,10 @@ SQLite one on `:memory:`), which provide the `_backend_*` hooks,
 * **Encryption at rest** (`agent.encryption`): the saver's serializer is
   LangGraph's `EncryptedSerializer` with the storage's keyring as its cipher
   (`encrypted.KeyringSerializer`), so every blob, the message deltas included,
-  is sealed when a key is configured, and the summary's message previews are
-  sealed with it (`summaries.pack`). A delta is sealed as one blob: the
-  encoding, and so the storage's linear growth, is unchanged.
+  is sealed when a key is configured, and the message previews the summary
+  stores are sealed with it (`summaries.pack`). A delta is sealed as one blob: the
+  encoding, and so the storage's linear growth, is unchanged. The same
+  serializer compresses long values first (`compression`).
 * **Short channel versions.** LangGraph's Postgres and SQLite savers write a
   version as `f"{n:032}.{random():016}"` (about 50 characters; the random part
   keeps two branches from one parent from writing the same blob key). A
@@ -92,10 +96,10 @@ class TurnSaverMixin(SaverThreadOperations):
             counter = int(digits)
         return f"{counter + 1:0{VERSION_DIGITS}}.{random.getrandbits(4 * VERSION_RANDOM_HEX):0{VERSION_RANDOM_HEX}x}"
 
-    def _init_turns(self, message_cache_size: int, keyring: Keyring) -> None:
+    def _init_turns(self, message_cache_size: int, keyring: Keyring, *, compress_below: int | None = None) -> None:
         #: Seals what the saver writes (blobs, message previews); without a key it only refuses sealed data.
         self.keyring = keyring
-        self.serde = KeyringSerializer(keyring, self.serde)
+        self.serde = KeyringSerializer(keyring, self.serde, compress_below=compress_below)
         self._turns: dict[str, Turn] = {}
         self._turns_lock = threading.Lock()
         self.message_cache = deltas.MessageCache(message_cache_size)
@@ -221,7 +225,9 @@ class TurnSaverMixin(SaverThreadOperations):
         # would encrypt even without a key; keep the keyring's.
         clone = super().with_allowlist(extra_allowlist)
         if clone is not self and not isinstance(clone.serde, KeyringSerializer):
-            clone.serde = KeyringSerializer(self.keyring, getattr(clone.serde, "serde", clone.serde))
+            clone.serde = KeyringSerializer(
+                self.keyring, getattr(clone.serde, "serde", clone.serde), compress_below=self.serde.compress_below
+            )
         return clone
 
     # LangGraph's default walk reads resolved checkpoints through get_tuple. The backends' fast paths read

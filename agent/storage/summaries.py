@@ -308,7 +308,9 @@ def agent_rows(
     if lacking:
         stored = fetch_messages(list(lacking))
         for checkpoint_id, view in lacking.items():
-            fill_previews(view, deltas.added_messages(stored.get(checkpoint_id)))
+            value = stored.get(checkpoint_id)
+            derived = record_previews(value)  # no LangChain message built, when the delta holds records
+            set_missing(view, derived if derived is not None else previews(deltas.added_messages(value)))
     return list(rows)
 
 
