@@ -12,12 +12,11 @@ about 2:1 (with the storage benchmark's 200-byte messages a turn's blob went
 from 1,160 bytes to about 640). LangGraph's serde has no compression of its
 own (`langgraph.checkpoint.serde`: msgpack, JSON, pickle, encryption);
 Postgres compresses (TOAST) only values of about 2 kB and more, SQLite never.
-Below `COMPRESS_AT` zlib's header and checksum earn little. On Postgres a
-value of `POSTGRES_TOAST_AT` bytes or more is left to TOAST (the saver sets
-`KeyringSerializer.compress_below`): TOAST compresses it too and moves it out
-of the row into chunks that fill their pages, where a zlib-compressed 5 kB
-message delta (about 2 kB) stayed in the row, three rows to an 8 kB page
-(measured with 5,000-byte messages: about 500 bytes a turn more than TOAST). Compressing costs
+Below `COMPRESS_AT` zlib's header and checksum earn little. One rule on both
+backends: leaving Postgres values of 2 kB and more to TOAST (its own
+compression, out of the row) measured the same as compressing them here, within
+`bench.turn_bytes`'s noise with 5,000-byte messages (about 300 bytes a turn
+between runs). Compressing costs
 about 35 us a kilobyte; decompressing less. This module imports only the
 standard library: `sqlite.reads` decodes stored checkpoints without LangGraph.
 """
@@ -30,16 +29,13 @@ import zlib
 COMPRESS_AT = 256
 #: The mark of a compressed value's type: `msgpack.zlib` is `msgpack` bytes, zlib-compressed.
 ZLIB_SUFFIX = ".zlib"
-#: Postgres's TOAST threshold (`TOAST_TUPLE_THRESHOLD`, 8 kB pages): values this long are left to TOAST there.
-POSTGRES_TOAST_AT = 2032
 #: Types whose bytes are compressed when long enough (LangGraph's "bytes", "bytearray" and "null" are not).
 COMPRESSED_TYPES = frozenset({"msgpack", "json", "pickle"})
 
 
-def compress(typ: str, data: bytes, *, below: int | None = None) -> tuple[str, bytes]:
-    """`(typ, data)` compressed and marked when it is at least `COMPRESS_AT` bytes (and, with `below`,
-    shorter than `below`) and that makes it smaller; else as it is."""
-    if typ in COMPRESSED_TYPES and COMPRESS_AT <= len(data) < (below or len(data) + 1):
+def compress(typ: str, data: bytes) -> tuple[str, bytes]:
+    """`(typ, data)` compressed and marked when it is long enough and that makes it smaller, else as it is."""
+    if typ in COMPRESSED_TYPES and len(data) >= COMPRESS_AT:
         packed = zlib.compress(data)
         if len(packed) < len(data):
             return typ + ZLIB_SUFFIX, packed

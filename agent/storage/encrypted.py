@@ -51,15 +51,12 @@ class KeyringSerializer(EncryptedSerializer):
     """`serde` with blobs compressed when long (`compression.COMPRESS_AT`) and sealed by `keyring` (plaintext when it has
     no key); reads every form, and rows written without compression or a key."""
 
-    def __init__(self, keyring: Keyring, serde: SerializerProtocol, *, compress_below: int | None = None) -> None:
-        """`compress_below`: serialized values this long or longer are not compressed (None: no bound;
-        `compression.POSTGRES_TOAST_AT` on Postgres, see `compression`)."""
+    def __init__(self, keyring: Keyring, serde: SerializerProtocol) -> None:
         super().__init__(KeyringCipher(keyring), serde)
         self.keyring = keyring
-        self.compress_below = compress_below
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        typ, data = compression.compress(*self.serde.dumps_typed(obj), below=self.compress_below)
+        typ, data = compression.compress(*self.serde.dumps_typed(obj))
         if not self.keyring.enabled:
             return typ, data
         ciphername, ciphertext = self.cipher.encrypt(data)

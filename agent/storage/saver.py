@@ -96,10 +96,10 @@ class TurnSaverMixin(SaverThreadOperations):
             counter = int(digits)
         return f"{counter + 1:0{VERSION_DIGITS}}.{random.getrandbits(4 * VERSION_RANDOM_HEX):0{VERSION_RANDOM_HEX}x}"
 
-    def _init_turns(self, message_cache_size: int, keyring: Keyring, *, compress_below: int | None = None) -> None:
+    def _init_turns(self, message_cache_size: int, keyring: Keyring) -> None:
         #: Seals what the saver writes (blobs, message previews); without a key it only refuses sealed data.
         self.keyring = keyring
-        self.serde = KeyringSerializer(keyring, self.serde, compress_below=compress_below)
+        self.serde = KeyringSerializer(keyring, self.serde)
         self._turns: dict[str, Turn] = {}
         self._turns_lock = threading.Lock()
         self.message_cache = deltas.MessageCache(message_cache_size)
@@ -225,9 +225,7 @@ class TurnSaverMixin(SaverThreadOperations):
         # would encrypt even without a key; keep the keyring's.
         clone = super().with_allowlist(extra_allowlist)
         if clone is not self and not isinstance(clone.serde, KeyringSerializer):
-            clone.serde = KeyringSerializer(
-                self.keyring, getattr(clone.serde, "serde", clone.serde), compress_below=self.serde.compress_below
-            )
+            clone.serde = KeyringSerializer(self.keyring, getattr(clone.serde, "serde", clone.serde))
         return clone
 
     # LangGraph's default walk reads resolved checkpoints through get_tuple. The backends' fast paths read

@@ -23,10 +23,6 @@ What it changes in `PostgresSaver`, and why:
   LangGraph's empty `channel_values` and `pending_sends` (see the migration);
   `expand_checkpoint` puts them back on every read, before LangGraph's loader
   sees the row.
-* **Blobs of 2 kB and more left to TOAST.** The serializer compresses long
-  values (`compression`) only below `compression.POSTGRES_TOAST_AT`: TOAST
-  compresses the longer ones itself and moves them out of the row, which
-  packs pages better than a 2 kB compressed value kept in the row.
 * **Rows read by the storage's own statements** (the claim's start, a
   checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
 """
@@ -42,7 +38,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg_pool import ConnectionPool
 
 from agent.encryption import Keyring, is_sealed
-from agent.storage import compression, deltas, summaries
+from agent.storage import deltas, summaries
 from agent.storage.postgres import branches, sql
 from agent.storage.postgres.batch import running_batch
 from agent.storage.records import checkpoint_taken
@@ -84,7 +80,7 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
     def __init__(self, storage: SaverStorage, *, message_cache_size: int) -> None:
         PostgresSaver.__init__(self, storage.pool)
         self._storage = storage
-        self._init_turns(message_cache_size, storage.keyring, compress_below=compression.POSTGRES_TOAST_AT)
+        self._init_turns(message_cache_size, storage.keyring)
 
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
