@@ -138,7 +138,9 @@ class TurnSaverMixin(SaverThreadOperations):
             return None
         view = summaries.agent_view(tup.metadata, self.keyring.open_text)
         if summaries.lacks_previews(view):
-            summaries.fill_previews(view, deltas.added_messages(tup.checkpoint.get("channel_values", {}).get("messages")))
+            messages = tup.checkpoint.get("channel_values", {}).get("messages")
+            # A resolved list is used as it is: `added_messages` would check every message's class.
+            summaries.fill_previews(view, messages if isinstance(messages, deltas.MessageList) else deltas.added_messages(messages))
         return tup._replace(metadata=view)
 
     def agent_rows(self, thread_id: str, rows: list[dict]) -> list[dict]:
