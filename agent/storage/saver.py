@@ -140,7 +140,8 @@ class TurnSaverMixin(SaverThreadOperations):
         if summaries.lacks_previews(view):
             messages = tup.checkpoint.get("channel_values", {}).get("messages")
             # A resolved list is used as it is: `added_messages` would check every message's class.
-            summaries.fill_previews(view, messages if isinstance(messages, deltas.MessageList) else deltas.added_messages(messages))
+            resolved = isinstance(messages, deltas.MessageList)
+            summaries.fill_previews(view, messages if resolved else deltas.added_messages(messages))
         return tup._replace(metadata=view)
 
     def agent_rows(self, thread_id: str, rows: list[dict]) -> list[dict]:
