@@ -9,8 +9,9 @@ instead of reading as garbage):
 * checkpoint blobs (every channel value and pending write, the message deltas
   included), through LangGraph's own `EncryptedSerializer` with this keyring
   as its cipher (`agent.storage.encrypted`);
-* the text fields of our own rows: the message previews of a checkpoint's
-  summary (`last_message`, `last_user_message`), thread titles, long-term
+* the text fields of our own rows: the message previews a checkpoint's
+  summary stores (`last_message`, `last_user_message`, when its delta cannot
+  give them back: `agent.storage.summaries`), thread titles, long-term
   memories' content, stored idempotent responses, and on Postgres a channel
   value that LangGraph keeps inline as a string.
 

@@ -133,7 +133,7 @@ def list_branches(
         ThreadNotFound: unknown thread, or not the caller's.
     """
     record = authorize(storage.get_thread(thread_id), thread_id, user_id)
-    rows = storage.list_checkpoints(thread_id, limit=None, before=None)
+    rows = storage.list_checkpoints(thread_id, limit=None, before=None, previews=False)  # the leaves' below
     records = storage.branch_records(thread_id)
     tree = ThreadTree.from_rows(thread_id, rows)
     gone = branch_view.hidden(tree, records)
@@ -143,6 +143,7 @@ def list_branches(
     by_id = {row["checkpoint_id"]: row for row in rows}
     pinned = branch_view.pinned_leaf(tree, records)
     leaves = sorted(tree.leaves(), key=lambda leaf: leaf != pinned)  # stable: newest first otherwise
+    storage.fill_previews(thread_id, [by_id[leaf] for leaf in leaves])
     return [
         BranchSummary(
             CheckpointSummary.from_row(thread_id, by_id[leaf], head_checkpoint_id=record.head_checkpoint_id),

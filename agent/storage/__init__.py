@@ -16,7 +16,8 @@ Modules, from the values up:
 * `saver` (what the agent adds to LangGraph's savers: buffered turns, deltas,
   summaries) and `saver_threads` (its thread operations: prune, copy, delete);
   `deltas` (messages stored once), `summaries` (history summaries in
-  checkpoint metadata);
+  checkpoint metadata), `encrypted` and `compression` (the saver's serializer:
+  blobs sealed, long ones compressed first);
 * one package per backend, each cut as langgraph-checkpoint-postgres cuts its
   own: `schema` (migrations, a migration's position its version), `sql`
   (statements as named constants), `saver`, `transaction`, `storage`, and

@@ -149,12 +149,22 @@ class ThreadStorage(TurnProtocol):
         """Those of `checkpoint_ids` that are checkpoints of the thread, messages resolved, oldest first (one query)."""
 
     @abstractmethod
-    def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
+    def list_checkpoints(
+        self, thread_id: str, *, limit: int | None, before: str | None, previews: bool = True
+    ) -> list[dict]:
         """Up to `limit` (None: all) checkpoints of the thread, newest first, older than `before` if given.
 
         Each row: `checkpoint_id`, `parent_checkpoint_id`, `metadata` (dict, with
-        the summary written by `summaries.summarize`). Reads no message.
+        the summary written by `summaries.summarize`). The message previews a
+        checkpoint does not store are read from its stored delta, for all rows in
+        one more query (`summaries`, "Previews from the delta"); with `previews`
+        False they are left out, for `fill_previews` on the rows the caller shows.
         """
+
+    @abstractmethod
+    def fill_previews(self, thread_id: str, rows: list[dict]) -> list[dict]:
+        """`rows` of `list_checkpoints(..., previews=False)` with their message previews (`last_message`,
+        `last_user_message`) in `metadata`; one query at most. The rows are changed in place and returned."""
 
     @abstractmethod
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
@@ -246,7 +256,9 @@ class ThreadReads(Protocol):
 
     def checkpoint_in_thread(self, thread_id: str, checkpoint_id: str) -> bool: ...
 
-    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]: ...
+    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None, previews: bool = True) -> list[dict]: ...
+
+    def fill_previews(self, thread_id: str, rows: list[dict]) -> list[dict]: ...
 
     def branch_records(self, thread_id: str) -> dict[str, BranchRecord]: ...
 

@@ -12,6 +12,9 @@ columns share one key list and one format (`agent.encryption`).
 `KeyringSerializer` also stands in front of the saver's serializer when no key
 is configured: it writes plaintext then, and an encrypted blob read without
 its key is `EncryptionKeyError` rather than LangGraph's "unknown type".
+
+**Compressed blobs** (`compression`): a long serialized value is compressed
+before it is sealed, its type marked (`msgpack.zlib+aesgcm`); both forms read.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
 from agent.encryption import CIPHER_NAME, Keyring
 from agent.errors import EncryptionKeyError
+from agent.storage import compression
 
 
 class KeyringCipher(CipherProtocol):
@@ -44,13 +48,23 @@ class KeyringCipher(CipherProtocol):
 
 
 class KeyringSerializer(EncryptedSerializer):
-    """`serde` with blobs sealed by `keyring` (plaintext when it has no key); reads both."""
+    """`serde` with blobs compressed when long (`compression.COMPRESS_AT`) and sealed by `keyring` (plaintext when it has
+    no key); reads every form, and rows written without compression or a key."""
 
     def __init__(self, keyring: Keyring, serde: SerializerProtocol) -> None:
         super().__init__(KeyringCipher(keyring), serde)
         self.keyring = keyring
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        typ, data = compression.compress(*self.serde.dumps_typed(obj))
         if not self.keyring.enabled:
-            return self.serde.dumps_typed(obj)
-        return super().dumps_typed(obj)
+            return typ, data
+        ciphername, ciphertext = self.cipher.encrypt(data)
+        return f"{typ}+{ciphername}", ciphertext
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        typ, payload = data
+        if "+" in typ:  # sealed (`EncryptedSerializer`'s form)
+            typ, ciphername = typ.split("+", 1)
+            payload = self.cipher.decrypt(ciphername, payload)
+        return self.serde.loads_typed(compression.decompress(typ, payload))

@@ -12,7 +12,10 @@ SQLite one on `:memory:`), which provide the `_backend_*` hooks,
   `durability="exit"`.
 * **Messages stored once** (`deltas.py`) and a **summary** in each checkpoint's
   metadata (`summaries.py`), with what the turn sent the model and the tokens it
-  used (the run's turn report, `summaries.TURN_REPORT_KEY`).
+  used (the run's turn report, `summaries.TURN_REPORT_KEY`). The summary leaves
+  out the message previews that the checkpoint's own delta gives back
+  (`summaries`, "Previews from the delta"): `agent_tuple` and `agent_rows` put
+  them back when the agent reads a checkpoint or a listing.
 * **A LangGraph checkpointer for any graph.** Outside a turn the saver is an
   ordinary checkpointer (`langgraph-checkpoint-conformance` passes on it, and
   tests/storage/test_foreign_graphs.py runs graphs of other shapes on it): a `messages`
@@ -28,9 +31,10 @@ SQLite one on `:memory:`), which provide the `_backend_*` hooks,
 * **Encryption at rest** (`agent.encryption`): the saver's serializer is
   LangGraph's `EncryptedSerializer` with the storage's keyring as its cipher
   (`encrypted.KeyringSerializer`), so every blob, the message deltas included,
-  is sealed when a key is configured, and the summary's message previews are
-  sealed with it (`summaries.pack`). A delta is sealed as one blob: the
-  encoding, and so the storage's linear growth, is unchanged.
+  is sealed when a key is configured, and the message previews the summary
+  stores are sealed with it (`summaries.pack`). A delta is sealed as one blob: the
+  encoding, and so the storage's linear growth, is unchanged. The same
+  serializer compresses long values first (`compression`).
 * **Short channel versions.** LangGraph's Postgres and SQLite savers write a
   version as `f"{n:032}.{random():016}"` (about 50 characters; the random part
   keeps two branches from one parent from writing the same blob key). A
@@ -128,8 +132,24 @@ class TurnSaverMixin(SaverThreadOperations):
             self._backend_put_writes(config, writes, task_id, task_path)
 
     def agent_tuple(self, tup: CheckpointTuple | None) -> CheckpointTuple | None:
-        """`tup` with its metadata as the agent's operations read it (`summaries.agent_view`)."""
-        return None if tup is None else tup._replace(metadata=summaries.agent_view(tup.metadata, self.keyring.open_text))
+        """`tup` (its messages resolved) with its metadata as the agent's operations read it
+        (`summaries.agent_view`, the previews it does not store taken from its messages)."""
+        if tup is None:
+            return None
+        view = summaries.agent_view(tup.metadata, self.keyring.open_text)
+        if summaries.lacks_previews(view):
+            messages = tup.checkpoint.get("channel_values", {}).get("messages")
+            # A resolved list is used as it is: `added_messages` would check every message's class.
+            resolved = isinstance(messages, deltas.MessageList)
+            summaries.fill_previews(view, messages if resolved else deltas.added_messages(messages))
+        return tup._replace(metadata=view)
+
+    def agent_rows(self, thread_id: str, rows: list[dict]) -> list[dict]:
+        """`rows` of the thread's root namespace (`checkpoint_id`, `metadata` as `summaries.agent_view`
+        reads it) with the previews they lack: from the cached message lists, else from their stored
+        deltas, read in one query (`summaries.agent_rows`)."""
+        fetch = lambda checkpoint_ids: self._fetch_checkpoint_messages(thread_id, checkpoint_ids)  # noqa: E731
+        return summaries.agent_rows(rows, fetch, self.message_cache.get)
 
     # -- BaseCheckpointSaver ------------------------------------------------
     def get_tuple(self, config):
@@ -244,6 +264,9 @@ class TurnSaverMixin(SaverThreadOperations):
         }
         if parent_id is None:
             summary.update({key: metadata[key] for key in summaries.ROOT_CARRIED_FIELDS if key in metadata})
+        if listed and new_versions.get("messages") is not None:
+            # The previews are read from the delta stored here (`summaries`, "Previews from the delta").
+            summary = summaries.stored_previews(summary, messages[kept:])
         # The agent's own `tt_` configurable keys (the turn report) are not metadata, nor is a summary
         # handed back in: the agent's copies (fork_thread, import_thread, inside a turn) pass the metadata
         # they read, whose summary fields are recomputed here. A caller's keys are kept.

@@ -1,10 +1,29 @@
-"""The summary written into each checkpoint's metadata, so history listings never read messages.
+"""The summary written into each checkpoint's metadata, so history listings never resolve messages.
 
 `message_count`, `last_message` (the last message's text, at most
 `LAST_MESSAGE_CHARS`), `last_user_message` (the text of the last user message,
 at most `LAST_MESSAGE_CHARS`), `next_nodes` and `ts` are computed once, when
 the checkpoint is written; `get_checkpoint_history` then costs one index range
-scan whatever the length of the thread.
+scan, and one read of the listed checkpoints' own deltas for the previews (see
+"Previews from the delta"), whatever the length of the thread.
+
+**Previews from the delta.** The two previews quote the checkpoint's last
+messages, which its stored `messages` delta (`deltas`) nearly always holds: a
+turn's delta adds the user's message and the replies. So a checkpoint stores a
+preview only when `previews` of the messages its delta adds would not give it
+back (`stored_previews`: an edit that adds no user message, a removal that
+adds nothing, a checkpoint whose `messages` did not change), and a reader
+takes the others from the delta (`fill_previews`; `agent_rows` for a list: the
+cached message list when there is one, else one query for the listed
+checkpoints' blobs, `get_checkpoint_history(limit=10)` reading ten deltas and
+resolving none). Why: the two previews were 215 of a turn's metadata bytes on
+Postgres, the largest derivable part of a turn's fixed storage cost (issue
+"pay only for what a turn says"). A preview read from the delta equals the one
+computed from the whole list: the delta's added messages are the list's last
+ones. Checkpoints written before store both previews, which are read as they
+are; a row without a summary (LangGraph's own) gets them from its messages
+too. `list_branches` reads the whole tree's rows but fills the leaves' only
+(`ThreadStorage.list_checkpoints(previews=False)`, then `fill_previews`).
 
 `kept_messages` is how many of the checkpoint's first messages are its parent's,
 unchanged (the rest were written by this checkpoint: a turn's new messages, or
@@ -41,13 +60,16 @@ both, so no migration rewrites stored rows. The agent's own operations read a
 checkpoint's metadata through `agent_view` (the caller's keys with the summary
 fields flat, as before), so nothing above `agent.storage` sees the layout.
 
-**Encrypted previews.** With encryption at rest (`agent.encryption`), the two
-fields that quote messages (`TEXT_FIELDS`) are stored as one sealed value,
-`sealed_previews` (the JSON list `[last_message, last_user_message]`): `pack`
-takes the keyring's `seal_text`, `agent_view` its `open_text`. One value
+**Encrypted previews.** With encryption at rest (`agent.encryption`), the
+fields that quote messages (`TEXT_FIELDS`) that a checkpoint stores are one
+sealed value, `sealed_previews` (the JSON list `[last_message,
+last_user_message]` when it stores both, else an object of the one it stores):
+`pack` takes the keyring's `seal_text`, `agent_view` its `open_text`. One value
 rather than two, because each sealed value costs its key id, nonce and tag
 and base64 on top: sealed apart, the previews added 165 bytes to every
-checkpoint, more than the storage benchmark's bound leaves room for. The other
+checkpoint, more than the storage benchmark's bound leaves room for. The
+previews read from the delta need no seal of their own: the delta is a blob,
+sealed by the saver's serializer. The other
 fields stay plaintext, because SQL reads them (the tree, token usage) and they
 hold no words. `unpack` and `with_fields` leave the sealed value as it is, so
 a rewrite (retention, `delete_for_runs`) keeps it sealed.
@@ -60,6 +82,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.encryption import NO_KEYS
+from agent.storage import deltas
 
 if TYPE_CHECKING:  # imported on use: `agent.views` reads LAST_MESSAGE_CHARS without loading LangChain
     from langchain_core.messages import BaseMessage
@@ -102,10 +125,12 @@ _USAGE_FIELDS = frozenset({"usage", "branch_usage"})
 
 def pack(summary: Mapping[str, Any], seal: Callable[[str], str] | None = None) -> dict:
     """`{SUMMARY_KEY: …}`: the summary fields under their short names, usages as `[input, output]`; with
-    `seal` (a keyring's `seal_text`), the `TEXT_FIELDS` as one sealed `sealed_previews` value."""
+    `seal` (a keyring's `seal_text`), the `TEXT_FIELDS` it holds as one sealed `sealed_previews` value (a
+    list of both when it holds both, else an object of the one; see "Encrypted previews" above)."""
     summary = dict(summary)
     if seal is not None and any(summary.get(name) for name in TEXT_FIELDS):
-        previews = [summary.pop(name, "") for name in TEXT_FIELDS]
+        held = {name: summary.pop(name) for name in TEXT_FIELDS if name in summary}
+        previews: Any = list(held.values()) if len(held) == len(TEXT_FIELDS) else held
         summary["sealed_previews"] = seal(json.dumps(previews, ensure_ascii=False))
     packed = {}
     for name, value in summary.items():
@@ -166,6 +191,10 @@ def agent_view(metadata: Mapping[str, Any] | None, open_text: Callable[..., Any]
     """The metadata as the agent's operations read it: the caller's keys, then the summary fields flat,
     the sealed previews opened with `open_text` (a keyring's).
 
+    A preview the checkpoint does not store (see "Previews from the delta" above) is not in the view:
+    `lacks_previews` tells, and `fill_previews` (or `agent_rows`, for many) sets it from the checkpoint's
+    messages.
+
     A caller key named like a summary field is shadowed here (the agent's own graph writes none); the
     stored metadata and LangGraph's reads (`get_tuple`, `list`) keep it.
 
@@ -176,8 +205,113 @@ def agent_view(metadata: Mapping[str, Any] | None, open_text: Callable[..., Any]
     sealed = summary.pop("sealed_previews", None)
     if sealed is not None:
         opened = json.loads(open_text(sealed, what="A checkpoint's message previews"))
-        summary.update(zip(TEXT_FIELDS, opened, strict=True))
+        summary.update(zip(TEXT_FIELDS, opened, strict=True) if isinstance(opened, list) else opened)
     return {**caller_metadata(metadata), **summary}
+
+
+def lacks_previews(view: Mapping[str, Any]) -> bool:
+    """Whether `view` (an `agent_view`) misses a preview, which `fill_previews` then derives."""
+    return any(name not in view for name in TEXT_FIELDS)
+
+
+def fill_previews(view: dict, messages: Sequence[BaseMessage]) -> dict:
+    """`view` with the previews it misses taken from `messages`: the checkpoint's whole message list,
+    or the messages its stored delta adds (`deltas.added_messages`), which end the same. Returns `view`."""
+    return set_missing(view, previews(messages))
+
+
+def set_missing(view: dict, derived: Mapping[str, str]) -> dict:
+    """`view` with the previews it misses set from `derived` (`previews` or `record_previews`). Returns `view`."""
+    for name in TEXT_FIELDS:
+        view.setdefault(name, derived[name])
+    return view
+
+
+def record_previews(stored: Any) -> dict[str, str] | None:
+    """`previews` of what a stored `messages` value adds, read from its compact records (`deltas.to_record`)
+    without LangChain, for the light reader of read-only commands (`sqlite.reads.SqliteReader`); None when
+    the value holds a message stored as an object, or is of another layout (then `previews` of the decoded
+    messages serves). No value (a checkpoint without messages) gives empty previews."""
+    if stored is None:
+        return {name: "" for name in TEXT_FIELDS}
+    if not (isinstance(stored, Mapping) and deltas.COMPACT_KEY in stored):
+        return None
+    records = stored.get("a")
+    if not isinstance(records, list) or not all(isinstance(r, list) and len(r) >= 3 for r in records):
+        return None
+    last_user = next((r for r in reversed(records) if r[0] == "human"), None)
+    return {
+        "last_message": _clip(_record_text(records[-1])) if records else "",
+        "last_user_message": _clip(_record_text(last_user)) if last_user is not None else "",
+    }
+
+
+def _record_text(record: list) -> str:
+    # `message_text` of the message a record stands for: LangChain's `BaseMessage.text` (a string content,
+    # or its string and "text" blocks joined), else the tools an AI message calls.
+    kind, content, _, *rest = record
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(
+            block if isinstance(block, str) else block["text"]
+            for block in content
+            if isinstance(block, str)
+            or (isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str))
+        )
+    calls = rest[0].get("tool_calls") if rest and isinstance(rest[0], Mapping) else None
+    if not text and kind == "ai" and calls:
+        text = "[tool call: " + ", ".join(call["name"] for call in calls) + "]"
+    return text
+
+
+def previews(messages: Sequence[BaseMessage]) -> dict[str, str]:
+    """`last_message` and `last_user_message` of `messages` ("" when there is no such message), each at
+    most `LAST_MESSAGE_CHARS`.
+
+    For the last messages of a list (a delta's added ones) a value is the list's own whenever it is not
+    "": the last message of the suffix is the list's, and so is the last user message when the suffix
+    holds one. `stored_previews` keeps what this cannot give.
+    """
+    last_user = next((m for m in reversed(messages) if getattr(m, "type", None) == "human"), None)
+    return {
+        "last_message": _clip(message_text(messages[-1] if messages else None)),
+        "last_user_message": _clip(message_text(last_user)),
+    }
+
+
+def stored_previews(summary: Mapping[str, Any], added: Sequence[BaseMessage]) -> dict:
+    """`summary` without the previews that `previews(added)` gives back: what a checkpoint stores when
+    `added` are the messages its stored `messages` value adds (see "Previews from the delta" above)."""
+    derived = previews(added)
+    return {name: value for name, value in summary.items() if name not in TEXT_FIELDS or derived[name] != value}
+
+
+def agent_rows(
+    rows: Sequence[Mapping[str, Any]],
+    fetch_messages: Callable[[list[str]], Mapping[str, Any]],
+    cached: Callable[[str], Sequence[BaseMessage] | None] = lambda checkpoint_id: None,
+) -> list[dict]:
+    """`rows` (dicts with `checkpoint_id` and a `metadata` view, `agent_view`) with the previews a view
+    lacks filled in (`fill_previews`): from `cached(checkpoint_id)` (the whole message list, or None),
+    else from the stored `messages` values that one call of `fetch_messages(checkpoint_ids)` returns
+    (by checkpoint id; a delta, a whole list, or None). The views are changed in place."""
+    lacking = {}
+    for row in rows:
+        view = row["metadata"]
+        if lacks_previews(view):
+            messages = cached(row["checkpoint_id"])
+            if messages is not None:
+                fill_previews(view, messages)
+            else:
+                lacking[row["checkpoint_id"]] = view
+    if lacking:
+        stored = fetch_messages(list(lacking))
+        for checkpoint_id, view in lacking.items():
+            value = stored.get(checkpoint_id)
+            derived = record_previews(value)  # no LangChain message built, when the delta holds records
+            set_missing(view, derived if derived is not None else previews(deltas.added_messages(value)))
+    return list(rows)
 
 
 def message_text(message: BaseMessage | None) -> str:
@@ -221,11 +355,9 @@ def summarize(
             for channel in triggers
         )
     ]
-    last_user = next((m for m in reversed(messages) if getattr(m, "type", None) == "human"), None)
     return {
         "message_count": len(messages),
-        "last_message": _clip(message_text(messages[-1] if messages else None)),
-        "last_user_message": _clip(message_text(last_user)),
+        **previews(messages),
         "next_nodes": next_nodes,
         "ts": checkpoint.get("ts"),
         "kept_messages": kept_messages,

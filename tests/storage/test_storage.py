@@ -120,20 +120,36 @@ def test_a_turn_from_an_old_checkpoint_with_a_cold_cache_continues_from_it(agent
     assert len(read_messages(agent, thread_id, new_head)) == 8
 
 
-def test_history_of_a_long_thread_reads_summaries_not_messages(agent, monkeypatch):
+def test_history_of_a_long_thread_reads_the_listed_checkpoints_own_deltas_in_one_query_and_resolves_none(
+    agent, monkeypatch
+):
     thread_id, record = converse(agent, 40)
-    serde = agent.storage.saver.serde
+    saver = agent.storage.saver
+    serde = saver.serde
     loads = serde.loads_typed
-    decoded = []
+    decoded, fetches = [], []
 
     def counting_loads(data):
         decoded.append(data[0])
         return loads(data)
 
+    def counting_fetch(fetch):
+        return lambda *args: fetches.append(args) or fetch(*args)
+
+    def no_thread_read(*args):
+        raise AssertionError("history read the thread's messages")
+
     monkeypatch.setattr(serde, "loads_typed", counting_loads)
-    agent.storage.saver.message_cache.clear()
+    monkeypatch.setattr(saver, "_fetch_checkpoint_messages", counting_fetch(saver._fetch_checkpoint_messages))
+    monkeypatch.setattr(saver, "_fetch_thread_messages", no_thread_read)
+    saver.message_cache.clear()
     history = agent.get_checkpoint_history(thread_id, limit=1000)
-    assert decoded == []  # no checkpoint or message was deserialized
+    # The previews come from each turn's own delta (`summaries`, "Previews from the delta"): one
+    # query for all, one blob each (SQLite: the checkpoint), no base resolved.
+    assert len(fetches) == 1 and len(decoded) == len(record)
+    decoded.clear()
+    assert agent.get_checkpoint_history(thread_id, limit=1000) == history
+    assert len(fetches) == 2 and len(decoded) == len(record)  # read again: a history entry is not cached
 
     root = history.pop()
     assert (root["checkpoint_id"], root["message_count"], root["source"]) == (record[0][1], 0, "root")

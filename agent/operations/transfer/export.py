@@ -42,7 +42,7 @@ def export_thread(storage: ThreadStorage, thread_id: str, *, user_id: str | None
 
 def document_of(storage: ThreadStorage, record: ThreadRecord) -> dict[str, Any]:
     thread_id = record.thread_id
-    ids = [row["checkpoint_id"] for row in storage.list_checkpoints(thread_id, limit=None, before=None)]
+    ids = [row["checkpoint_id"] for row in storage.list_checkpoints(thread_id, limit=None, before=None, previews=False)]
     found = sorted(storage.get_checkpoints(thread_id, ids), key=_id_of)
     encoder = ChannelEncoder({_id_of(tup): tup.checkpoint["channel_values"] for tup in found})
     records = storage.branch_records(thread_id)

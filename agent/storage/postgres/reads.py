@@ -67,9 +67,13 @@ class PostgresReads:
             # Oldest first: each resolved message list is cached before its children need it.
             return [self.saver.load_row(row) for row in sorted(rows, key=lambda row: row["checkpoint_id"])]
 
-    def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
+    def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None, previews: bool = True) -> list[dict]:
         rows = self._read(thread_id, sql.LIST_CHECKPOINTS_SQL, (thread_id, before, before, limit))  # LIMIT NULL: all
-        return [{**row, "metadata": summaries.agent_view(row["metadata"], self.keyring.open_text)} for row in rows]
+        rows = [{**row, "metadata": summaries.agent_view(row["metadata"], self.keyring.open_text)} for row in rows]
+        return self.fill_previews(thread_id, rows) if previews else rows
+
+    def fill_previews(self, thread_id: str, rows: list[dict]) -> list[dict]:
+        return self.saver.agent_rows(thread_id, rows)  # its read raises StorageUnavailable on a fault
 
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         return [CheckpointLink(**row) for row in self._read(thread_id, sql.CHECKPOINT_LINKS_SQL, (thread_id,))]

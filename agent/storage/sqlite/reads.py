@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from agent.encryption import NO_KEYS, Keyring
 from agent.errors import InvalidRequest, StorageUnavailable
-from agent.storage import summaries
+from agent.storage import compression, summaries
 from agent.storage.records import ThreadRecord
 
 THREAD_COLUMNS = (
@@ -43,6 +43,11 @@ LIST_CHECKPOINTS_SQL = """
 SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
 WHERE thread_id = ? AND checkpoint_ns = '' AND (? IS NULL OR checkpoint_id < ?)
 ORDER BY checkpoint_id DESC LIMIT ?
+"""
+# The stored checkpoints (with their messages) of some of a thread's checkpoints; `?2` is a JSON array of ids.
+LIGHT_CHECKPOINTS_SQL = """
+SELECT checkpoint_id, type, checkpoint FROM checkpoints
+WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id IN (SELECT value FROM json_each(?))
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = ? ORDER BY thread_id"
 # The catalogue (`operations.catalogue`): one range scan of agent_threads_activity_idx per page. The
@@ -79,13 +84,37 @@ def list_checkpoints(
     cur: sqlite3.Cursor, thread_id: str, *, limit: int | None, before: str | None, keyring: Keyring
 ) -> list[dict]:
     """Up to `limit` rows (None: all) (`checkpoint_id`, `parent_checkpoint_id`, `metadata` dict, its message
-    previews opened with `keyring`), newest first."""
+    previews opened with `keyring`; those it does not store are left to `summaries.agent_rows`), newest first."""
     # A negative LIMIT is no limit in SQLite.
     rows = cur.execute(LIST_CHECKPOINTS_SQL, (thread_id, before, before, -1 if limit is None else limit)).fetchall()
     return [
         {"checkpoint_id": cid, "parent_checkpoint_id": parent, "metadata": summaries.agent_view(json.loads(meta), keyring.open_text)}
         for cid, parent, meta in rows
     ]
+
+
+def light_previews(cur: sqlite3.Cursor, keyring: Keyring, thread_id: str, checkpoint_ids: list[str]) -> dict[str, dict]:
+    """`summaries.record_previews` of the stored messages of each of the thread's checkpoints `checkpoint_ids`
+    whose stored checkpoint (msgpack, maybe compressed and sealed) holds them as compact records, decoded
+    without LangGraph (its serializer's extension types are left opaque); by checkpoint id. The others
+    are not keys."""
+    import ormsgpack  # LangGraph's msgpack library, light on its own
+
+    found = {}
+    rows = cur.execute(LIGHT_CHECKPOINTS_SQL, (thread_id, json.dumps(checkpoint_ids))).fetchall()
+    for checkpoint_id, typ, payload in rows:
+        if "+" in typ:
+            typ, _ = typ.split("+", 1)
+            payload = keyring.decrypt(payload, what="A checkpoint blob")
+        typ, payload = compression.decompress(typ, payload)
+        if typ != "msgpack":
+            continue
+        checkpoint = ormsgpack.unpackb(payload, ext_hook=lambda code, data: None, option=ormsgpack.OPT_NON_STR_KEYS)
+        values = checkpoint.get("channel_values") if isinstance(checkpoint, dict) else None
+        derived = summaries.record_previews(values.get("messages")) if isinstance(values, dict) else None
+        if derived is not None:
+            found[checkpoint_id] = derived
+    return found
 
 
 def threads_of_user(cur: sqlite3.Cursor, user_id: str) -> list[str]:
@@ -204,9 +233,30 @@ class SqliteReader:
         with self._cursor() as cur:
             return checkpoint_in_thread(cur, thread_id, checkpoint_id)
 
-    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None) -> list[dict]:
+    def list_checkpoints(self, thread_id: str, *, limit: int, before: str | None, previews: bool = True) -> list[dict]:
         with self._cursor() as cur:
-            return list_checkpoints(cur, thread_id, limit=limit, before=before, keyring=self.keyring)
+            rows = list_checkpoints(cur, thread_id, limit=limit, before=before, keyring=self.keyring)
+        return self.fill_previews(thread_id, rows) if previews else rows
+
+    def fill_previews(self, thread_id: str, rows: list[dict]) -> list[dict]:
+        lacking = {row["checkpoint_id"]: row["metadata"] for row in rows if summaries.lacks_previews(row["metadata"])}
+        if not lacking:
+            return rows
+        with self._cursor() as cur:
+            found = light_previews(cur, self.keyring, thread_id, list(lacking))
+        for checkpoint_id, derived in found.items():
+            summaries.set_missing(lacking.pop(checkpoint_id), derived)
+        if lacking:  # a message stored as an object: decoded by LangGraph's serializer, imported for it only
+            from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+            from agent.storage.encrypted import KeyringSerializer
+            from agent.storage.sqlite.branches import stored_messages
+
+            serde = KeyringSerializer(self.keyring, JsonPlusSerializer())
+            with self._cursor() as cur:
+                fetch = lambda checkpoint_ids: stored_messages(cur, serde, thread_id, checkpoint_ids)  # noqa: E731
+                summaries.agent_rows([r for r in rows if r["checkpoint_id"] in lacking], fetch)
+        return rows
 
     def threads_of_user(self, user_id: str) -> list[str]:
         with self._cursor() as cur:

@@ -323,8 +323,12 @@ class SqliteThreadStorage(ThreadStorage):
     def get_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]):
         return [found for found in (self.get_checkpoint(thread_id, c) for c in sorted(set(checkpoint_ids))) if found]
 
-    def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None) -> list[dict]:
-        return self._read(lambda cur: reads.list_checkpoints(cur, thread_id, limit=limit, before=before, keyring=self.keyring))
+    def list_checkpoints(self, thread_id: str, *, limit: int | None, before: str | None, previews: bool = True) -> list[dict]:
+        rows = self._read(lambda cur: reads.list_checkpoints(cur, thread_id, limit=limit, before=before, keyring=self.keyring))
+        return self.fill_previews(thread_id, rows) if previews else rows
+
+    def fill_previews(self, thread_id: str, rows: list[dict]) -> list[dict]:
+        return self._repairing(lambda: self.saver.agent_rows(thread_id, rows))
 
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         rows = self._read(lambda cur: cur.execute(sql.CHECKPOINT_LINKS_SQL, (thread_id,)).fetchall())
