@@ -23,7 +23,7 @@ import dataclasses
 import heapq
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
@@ -33,6 +33,10 @@ from agent.types import Memory
 
 if TYPE_CHECKING:
     import numpy  # a dependency of MLflow; imported where vectors are ranked (about 0.1 s at start-up)
+
+#: `similar(vector, keys, limit)`: the database's exact ranking of the memories `keys` (comma-joined)
+#: by cosine similarity to `vector`, best first, as `(key, similarity)` (`PostgresMemoryStore.similar`).
+Similar = Callable[[Sequence[float], str, int], list[tuple[str, float]]]
 
 #: Bytes of memories (text and vectors) one process keeps, about.
 MAX_CACHED_BYTES = 64 * 1024 * 1024
@@ -170,10 +174,14 @@ def rank(
     keys: Collection[str] | None,
     min_score: int,
     limit: int,
+    similar: Similar | None = None,
 ) -> list[Memory]:
     """Up to `limit` of a user's memories (only `keys` if given), best first, newest first among equals (keys
-    are time-ordered). With `vector`: by cosine similarity, memories without a vector last. Else by the number
-    of `words` their content contains, only those with at least `min_score`."""
+    are time-ordered). With `vector`: by cosine similarity, memories without a vector last, ranked by
+    `similar` in the database when given (pgvector, `PostgresMemoryStore.similar`), else here. Else by the
+    number of `words` their content contains, only those with at least `min_score`."""
+    if vector is not None and similar is not None:
+        return _by_server_similarity(copy, vector, keys, limit, similar)
     if vector is not None:
         return _by_similarity(copy, _unit(vector), keys, limit)
     # Each word is looked up once in the user's whole text (str.find, in C) rather than in each memory:
@@ -229,6 +237,20 @@ def _by_similarity(copy: _UserCopy, query: numpy.ndarray, keys: Collection[str] 
     if len(found) < limit:  # memories saved without a vector (before embedding_model was set), newest first
         ranked = set(vectors)
         rest = sorted((k for k in copy.entries if k not in ranked and (keys is None or k in keys)), reverse=True)
+        found += [copy.entries[key].memory for key in rest[: limit - len(found)]]
+    return found
+
+
+def _by_server_similarity(
+    copy: _UserCopy, vector: Sequence[float], keys: Collection[str] | None, limit: int, similar: Similar
+) -> list[Memory]:
+    # The candidates are named to the server, so it ranks exactly the memories this copy holds (not one
+    # saved or expired since its listing): the listing itself when every memory is a candidate.
+    candidates = copy.listing if keys is None else ",".join(sorted(keys))
+    found = [_scored(copy.entries[key].memory, score) for key, score in similar(vector, candidates, limit) if key in copy.entries]
+    if len(found) < limit:  # memories saved without a vector (before embedding_model was set), newest first
+        ranked = {memory.version for memory in found}
+        rest = [k for k in copy.newest_first if k not in ranked and (keys is None or k in keys)]
         found += [copy.entries[key].memory for key in rest[: limit - len(found)]]
     return found
 

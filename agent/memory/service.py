@@ -6,6 +6,7 @@ namespace (`scopes.namespace`), so the ownership rule is the namespace itself.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -124,7 +125,7 @@ class Memories:
         keys = self._seen(copy, history)
         if keys is not None and not keys:
             return ()
-        found = self._rank(copy, recall_query(new_messages, history), limit=limit, keys=keys, fill=True)
+        found = self._rank(user_id, copy, recall_query(new_messages, history), limit=limit, keys=keys, fill=True)
         self._used(user_id, found)
         return tuple(found)
 
@@ -152,7 +153,7 @@ class Memories:
         keys = self._seen(copy, visible)
         if keys is not None and not keys:
             return []
-        found = self._rank(copy, query, limit=limit, keys=keys, fill=False)
+        found = self._rank(user_id, copy, query, limit=limit, keys=keys, fill=False)
         self._used(user_id, found)
         return found
 
@@ -160,7 +161,7 @@ class Memories:
         """The user's current memories whatever the scope (the API and CLI), the newest version of each:
         newest first, or best first for `query`."""
         copy = self.index.current(prefix(user_id))
-        return self._rank(copy, query, limit=limit, keys=visible(copy, None), fill=False)
+        return self._rank(user_id, copy, query, limit=limit, keys=visible(copy, None), fill=False)
 
     def list_as_of(
         self,
@@ -182,7 +183,7 @@ class Memories:
         if self.settings.memory_scope == "user":
             bound = written_at(checkpoint_id, ts)
             keys |= {key for key, entry in copy.entries.items() if written_by(entry.memory.checkpoint_id, bound, checkpoint_id)}
-        return self._rank(copy, query, limit=limit, keys=visible(copy, keys), fill=False)
+        return self._rank(user_id, copy, query, limit=limit, keys=visible(copy, keys), fill=False)
 
     def find(self, user_id: str, memory_id: str, *, visible_messages: Sequence[BaseMessage] | None = None) -> Memory | None:
         """The current version of the user's memory `memory_id` (under branch scope with `visible_messages`:
@@ -207,12 +208,17 @@ class Memories:
             keys |= anchored(copy, message_ids(messages))
         return keys
 
-    def _rank(self, copy: Any, query: str | None, *, limit: int, keys: Any, fill: bool) -> list[Memory]:
+    def _rank(self, user_id: str, copy: Any, query: str | None, *, limit: int, keys: Any, fill: bool) -> list[Memory]:
         query = (query or "")[-MAX_QUERY_CHARS:]
         words = keywords(query)
         # Embedded before the store is read: no connection is held across the model call.
         vector = self.embeddings.embed_query(query) if self.embeddings is not None and query.strip() else None
-        return rank(copy, words=words, vector=vector, keys=keys, min_score=0 if fill or not words else 1, limit=limit)
+        similar = None
+        if vector is not None and self.store.vectors:  # pgvector ranks in the database (`postgres`)
+            similar = functools.partial(self.store.similar, prefix(user_id))
+        return rank(
+            copy, words=words, vector=vector, keys=keys, min_score=0 if fill or not words else 1, limit=limit, similar=similar
+        )
 
     def _used(self, user_id: str, memories: Sequence[Memory]) -> None:
         # memory_ttl_seconds counts from the last time a memory was used (given to the model or found by the tool).
@@ -220,10 +226,20 @@ class Memories:
             self.store.refresh(prefix(user_id), [m.version for m in memories], self.settings.memory_ttl_seconds)
 
     # -- writes -----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Set up the storage and the store (on Postgres with a model: look for pgvector, `postgres`).
+
+        Raises:
+            StorageUnavailable: the database failed.
+        """
+        self.store.setup()
+
     def prepare(self, content: str) -> None:
-        """Embed `content` now, outside any transaction, so the commit only writes (see `embeddings`)."""
+        """Embed `content` now, outside any transaction, so the commit only writes (see `embeddings`); the
+        store is set up first (also outside it), so the commit knows where the vector goes."""
         if self.embeddings is not None:
             self.embeddings.prime([content])
+            self.store.setup()
 
     def write_turn(self, new_messages: Sequence[BaseMessage], *, user_id: str, thread_id: str, checkpoint_id: str) -> None:
         """Apply the memory tools' results among a turn's committed messages, in order. Runs inside the turn's
@@ -249,6 +265,7 @@ class Memories:
         `provenance`: `thread_id`, `checkpoint_id`, `message_id` (the branch anchor), `supersedes`."""
         if self.embeddings is not None:
             self.embeddings.prime([content for _, _, content, _ in versions])
+            self.store.setup()
         if versions:
             self.store.batch([self._put_op(user_id, *version) for version in versions])
 

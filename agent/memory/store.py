@@ -88,6 +88,11 @@ class MemoryStore(Protocol):
 
     #: "keyword" or "semantic": how searches rank (see `index.rank`).
     search_kind: str
+    #: Whether the database ranks vectors (`similar`: pgvector, `postgres`); False: `index.rank` does.
+    vectors: bool
+
+    def setup(self) -> None:
+        """Set up the storage's tables and, on Postgres with a model, pgvector (once per process)."""
 
     def live_keys(self, prefix: str) -> str:
         """The keys of the memories under `prefix` that have not expired, sorted, joined by commas ("" for
@@ -95,6 +100,10 @@ class MemoryStore(Protocol):
 
     def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
         """The memories `keys` under `prefix` that exist, each with its content's vector (None without one)."""
+
+    def similar(self, prefix: str, vector: Sequence[float], keys: str, limit: int) -> list[tuple[str, float]]:
+        """When `vectors`: of the memories `keys` (comma-joined) under `prefix`, the `limit` most similar to
+        `vector` by cosine, best first, the newer (greater key) first among equals, as `(key, similarity)`."""
 
     def refresh(self, prefix: str, keys: Sequence[str], ttl_seconds: float) -> None:
         """Move the expiry of these memories (those that expire) to `ttl_seconds` from now."""
