@@ -34,9 +34,12 @@ from agent.types import Memory
 if TYPE_CHECKING:
     import numpy  # a dependency of MLflow; imported where vectors are ranked (about 0.1 s at start-up)
 
-#: `similar(vector, keys, limit)`: the database's exact ranking of the memories `keys` (comma-joined)
-#: by cosine similarity to `vector`, best first, as `(key, similarity)` (`PostgresMemoryStore.similar`).
-Similar = Callable[[Sequence[float], str, int], list[tuple[str, float]]]
+#: `similar(vector, limit, among=None, excluding=())`: the database's exact ranking by cosine similarity
+#: to `vector` of the user's memories (those `among`, else all but those `excluding`), best first, as
+#: `(key, similarity)` (`PostgresMemoryStore.similar`).
+Similar = Callable[..., list[tuple[str, float]]]
+#: Most candidates a server search names (`among`); more are found by asking for more and dropping others.
+MAX_NAMED_CANDIDATES = 64
 
 #: Bytes of memories (text and vectors) one process keeps, about.
 MAX_CACHED_BYTES = 64 * 1024 * 1024
@@ -244,13 +247,24 @@ def _by_similarity(copy: _UserCopy, query: numpy.ndarray, keys: Collection[str] 
 def _by_server_similarity(
     copy: _UserCopy, vector: Sequence[float], keys: Collection[str] | None, limit: int, similar: Similar
 ) -> list[Memory]:
-    # The candidates are named to the server, so it ranks exactly the memories this copy holds (not one
-    # saved or expired since its listing): the listing itself when every memory is a candidate.
-    candidates = copy.listing if keys is None else ",".join(sorted(keys))
-    found = [_scored(copy.entries[key].memory, score) for key, score in similar(vector, candidates, limit) if key in copy.entries]
+    # Exactly the candidates this copy holds are ranked: a few are named to the server; else the server
+    # ranks all the user's vectors but the copy's non-candidates, and rows the copy does not hold (saved or
+    # expired since its listing) are dropped, asking again for more when that left fewer than `limit`.
+    if keys is not None and len(keys) <= MAX_NAMED_CANDIDATES:
+        ranked = similar(vector, limit, among=sorted(keys))
+    else:
+        excluding = [] if keys is None else [key for key in copy.entries if key not in keys]
+        asked = limit
+        while True:
+            rows = similar(vector, asked, excluding=excluding)
+            ranked = [(key, score) for key, score in rows if key in copy.entries]
+            if len(ranked) >= limit or len(rows) < asked:
+                break
+            asked *= 4
+    found = [_scored(copy.entries[key].memory, score) for key, score in ranked[:limit]]
     if len(found) < limit:  # memories saved without a vector (before embedding_model was set), newest first
-        ranked = {memory.version for memory in found}
-        rest = [k for k in copy.newest_first if k not in ranked and (keys is None or k in keys)]
+        seen = {memory.version for memory in found}
+        rest = [k for k in copy.newest_first if k not in seen and (keys is None or k in keys)]
         found += [copy.entries[key].memory for key in rest[: limit - len(found)]]
     return found
 

@@ -108,7 +108,9 @@ SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector') AS installed
     EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'vector') AS available,
     to_regclass('store_vectors') IS NOT NULL AS has_table
 """
-# LangGraph's store_vectors (VECTOR_MIGRATIONS[1]) with an undimensioned `vector` column (see above).
+# LangGraph's store_vectors (VECTOR_MIGRATIONS[1]) with an undimensioned `vector` column (see above), kept
+# in the row (MAIN) while it fits, as a 1536-dimension vector (6 kB) does: pgvector's type defaults to
+# EXTERNAL, and fetching a thousand vectors from TOAST took 3-5 ms of a search that otherwise takes 1-2.
 CREATE_VECTORS_SQL = """
 CREATE TABLE IF NOT EXISTS store_vectors (
     prefix text NOT NULL,
@@ -119,20 +121,23 @@ CREATE TABLE IF NOT EXISTS store_vectors (
     updated_at TIMESTAMP WITH TIME ZONE DEFAULT CURRENT_TIMESTAMP,
     PRIMARY KEY (prefix, key, field_name),
     FOREIGN KEY (prefix, key) REFERENCES store(prefix, key) ON DELETE CASCADE
-)
+);
+ALTER TABLE store_vectors ALTER COLUMN embedding SET STORAGE MAIN
 """
 #: LangGraph's vector migrations as applied here: the extension (its text), the table (ours, see above).
 VECTOR_SCHEMA = (VECTOR_MIGRATIONS[0].sql, CREATE_VECTORS_SQL)
 RECORD_VECTOR_MIGRATION_SQL = "INSERT INTO vector_migrations (v) VALUES (%s) ON CONFLICT DO NOTHING"
 # The exact top k: the user's rows by the primary key, ordered by an expression (not the bare `<=>`),
 # so no ANN index could serve it; among equal scores the newer (greater) key first, as `index.rank`.
-SIMILAR_SQL = """
+# Candidates are named only when few (`key = ANY` over a thousand keys cost more than the ranking).
+_SIMILAR = """
 SELECT key, 1 - (embedding <=> %(query)s::real[]::vector) AS score FROM store_vectors
-WHERE prefix = %(prefix)s AND field_name = 'content' AND key = ANY(string_to_array(%(keys)s, ','))
-    AND vector_dims(embedding) = %(dims)s
+WHERE prefix = %(prefix)s AND field_name = 'content' AND vector_dims(embedding) = %(dims)s AND {keys}
 ORDER BY score DESC, key DESC
 LIMIT %(limit)s
 """
+SIMILAR_SQL = _SIMILAR.format(keys="key <> ALL(%(keys)s::text[])")
+SIMILAR_AMONG_SQL = _SIMILAR.format(keys="key = ANY(%(keys)s::text[])")
 MOVE_VECTORS_SQL = [
     """INSERT INTO store_vectors (prefix, key, field_name, embedding)
     SELECT %(prefix)s, key, 'content', vector::vector
@@ -260,12 +265,16 @@ class PostgresMemoryStore(PostgresStore):
             self._move_vectors(prefix, unmoved)
         return [(to_memory(row["key"], row["value"], row["created_at"], None, keyring), None) for row in rows]
 
-    def similar(self, prefix: str, vector: Any, keys: str, limit: int) -> list[tuple[str, float]]:
-        """With pgvector: of the memories `keys` (comma-joined) under `prefix` that have a vector of `vector`'s
-        dimension, the `limit` most similar to `vector` by cosine, best first, the newer (greater key) first
-        among equals, as `(key, similarity)`."""
+    def similar(
+        self, prefix: str, vector: Sequence[float], limit: int, *, among: Sequence[str] | None = None, excluding: Sequence[str] = ()
+    ) -> list[tuple[str, float]]:
+        """With pgvector: of the memories under `prefix` that have a vector of `vector`'s dimension (only
+        those `among`, if given, else all but those `excluding`), the `limit` most similar to `vector` by
+        cosine, best first, the newer (greater key) first among equals, as `(key, similarity)`."""
+        statement = SIMILAR_SQL if among is None else SIMILAR_AMONG_SQL
+        keys = list(excluding if among is None else among)
         params = {"query": [float(x) for x in vector], "prefix": prefix, "keys": keys, "dims": len(vector), "limit": limit}
-        rows = self._execute("search memories", lambda conn: conn.execute(SIMILAR_SQL, params).fetchall())
+        rows = self._execute("search memories", lambda conn: conn.execute(statement, params).fetchall())
         return [(row["key"], float(row["score"])) for row in rows]
 
     def _move_vectors(self, prefix: str, rows: Sequence[Any]) -> None:

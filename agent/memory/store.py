@@ -101,9 +101,12 @@ class MemoryStore(Protocol):
     def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
         """The memories `keys` under `prefix` that exist, each with its content's vector (None without one)."""
 
-    def similar(self, prefix: str, vector: Sequence[float], keys: str, limit: int) -> list[tuple[str, float]]:
-        """When `vectors`: of the memories `keys` (comma-joined) under `prefix`, the `limit` most similar to
-        `vector` by cosine, best first, the newer (greater key) first among equals, as `(key, similarity)`."""
+    def similar(
+        self, prefix: str, vector: Sequence[float], limit: int, *, among: Sequence[str] | None = None, excluding: Sequence[str] = ()
+    ) -> list[tuple[str, float]]:
+        """When `vectors`: of the memories under `prefix` with a vector of `vector`'s dimension (only those
+        `among` if given, else all but those `excluding`), the `limit` most similar to `vector` by cosine,
+        best first, the newer (greater key) first among equals, as `(key, similarity)`."""
 
     def refresh(self, prefix: str, keys: Sequence[str], ttl_seconds: float) -> None:
         """Move the expiry of these memories (those that expire) to `ttl_seconds` from now."""

@@ -3,6 +3,7 @@ deletion, search by keywords and by embeddings, TTL, atomicity with the turn, an
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -343,9 +344,23 @@ def memory_values(url, user_id):
         return [row[0] for row in conn.execute("SELECT value FROM store WHERE prefix = %s", (prefix(user_id),))]
 
 
+def ranked_among(agent, user_id, contents, query="family and food", limit=3):
+    """`index.rank` of `user_id`'s memories whose content is one of `contents`: (content, score) best first."""
+    from agent.memory import index
+
+    memories = agent.operation_context.memories
+    copy = memories.index.current(prefix(user_id))
+    keys = {key for key, entry in copy.entries.items() if entry.memory.content in contents}
+    similar = functools.partial(memories.store.similar, prefix(user_id)) if memories.store.vectors else None
+    vector = memories.embeddings.embed_query(query)
+    found = index.rank(copy, words=[], vector=vector, keys=keys, min_score=0, limit=limit, similar=similar)
+    return [(memory.content, memory.score) for memory in found]
+
+
 def test_semantic_search_returns_the_same_results_with_and_without_pgvector(
-    embeddings_stub, pg_server_url, make_agent, alice, caplog
+    embeddings_stub, pg_server_url, make_agent, alice, caplog, monkeypatch
 ):
+    from agent.memory import index
     from tests.helpers.databases import fresh_database, owned_by_plain_role
 
     with fresh_database(pg_server_url, prefix="tt_pgvector") as with_url, fresh_database(pg_server_url, prefix="tt_plain") as plain_db:
@@ -371,6 +386,14 @@ def test_semantic_search_returns_the_same_results_with_and_without_pgvector(
                 assert [m["content"] for m in with_.list_memories(alice, query="tea for the cat", limit=limit)] == [
                     c for c, _ in expected["tea for the cat"][:limit]
                 ]
+            # Among some of the memories only (the branch rule, versions): named to the server when few,
+            # else the others excluded.
+            chosen = {"My sister Ana has two kids", "I like green tea", "I cycle to work", "I like sushi", "I live in Porto"}
+            for named in (index.MAX_NAMED_CANDIDATES, 0):
+                monkeypatch.setattr(index, "MAX_NAMED_CANDIDATES", named)
+                got, expected_among = ranked_among(with_, alice, chosen), ranked_among(without, alice, chosen)
+                assert [c for c, _ in got] == [c for c, _ in expected_among] and len(got) == 3
+                assert [s for _, s in got] == pytest.approx([s for _, s in expected_among], abs=1e-5)
             # A turn's recall ranks in the database the same way.
             asked = "Where does my sister Ana live?"
             assert remembered(say(with_, asked, user_id=alice)) == remembered(say(without, asked, user_id=alice))
