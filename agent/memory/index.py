@@ -11,7 +11,9 @@ store for one thing: the keys of the user's live (not expired) memories
 keys no longer listed are dropped. So a memory deleted or expired through any
 process is never returned, and a search costs one key listing plus the
 ranking in Python: keyword counts, or one matrix product for cosine
-similarity.
+similarity (with pgvector the similarity ranking is one query in the server
+instead, over exactly the memories this copy holds, and the copy keeps no
+vectors: `postgres`).
 
 The copy is bounded (`MAX_CACHED_BYTES`, least recently searched users go first).
 """

@@ -27,9 +27,12 @@ What the agent changes in LangGraph's stores, and why:
   cosine similarity of the vectors LangGraph stores in `store_vectors`
   (sqlite-vec's float32 format; sqlite-vec itself is not needed to compare
   them, and Python builds without `enable_load_extension`, such as pyenv's
-  default, could not load it). On Postgres the vector is kept in the row's
-  value (`embedding`, base64 float32) and compared the same way, exactly, in
-  the process: no extension is needed, so it works on any Postgres.
+  default, could not load it). On Postgres with pgvector (found or created
+  at setup) the vector is a row of LangGraph's `store_vectors` and the
+  server ranks, exactly (`similar`); without it the vector is kept in the
+  row's value (`embedding`, base64 float32) and compared the same way as on
+  SQLite, exactly, in the process: so it works on any Postgres, with the
+  same results (`postgres`).
 * **Versions** are rows: a memory's first version is keyed by its
   `memory_id` (as every memory was before versions, so those read as
   one-version memories with no migration), each later version by its own id
