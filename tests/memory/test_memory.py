@@ -421,6 +421,27 @@ def test_semantic_search_returns_the_same_results_with_and_without_pgvector(
             agent.close()
 
 
+def test_with_pgvector_and_a_key_memories_are_sealed_and_their_plaintext_is_embedded_and_ranked(
+    embeddings_stub, pg_server_url, make_agent, alice
+):
+    from agent.encryption import SEALED_PREFIX, generate_key
+    from tests.helpers.databases import fresh_database
+
+    with fresh_database(pg_server_url, prefix="tt_pgvector") as url:
+        create_pgvector(url)
+        agent = make_agent(url, embedding_model="fake-embed", encryption_key=generate_key())
+        assert agent.operation_context.memories.store.vectors is True
+        for fact in ("I live in Porto", "My sister Ana lives in Lisbon", "I like green tea"):
+            say(agent, f"Remember that {fact}", user_id=alice)
+        assert store_rows(url, alice) == {"store": 3, "store_vectors": 3}
+        assert [m["content"] for m in agent.list_memories(alice, query="sister Ana")][0] == "My sister Ana lives in Lisbon"
+        embedded = [text for body in embedding_requests(embeddings_stub) for text in body["input"]]
+        assert "My sister Ana lives in Lisbon" in embedded and not any(text.startswith(SEALED_PREFIX) for text in embedded)
+        values = memory_values(url, alice)
+        assert all(value["content"].startswith(SEALED_PREFIX) and "embedding" not in value for value in values)
+        agent.close()
+
+
 def test_a_turn_embeds_its_memory_query_once_and_a_regeneration_searches_with_the_history(
     embeddings_stub, pg_url, make_agent, alice
 ):
