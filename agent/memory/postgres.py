@@ -138,6 +138,15 @@ LIMIT %(limit)s
 """
 SIMILAR_SQL = _SIMILAR.format(keys="key <> ALL(%(keys)s::text[])")
 SIMILAR_AMONG_SQL = _SIMILAR.format(keys="key = ANY(%(keys)s::text[])")
+# The top k of all the user's vectors and, in the same statement (one snapshot), the listing of the keys
+# they were ranked among (LIVE_KEYS_SQL's): a search run ahead of the copy it is used with (`similar_listed`).
+SIMILAR_LISTED_SQL = f"""
+WITH top AS ({SIMILAR_SQL})
+SELECT (SELECT coalesce(string_agg(key, ',' ORDER BY key), '') FROM store
+        WHERE prefix = %(prefix)s AND (expires_at IS NULL OR expires_at > now())) AS listing,
+    coalesce((SELECT array_agg(key ORDER BY score DESC, key DESC) FROM top), '{{}}') AS keys,
+    coalesce((SELECT array_agg(score ORDER BY score DESC, key DESC) FROM top), '{{}}') AS scores
+"""
 MOVE_VECTORS_SQL = [
     """INSERT INTO store_vectors (prefix, key, field_name, embedding)
     SELECT %(prefix)s, key, 'content', vector::vector
@@ -276,6 +285,13 @@ class PostgresMemoryStore(PostgresStore):
         params = {"query": [float(x) for x in vector], "prefix": prefix, "keys": keys, "dims": len(vector), "limit": limit}
         rows = self._execute("search memories", lambda conn: conn.execute(statement, params).fetchall())
         return [(row["key"], float(row["score"])) for row in rows]
+
+    def similar_listed(self, prefix: str, vector: Sequence[float], limit: int) -> tuple[str, list[tuple[str, float]]]:
+        """`similar(prefix, vector, limit)` and, read at the same moment, `live_keys(prefix)`: a search run
+        before the in-process copy is known, valid for a copy made from that listing (`Memories.prime`)."""
+        params = {"query": [float(x) for x in vector], "prefix": prefix, "keys": [], "dims": len(vector), "limit": limit}
+        row = self._execute("search memories", lambda conn: conn.execute(SIMILAR_LISTED_SQL, params).fetchone())
+        return row["listing"], [(key, float(score)) for key, score in zip(row["keys"], row["scores"], strict=True)]
 
     def _move_vectors(self, prefix: str, rows: Sequence[Any]) -> None:
         """Give memories saved before pgvector appeared their `store_vectors` row (see above)."""

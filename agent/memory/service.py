@@ -42,9 +42,20 @@ SWEEP_INTERVAL_MINUTES = 5
 
 
 @dataclass(frozen=True)
+class Ahead:
+    """A similarity search run before the claim (pgvector): valid for a copy made from `listing`."""
+
+    query: str
+    listing: str
+    ranked: list[tuple[str, float]]
+    limit: int
+
+
+@dataclass(frozen=True)
 class Primed:
     """`recall`'s reads started ahead (`Memories.prime`): the user's memory listing (a `MemoryIndex` copy)
-    and the embedding of the turn's query (None: not started)."""
+    and the embedding of the turn's query (None: not started); with pgvector the latter also ranks the
+    user's memories for that query, as `Ahead`."""
 
     listing: Future | None
     vector: Future | None
@@ -66,6 +77,18 @@ class Primed:
         for future in (self.listing, self.vector):
             if future is not None:
                 future.cancel()
+
+
+def _answered(similar: Callable[..., Any], ahead: Ahead) -> Callable[..., Any]:
+    """`similar`, answering from `ahead` the one question it was run for: the top `ahead.limit` of every
+    memory of the listing its copy was made from (the same snapshot, so the answer is exact)."""
+
+    def answer(vector: Any, limit: int, *, among: Any = None, excluding: Any = ()) -> list[tuple[str, float]]:
+        if among is None and not excluding and limit == ahead.limit:
+            return ahead.ranked
+        return similar(vector, limit, among=among, excluding=excluding)
+
+    return answer
 
 
 class Memories:
@@ -118,14 +141,16 @@ class Memories:
         if user_id is None or limit == 0:
             return ()
         copy = primed.result("listing") if primed is not None else None
+        ahead = None
         if copy is None:
             copy = self.index.current(prefix(user_id))
         if primed is not None:
-            primed.result("vector")
+            ahead = primed.result("vector")
         keys = self._seen(copy, history)
         if keys is not None and not keys:
             return ()
-        found = self._rank(user_id, copy, recall_query(new_messages, history), limit=limit, keys=keys, fill=True)
+        query = recall_query(new_messages, history)
+        found = self._rank(user_id, copy, query, limit=limit, keys=keys, fill=True, ahead=ahead)
         self._used(user_id, found)
         return tuple(found)
 
@@ -142,8 +167,18 @@ class Memories:
         if self.embeddings is not None and any(message.type == "human" for message in new_messages):
             query = recall_query(new_messages, ())[-MAX_QUERY_CHARS:]
             if query.strip():
-                vector = submit(self.embeddings.prime, [query])  # `_rank` then finds it in the cache
+                vector = submit(self._embed_ahead, user_id, query)  # `_rank` then finds it in the cache
         return Primed(listing, vector)
+
+    def _embed_ahead(self, user_id: str, query: str) -> Ahead | None:
+        """Embed `query` (cached); with pgvector also rank the user's memories for it, so that the search
+        overlaps the claim as the embedding does: the turn then makes no round trip for it."""
+        self.embeddings.prime([query])
+        if not self.store.vectors:
+            return None
+        limit = self.settings.max_memories_in_context
+        listing, ranked = self.store.similar_listed(prefix(user_id), self.embeddings.embed_query(query), limit)
+        return Ahead(query, listing, ranked, limit)
 
     def search(self, user_id: str, query: str, *, limit: int, visible: Sequence[BaseMessage] | None) -> list[Memory]:
         """The tool's search: the user's memories that match `query`, best first (every memory by
@@ -208,7 +243,9 @@ class Memories:
             keys |= anchored(copy, message_ids(messages))
         return keys
 
-    def _rank(self, user_id: str, copy: Any, query: str | None, *, limit: int, keys: Any, fill: bool) -> list[Memory]:
+    def _rank(
+        self, user_id: str, copy: Any, query: str | None, *, limit: int, keys: Any, fill: bool, ahead: Any = None
+    ) -> list[Memory]:
         query = (query or "")[-MAX_QUERY_CHARS:]
         words = keywords(query)
         # Embedded before the store is read: no connection is held across the model call.
@@ -216,6 +253,8 @@ class Memories:
         similar = None
         if vector is not None and self.store.vectors:  # pgvector ranks in the database (`postgres`)
             similar = functools.partial(self.store.similar, prefix(user_id))
+            if isinstance(ahead, Ahead) and ahead.query == query and ahead.listing == copy.listing:
+                similar = _answered(similar, ahead)
         return rank(
             copy, words=words, vector=vector, keys=keys, min_score=0 if fill or not words else 1, limit=limit, similar=similar
         )

@@ -344,6 +344,16 @@ def memory_values(url, user_id):
         return [row[0] for row in conn.execute("SELECT value FROM store WHERE prefix = %s", (prefix(user_id),))]
 
 
+def spy(method, calls, name):
+    """`method`, appending `name` to `calls` on each call."""
+
+    def spied(*args, **kwargs):
+        calls.append(name)
+        return method(*args, **kwargs)
+
+    return spied
+
+
 def ranked_among(agent, user_id, contents, query="family and food", limit=3):
     """`index.rank` of `user_id`'s memories whose content is one of `contents`: (content, score) best first."""
     from agent.memory import index
@@ -394,9 +404,14 @@ def test_semantic_search_returns_the_same_results_with_and_without_pgvector(
                 got, expected_among = ranked_among(with_, alice, chosen), ranked_among(without, alice, chosen)
                 assert [c for c, _ in got] == [c for c, _ in expected_among] and len(got) == 3
                 assert [s for _, s in got] == pytest.approx([s for _, s in expected_among], abs=1e-5)
-            # A turn's recall ranks in the database the same way.
+            # A turn's recall ranks in the database the same way, in the query run while the claim is on
+            # the way (with the listing it ranked among, which the turn's copy matches): none after it.
+            store, calls = with_.operation_context.memories.store, []
+            for name in ("similar", "similar_listed"):
+                monkeypatch.setattr(store, name, spy(getattr(store, name), calls, name))
             asked = "Where does my sister Ana live?"
             assert remembered(say(with_, asked, user_id=alice)) == remembered(say(without, asked, user_id=alice))
+            assert calls == ["similar_listed"]
             without.close()
 
         # pgvector appears on the database whose memories carry their vectors in their values: the first
