@@ -14,7 +14,10 @@ set up (`setup`, also on first use; `vectors` says which):
   embedded inside the transaction), and a search ranks in the server
   (`SIMILAR_SQL`): one query over the user's vectors, the top k by cosine
   distance, the newer key first among equals, so the results are those of the
-  exact path. The in-process copy (`index`) then holds no vectors.
+  exact path. The in-process copy (`index`) then holds no vectors. A turn's
+  search runs while its claim is on the way (`similar_listed`, with the key
+  listing it ranked among, read by the same statement; `Memories.prime`), so
+  the turn makes no round trip for it.
 * **Exact cosine over stored embeddings, when it does not.** A memory's vector
   rides in its row's value (`embedding`: base64 of float32, 4 bytes a
   dimension) and is read with the memory into the in-process copy, where
