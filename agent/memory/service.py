@@ -134,8 +134,9 @@ class Memories:
 
         `primed`: this turn's `prime`, started before its claim: its listing is used when it has one
         (the runner drops it when the claim had to wait, since turns that ran meanwhile may have saved
-        memories), and its embedding is waited for, so the query's vector comes from the cache. A read
-        that failed there is made again here, and raises here.
+        memories), and its embedding is waited for, so the query's vector comes from the cache (with
+        pgvector its search too, used when this turn's copy was made from the listing it ranked among).
+        A read that failed there is made again here, and raises here.
         """
         limit = self.settings.max_memories_in_context
         if user_id is None or limit == 0:
