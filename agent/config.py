@@ -166,7 +166,7 @@ class AgentSettings(BaseSettings):
     False: the model gets only the agent's tools (a user's graph binds its own tools either way)."""
     embedding_model: str | None = None
     """An OpenAI-compatible embeddings model for semantic memory search (SQLite and Postgres: exact cosine
-    over the stored vectors). None: keyword search."""
+    over the stored vectors, ranked by pgvector on a Postgres that has it). None: keyword search."""
     memory_ttl_seconds: float | None = Field(default=None, gt=0)
     """Long-term memories expire after this long without being used (given to the model or found by
     `search_memories`). None: never."""

@@ -142,7 +142,7 @@ def build_agent(
     try:
         memories = Memories(storage, config, model=chat_model)
         if connect:
-            storage.setup()
+            memories.setup()  # the storage's setup, then the store's (pgvector)
         window = ContextWindow.for_model(
             chat_model,
             max_context_tokens=config.max_context_tokens,

@@ -5,8 +5,12 @@ Usage::
     python -m bench.memory [--quick] [--json out.json] [--database-url URL]
 
 For each configuration (SQLite and Postgres, each with keyword search and with
-semantic search through the OpenAI-compatible stub's `/v1/embeddings`; on
-Postgres exact cosine over the vectors stored in the rows, no pgvector), an in-process agent (`create_agent(url, model="offline",
+semantic search through the OpenAI-compatible stub's `/v1/embeddings`, 64
+dimensions; on Postgres twice: without pgvector, exact cosine in the process
+over the vectors stored in the rows, the database owned by a role that may not
+create the extension, as an application role on a server without it; and with
+pgvector, ranked in the server, the extension created by the agent's setup),
+an in-process agent (`create_agent(url, model="offline",
 tracing=False)`, driven with `predict` as a Python user would) gets a user
 with `MEMORIES` memories, written straight through the store (the same rows
 the memory tools' commits write, with made-up provenance). Then turns with
@@ -25,7 +29,9 @@ Postgres it leaves out the server's CPU). On SQLite with embeddings each turn
 with memory also makes one HTTP call to the embeddings model (the stub, here). Output: the table `figure | measured | target | pass`,
 the machine, versions and `targets met: X/Y`; `--json` saves the report. Exit
 code 0 even when targets are missed; 1 when a configuration could not run
-(its figures say "not measured"); 2 when no Postgres server answers.
+(its figures say "not measured"; the pgvector configuration on a server where
+`CREATE EXTENSION vector` fails is "not measured" with the reason, and not an
+error); 2 when no Postgres server answers.
 """
 
 from __future__ import annotations
@@ -47,13 +53,15 @@ import psycopg
 
 from bench import report
 from bench.databases import scratch_database, server_version
+from tests.helpers.databases import owned_by_plain_role
 from tests.helpers.openai_stub import openai_stub_server
 
 #: Memories the measured user has.
 MEMORIES = 1000
 #: Target: turn p50 with memory over without.
 MAX_RATIO = 1.3
-CONFIGURATIONS = ("sqlite_keyword", "sqlite_semantic", "postgres_keyword", "postgres_semantic")
+CONFIGURATIONS = ("sqlite_keyword", "sqlite_semantic", "postgres_keyword", "postgres_semantic", "postgres_pgvector")
+LABELS = {"postgres_semantic": "postgres, semantic, no pgvector", "postgres_pgvector": "postgres, semantic, pgvector"}
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ def user_message(n: int) -> str:
 def figures() -> dict[str, report.Figure]:
     out: dict[str, report.Figure] = {}
     for name in CONFIGURATIONS:
-        label = name.replace("_", ", ")
+        label = LABELS.get(name, name.replace("_", ", "))
         out[f"{name}_without_ms"] = report.Figure(f"turn p50 without memory ({label})", fmt=report.fixed(2, " ms"))
         out[f"{name}_with_ms"] = report.Figure(
             f"turn p50 with {MEMORIES} memories ({label})", fmt=report.fixed(2, " ms")
@@ -150,7 +158,8 @@ def measure(url: str, sizes: Sizes, **settings: Any) -> dict[str, Any]:
                 wall, used = turn(kind, n)
                 times[kind].append(wall)
                 cpu[kind].append(used)
-        kind_of_search = agent.operation_context.memories.search_kind
+        memories = agent.operation_context.memories
+        kind_of_search = memories.search_kind + (", pgvector" if getattr(memories.store, "vectors", False) else "")
     with_ms, without_ms = (statistics.median(times[k]) * 1000 for k in ("with", "without"))
     with_cpu, without_cpu = (statistics.median(cpu[k]) for k in ("with", "without"))
     return {
@@ -192,11 +201,17 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
             "sqlite_semantic": lambda: _semantic(f"sqlite:///{Path(tmp) / 'semantic.sqlite'}", sizes),
             "postgres_keyword": lambda: _postgres(server_url, sizes),
             "postgres_semantic": lambda: _postgres(server_url, sizes, semantic=True),
+            "postgres_pgvector": lambda: _postgres(server_url, sizes, semantic=True, pgvector=True),
         }
         for name, phase in runs.items():
             print(f"configuration: {name}", flush=True)
             try:
                 measured = phase()
+            except PgvectorUnavailable as exc:
+                print(f"  not measured: {exc}", flush=True)
+                measurements[name] = {"skipped": str(exc)}
+                notes[f"{name}_ratio"] = str(exc)
+                continue
             except Exception as exc:  # noqa: BLE001 - one broken configuration must not hide the others
                 traceback.print_exc()
                 measurements[name] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -222,12 +237,29 @@ def _semantic(url: str, sizes: Sizes) -> dict[str, Any]:
         return measure(url, sizes, embedding_model="fake-embed")
 
 
-def _postgres(server_url: str, sizes: Sizes, *, semantic: bool = False) -> dict[str, Any]:
+class PgvectorUnavailable(Exception):
+    """The server cannot create pgvector (`CREATE EXTENSION vector` failed); the message says why."""
+
+
+def _postgres(server_url: str, sizes: Sizes, *, semantic: bool = False, pgvector: bool = False) -> dict[str, Any]:
     with scratch_database(server_url, "tt_memory") as url:
         if not semantic:
             return measure(url, sizes)
-        with embeddings_environment():  # exact cosine over the vectors stored in the rows (no pgvector)
-            return measure(url, sizes, embedding_model="fake-embed")
+        if pgvector:
+            try:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            except psycopg.Error as exc:
+                raise PgvectorUnavailable(f"CREATE EXTENSION vector failed: {str(exc).splitlines()[0]}") from None
+            with embeddings_environment():  # ranked by pgvector in the server
+                measured = measure(url, sizes, embedding_model="fake-embed")
+        else:
+            # Exact cosine over the vectors stored in the rows: a role that may not create pgvector falls back.
+            with owned_by_plain_role(url) as plain_url, embeddings_environment():
+                measured = measure(plain_url, sizes, embedding_model="fake-embed")
+        if measured["search"].endswith("pgvector") != pgvector:
+            raise RuntimeError(f"expected {'pgvector' if pgvector else 'no pgvector'}, measured {measured['search']}")
+        return measured
 
 
 def _postgres_version(server_url: str) -> str | None:

@@ -34,7 +34,8 @@ Design, and where it departs from the suggestions it started from:
   share the checkpoints' transaction.
 * **Search** is by keywords (the query's words a memory contains), or by
   cosine similarity of embeddings when `embedding_model` is set (on SQLite
-  and on any Postgres: exact, over the stored vectors, no extension), and
+  and on any Postgres: exact, over the stored vectors; by pgvector in the
+  server when setup finds or can create it, `postgres`), and
   it ranks in Python over an in-process copy of the user's memories that one
   key listing per search keeps exact (`index`): ranking in SQL read and parsed
   every memory on every turn (3 ms for 1,000 memories, as long as the turn).

@@ -11,7 +11,9 @@ store for one thing: the keys of the user's live (not expired) memories
 keys no longer listed are dropped. So a memory deleted or expired through any
 process is never returned, and a search costs one key listing plus the
 ranking in Python: keyword counts, or one matrix product for cosine
-similarity.
+similarity (with pgvector the similarity ranking is one query in the server
+instead, over exactly the memories this copy holds, and the copy keeps no
+vectors: `postgres`).
 
 The copy is bounded (`MAX_CACHED_BYTES`, least recently searched users go first).
 """
@@ -23,7 +25,7 @@ import dataclasses
 import heapq
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
@@ -33,6 +35,13 @@ from agent.types import Memory
 
 if TYPE_CHECKING:
     import numpy  # a dependency of MLflow; imported where vectors are ranked (about 0.1 s at start-up)
+
+#: `similar(vector, limit, among=None, excluding=())`: the database's exact ranking by cosine similarity
+#: to `vector` of the user's memories (those `among`, else all but those `excluding`), best first, as
+#: `(key, similarity)` (`PostgresMemoryStore.similar`).
+Similar = Callable[..., list[tuple[str, float]]]
+#: Most candidates a server search names (`among`); more are found by asking for more and dropping others.
+MAX_NAMED_CANDIDATES = 64
 
 #: Bytes of memories (text and vectors) one process keeps, about.
 MAX_CACHED_BYTES = 64 * 1024 * 1024
@@ -170,10 +179,14 @@ def rank(
     keys: Collection[str] | None,
     min_score: int,
     limit: int,
+    similar: Similar | None = None,
 ) -> list[Memory]:
     """Up to `limit` of a user's memories (only `keys` if given), best first, newest first among equals (keys
-    are time-ordered). With `vector`: by cosine similarity, memories without a vector last. Else by the number
-    of `words` their content contains, only those with at least `min_score`."""
+    are time-ordered). With `vector`: by cosine similarity, memories without a vector last, ranked by
+    `similar` in the database when given (pgvector, `PostgresMemoryStore.similar`), else here. Else by the
+    number of `words` their content contains, only those with at least `min_score`."""
+    if vector is not None and similar is not None:
+        return _by_server_similarity(copy, vector, keys, limit, similar)
     if vector is not None:
         return _by_similarity(copy, _unit(vector), keys, limit)
     # Each word is looked up once in the user's whole text (str.find, in C) rather than in each memory:
@@ -229,6 +242,31 @@ def _by_similarity(copy: _UserCopy, query: numpy.ndarray, keys: Collection[str] 
     if len(found) < limit:  # memories saved without a vector (before embedding_model was set), newest first
         ranked = set(vectors)
         rest = sorted((k for k in copy.entries if k not in ranked and (keys is None or k in keys)), reverse=True)
+        found += [copy.entries[key].memory for key in rest[: limit - len(found)]]
+    return found
+
+
+def _by_server_similarity(
+    copy: _UserCopy, vector: Sequence[float], keys: Collection[str] | None, limit: int, similar: Similar
+) -> list[Memory]:
+    # Exactly the candidates this copy holds are ranked: a few are named to the server; else the server
+    # ranks all the user's vectors but the copy's non-candidates, and rows the copy does not hold (saved or
+    # expired since its listing) are dropped, asking again for more when that left fewer than `limit`.
+    if keys is not None and len(keys) <= MAX_NAMED_CANDIDATES:
+        ranked = similar(vector, limit, among=sorted(keys))
+    else:
+        excluding = [] if keys is None else [key for key in copy.entries if key not in keys]
+        asked = limit
+        while True:
+            rows = similar(vector, asked, excluding=excluding)
+            ranked = [(key, score) for key, score in rows if key in copy.entries]
+            if len(ranked) >= limit or len(rows) < asked:
+                break
+            asked *= 4
+    found = [_scored(copy.entries[key].memory, score) for key, score in ranked[:limit]]
+    if len(found) < limit:  # memories saved without a vector (before embedding_model was set), newest first
+        seen = {memory.version for memory in found}
+        rest = [k for k in copy.newest_first if k not in seen and (keys is None or k in keys)]
         found += [copy.entries[key].memory for key in rest[: limit - len(found)]]
     return found
 

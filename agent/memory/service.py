@@ -6,6 +6,7 @@ namespace (`scopes.namespace`), so the ownership rule is the namespace itself.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -41,9 +42,20 @@ SWEEP_INTERVAL_MINUTES = 5
 
 
 @dataclass(frozen=True)
+class Ahead:
+    """A similarity search run before the claim (pgvector): valid for a copy made from `listing`."""
+
+    query: str
+    listing: str
+    ranked: list[tuple[str, float]]
+    limit: int
+
+
+@dataclass(frozen=True)
 class Primed:
     """`recall`'s reads started ahead (`Memories.prime`): the user's memory listing (a `MemoryIndex` copy)
-    and the embedding of the turn's query (None: not started)."""
+    and the embedding of the turn's query (None: not started); with pgvector the latter also ranks the
+    user's memories for that query, as `Ahead`."""
 
     listing: Future | None
     vector: Future | None
@@ -65,6 +77,18 @@ class Primed:
         for future in (self.listing, self.vector):
             if future is not None:
                 future.cancel()
+
+
+def _answered(similar: Callable[..., Any], ahead: Ahead) -> Callable[..., Any]:
+    """`similar`, answering from `ahead` the one question it was run for: the top `ahead.limit` of every
+    memory of the listing its copy was made from (the same snapshot, so the answer is exact)."""
+
+    def answer(vector: Any, limit: int, *, among: Any = None, excluding: Any = ()) -> list[tuple[str, float]]:
+        if among is None and not excluding and limit == ahead.limit:
+            return ahead.ranked
+        return similar(vector, limit, among=among, excluding=excluding)
+
+    return answer
 
 
 class Memories:
@@ -110,21 +134,24 @@ class Memories:
 
         `primed`: this turn's `prime`, started before its claim: its listing is used when it has one
         (the runner drops it when the claim had to wait, since turns that ran meanwhile may have saved
-        memories), and its embedding is waited for, so the query's vector comes from the cache. A read
-        that failed there is made again here, and raises here.
+        memories), and its embedding is waited for, so the query's vector comes from the cache (with
+        pgvector its search too, used when this turn's copy was made from the listing it ranked among).
+        A read that failed there is made again here, and raises here.
         """
         limit = self.settings.max_memories_in_context
         if user_id is None or limit == 0:
             return ()
         copy = primed.result("listing") if primed is not None else None
+        ahead = None
         if copy is None:
             copy = self.index.current(prefix(user_id))
         if primed is not None:
-            primed.result("vector")
+            ahead = primed.result("vector")
         keys = self._seen(copy, history)
         if keys is not None and not keys:
             return ()
-        found = self._rank(copy, recall_query(new_messages, history), limit=limit, keys=keys, fill=True)
+        query = recall_query(new_messages, history)
+        found = self._rank(user_id, copy, query, limit=limit, keys=keys, fill=True, ahead=ahead)
         self._used(user_id, found)
         return tuple(found)
 
@@ -141,8 +168,18 @@ class Memories:
         if self.embeddings is not None and any(message.type == "human" for message in new_messages):
             query = recall_query(new_messages, ())[-MAX_QUERY_CHARS:]
             if query.strip():
-                vector = submit(self.embeddings.prime, [query])  # `_rank` then finds it in the cache
+                vector = submit(self._embed_ahead, user_id, query)  # `_rank` then finds it in the cache
         return Primed(listing, vector)
+
+    def _embed_ahead(self, user_id: str, query: str) -> Ahead | None:
+        """Embed `query` (cached); with pgvector also rank the user's memories for it, so that the search
+        overlaps the claim as the embedding does: the turn then makes no round trip for it."""
+        self.embeddings.prime([query])
+        if not self.store.vectors:
+            return None
+        limit = self.settings.max_memories_in_context
+        listing, ranked = self.store.similar_listed(prefix(user_id), self.embeddings.embed_query(query), limit)
+        return Ahead(query, listing, ranked, limit)
 
     def search(self, user_id: str, query: str, *, limit: int, visible: Sequence[BaseMessage] | None) -> list[Memory]:
         """The tool's search: the user's memories that match `query`, best first (every memory by
@@ -152,7 +189,7 @@ class Memories:
         keys = self._seen(copy, visible)
         if keys is not None and not keys:
             return []
-        found = self._rank(copy, query, limit=limit, keys=keys, fill=False)
+        found = self._rank(user_id, copy, query, limit=limit, keys=keys, fill=False)
         self._used(user_id, found)
         return found
 
@@ -160,7 +197,7 @@ class Memories:
         """The user's current memories whatever the scope (the API and CLI), the newest version of each:
         newest first, or best first for `query`."""
         copy = self.index.current(prefix(user_id))
-        return self._rank(copy, query, limit=limit, keys=visible(copy, None), fill=False)
+        return self._rank(user_id, copy, query, limit=limit, keys=visible(copy, None), fill=False)
 
     def list_as_of(
         self,
@@ -182,7 +219,7 @@ class Memories:
         if self.settings.memory_scope == "user":
             bound = written_at(checkpoint_id, ts)
             keys |= {key for key, entry in copy.entries.items() if written_by(entry.memory.checkpoint_id, bound, checkpoint_id)}
-        return self._rank(copy, query, limit=limit, keys=visible(copy, keys), fill=False)
+        return self._rank(user_id, copy, query, limit=limit, keys=visible(copy, keys), fill=False)
 
     def find(self, user_id: str, memory_id: str, *, visible_messages: Sequence[BaseMessage] | None = None) -> Memory | None:
         """The current version of the user's memory `memory_id` (under branch scope with `visible_messages`:
@@ -207,12 +244,21 @@ class Memories:
             keys |= anchored(copy, message_ids(messages))
         return keys
 
-    def _rank(self, copy: Any, query: str | None, *, limit: int, keys: Any, fill: bool) -> list[Memory]:
+    def _rank(
+        self, user_id: str, copy: Any, query: str | None, *, limit: int, keys: Any, fill: bool, ahead: Any = None
+    ) -> list[Memory]:
         query = (query or "")[-MAX_QUERY_CHARS:]
         words = keywords(query)
         # Embedded before the store is read: no connection is held across the model call.
         vector = self.embeddings.embed_query(query) if self.embeddings is not None and query.strip() else None
-        return rank(copy, words=words, vector=vector, keys=keys, min_score=0 if fill or not words else 1, limit=limit)
+        similar = None
+        if vector is not None and self.store.vectors:  # pgvector ranks in the database (`postgres`)
+            similar = functools.partial(self.store.similar, prefix(user_id))
+            if isinstance(ahead, Ahead) and ahead.query == query and ahead.listing == copy.listing:
+                similar = _answered(similar, ahead)
+        return rank(
+            copy, words=words, vector=vector, keys=keys, min_score=0 if fill or not words else 1, limit=limit, similar=similar
+        )
 
     def _used(self, user_id: str, memories: Sequence[Memory]) -> None:
         # memory_ttl_seconds counts from the last time a memory was used (given to the model or found by the tool).
@@ -220,10 +266,20 @@ class Memories:
             self.store.refresh(prefix(user_id), [m.version for m in memories], self.settings.memory_ttl_seconds)
 
     # -- writes -----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Set up the storage and the store (on Postgres with a model: look for pgvector, `postgres`).
+
+        Raises:
+            StorageUnavailable: the database failed.
+        """
+        self.store.setup()
+
     def prepare(self, content: str) -> None:
-        """Embed `content` now, outside any transaction, so the commit only writes (see `embeddings`)."""
+        """Embed `content` now, outside any transaction, so the commit only writes (see `embeddings`); the
+        store is set up first (also outside it), so the commit knows where the vector goes."""
         if self.embeddings is not None:
             self.embeddings.prime([content])
+            self.store.setup()
 
     def write_turn(self, new_messages: Sequence[BaseMessage], *, user_id: str, thread_id: str, checkpoint_id: str) -> None:
         """Apply the memory tools' results among a turn's committed messages, in order. Runs inside the turn's
@@ -249,6 +305,7 @@ class Memories:
         `provenance`: `thread_id`, `checkpoint_id`, `message_id` (the branch anchor), `supersedes`."""
         if self.embeddings is not None:
             self.embeddings.prime([content for _, _, content, _ in versions])
+            self.store.setup()
         if versions:
             self.store.batch([self._put_op(user_id, *version) for version in versions])
 

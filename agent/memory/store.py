@@ -27,9 +27,12 @@ What the agent changes in LangGraph's stores, and why:
   cosine similarity of the vectors LangGraph stores in `store_vectors`
   (sqlite-vec's float32 format; sqlite-vec itself is not needed to compare
   them, and Python builds without `enable_load_extension`, such as pyenv's
-  default, could not load it). On Postgres the vector is kept in the row's
-  value (`embedding`, base64 float32) and compared the same way, exactly, in
-  the process: no extension is needed, so it works on any Postgres.
+  default, could not load it). On Postgres with pgvector (found or created
+  at setup) the vector is a row of LangGraph's `store_vectors` and the
+  server ranks, exactly (`similar`); without it the vector is kept in the
+  row's value (`embedding`, base64 float32) and compared the same way as on
+  SQLite, exactly, in the process: so it works on any Postgres, with the
+  same results (`postgres`).
 * **Versions** are rows: a memory's first version is keyed by its
   `memory_id` (as every memory was before versions, so those read as
   one-version memories with no migration), each later version by its own id
@@ -88,6 +91,11 @@ class MemoryStore(Protocol):
 
     #: "keyword" or "semantic": how searches rank (see `index.rank`).
     search_kind: str
+    #: Whether the database ranks vectors (`similar`: pgvector, `postgres`); False: `index.rank` does.
+    vectors: bool
+
+    def setup(self) -> None:
+        """Set up the storage's tables and, on Postgres with a model, pgvector (once per process)."""
 
     def live_keys(self, prefix: str) -> str:
         """The keys of the memories under `prefix` that have not expired, sorted, joined by commas ("" for
@@ -95,6 +103,13 @@ class MemoryStore(Protocol):
 
     def read(self, prefix: str, keys: Sequence[str]) -> list[tuple[Memory, list[float] | None]]:
         """The memories `keys` under `prefix` that exist, each with its content's vector (None without one)."""
+
+    def similar(
+        self, prefix: str, vector: Sequence[float], limit: int, *, among: Sequence[str] | None = None, excluding: Sequence[str] = ()
+    ) -> list[tuple[str, float]]:
+        """When `vectors`: of the memories under `prefix` with a vector of `vector`'s dimension (only those
+        `among` if given, else all but those `excluding`), the `limit` most similar to `vector` by cosine,
+        best first, the newer (greater key) first among equals, as `(key, similarity)`."""
 
     def refresh(self, prefix: str, keys: Sequence[str], ttl_seconds: float) -> None:
         """Move the expiry of these memories (those that expire) to `ttl_seconds` from now."""

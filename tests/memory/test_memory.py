@@ -3,6 +3,7 @@ deletion, search by keywords and by embeddings, TTL, atomicity with the turn, an
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -308,6 +309,152 @@ def test_semantic_search_on_postgres_ranks_exactly_over_stored_vectors_as_sqlite
     before = len(embedding_requests(embeddings_stub))
     assert [m["content"] for m in fresh.list_memories(alice, query="sister Ana")][0] == "My sister Ana lives in Lisbon"
     assert [t for body in embedding_requests(embeddings_stub)[before:] for t in body["input"]] == ["sister Ana"]
+
+
+FACTS = (
+    "I live in Porto", "My sister Ana lives in Lisbon", "I like green tea", "My cat Miso likes tea",
+    "I cycle to work", "I am allergic to peanuts", "My brother Rui plays jazz", "I fly to Tokyo in May",
+    "I read crime novels", "My sister Ana has two kids", "I prefer trains to planes", "I like sushi",
+)
+QUERIES = ("sister Ana", "tea for the cat", "Porto weather", "music my brother plays", "what can I not eat", "travel")
+
+
+def create_pgvector(url: str) -> None:
+    """Create pgvector in `url`'s database, or skip the test saying why the server refused."""
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except psycopg.Error as exc:
+        pytest.skip(f"CREATE EXTENSION vector failed on the test server, so pgvector cannot be compared: {exc}")
+
+
+def semantic_rankings(agent, user_id, *, limit=10):
+    """Each of QUERIES' ranking: (content, similarity) best first."""
+    return {q: [(m["content"], s) for m, s in scored(agent, user_id, q)][:limit] for q in QUERIES}
+
+
+def assert_same_rankings(got, expected):
+    for query in QUERIES:
+        assert [c for c, _ in got[query]] == [c for c, _ in expected[query]], query
+        assert [s for _, s in got[query]] == pytest.approx([s for _, s in expected[query]], abs=1e-5), query
+
+
+def memory_values(url, user_id):
+    with psycopg.connect(url) as conn:
+        return [row[0] for row in conn.execute("SELECT value FROM store WHERE prefix = %s", (prefix(user_id),))]
+
+
+def spy(method, calls, name):
+    """`method`, appending `name` to `calls` on each call."""
+
+    def spied(*args, **kwargs):
+        calls.append(name)
+        return method(*args, **kwargs)
+
+    return spied
+
+
+def ranked_among(agent, user_id, contents, query="family and food", limit=3):
+    """`index.rank` of `user_id`'s memories whose content is one of `contents`: (content, score) best first."""
+    from agent.memory import index
+
+    memories = agent.operation_context.memories
+    copy = memories.index.current(prefix(user_id))
+    keys = {key for key, entry in copy.entries.items() if entry.memory.content in contents}
+    similar = functools.partial(memories.store.similar, prefix(user_id)) if memories.store.vectors else None
+    vector = memories.embeddings.embed_query(query)
+    found = index.rank(copy, words=[], vector=vector, keys=keys, min_score=0, limit=limit, similar=similar)
+    return [(memory.content, memory.score) for memory in found]
+
+
+def test_semantic_search_returns_the_same_results_with_and_without_pgvector(
+    embeddings_stub, pg_server_url, make_agent, alice, caplog, monkeypatch
+):
+    from agent.memory import index
+    from tests.helpers.databases import fresh_database, owned_by_plain_role
+
+    with fresh_database(pg_server_url, prefix="tt_pgvector") as with_url, fresh_database(pg_server_url, prefix="tt_plain") as plain_db:
+        create_pgvector(with_url)
+        with owned_by_plain_role(plain_db) as without_url:
+            # The plain role may create tables but not pgvector (not a trusted extension): it falls back, logged.
+            with caplog.at_level(logging.INFO, logger="agent.memory.postgres"):
+                without = make_agent(without_url, embedding_model="fake-embed")  # setup looks for pgvector
+            assert without.operation_context.memories.store.vectors is False
+            assert "pgvector could not be set up" in caplog.text and "permission denied" in caplog.text
+            with_ = make_agent(with_url, embedding_model="fake-embed")
+            assert with_.operation_context.memories.store.vectors is True
+            for agent in (with_, without):
+                for fact in FACTS:
+                    say(agent, f"Remember that {fact}", user_id=alice)
+            assert store_rows(with_url, alice) == {"store": len(FACTS), "store_vectors": len(FACTS)}
+            assert store_rows(without_url, alice) == {"store": len(FACTS)}  # no vectors' table: in the values
+            assert not any("embedding" in value for value in memory_values(with_url, alice))
+            expected = semantic_rankings(without, alice)
+            assert expected["sister Ana"][0][0].startswith("My sister Ana")
+            assert_same_rankings(semantic_rankings(with_, alice), expected)
+            for limit in (1, 3):
+                assert [m["content"] for m in with_.list_memories(alice, query="tea for the cat", limit=limit)] == [
+                    c for c, _ in expected["tea for the cat"][:limit]
+                ]
+            # Among some of the memories only (the branch rule, versions): named to the server when few,
+            # else the others excluded.
+            chosen = {"My sister Ana has two kids", "I like green tea", "I cycle to work", "I like sushi", "I live in Porto"}
+            for named in (index.MAX_NAMED_CANDIDATES, 0):
+                monkeypatch.setattr(index, "MAX_NAMED_CANDIDATES", named)
+                got, expected_among = ranked_among(with_, alice, chosen), ranked_among(without, alice, chosen)
+                assert [c for c, _ in got] == [c for c, _ in expected_among] and len(got) == 3
+                assert [s for _, s in got] == pytest.approx([s for _, s in expected_among], abs=1e-5)
+            # A turn's recall ranks in the database the same way, in the query run while the claim is on
+            # the way (with the listing it ranked among, which the turn's copy matches): none after it.
+            store, calls = with_.operation_context.memories.store, []
+            for name in ("similar", "similar_listed"):
+                monkeypatch.setattr(store, name, spy(getattr(store, name), calls, name))
+            asked = "Where does my sister Ana live?"
+            assert remembered(say(with_, asked, user_id=alice)) == remembered(say(without, asked, user_id=alice))
+            assert calls == ["similar_listed"]
+            without.close()
+
+        # pgvector appears on the database whose memories carry their vectors in their values: the first
+        # read moves each vector to a store_vectors row, once, and the rankings stay the same.
+        create_pgvector(plain_db)
+        upgraded = make_agent(plain_db, embedding_model="fake-embed")
+        assert upgraded.operation_context.memories.store.vectors is True
+        assert store_rows(plain_db, alice) == {"store": len(FACTS), "store_vectors": 0}
+        assert_same_rankings(semantic_rankings(upgraded, alice), expected)
+        assert store_rows(plain_db, alice) == {"store": len(FACTS), "store_vectors": len(FACTS)}
+        assert not any("embedding" in value for value in memory_values(plain_db, alice))
+        assert_same_rankings(semantic_rankings(make_agent(plain_db, embedding_model="fake-embed"), alice), expected)
+
+        # Deletion takes the vectors with the memories.
+        [ana] = [m for m in with_.list_memories(alice) if m["content"] == "My sister Ana lives in Lisbon"]
+        with_.delete_memory(alice, ana["memory_id"])
+        assert store_rows(with_url, alice) == {"store": len(FACTS) - 1, "store_vectors": len(FACTS) - 1}
+        assert "My sister Ana lives in Lisbon" not in [c for c, _ in semantic_rankings(with_, alice)["sister Ana"]]
+        with_.delete_user_data(alice)  # delete_user_data
+        assert store_rows(with_url, alice) == {"store": 0, "store_vectors": 0}
+        for agent in (with_, upgraded):
+            agent.close()
+
+
+def test_with_pgvector_and_a_key_memories_are_sealed_and_their_plaintext_is_embedded_and_ranked(
+    embeddings_stub, pg_server_url, make_agent, alice
+):
+    from agent.encryption import SEALED_PREFIX, generate_key
+    from tests.helpers.databases import fresh_database
+
+    with fresh_database(pg_server_url, prefix="tt_pgvector") as url:
+        create_pgvector(url)
+        agent = make_agent(url, embedding_model="fake-embed", encryption_key=generate_key())
+        assert agent.operation_context.memories.store.vectors is True
+        for fact in ("I live in Porto", "My sister Ana lives in Lisbon", "I like green tea"):
+            say(agent, f"Remember that {fact}", user_id=alice)
+        assert store_rows(url, alice) == {"store": 3, "store_vectors": 3}
+        assert [m["content"] for m in agent.list_memories(alice, query="sister Ana")][0] == "My sister Ana lives in Lisbon"
+        embedded = [text for body in embedding_requests(embeddings_stub) for text in body["input"]]
+        assert "My sister Ana lives in Lisbon" in embedded and not any(text.startswith(SEALED_PREFIX) for text in embedded)
+        values = memory_values(url, alice)
+        assert all(value["content"].startswith(SEALED_PREFIX) and "embedding" not in value for value in values)
+        agent.close()
 
 
 def test_a_turn_embeds_its_memory_query_once_and_a_regeneration_searches_with_the_history(
