@@ -144,6 +144,12 @@ class AgentSettings(BaseSettings):
     thread and no CPU while it waits on its model, so a process can keep 1,000 streams open (about
     200 kB of memory each; `bench.streams` measures them with this set to 1,000): raise it when a
     burst's own wall matters more than reads during it."""
+    loop_lag_target_seconds: float = Field(default=0.03, ge=0)
+    """How late the server's event loop may run before fewer turns start (`tt-agent serve`: `serving.admission`).
+    While a timer on the loop runs later than this, the process lets fewer turns run than `max_running_turns`
+    (not fewer than 32), and while it runs on time, more again: the share of a core the process gets
+    (which other work on the machine sets) decides how many turns keep `/health` and reads fast, not a fixed
+    number. A burst starts 32 at once and grows from there. 0: always up to `max_running_turns`."""
     max_waiting_turns: int | None = Field(default=None, ge=0)
     """Turns that may wait for a place among the running ones (first come, first served); beyond them a
     turn is refused with ServerBusy (429 and `Retry-After`), nothing written. None: 4 x
