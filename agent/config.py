@@ -144,7 +144,7 @@ class AgentSettings(BaseSettings):
     thread and no CPU while it waits on its model, so a process can keep 1,000 streams open (about
     200 kB of memory each; `bench.streams` measures them with this set to 1,000): raise it when a
     burst's own wall matters more than reads during it."""
-    loop_lag_target_seconds: float = Field(default=0.03, ge=0)
+    loop_lag_target_seconds: float = Field(default=0.02, ge=0)
     """How late the server's event loop may run before fewer turns start (`tt-agent serve`: `serving.admission`).
     While a timer on the loop runs later than this, the process lets fewer turns run than `max_running_turns`
     (not fewer than 32), and while it runs on time, more again: the share of a core the process gets
