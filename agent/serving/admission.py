@@ -26,23 +26,30 @@ model), the `/conversations` and `/responses/{id}`
 routes, `GET /health`, `GET /ready` and every other route pass at once: they never
 wait behind turns.
 
-**The loop's lag sets how many of them run** (`loop_lag_target_seconds`, 0.05 s by
-default; 0 turns it off). `max_running_turns` is a ceiling: what keeps `GET /health` and
-reads fast is how long a round of the event loop takes, and during a burst that is the
-running turns' steps (a chunk each, their starts and commits) divided by the share of a
+**The loop's lag sets how many of them run** (`loop_lag_target_seconds`, 0.02 s by
+default; 0 turns it off), `max_running_turns` being the most. What keeps `GET /health`
+and reads fast is how long a round of the event loop takes (a request waits for about
+two: one before its bytes are read, one before its handler runs), and during a burst a
+round is the running turns' steps (a chunk each, starts, commits) over the share of a
 core the process gets, which the machine's other work sets, not the process. Measured
-(`bench.users`, 500 streamed turns of a 2 s model, a shared 2-CPU machine at load 14 to
-15): with 200 running, `/health` p99 0.52 to 0.75 s (the loop's own delay, p99 0.19 to
-0.25 s, twice over: a request takes two rounds); with 50, 0.18 s, and the same wall,
-since the loop is busy either way. So the bound adapts, like a congestion window: a
-timer measures how late the loop runs it (`LAG_TICK_S` apart); while that lag is over
-the target, the bound goes down to 3/4 of the turns running (not below `MIN_RUNNING_TURNS`),
-at most once per mean turn length (the turns already running end only then); while it is
-under a quarter of the target and turns wait, it grows by 1/20 per tick, up to
-`max_running_turns`. A burst starts from `MIN_RUNNING_TURNS`: started all at once, 200
-turns' first steps would hold the loop for seconds before any lag was seen. Running turns
-are never stopped; only the start of waiting ones is paced. Idle (nothing running or
-waiting), the timer stops and the bound goes back to its start.
+with `bench.users` (500 streamed turns of a 2 s model on a shared 2-CPU machine at load
+average 13 to 15, a probe in the server): with 200 running, the server's main thread
+ran 6.9 s and waited 13.2 s for a CPU during the burst, the loop ran a timer up to 0.19 s
+late (p99) and `/health` took 0.52 s (p99); with 50 running, 0.07 s and 0.18 s, for the
+same wall (33 s against 27 to 35 s), since the loop is busy either way. Garbage
+collections (under 0.1 s each since `serving.collector`), slow callbacks (none over
+0.11 s), MLflow's trace writers and the storage threads (about 2 s of CPU in a 14 s burst)
+were not where it waited: turning tracing off did not lower the p99. A fixed number cannot
+fit every machine and load, so the bound adapts, like a congestion window: a timer reads
+how late the loop runs it, every `LAG_TICK_S`, into a moving average (`LAG_WEIGHT`); while
+that is over the target, the bound goes down to 3/4 of the turns running (not below
+`MIN_RUNNING_TURNS`), at most once per mean turn length (`HOLD_MIN_S` to `HOLD_MAX_S`: the
+turns already running end only then); while it is under a quarter of the target and turns
+wait, it grows by 2% per tick, up to `max_running_turns`. A burst starts from
+`MIN_RUNNING_TURNS`: started all at once, 200 turns' first steps would hold the loop for
+seconds before any lag was seen. Running turns are never stopped; only the start of
+waiting ones is paced. Idle (nothing running or waiting), the timer stops and the bound
+goes back to its start.
 
 `Retry-After` is the mean time the last turns held their place (an exponential
 moving average), in whole seconds from 1 to 60: after about one turn length the
