@@ -169,6 +169,7 @@ class TurnAdmission:
         #: The loop's lag, seconds: a moving average of how late the ticks ran.
         self.lag = 0.0
         self._ticking = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._hold_until = 0.0
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -176,8 +177,8 @@ class TurnAdmission:
         if body is None or scope.get("path") not in TURN_PATHS or not asks_for_turn(body):
             await self.app(scope, receive, send)
             return
-        if self.lag_target and not self._ticking:
-            self._start_ticking()
+        if self.lag_target and (not self._ticking or self._loop is not asyncio.get_running_loop()):
+            self._start_ticking()  # the first turn, the first after an idle time, or a new loop (a test client's)
         place = AdmissionPlace(self)
         if not place.take_now():
             if self.waiting >= self.max_waiting:
@@ -244,12 +245,14 @@ class TurnAdmission:
 
     def _start_ticking(self) -> None:
         self._ticking = True
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         due = loop.time() + LAG_TICK_S
         loop.call_at(due, self._tick, loop, due)
 
     def _tick(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
         """Read how late the loop ran this timer and move the bound (module docstring); then the next tick."""
+        if loop is not self._loop:
+            return  # the ticks of a loop the middleware has left
         now = loop.time()
         running = self.running.borrowed_tokens
         if not running and not self.waiting:

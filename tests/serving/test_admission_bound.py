@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from agent.serving.admission import MIN_RUNNING_TURNS, AdmissionPlace, TurnAdmission
+from agent.serving.limits import JSON_BODY_KEY
 
 TARGET_S = 0.03
 
@@ -85,3 +86,38 @@ def test_a_waiting_turn_starts_when_the_bound_grows_and_the_ticks_stop_once_idle
         assert gate.running.total_tokens == MIN_RUNNING_TURNS and gate.lag == 0.0
 
     asyncio.run(main())
+
+
+def test_a_new_event_loop_gets_the_ticks_and_the_old_loops_ticks_stop():
+    gate = admission()
+
+    async def hold_and_tick() -> list[AdmissionPlace]:
+        places = take(gate, 1)
+        gate._start_ticking()
+        await asyncio.sleep(0.2)
+        return places
+
+    first = asyncio.run(hold_and_tick())  # the loop closes with a tick pending and a place held
+    assert gate._ticking
+
+    async def second_loop() -> None:
+        loop = asyncio.get_running_loop()
+        assert gate._loop is not loop
+        scope = {"type": "http", "method": "GET", "path": "/health"}
+        gate.app = _ok_app
+        await gate(scope, None, None)  # not a turn: ticks do not start for it
+        assert gate._loop is not loop
+        await gate({**scope, "method": "POST", "path": "/responses", JSON_BODY_KEY: {"input": "hi"}}, None, None)
+        assert gate._loop is loop and gate._ticking
+        first[0].release()
+        for _ in range(200):
+            if not gate._ticking:
+                break
+            await asyncio.sleep(0.01)
+        assert not gate._ticking
+
+    asyncio.run(second_loop())
+
+
+async def _ok_app(scope, receive, send) -> None:
+    return None
