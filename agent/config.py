@@ -136,14 +136,21 @@ class AgentSettings(BaseSettings):
     # -- turns at once (`tt-agent serve`, per process: serving.admission) ------------------------
     max_running_turns: int | None = Field(default=None, ge=1)
     """Turns (requests that run the model) one server process runs at once; more wait. None: 20 x
-    `pool_max_size` (200 with the default pool). Why 200: every running turn's steps share the process's
-    one event loop (one core whatever the machine has; more cores: more `--workers`, each with its own
-    bound), so the turns that run at once set how long `/health` and reads wait for a round of the loop
-    during a burst; 200 streamed turns at once keep them fast (`bench.users`, `bench.load`). A turn holds
+    `pool_max_size` (200 with the default pool). A ceiling: fewer run while the event loop lags
+    (`loop_lag_target_seconds`), since every running turn's steps share the process's one event loop
+    (one core whatever the machine has; more cores: more `--workers`, each with its own bound), so the
+    turns that run at once set how long `/health` and reads wait for a round of the loop during a burst,
+    and how many keep them fast depends on the share of a core the process gets. A turn holds
     a pooled connection only for its claim and its commit (milliseconds each) and no connection, no OS
     thread and no CPU while it waits on its model, so a process can keep 1,000 streams open (about
-    200 kB of memory each; `bench.streams` measures them with this set to 1,000): raise it when a
-    burst's own wall matters more than reads during it."""
+    200 kB of memory each; `bench.streams` measures them with this set to 1,000 and
+    `loop_lag_target_seconds` to 0): do both when a burst's own wall matters more than reads during it."""
+    loop_lag_target_seconds: float = Field(default=0.02, ge=0)
+    """How late the server's event loop may run before fewer turns start (`tt-agent serve`: `serving.admission`).
+    While a timer on the loop runs later than this, the process lets fewer turns run than `max_running_turns`
+    (not fewer than 32), and while it runs on time, more again: the share of a core the process gets
+    (which other work on the machine sets) decides how many turns keep `/health` and reads fast, not a fixed
+    number. A burst starts 32 at once and grows from there. 0: always up to `max_running_turns`."""
     max_waiting_turns: int | None = Field(default=None, ge=0)
     """Turns that may wait for a place among the running ones (first come, first served); beyond them a
     turn is refused with ServerBusy (429 and `Retry-After`), nothing written. None: 4 x

@@ -26,6 +26,31 @@ model), the `/conversations` and `/responses/{id}`
 routes, `GET /health`, `GET /ready` and every other route pass at once: they never
 wait behind turns.
 
+**The loop's lag sets how many of them run** (`loop_lag_target_seconds`, 0.02 s by
+default; 0 turns it off), `max_running_turns` being the most. What keeps `GET /health`
+and reads fast is how long a round of the event loop takes (a request waits for about
+two: one before its bytes are read, one before its handler runs), and during a burst a
+round is the running turns' steps (a chunk each, starts, commits) over the share of a
+core the process gets, which the machine's other work sets, not the process. Measured
+with `bench.users` (500 streamed turns of a 2 s model on a shared 2-CPU machine at load
+average 13 to 15, a probe in the server): with 200 running, the server's main thread
+ran 6.9 s and waited 13.2 s for a CPU during the burst, the loop ran a timer up to 0.19 s
+late (p99) and `/health` took 0.52 s (p99); with 50 running, 0.07 s and 0.18 s, for the
+same wall (33 s against 27 to 35 s), since the loop is busy either way. Garbage
+collections (under 0.1 s each since `serving.collector`), slow callbacks (none over
+0.11 s), MLflow's trace writers and the storage threads (about 2 s of CPU in a 14 s burst)
+were not where it waited: turning tracing off did not lower the p99. A fixed number cannot
+fit every machine and load, so the bound adapts, like a congestion window: a timer reads
+how late the loop runs it, every `LAG_TICK_S`, into a moving average (`LAG_WEIGHT`); while
+that is over the target, the bound goes down to 3/4 of the turns running (not below
+`MIN_RUNNING_TURNS`), at most once per mean turn length (`HOLD_MIN_S` to `HOLD_MAX_S`: the
+turns already running end only then); while it is under a quarter of the target and turns
+wait, it grows by 2% per tick, up to `max_running_turns`. A burst starts from
+`MIN_RUNNING_TURNS`: started all at once, 200 turns' first steps would hold the loop for
+seconds before any lag was seen. Running turns are never stopped; only the start of
+waiting ones is paced. Idle (nothing running or waiting), the timer stops and the bound
+goes back to its start.
+
 `Retry-After` is the mean time the last turns held their place (an exponential
 moving average), in whole seconds from 1 to 60: after about one turn length the
 running turns have ended and as many waiting ones have started, so the queue has
@@ -38,6 +63,7 @@ action without parsing its body again, and waiting does not count against `body_
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Any
@@ -56,6 +82,14 @@ TURN_PATHS = frozenset({"/responses", "/invocations"})
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
 #: Weight of the latest turn in the mean turn length behind `Retry-After`.
 TURN_LENGTH_WEIGHT = 0.2
+#: The adaptive bound (module docstring): its floor and start, how often the loop's lag is read (seconds),
+#: how far it goes down and up, and how long it waits after going down (seconds, around the mean turn length).
+MIN_RUNNING_TURNS = 32
+LAG_TICK_S = 0.05
+BOUND_DECREASE, BOUND_INCREASE = 0.75, 0.02
+#: Weight of the latest tick in the loop's lag (a moving average over about 10 ticks: one late round is noise).
+LAG_WEIGHT = 0.1
+HOLD_MIN_S, HOLD_MAX_S = 0.5, 2.0
 
 
 class AdmissionPlace:
@@ -117,22 +151,34 @@ class AdmissionPlace:
 
 
 class TurnAdmission:
-    """ASGI middleware: at most `max_running` turns run at once, `max_waiting` more wait, others get 429."""
+    """ASGI middleware: at most `max_running` turns run at once (fewer while the event loop lags more than
+    `lag_target` seconds; 0: always up to `max_running`), `max_waiting` more wait, others get 429."""
 
-    def __init__(self, app: Any, *, max_running: int, max_waiting: int) -> None:
+    def __init__(self, app: Any, *, max_running: int, max_waiting: int, lag_target: float = 0.0) -> None:
         self.app = app
+        self.max_running = max_running
         self.max_waiting = max_waiting
-        self.running = anyio.CapacityLimiter(max_running)
+        self.lag_target = lag_target
+        #: Where the bound starts a burst: all of `max_running` when it does not adapt.
+        self.start_bound = min(max_running, MIN_RUNNING_TURNS) if lag_target else max_running
+        self.running = anyio.CapacityLimiter(self.start_bound)
         #: Turns waiting for a place now.
         self.waiting = 0
         #: Mean seconds a turn held its place (0 until one finished), for `Retry-After`.
         self.mean_turn_seconds = 0.0
+        #: The loop's lag, seconds: a moving average of how late the ticks ran.
+        self.lag = 0.0
+        self._ticking = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._hold_until = 0.0
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         body = scope.get(JSON_BODY_KEY) if scope["type"] == "http" and scope["method"] == "POST" else None
         if body is None or scope.get("path") not in TURN_PATHS or not asks_for_turn(body):
             await self.app(scope, receive, send)
             return
+        if self.lag_target and (not self._ticking or self._loop is not asyncio.get_running_loop()):
+            self._start_ticking()  # the first turn, the first after an idle time, or a new loop (a test client's)
         place = AdmissionPlace(self)
         if not place.take_now():
             if self.waiting >= self.max_waiting:
@@ -191,11 +237,43 @@ class TurnAdmission:
     async def _refuse(self, scope: dict, send: Any) -> None:
         retry_after = self.retry_after()
         error = ServerBusy(
-            f"The server is busy: {self.running.total_tokens:g} turns are running and {self.max_waiting} waiting, "
+            f"The server is busy: {self.running.borrowed_tokens} turns are running and {self.max_waiting} waiting, "
             f"as many as it takes; nothing was written. Retry after {retry_after} s."
         )
         body = answer_body(scope.get("path", ""), error)
         await send_error_answer(scope, send, http_status(error), body, headers=[(b"retry-after", str(retry_after).encode())])
+
+    def _start_ticking(self) -> None:
+        self._ticking = True
+        self._loop = loop = asyncio.get_running_loop()
+        due = loop.time() + LAG_TICK_S
+        loop.call_at(due, self._tick, loop, due)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        """Read how late the loop ran this timer and move the bound (module docstring); then the next tick."""
+        if loop is not self._loop:
+            return  # the ticks of a loop the middleware has left
+        now = loop.time()
+        running = self.running.borrowed_tokens
+        if not running and not self.waiting:
+            self._ticking = False
+            self.running.total_tokens, self.lag = self.start_bound, 0.0
+            return
+        self.adjust(now - due, running, now)
+        loop.call_at(now + LAG_TICK_S, self._tick, loop, now + LAG_TICK_S)
+
+    def adjust(self, lag: float, running: int, now: float) -> None:
+        """Move the bound of running turns for a loop that ran a timer `lag` seconds late, with `running`
+        turns running, at `now` (the loop's clock, seconds)."""
+        self.lag += LAG_WEIGHT * (lag - self.lag)
+        bound = int(self.running.total_tokens)
+        if self.lag > self.lag_target:
+            if now >= self._hold_until:
+                self.running.total_tokens = max(min(MIN_RUNNING_TURNS, self.max_running),
+                                                int(min(bound, running) * BOUND_DECREASE))  # fmt: skip
+                self._hold_until = now + min(HOLD_MAX_S, max(HOLD_MIN_S, self.mean_turn_seconds))
+        elif self.lag < self.lag_target / 4 and self.waiting and running >= bound:
+            self.running.total_tokens = min(self.max_running, bound + max(1, int(bound * BOUND_INCREASE)))
 
     def retry_after(self) -> int:
         """Seconds a refused turn is told to wait: about one turn length (module docstring)."""

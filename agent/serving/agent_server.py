@@ -338,7 +338,10 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     app.add_exception_handler(Exception, _unexpected_error_response)
     # Inside the body limits (added first, so it runs after them): a turn waits with its body read and checked.
     app.add_middleware(
-        TurnAdmission, max_running=agent.settings.max_running_turns, max_waiting=agent.settings.max_waiting_turns
+        TurnAdmission,
+        max_running=agent.settings.max_running_turns,
+        max_waiting=agent.settings.max_waiting_turns,
+        lag_target=agent.settings.loop_lag_target_seconds,
     )
     app.add_middleware(
         RequestBodyLimits, max_bytes=body_limit(agent.settings.max_request_bytes), timeout=agent.settings.body_timeout
