@@ -503,6 +503,11 @@ MIGRATIONS = [
                              (11, 'agent_message_terms', 'UPDATE')) AS n(i, tbl, privilege)
                 WHERE NOT has_table_privilege(n.tbl, n.privilege));
     END $$""",
+    # The search index holds only the words new to a checkpoint's branch, and a row at each root
+    # (`agent.storage.search`). The earlier rows (every word of every checkpoint's new messages, about 0.9 kB a
+    # turn) are dropped, not converted (that needs each thread's tree): `search.backfill`
+    # (`tt-agent search-index`) indexes their threads again, a thread at a time.
+    "TRUNCATE agent_message_terms",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).

@@ -149,10 +149,6 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
         with self.cursor() as cur:
             branches.index_checkpoint(cur, thread_id, checkpoint_id, keys)
 
-    def _fetch_checkpoint_messages(self, thread_id: str, checkpoint_ids: Sequence[str]) -> Mapping[str, Any]:
-        with self.cursor(transaction=False) as cur:
-            return branches.stored_messages(cur, self.serde, thread_id, checkpoint_ids)
-
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:
         with self.cursor(transaction=False) as cur:
             rows = cur.execute(sql.SELECT_THREAD_MESSAGES_SQL, (thread_id, checkpoint_ns)).fetchall()
