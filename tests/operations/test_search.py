@@ -165,6 +165,29 @@ def test_the_index_holds_word_keys_not_text(backend_url, make_agent):
         assert b"xylophonist" not in stored and b"quartets" not in stored
 
 
+def test_every_fts5_token_is_one_token_of_the_sqlite_index(tmp_path, make_agent):
+    import sqlite3
+
+    from agent.storage import search
+
+    make_agent(f"sqlite:///{tmp_path / 'tokens.sqlite'}").close()
+    conn = sqlite3.connect(str(tmp_path / "tokens.sqlite"), isolation_level=None)
+    try:
+        # Every digit in every place of a token, and a key whose token is all punctuation.
+        keys = [sum(d << shift for shift in (18, 12, 6, 0)) for d in range(64)] + [0x9E79E7, 0xFFFFFF]
+        for n, key in enumerate(keys):
+            conn.execute("INSERT INTO agent_message_rows (thread_id, checkpoint_id, terms) VALUES ('t', ?, ?)",
+                         (str(n), search.fts5_tokens([key, keys[n - 1]])))  # fmt: skip
+        for n, key in enumerate(keys):
+            match = f'"{search.fts5_token(key)}"'
+            found = {row for (row,) in conn.execute(
+                "SELECT m.checkpoint_id FROM agent_message_terms JOIN agent_message_rows m ON m.id = agent_message_terms.rowid "
+                "WHERE agent_message_terms MATCH ?", (match,))}  # fmt: skip
+            assert str(n) in found and found <= {str(i) for i, k in enumerate(keys) if key in (k, keys[i - 1])}
+    finally:
+        conn.close()
+
+
 def test_a_word_said_on_every_turn_is_indexed_once_per_branch_and_found_at_every_turn(agent, backend_url):
     first = outputs(say(agent, "the shoebill by the weir", user_id="ada"))
     thread_id = first["thread_id"]

@@ -34,10 +34,16 @@ ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET label = EXCLUDED.label, pin
     archived = EXCLUDED.archived
 """
 
+# A checkpoint has at most one row: writing it replaces the one it had. No unique index to conflict on (the
+# rows are found by the thread's index, see the migration), so an update, else an insert.
 INDEX_MESSAGES_SQL = """
-INSERT INTO agent_message_terms (thread_id, checkpoint_id, terms) VALUES (%s, %s, %s)
-ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET terms = EXCLUDED.terms
+WITH replaced AS (
+    UPDATE agent_message_terms SET terms = %(terms)s
+    WHERE thread_id = %(thread_id)s AND checkpoint_id = %(checkpoint_id)s RETURNING 1)
+INSERT INTO agent_message_terms (thread_id, checkpoint_id, terms)
+SELECT %(thread_id)s, %(checkpoint_id)s, %(terms)s WHERE NOT EXISTS (SELECT 1 FROM replaced)
 """
+INSERT_ROW_SQL = "INSERT INTO agent_message_terms (thread_id, checkpoint_id, terms) VALUES (%s, %s, %s)"
 # The threads of one user whose rows hold, together, every key; with their newest checkpoint, newest first.
 SEARCH_SQL = """
 SELECT f.thread_id,

@@ -508,6 +508,11 @@ MIGRATIONS = [
     # turn) are dropped, not converted (that needs each thread's tree): `search.backfill`
     # (`tt-agent search-index`) indexes their threads again, a thread at a time.
     "TRUNCATE agent_message_terms",
+    # Its rows are found by thread (a search's candidates, a thread's deletions, the backfill), and a B-tree
+    # over the thread id alone stores each thread once with its rows' addresses (deduplication): about 6
+    # bytes a row, where the primary key copied both ids into every entry (about 90).
+    "ALTER TABLE agent_message_terms DROP CONSTRAINT IF EXISTS agent_message_terms_pkey",
+    "CREATE INDEX IF NOT EXISTS agent_message_terms_thread_idx ON agent_message_terms (thread_id)",
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).

@@ -152,7 +152,7 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
 
     def _backend_index(self, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:
         with self._cursor(pipeline=True) as cur:
-            cur.execute(branches.INDEX_MESSAGES_SQL, (thread_id, checkpoint_id, keys))
+            cur.execute(branches.INDEX_MESSAGES_SQL, {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "terms": keys})
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:
         with self._read_faults("read messages", {"configurable": {"thread_id": thread_id}}), self._cursor() as cur:

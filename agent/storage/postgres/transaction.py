@@ -105,7 +105,8 @@ class PostgresTx(Tx):
             self.batch.execute(statement, params)
         if not self.keyring.enabled:
             # The head is now the root: every message of it first appears there.
-            self.batch.execute(branches.INDEX_MESSAGES_SQL, (thread_id, head_id, search.rewritten_keys(messages)))
+            params = {"thread_id": thread_id, "checkpoint_id": head_id, "terms": search.rewritten_keys(messages)}
+            self.batch.execute(branches.INDEX_MESSAGES_SQL, params)
         return int(removed)
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
@@ -136,7 +137,7 @@ class PostgresTx(Tx):
         keys = search.rewritten_keys(messages)
         if not ns and not self.keyring.enabled and (keys or parent_id is None):
             # Its ancestors may go: its row holds every word of its messages (`search`).
-            self.batch.execute(branches.INDEX_MESSAGES_SQL, (thread_id, checkpoint_id, keys))
+            self.batch.execute(branches.INDEX_MESSAGES_SQL, {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "terms": keys})
 
     def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
         params = {"thread_id": thread_id, "ns": [ns for ns, _ in keep], "ids": [cid for _, cid in keep]}
@@ -168,7 +169,7 @@ class PostgresTx(Tx):
     def index_thread(self, thread_id: str, checkpoint_ids: Sequence[str], rows: Sequence[tuple[str, list[int]]]) -> None:
         self.batch.execute(branches.UNINDEX_SQL, {"thread_id": thread_id, "ids": list(checkpoint_ids)})
         for checkpoint_id, keys in rows:
-            self.batch.execute(branches.INDEX_MESSAGES_SQL, (thread_id, checkpoint_id, keys))
+            self.batch.execute(branches.INSERT_ROW_SQL, (thread_id, checkpoint_id, keys))
 
     def clear_search_index(self) -> None:
         self.batch.execute(branches.CLEAR_INDEX_SQL)

@@ -42,10 +42,11 @@ ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET label = excluded.label, pin
     archived = excluded.archived
 """
 
-INDEX_MESSAGES_SQL = """
-INSERT INTO agent_message_rows (thread_id, checkpoint_id, terms) VALUES (?, ?, ?)
-ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET terms = excluded.terms
-"""
+# A checkpoint has at most one row: writing it replaces the one it had.
+INDEX_MESSAGES_SQL = [
+    "DELETE FROM agent_message_rows WHERE thread_id = ? AND checkpoint_id = ?",
+    "INSERT INTO agent_message_rows (thread_id, checkpoint_id, terms) VALUES (?, ?, ?)",
+]
 # The threads of one user whose rows hold, together, every token (`:tokens`, a JSON array); with their
 # newest checkpoint, newest first. A token at a time (a thread's tokens are spread over its rows), quoted
 # so that FTS5 reads it as a string.
@@ -127,4 +128,5 @@ def delete_checkpoints(cur: sqlite3.Cursor, thread_id: str, checkpoint_ids: Sequ
 
 def index_checkpoint(cur: sqlite3.Cursor, thread_id: str, checkpoint_id: str, keys: Sequence[int]) -> None:
     """Write a checkpoint's search index row (`search.new_keys`), replacing its row if it has one."""
-    cur.execute(INDEX_MESSAGES_SQL, (thread_id, checkpoint_id, search.fts5_tokens(keys)))
+    cur.execute(INDEX_MESSAGES_SQL[0], (thread_id, checkpoint_id))
+    cur.execute(INDEX_MESSAGES_SQL[1], (thread_id, checkpoint_id, search.fts5_tokens(keys)))
