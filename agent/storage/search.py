@@ -9,12 +9,15 @@ the root has brought yet (`new_keys`), plus a row, possibly empty, at each root
 So a word costs once per branch, not once per turn it is said in: in chat, most
 words of a turn were said before (the model quotes the user; people repeat
 themselves), and the earlier layout, a row per checkpoint with every distinct
-word of its new messages, cost more than the messages' text on Postgres (901 B
-a turn of 1,105 B of text, 200 B user messages) and more than the 500 B "fixed
-cost per turn" budget on its own. Postgres keeps a row's keys as an
-`integer[]` with a GIN index; SQLite keeps them as short ASCII tokens
-(`fts5_tokens`) in `agent_message_rows.terms`, the content table of an FTS5
+word of its new messages, cost nearly as much as the messages' text on
+Postgres (874 B a turn of 1,105 B of text, 200 B user messages), more than the
+500 B "fixed cost per turn" budget on its own; now 355 B (`docs/performance.md`
+has both vocabularies of `bench.search`). Postgres keeps a row's keys as an
+`integer[]` with a GIN index; SQLite keeps them as 4-character tokens
+(`fts5_token`) in `agent_message_rows.terms`, the content table of an FTS5
 table with `detail=none` (https://sqlite.org/fts5.html#external_content_tables).
+On both, the rows are found by an index on the thread id alone, not a unique
+(thread, checkpoint) one, which would copy both ids into every entry.
 
 **Why per branch, not per thread.** "New to the thread" would cost a word once
 per thread even when branches repeat it, but a word said on two sibling
@@ -45,8 +48,11 @@ price of not indexing every turn (`bench.search` gives the latencies).
 FTS5 table takes its tokens from `agent_message_rows` (external content), and
 triggers delete a row's entries with the tokens the row holds, so nothing stale
 stays (the earlier contentless table could not forget a row before SQLite 3.43's
-`contentless_delete`; its entries stayed until a rebuild). And the hits are
-read from the checkpoints that exist: a deleted branch's text is never found.
+`contentless_delete`; its entries stayed until a rebuild). The price is each
+token stored twice on SQLite (5 bytes a word more): with a large vocabulary,
+where most turns bring new words, the SQLite index is larger than the earlier
+contentless one (`docs/performance.md`). And the hits are read from the
+checkpoints that exist: a deleted branch's text is never found.
 
 Words are `\\w+` runs, lower-cased, with no stemming: "going" does not find
 "go". A message edited in the middle of a thread is a hit at the checkpoint
