@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 

@@ -123,34 +123,41 @@ def message_keys(messages: Iterable[Any]) -> set[int]:
     return {word_key(word) for word in words}
 
 
-def new_keys(added: Iterable[Any], on_path: set[int] | frozenset[int]) -> list[int]:
+def new_keys(added: Iterable[Any], inherited: set[int] | frozenset[int]) -> list[int]:
     """A checkpoint's row: the sorted keys of the words of its new messages (`added`) that are not among
-    the keys of its path (`on_path`)."""
-    return sorted(message_keys(added) - on_path)
+    the keys of the messages it inherits from its parent (`inherited`)."""
+    return sorted(message_keys(added) - inherited)
 
 
 class KeySets:
-    """The keys on the path of recently written checkpoints (by checkpoint id, least recently used out
-    first), so that a turn's write knows which of its words are new to the branch without reading.
+    """The keys of the message lists of recently written checkpoints (by checkpoint id, least recently used
+    out first), so that a turn's write knows which of its words its branch already holds without reading.
 
-    A checkpoint's content never changes, so an entry never goes stale; a miss is answered from the
-    message list the checkpoint inherits (a subset of its path's words: a few keys indexed twice)."""
+    The rows of a checkpoint's path hold every key of its message list: a row holds the keys of the new
+    messages that the inherited ones lack, and what removes ancestors rewrites the checkpoints it keeps
+    with every key of their list (`rewritten_keys`). A checkpoint's list never changes, so an entry
+    never goes stale; a miss (or an edit, which inherits only part of its parent's list) reads the
+    inherited messages' words again."""
 
     def __init__(self, maxsize: int = 256) -> None:
         self._maxsize = maxsize
-        self._entries: OrderedDict[str, frozenset[int]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[int, frozenset[int]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def row(self, checkpoint_id: str, parent_id: str | None, messages: Sequence[Any], kept: int) -> list[int]:
         """The row (`new_keys`) of checkpoint `checkpoint_id` whose message list is `messages`, of which
-        the first `kept` are its parent's (`deltas.encode`); remembers its path's keys."""
+        the first `kept` are its parent's (`deltas.encode`); remembers the list's keys."""
         with self._lock:
-            cached = self._entries.get(parent_id) if parent_id is not None else frozenset()
-        if cached is None:
-            cached = frozenset(message_keys(messages[:kept]))
-        row = new_keys(messages[kept:], cached)
+            cached = self._entries.get(parent_id) if parent_id is not None else None
+        if kept == 0:
+            inherited: frozenset[int] = frozenset()
+        elif cached is not None and cached[0] == kept:
+            inherited = cached[1]
+        else:
+            inherited = frozenset(message_keys(messages[:kept]))
+        row = new_keys(messages[kept:], inherited)
         with self._lock:
-            self._entries[checkpoint_id] = cached.union(row) if row else cached
+            self._entries[checkpoint_id] = (len(messages), inherited.union(row) if row else inherited)
             self._entries.move_to_end(checkpoint_id)
             while len(self._entries) > self._maxsize:
                 self._entries.popitem(last=False)
@@ -158,35 +165,45 @@ class KeySets:
 
 
 def thread_rows(stored: Mapping[str, Any]) -> list[tuple[str, list[int]]]:
-    """The index rows of a thread: (checkpoint_id, sorted keys) from the stored `messages` value of each
-    of its root-namespace checkpoints (`stored`, as the saver wrote them), a checkpoint's path followed
-    through the bases of the deltas. A row for every root (possibly empty), and for every other
-    checkpoint whose messages bring new words; in checkpoint id order."""
-    children: dict[str | None, int] = {}
-    bases: dict[str, str | None] = {}
+    """The index rows of a thread (`KeySets`): (checkpoint_id, sorted keys) from the stored `messages`
+    value of each of its root-namespace checkpoints (`stored`, as the saver wrote them), each delta's
+    inherited messages followed through its base. A row for every root (possibly empty), and for every
+    other checkpoint whose new messages bring words its inherited ones lack; in checkpoint id order."""
+    parts: dict[str, tuple[str | None, int, list[Any]]] = {}
+    children: dict[str, int] = {}
     for checkpoint_id, value in stored.items():
-        base = deltas.base_of(value) if deltas.is_delta(value) else None
-        bases[checkpoint_id] = base if base in stored else None
-        children[bases[checkpoint_id]] = children.get(bases[checkpoint_id], 0) + 1
-    paths: dict[str, set[int]] = {}
+        base, kept, added = deltas.parts(value) if deltas.is_delta(value) else (None, 0, deltas.added_messages(value))
+        parts[checkpoint_id] = (base if base in stored else None, kept, added)
+        if base in stored:
+            children[base] = children.get(base, 0) + 1
+    lists: dict[str, tuple[int, set[int]]] = {}  # (length, keys) of the lists some unread checkpoint inherits
+    cache = deltas.MessageCache(64)
     rows = []
-    # A base is written before the checkpoints that extend it, so its id is smaller; a base not seen
-    # yet (an id out of order) counts as an empty path: its words are indexed twice, never missed.
+    # A base is written before the checkpoints that extend it, so its id is smaller; a base not read yet
+    # (an id out of order) counts as inheriting nothing: its words are indexed twice, never missed.
     for checkpoint_id in sorted(stored):
-        base = bases[checkpoint_id]
-        path: set[int] = set() if base is None else paths.get(base, set())
-        if base is not None and base in paths:
+        base, kept, added = parts[checkpoint_id]
+        inherited: set[int] = set()
+        if base is not None and kept and base in lists:
+            length, keys = lists[base]
             children[base] -= 1
-            if children[base] == 0:
-                del paths[base]  # its last child takes its set (no copy on a straight line)
+            if kept < length:  # an edit: only the first `kept` of the base's messages
+                try:
+                    inherited = message_keys(deltas.resolve_stored(base, stored, cache)[:kept])
+                except LookupError:  # a chain of bases broken by a deletion: inherit nothing
+                    inherited = set()
+            elif children[base] == 0:
+                inherited = keys  # the last reader takes the set (no copy on a straight line)
             else:
-                path = set(path)
-        row = new_keys(deltas.added_messages(stored[checkpoint_id]), path)
-        path.update(row)
+                inherited = set(keys)
+            if children[base] == 0:
+                del lists[base]
+        row = new_keys(added, inherited)
+        inherited.update(row)
         if row or base is None:
             rows.append((checkpoint_id, row))
         if children.get(checkpoint_id):
-            paths[checkpoint_id] = path
+            lists[checkpoint_id] = (kept + len(added), inherited)
     return rows
 
 

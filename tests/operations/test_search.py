@@ -364,3 +364,27 @@ def test_the_index_of_every_checkpoints_words_goes_at_the_upgrade_and_the_backfi
         assert rows_holding(url, "spoonbill") == 1  # once on the branch, not once per checkpoint
         assert upgraded.backfill_search_index() == {"indexed_checkpoints": 0}
         upgraded.close()
+
+
+def test_the_backfill_finds_what_the_live_index_found_after_edits_and_regenerations(agent, backend_url):
+    from tests.operations.test_branches import edit, regenerate
+
+    first = outputs(say(agent, "a petrel offshore", user_id="ada"))
+    thread_id = first["thread_id"]
+    say(agent, "a skua chasing it", thread_id=thread_id, user_id="ada")
+    say(agent, "then a gannet diving", thread_id=thread_id, user_id="ada")
+    state = agent.get_checkpoint_state(thread_id, user_id="ada")
+    skua = next(m for m in state["messages"] if m.get("role") == "user" and "skua" in str(m["content"]))
+    edit(agent, thread_id, skua["id"], "a fulmar chasing the petrel", user_id="ada")
+    regenerate(agent, thread_id, user_id="ada")
+    say(agent, "the petrel and the gannet again", thread_id=thread_id, user_id="ada")
+    words = ("petrel", "skua", "gannet", "fulmar", "petrel gannet", "chasing")
+    live = {word: agent.search_threads(word, user_id="ada", limit=100) for word in words}
+    assert all(live.values())
+    rows = {word: rows_holding(backend_url, word) for word in ("petrel", "fulmar", "gannet")}
+    assert rows["petrel"] == 1  # said on every branch, brought once
+
+    agent.storage.clear_search_index()
+    agent.backfill_search_index()
+    assert {word: agent.search_threads(word, user_id="ada", limit=100) for word in words} == live
+    assert {word: rows_holding(backend_url, word) for word in rows} == rows
