@@ -99,7 +99,7 @@ class TurnSaverMixin(SaverThreadOperations):
         self._turns: dict[str, Turn] = {}
         self._turns_lock = threading.Lock()
         self.message_cache = deltas.MessageCache(message_cache_size)
-        #: The search index's keys on the path of recent checkpoints (`search.KeySets`).
+        #: The search keys of recent checkpoints' message lists (`search.KeySets`).
         self.search_keys = search.KeySets()
         #: Node name -> trigger channels; set by the graph once it is compiled.
         self.node_triggers: dict[str, list[str]] = {}
@@ -261,8 +261,8 @@ class TurnSaverMixin(SaverThreadOperations):
         seal = self.keyring.seal_text if self.keyring.enabled else None
         result = self._backend_put(config, stored, {**clean, **summaries.pack(summary, seal)}, new_versions)
         if not checkpoint_ns and not self.keyring.enabled:
-            # The words the messages that first appear here bring to their branch (`search`), and a row at
-            # every root, which says the thread is indexed; nothing with encryption at rest.
+            # The words of the messages that first appear here that the inherited ones lack (`search`), and a
+            # row at every root, which says the thread is indexed; nothing with encryption at rest.
             keys = self.search_keys.row(checkpoint["id"], parent_id, messages, kept) if listed else []
             if keys or parent_id is None:
                 self._backend_index(str(thread_id), checkpoint["id"], keys)

@@ -2,9 +2,10 @@
 
 **What is indexed: the words new to a branch.** A checkpoint gets an index
 row only for the words its new messages (a turn's delta, `deltas`: its `add`
-part) bring to its branch, i.e. the words that no checkpoint on its path from
-the root has brought yet (`new_keys`), plus a row, possibly empty, at each root
-(it says "this thread is indexed", see "Backfill"). A row holds no text: a
+part) bring to its branch, i.e. the words that the messages it inherits from
+its parent lack (`new_keys`; the rows of its path hold those already), plus a
+row, possibly empty, at each root (it says "this thread is indexed", see
+"Backfill"). A row holds no text: a
 32-bit key per word (`word_key`, a BLAKE2b digest of the lower-cased word).
 So a word costs once per branch, not once per turn it is said in: in chat, most
 words of a turn were said before (the model quotes the user; people repeat
@@ -24,10 +25,10 @@ per thread even when branches repeat it, but a word said on two sibling
 branches would then be indexed on the first only, and deleting that branch
 (`delete_branch`) would lose the word for the other. A branch's path from the
 root survives every deletion of a subtree, so the rows of a checkpoint and its
-ancestors always hold the key of every word of its messages (the invariant the
-search relies on), and nothing is recomputed when a branch goes. The write
-needs nothing read: the words already on the path are those of the message
-list the checkpoint inherits, cached per checkpoint (`KeySets`). What removes
+ancestors always hold the key of every word of its message list (the
+invariant the search relies on), and nothing is recomputed when a branch goes.
+The write needs nothing read: the keys of each recent checkpoint's message
+list are cached (`KeySets`). What removes
 ancestors (retention's `keep_only_head`, `prune`, `delete_for_runs`) rewrites
 the checkpoints it keeps as roots or on new parents, and those are indexed
 again with every word of their messages.
