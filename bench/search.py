@@ -13,23 +13,32 @@ are the storage's, not a model's.
 On each backend, `threads` (10) threads of `turns` (20) turns each, user
 messages of `storage.USER_MESSAGE_BYTES` (500) bytes drawn from a vocabulary
 (`storage.user_message`), each answered by the offline model (which quotes the
-user's messages, so answers grow with the thread). Figures:
+user's messages, so answers grow with the thread). That vocabulary is small
+(about 130 words), and the index holds only the words new to a branch
+(`agent.storage.search`), so the same threads are also written (for another
+user) with words drawn from `LARGE_VOCABULARY` synthetic words by Zipf's law
+(`large_vocabulary_message`), as real chat keeps bringing new words (Heaps'
+law): the index's cost with each vocabulary is reported. Figures:
 
 1. the index's bytes over the bytes of the text it indexes (the text of every
    message of the threads, which the index no longer copies: see
    `agent.storage.search`), on Postgres (`pg_total_relation_size` of
    `agent_message_terms`: rows of word keys, primary key, GIN index and TOAST,
-   after a `VACUUM`) and on SQLite (`dbstat`: `agent_message_rows`, its unique
-   index and the FTS5 tables, after a `VACUUM`): linear in the messages, with a target;
-2. the index's bytes per message;
+   after a `VACUUM`) and on SQLite (`dbstat`, the bytes its pages hold:
+   `agent_message_rows`, its index and the FTS5 tables, after a `VACUUM`):
+   linear in the messages, with a target;
+2. the index's bytes per message, with each vocabulary;
 3. `search_threads` p50 for a word of one message, and for two common words,
-   over every thread of the user (the snippets are read from the checkpoints).
+   over every thread of the user (the small vocabulary's: the hits and
+   snippets are read from the candidate threads' checkpoints).
 
 Output: a table `figure | measured | target | pass`; exit code 0 even when a target is missed.
 """
 
 from __future__ import annotations
 
+import functools
+import random
 import statistics
 import sys
 import tempfile
@@ -51,10 +60,45 @@ TITLE = "search: index cost per message and search_threads latency ({threads} th
 #: byte of the text it indexes: it grows linearly with the messages, as the checkpoints do, and must
 #: leave room under the storage bound (`bench.storage`: storage growth <= 3x the raw message bytes).
 PG_RATIO_TARGET, SQLITE_RATIO_TARGET = 1.5, 0.5
+# SQLite: the bytes the pages hold, not whole pages: the files use 16 kB pages, and the index of these
+# threads fills a few, so whole pages would measure the page size.
+USED_BYTES_SQL = "SELECT name, sum(pgsize - unused) FROM dbstat GROUP BY name"
 INDEX_BYTES_SQL = "SELECT pg_total_relation_size('agent_message_terms')::bigint, (SELECT count(*) FROM agent_message_terms)"
-SQLITE_INDEX_TABLES = ("agent_message_rows", "sqlite_autoindex_agent_message_rows_1", "agent_message_terms",
+SQLITE_INDEX_TABLES = ("agent_message_rows", "sqlite_autoindex_agent_message_rows_1", "agent_message_rows_thread_idx", "agent_message_terms",
                        "agent_message_terms_data", "agent_message_terms_idx", "agent_message_terms_docsize",
                        "agent_message_terms_config")  # fmt: skip
+
+
+#: Distinct words of the large vocabulary, and the exponent of its Zipf law (rank r drawn with weight r^-s).
+LARGE_VOCABULARY, ZIPF_EXPONENT = 4000, 1.0
+_SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
+
+
+@functools.cache
+def _large_vocabulary() -> tuple[list[str], list[float]]:
+    """`LARGE_VOCABULARY` distinct synthetic words (2 to 4 syllables, deterministic) and their cumulative
+    Zipf weights."""
+    draw, words = random.Random(4000), {}
+    while len(words) < LARGE_VOCABULARY:
+        words.setdefault("".join(draw.choice(_SYLLABLES) for _ in range(draw.randint(2, 4))), None)
+    total, cumulative = 0.0, []
+    for rank in range(1, LARGE_VOCABULARY + 1):
+        total += rank**-ZIPF_EXPONENT
+        cumulative.append(total)
+    return list(words), cumulative
+
+
+def large_vocabulary_message(turn: int) -> str:
+    """The user message of turn `turn` with the large vocabulary: `storage.USER_MESSAGE_BYTES` ASCII bytes,
+    words drawn by Zipf's law from `LARGE_VOCABULARY` words."""
+    from bench.storage import USER_MESSAGE_BYTES
+
+    words, cumulative = _large_vocabulary()
+    draw = random.Random(turn)
+    text = f"Turn {turn:05d}:"
+    while len(text) < USER_MESSAGE_BYTES:
+        text += " " + draw.choices(words, cum_weights=cumulative)[0]
+    return text[:USER_MESSAGE_BYTES]
 
 
 @dataclass(frozen=True)
@@ -81,6 +125,9 @@ def figures(sizes: Sizes = Sizes()) -> dict[str, report.Figure]:
         "pg_bytes_per_message": report.Figure("Postgres: index bytes per message", fmt=per),
         "sqlite_bytes_per_message": report.Figure("SQLite: index bytes per message", fmt=per),
         "pg_text_per_message": report.Figure("indexed text per message", fmt=per),
+        "pg_large_bytes_per_message": report.Figure(f"Postgres: index bytes per message, {LARGE_VOCABULARY} words (Zipf)", fmt=per),
+        "sqlite_large_bytes_per_message": report.Figure(f"SQLite: index bytes per message, {LARGE_VOCABULARY} words (Zipf)", fmt=per),
+        "pg_large_text_per_message": report.Figure(f"indexed text per message, {LARGE_VOCABULARY} words", fmt=per),
         "pg_search_rare_ms": report.Figure(f"Postgres: search_threads p50, a word of one message, {sizes.threads} threads", fmt=ms),
         "pg_search_common_ms": report.Figure("Postgres: search_threads p50, two common words (limit 20)", fmt=ms),
         "sqlite_search_rare_ms": report.Figure("SQLite: search_threads p50, a word of one message", fmt=ms),
@@ -88,8 +135,9 @@ def figures(sizes: Sizes = Sizes()) -> dict[str, report.Figure]:
     }
 
 
-def converse(agent: Any, sizes: Sizes) -> tuple[int, int]:
-    """The threads of `sizes` for user "bench"; returns (messages, UTF-8 bytes of their searchable text)."""
+def converse(agent: Any, sizes: Sizes, message: Any = user_message, user_id: str = "bench") -> tuple[int, int]:
+    """The threads of `sizes` for `user_id`, user messages `message(turn)`; returns (messages, UTF-8 bytes
+    of their searchable text)."""
     from agent.storage.search import message_text
 
     turn, messages, text = 0, 0, 0
@@ -97,8 +145,8 @@ def converse(agent: Any, sizes: Sizes) -> tuple[int, int]:
         thread_id = None
         for _ in range(sizes.turns):
             turn += 1
-            response = agent.predict({"input": [{"role": "user", "content": user_message(turn)}],
-                                      "custom_inputs": {"thread_id": thread_id, "user_id": "bench"}})  # fmt: skip
+            response = agent.predict({"input": [{"role": "user", "content": message(turn)}],
+                                      "custom_inputs": {"thread_id": thread_id, "user_id": user_id}})  # fmt: skip
             thread_id = response.custom_outputs["thread_id"]
         config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
         found = agent.graph.get_state(config).values.get("messages", [])
@@ -121,13 +169,18 @@ def measure(agent: Any, sizes: Sizes, index_bytes: Any, prefix: str) -> dict[str
     messages, text = converse(agent, sizes)
     total = index_bytes() - before
     rare = user_message(1).split()[1]  # "00001:": only in turn 1 and the answers quoting it
-    return {
+    found = {
         f"{prefix}_ratio": total / text,
         f"{prefix}_bytes_per_message": total / messages,
         f"{prefix}_text_per_message": text / messages,
         f"{prefix}_search_rare_ms": search_p50(agent, rare, sizes.samples),
         f"{prefix}_search_common_ms": search_p50(agent, "turn the", sizes.samples),
     }
+    before = index_bytes()
+    messages, text = converse(agent, sizes, large_vocabulary_message, "bench-large")
+    found[f"{prefix}_large_bytes_per_message"] = (index_bytes() - before) / messages
+    found[f"{prefix}_large_text_per_message"] = text / messages
+    return found
 
 
 def run(server_url: str, *, quick: bool) -> dict[str, Any]:
@@ -156,11 +209,12 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
                     conn = agent.storage.saver.conn
                     with agent.storage.saver.lock:
                         conn.execute("VACUUM")
-                        sizes_ = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall())
+                        sizes_ = dict(conn.execute(USED_BYTES_SQL).fetchall())
                     return sum(sizes_.get(name, 0) for name in SQLITE_INDEX_TABLES)
 
                 values.update(measure(agent, sizes, sqlite_bytes, "sqlite"))
         values.pop("sqlite_text_per_message", None)
+        values.pop("sqlite_large_text_per_message", None)
     except Exception:  # noqa: BLE001 - reported: the figures say "not measured"
         error = traceback.format_exc()
     return report.build_report(

@@ -239,12 +239,12 @@ COMMANDS: tuple[dict[str, Any], ...] = (
     {
         'command': 'search-index',
         'operation': 'backfill_search_index',
-        'help': 'Index the checkpoints that have no search index row (messages written before the index, or before its layout). Never creates a store.',
+        'help': 'Index the threads that have no search index row (messages written before the index, or before its layout). Never creates a store.',
         'reads_only': False,
         'writes': True,
         'params': (
             {'name': 'rebuild', 'type': 'bool', 'default': False, 'help': 'Remove every row first and index everything again.'},
-            {'name': 'batch_size', 'type': 'int', 'default': 500, 'help': 'Checkpoints per transaction (1 to 10000).', 'metavar': 'N'},
+            {'name': 'batch_size', 'type': 'int', 'default': 500, 'help': 'Threads listed per query (each is indexed in its own transaction) (1 to 10000).', 'metavar': 'N'},
         ),
     },
     {

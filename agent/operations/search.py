@@ -1,12 +1,13 @@
 """`search_threads`: find a sentence said on any branch of any of a user's threads, and where to open it.
 
 The index (`agent.storage.search`) is written with each checkpoint, in the
-commit that writes it, so a hit is never ahead of or behind the checkpoints:
-a deleted thread's or branch's text goes with its rows. The index holds word
-keys, not text: the candidates it finds are checked against the messages of
-their checkpoints, read here, which also give the snippets. Only the caller's
-threads are searched (the query joins the thread records on `user_id`), so
-another user's text is never seen, not even as a count.
+commit that writes it. It holds word keys, not text, and only the words new
+to each branch: it names the candidate threads, whose messages are then read
+(`search.search`), which finds the hits and their snippets. So a hit is never
+ahead of or behind the checkpoints, and a deleted thread's or branch's text is
+not found (its checkpoints are not read). Only the caller's threads are
+searched (the query joins the thread records on `user_id`), so another user's
+text is never seen, not even as a count.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def search_threads(context: OperationContext, args: SearchArgs) -> list[SearchHi
     """Full-text search over every message of every branch of the caller's threads.
 
     A hit is a message holding every word of `query` (words as written: no stemming, any case),
-    newest checkpoint first (messages of one checkpoint in their order); each names `thread_id`, `checkpoint_id` (where the message first
+    newest checkpoint first (then the greater thread id; messages of one checkpoint in their order); each names `thread_id`, `checkpoint_id` (where the message first
     appeared, so a client opens that exact branch), `message_id` and a `snippet`. A message repeated
     on several branches is a hit on each branch where it first appeared. Never another user's text;
     a deleted thread's or branch's text is no longer found. Off with encryption at rest (the index
@@ -77,20 +78,10 @@ def search_threads(context: OperationContext, args: SearchArgs) -> list[SearchHi
     if context.storage.keyring.enabled:
         raise InvalidRequest("search_threads is not available with encryption at rest: messages are not indexed")
     words = search.terms(args.query)
-    rows = context.storage.search_messages(args.user_id, words, args.limit)
-    by_thread: dict[str, list[str]] = {}
-    for row in rows:
-        by_thread.setdefault(row.thread_id, []).append(row.checkpoint_id)
-    messages = {
-        (thread_id, checkpoint_id): found
-        for thread_id, checkpoint_ids in by_thread.items()
-        for checkpoint_id, found in context.storage.saver.first_appeared(thread_id, checkpoint_ids).items()
-    }
-    hits: list[SearchHit] = []
-    for row in rows:
-        for found in search.hits(messages.get((row.thread_id, row.checkpoint_id), ()), words):
-            hits.append(SearchHit(row.thread_id, row.checkpoint_id, found["message_id"], search.snippet(found["text"], words)))
-    return hits[: args.limit]
+    return [
+        SearchHit(hit.thread_id, hit.checkpoint_id, hit.message_id, search.snippet(hit.text, words))
+        for hit in search.search(context.storage, args.user_id, words, args.limit)
+    ]
 
 
 SEARCH_THREADS = Operation(
@@ -112,18 +103,19 @@ MAX_BACKFILL_BATCH = 10_000
 @dataclass(frozen=True, kw_only=True)
 class BackfillArgs:
     rebuild: bool = param(False, check=checks.flag, cli={"help": "Remove every row first and index everything again."})
-    batch_size: int = param(search.BACKFILL_BATCH, check=checks.limit(MAX_BACKFILL_BATCH), cli={"metavar": "N", "help": "Checkpoints per transaction."})
+    batch_size: int = param(search.BACKFILL_BATCH, check=checks.limit(MAX_BACKFILL_BATCH), cli={"metavar": "N", "help": "Threads listed per query (each is indexed in its own transaction)."})
 
 
 def backfill_search_index(context: OperationContext, args: BackfillArgs) -> dict[str, int]:
-    """Index the checkpoints that have no search index row: messages written before the index existed or
-    before its current layout (an upgrade drops the earlier rows), so that `search_threads` finds them.
+    """Index the threads that have no search index row at their root: messages written before the index
+    existed or before its current layout (an upgrade drops the earlier rows), so that `search_threads`
+    finds them.
 
-    Every user's threads, `batch_size` checkpoints per transaction (turns go on meanwhile); running it
-    again finds nothing to do. `rebuild=True` removes every row first (on SQLite it also frees what deleted
-    branches left in the index). Nothing is indexed with encryption at rest.
+    Every user's threads, `batch_size` threads listed per query, each indexed in its own transaction
+    (turns go on meanwhile); running it again finds nothing to do. `rebuild=True` removes every row first.
+    Nothing is indexed with encryption at rest.
 
-    Returns: `{"indexed_checkpoints": N}` (checkpoints whose messages hold no word are not counted).
+    Returns: `{"indexed_checkpoints": N}` (the root-namespace checkpoints of the threads indexed).
 
     Raises: `InvalidRequest` (a bad `batch_size`), `StorageUnavailable`.
     """
@@ -132,7 +124,7 @@ def backfill_search_index(context: OperationContext, args: BackfillArgs) -> dict
 
 BACKFILL_SEARCH_INDEX = Operation(
     name="backfill_search_index",
-    summary="Index the checkpoints that have no search index row (messages written before the index, or before its layout).",
+    summary="Index the threads that have no search index row (messages written before the index, or before its layout).",
     args=BackfillArgs,
     run=backfill_search_index,
     positional=0,

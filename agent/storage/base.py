@@ -25,7 +25,7 @@ from agent.storage.records import (
     ExpiredThread,
     IdempotencyKeyTaken,
     IdempotencyState,
-    SearchRow,
+    SearchCandidate,
     ThreadRecord,
     Turn,
     owned_by,
@@ -46,7 +46,7 @@ __all__ = [
     "ExpiredThread",
     "IdempotencyKeyTaken",
     "IdempotencyState",
-    "SearchRow",
+    "SearchCandidate",
     "ThreadReads",
     "ThreadRecord",
     "ThreadStorage",
@@ -226,25 +226,23 @@ class ThreadStorage(TurnProtocol):
         """The thread's branch records (labels, the pin, archives) by checkpoint id; one query."""
 
     @abstractmethod
-    def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
-        """Up to `limit` search index rows of `user_id`'s threads (None: those written without one) holding
-        the key of every one of `words` (`search.terms`), newest checkpoint first (candidates: `search.hits`
-        checks the messages)."""
+    def search_candidates(self, user_id: str | None, words: list[str]) -> list[SearchCandidate]:
+        """The threads of `user_id` (None: those written without one) whose search index rows hold, together,
+        the key of every one of `words` (`search.terms`), newest checkpoint first (then the greater thread
+        id); one query. Candidates only: `search.thread_hits` reads their messages."""
 
     @abstractmethod
-    def unindexed_checkpoints(self, after: tuple[str, str] | None, limit: int) -> list[tuple[str, str]]:
-        """Up to `limit` (thread_id, checkpoint_id) of root-namespace checkpoints without a search index row,
-        in (thread_id, checkpoint_id) order, after `after` (the last of the previous batch; None: from the
-        start). Checkpoints whose messages add nothing searchable stay in this list: `search.backfill`
-        pages with `after`, so it ends."""
+    def unindexed_threads(self, after: str | None, limit: int) -> list[str]:
+        """Up to `limit` ids of threads with a root checkpoint (root namespace, no parent) that has no search
+        index row, in id order, after `after` (the last of the previous page; None: from the start)."""
 
-    def index_checkpoints(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
-        """Write search index rows (thread_id, checkpoint_id, `search.index_keys`) in one transaction,
-        replacing a checkpoint's row if it has one."""
-        self.transaction(lambda tx: tx.index_checkpoints(rows))
+    def index_thread(self, thread_id: str, checkpoint_ids: Sequence[str], rows: Sequence[tuple[str, list[int]]]) -> None:
+        """Replace the search index rows of the thread's checkpoints `checkpoint_ids` (those read) by `rows`
+        ((checkpoint_id, keys), `search.thread_rows`), in one transaction."""
+        self.transaction(lambda tx: tx.index_thread(thread_id, checkpoint_ids, rows))
 
     def clear_search_index(self) -> None:
-        """Remove every search index row (and on SQLite the FTS5 entries of deleted ones), in one transaction."""
+        """Remove every search index row, in one transaction."""
         self.transaction(lambda tx: tx.clear_search_index())
 
 

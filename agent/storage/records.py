@@ -141,12 +141,13 @@ class BranchRecord:
 
 
 @dataclass(frozen=True)
-class SearchRow:
-    """One checkpoint whose row of the message search index holds every key of a query (`agent.storage.search`):
-    the messages that first appeared there may hold the query's words."""
+class SearchCandidate:
+    """One thread whose rows of the message search index hold, together, every key of a query
+    (`agent.storage.search`): its messages may hold the query's words."""
 
     thread_id: str
-    checkpoint_id: str
+    newest_checkpoint_id: str
+    """The greatest id of its root-namespace checkpoints: no hit of the thread is newer."""
 
 
 class IdempotencyKeyTaken(Exception):

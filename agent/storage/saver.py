@@ -57,7 +57,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -103,6 +103,8 @@ class TurnSaverMixin(SaverThreadOperations):
         self._turns: dict[str, Turn] = {}
         self._turns_lock = threading.Lock()
         self.message_cache = deltas.MessageCache(message_cache_size)
+        #: The search keys of recent checkpoints' message lists (`search.KeySets`).
+        self.search_keys = search.KeySets()
         #: Node name -> trigger channels; set by the graph once it is compiled.
         self.node_triggers: dict[str, list[str]] = {}
 
@@ -281,10 +283,11 @@ class TurnSaverMixin(SaverThreadOperations):
         stored = {**checkpoint, "channel_values": values}
         seal = self.keyring.seal_text if self.keyring.enabled else None
         result = self._backend_put(config, stored, {**clean, **summaries.pack(summary, seal)}, new_versions)
-        if listed and not checkpoint_ns and not self.keyring.enabled:
-            # The messages that first appear here (`search`); none with encryption at rest.
-            keys = search.index_keys(messages[kept:])
-            if keys is not None:
+        if not checkpoint_ns and not self.keyring.enabled:
+            # The words of the messages that first appear here that the inherited ones lack (`search`), and a
+            # row at every root, which says the thread is indexed; nothing with encryption at rest.
+            keys = self.search_keys.row(checkpoint["id"], parent_id, messages, kept) if listed else []
+            if keys or parent_id is None:
                 self._backend_index(str(thread_id), checkpoint["id"], keys)
         return result
 
@@ -303,12 +306,11 @@ class TurnSaverMixin(SaverThreadOperations):
             return found if deltas.is_message_list(found) else ()
         return self.messages_of(thread_id, checkpoint_ns, parent_id)
 
-    def first_appeared(self, thread_id: str, checkpoint_ids: Sequence[str]) -> dict[str, list]:
-        """The messages that first appeared at each of the thread's root-namespace checkpoints
-        `checkpoint_ids` (what its search index row was made from: the delta's added messages), keyed by
-        checkpoint id; a checkpoint that no longer exists is not a key. One query, no resolving."""
-        stored = self._fetch_checkpoint_messages(thread_id, list(checkpoint_ids))
-        return {checkpoint_id: deltas.added_messages(value) for checkpoint_id, value in stored.items()}
+    def stored_messages(self, thread_id: str) -> Mapping[str, Any]:
+        """The stored `messages` value (a delta, as written; None where there is none) of every
+        root-namespace checkpoint of the thread, by checkpoint id: what the search reads (`search`).
+        One query, no resolving."""
+        return self._fetch_thread_messages(thread_id, "")
 
     def messages_of(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> tuple:
         """The full message list of a stored checkpoint (cached; a miss reads the thread's deltas once);
@@ -351,12 +353,7 @@ class TurnSaverMixin(SaverThreadOperations):
         raise NotImplementedError
 
     def _backend_index(self, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:  # pragma: no cover - abstract
-        """Write the search index row (`search.index_keys`) of a checkpoint, in the running transaction."""
-        raise NotImplementedError
-
-    def _fetch_checkpoint_messages(self, thread_id: str, checkpoint_ids: Sequence[str]) -> Mapping[str, Any]:  # pragma: no cover
-        """The stored `messages` value (a delta, as written) of each of the root-namespace checkpoints
-        `checkpoint_ids` that exists, keyed by checkpoint id; one query."""
+        """Write the search index row (`search.new_keys`) of a checkpoint, in the running transaction."""
         raise NotImplementedError
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:  # pragma: no cover

@@ -139,7 +139,9 @@ class Tx(ABC):
         self, thread_id: str, tup: CheckpointTuple, *, parent_id: str | None, metadata: Mapping[str, Any]
     ) -> None:
         """Give a stored checkpoint (`tup`, messages resolved) a new parent and metadata (stored layout), and
-        store its messages whole (no longer a delta against an ancestor) when they are a list of messages."""
+        store its messages whole (no longer a delta against an ancestor) when they are a list of messages;
+        a root-namespace checkpoint's search index row then holds every word of its messages
+        (`search.rewritten_keys`: its ancestors may go)."""
 
     @abstractmethod
     def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
@@ -164,13 +166,13 @@ class Tx(ABC):
         """Write `records` as they are (an import)."""
 
     @abstractmethod
-    def index_checkpoints(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
-        """Write search index rows (thread_id, checkpoint_id, `search.index_keys`), replacing a checkpoint's
-        row if it has one."""
+    def index_thread(self, thread_id: str, checkpoint_ids: Sequence[str], rows: Sequence[tuple[str, list[int]]]) -> None:
+        """Replace the search index rows of the thread's checkpoints `checkpoint_ids` by `rows`
+        ((checkpoint_id, keys), `search.thread_rows`)."""
 
     @abstractmethod
     def clear_search_index(self) -> None:
-        """Remove every search index row (on SQLite, the FTS5 entries of deleted rows too)."""
+        """Remove every search index row."""
 
     @abstractmethod
     def delete_branch_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]) -> None:

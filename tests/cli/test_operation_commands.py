@@ -116,3 +116,20 @@ def test_state_after_a_message_shows_the_later_ones_numbered_as_in_the_whole_thr
     assert part["message_offset"] == 1 and part["messages"] == whole["messages"][1:]
     table = run("state", thread_id, "--after-message-id", whole["messages"][0]["id"], "--database-url", url)
     assert re.search(r"^│ 2 │ agent", table.stdout, flags=re.MULTILINE) and not re.search(r"^│ 1 │", table.stdout, flags=re.MULTILINE)
+
+
+def test_search_index_indexes_what_an_upgrade_left_unindexed_and_search_finds_it_on_each_branch(branched):
+    url, thread_id, (_, sf, new_york) = branched
+    with create_agent(url, model="offline", tracing=False) as agent:
+        agent.storage.clear_search_index()  # what the upgrade's migration leaves
+    assert json.loads(run("search", "headed", "--database-url", url, "--json").stdout) == []
+
+    indexed = run("search-index", "--batch-size", "1", "--database-url", url, "--json")
+    assert indexed.exit_code == 0, indexed.output
+    assert json.loads(indexed.stdout)["indexed_checkpoints"] >= 3
+    again = run("search-index", "--database-url", url, "--json")
+    assert json.loads(again.stdout) == {"indexed_checkpoints": 0}
+
+    hits = json.loads(run("search", "headed", "--database-url", url, "--json").stdout)
+    assert {hit["checkpoint_id"] for hit in hits if "New York" in hit["snippet"]} == {new_york}
+    assert any(hit["checkpoint_id"] == sf for hit in hits) and {hit["thread_id"] for hit in hits} == {thread_id}

@@ -122,27 +122,128 @@ def test_a_forks_messages_are_found_in_the_fork_too(agent):
     assert found == {first["thread_id"], fork["thread_id"]}
 
 
+def rows_holding(url: str, word: str) -> int:
+    """How many search index rows hold `word`'s key, as the backend's index (GIN, FTS5) finds them."""
+    from agent.storage import search
+
+    key = search.word_key(word)
+    if url.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            return conn.execute("SELECT count(*) FROM agent_message_terms WHERE terms @> ARRAY[%s]", (key,)).fetchone()[0]
+    import sqlite3
+
+    conn = sqlite3.connect(url.split("sqlite:///", 1)[1])
+    try:
+        match = f'"{search.fts5_token(key)}"'
+        return conn.execute("SELECT count(*) FROM agent_message_terms WHERE agent_message_terms MATCH ?", (match,)).fetchone()[0]
+    finally:
+        conn.close()
+
+
 def test_the_index_holds_word_keys_not_text(backend_url, make_agent):
     from agent.storage import search
 
     agent = make_agent(backend_url)
     say(agent, "xylophonist quartets", user_id="ada")
-    key = search.word_key("xylophonist")
+    assert rows_holding(backend_url, "xylophonist") == 1
     if backend_url.startswith("postgres"):
         import psycopg
 
         with psycopg.connect(backend_url) as conn:
-            rows = conn.execute("SELECT * FROM agent_message_terms").fetchall()
-        assert rows and all(set(row[2]) and all(isinstance(k, int) for k in row[2]) for row in rows)
-        assert any(key in row[2] for row in rows)
+            rows = conn.execute("SELECT terms FROM agent_message_terms").fetchall()
+        assert rows and all(isinstance(k, int) for (terms,) in rows for k in terms)
     else:
         import sqlite3
 
         with sqlite3.connect(backend_url.split("sqlite:///", 1)[1]) as conn:
             stored = b"".join(bytes(block) for (block,) in conn.execute("SELECT block FROM agent_message_terms_data"))
-            matched = conn.execute("SELECT rowid FROM agent_message_terms WHERE agent_message_terms MATCH ?", (search.fts5_tokens([key]),)).fetchall()
+            stored += "".join(terms for (terms,) in conn.execute("SELECT terms FROM agent_message_rows")).encode()
         conn.close()
-        assert matched and b"xylophonist" not in stored and b"quartets" not in stored
+        assert search.fts5_token(search.word_key("xylophonist")).encode() in stored
+        assert b"xylophonist" not in stored and b"quartets" not in stored
+
+
+def test_every_fts5_token_is_one_token_of_the_sqlite_index(tmp_path, make_agent):
+    import sqlite3
+
+    from agent.storage import search
+
+    make_agent(f"sqlite:///{tmp_path / 'tokens.sqlite'}").close()
+    conn = sqlite3.connect(str(tmp_path / "tokens.sqlite"), isolation_level=None)
+    try:
+        # Every digit in every place of a token, and a key whose token is all punctuation.
+        keys = [sum(d << shift for shift in (18, 12, 6, 0)) for d in range(64)] + [0x9E79E7, 0xFFFFFF]
+        for n, key in enumerate(keys):
+            conn.execute("INSERT INTO agent_message_rows (thread_id, checkpoint_id, terms) VALUES ('t', ?, ?)",
+                         (str(n), search.fts5_tokens([key, keys[n - 1]])))  # fmt: skip
+        for n, key in enumerate(keys):
+            match = f'"{search.fts5_token(key)}"'
+            found = {row for (row,) in conn.execute(
+                "SELECT m.checkpoint_id FROM agent_message_terms JOIN agent_message_rows m ON m.id = agent_message_terms.rowid "
+                "WHERE agent_message_terms MATCH ?", (match,))}  # fmt: skip
+            assert str(n) in found and found <= {str(i) for i, k in enumerate(keys) if key in (k, keys[i - 1])}
+    finally:
+        conn.close()
+
+
+def test_a_word_said_on_every_turn_is_indexed_once_per_branch_and_found_at_every_turn(agent, backend_url):
+    first = outputs(say(agent, "the shoebill by the weir", user_id="ada"))
+    thread_id = first["thread_id"]
+    said = [first]
+    for text in ("another shoebill", "a third shoebill", "one more shoebill"):
+        said.append(outputs(say(agent, text, thread_id=thread_id, user_id="ada")))
+    # A branch from before the word was said brings it to that branch once more.
+    said.append(outputs(say(agent, "a grey shoebill", thread_id=thread_id, checkpoint_id=first["parent_checkpoint_id"], user_id="ada")))
+    said.append(outputs(say(agent, "that shoebill again", thread_id=thread_id, user_id="ada")))
+
+    assert rows_holding(backend_url, "shoebill") == 2  # once per branch, not once per turn
+    hits = agent.search_threads("shoebill", user_id="ada", limit=100)
+    found = {(hit["checkpoint_id"], hit["message_id"]) for hit in hits}
+    for turn in said:
+        user_message = agent.get_checkpoint_state(thread_id, turn["checkpoint_id"], user_id="ada")["messages"][-2]
+        assert "shoebill" in str(user_message["content"]) and (turn["checkpoint_id"], user_message["id"]) in found
+    ids = [hit["checkpoint_id"] for hit in hits]
+    assert ids == sorted(ids, reverse=True)  # newest first
+
+
+def test_deleting_the_branch_that_said_a_word_first_keeps_it_found_on_a_sibling(agent, backend_url):
+    first = outputs(say(agent, "planning a trip", user_id="ada"))
+    thread_id = first["thread_id"]
+    doomed = outputs(say(agent, "maybe Reykjavik", thread_id=thread_id, user_id="ada"))
+    kept = outputs(say(agent, "Reykjavik in winter", thread_id=thread_id, checkpoint_id=first["checkpoint_id"], user_id="ada"))
+    agent.delete_branch(thread_id, doomed["checkpoint_id"], user_id="ada")
+    hits = agent.search_threads("Reykjavik", user_id="ada")
+    assert hits and all(hit["checkpoint_id"] >= kept["checkpoint_id"] for hit in hits)
+    assert agent.search_threads("maybe Reykjavik", user_id="ada") == []
+
+
+def test_a_deleted_branch_leaves_no_index_entry(agent, backend_url):
+    first = outputs(say(agent, "planning a trip", user_id="ada"))
+    thread_id = first["thread_id"]
+    doomed = outputs(say(agent, "maybe Ouagadougou instead", thread_id=thread_id, user_id="ada"))
+    say(agent, "no, Valparaiso", thread_id=thread_id, checkpoint_id=first["checkpoint_id"], user_id="ada")
+    assert rows_holding(backend_url, "ouagadougou") == 1
+    agent.delete_branch(thread_id, doomed["checkpoint_id"], user_id="ada")
+    # On SQLite the FTS5 index forgets the row too (the contentless table before kept it until a rebuild).
+    assert rows_holding(backend_url, "ouagadougou") == 0
+    assert rows_holding(backend_url, "valparaiso") == 1
+
+
+def test_limit_keeps_the_newest_hits_over_every_thread(agent):
+    threads = []
+    for n in range(4):
+        thread_id = outputs(say(agent, f"puffin colony {n}", user_id="ada"))["thread_id"]
+        threads.append(thread_id)
+        say(agent, f"more puffin notes {n}", thread_id=thread_id, user_id="ada")
+    say(agent, "a last puffin", thread_id=threads[0], user_id="ada")  # the oldest thread has the newest hit
+    every = agent.search_threads("puffin", user_id="ada", limit=100)
+    assert len({hit["thread_id"] for hit in every}) == 4
+    assert [hit["checkpoint_id"] for hit in every] == sorted((hit["checkpoint_id"] for hit in every), reverse=True)
+    assert every[0]["thread_id"] == threads[0]
+    for limit in (1, 3, 5):
+        assert agent.search_threads("puffin", user_id="ada", limit=limit) == every[:limit]
 
 
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
@@ -204,3 +305,86 @@ def test_an_index_in_the_earlier_layout_goes_at_the_upgrade_and_the_backfill_fin
             assert not conn.execute("SELECT name FROM sqlite_master WHERE name LIKE 'agent_message_text%'").fetchall()
             conn.close()
         upgraded.close()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_the_index_of_every_checkpoints_words_goes_at_the_upgrade_and_the_backfill_indexes_once_per_branch(
+    backend, pg_server_url, tmp_path, make_agent
+):
+    import sqlite3
+
+    import psycopg
+
+    from agent.storage import search
+    from agent.storage.postgres.migrations import MIGRATIONS as POSTGRES_MIGRATIONS
+    from agent.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
+    from tests.helpers.databases import fresh_database
+
+    with fresh_database(pg_server_url) as pg:
+        path = tmp_path / "earlier.sqlite"
+        url = pg if backend == "postgres" else f"sqlite:///{path}"
+        agent = make_agent(url)
+        first = outputs(say(agent, "a spoonbill by the weir", user_id="ada"))
+        second = outputs(say(agent, "the spoonbill again", thread_id=first["thread_id"], user_id="ada"))
+        before = agent.search_threads("spoonbill", user_id="ada")
+        assert len(before) >= 2
+        agent.close()
+
+        # The previous release's index: a row per checkpoint with every word of its new messages.
+        old_keys = search.query_keys(["the", "spoonbill", "again"])
+        if backend == "postgres":
+            earlier = POSTGRES_MIGRATIONS.index("TRUNCATE agent_message_terms")
+            with psycopg.connect(url) as conn:
+                conn.execute("INSERT INTO agent_message_terms VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                             (first["thread_id"], second["checkpoint_id"], old_keys))  # fmt: skip
+                conn.execute("DELETE FROM agent_migrations WHERE v >= %s", (earlier,))
+        else:
+            earlier = next(i for i, m in enumerate(SQLITE_MIGRATIONS) if "DROP TABLE IF EXISTS agent_message_rows" in m)
+            previous = next(m for m in SQLITE_MIGRATIONS[:earlier] if any("content='', detail=none" in s for s in m))
+            conn = sqlite3.connect(str(path), isolation_level=None)
+            conn.execute("DROP TABLE agent_message_terms")
+            conn.execute("DROP TABLE agent_message_rows")
+            for statement in previous:
+                if "agent_message_rows" in statement or "agent_message_terms" in statement:
+                    conn.execute(statement)
+            conn.execute("INSERT INTO agent_message_rows (thread_id, checkpoint_id) VALUES (?, ?)", (first["thread_id"], second["checkpoint_id"]))
+            conn.execute("INSERT INTO agent_message_terms (rowid, body) VALUES (last_insert_rowid(), ?)", (search.fts5_tokens(old_keys),))
+            conn.execute(f"PRAGMA user_version = {earlier}")
+            conn.close()
+
+        upgraded = make_agent(url)
+        assert upgraded.search_threads("spoonbill", user_id="ada") == []  # the earlier rows are gone
+        assert rows_holding(url, "spoonbill") == 0
+        # A turn before the backfill indexes only what it brings: the backfill indexes the whole thread.
+        later = outputs(say(upgraded, "a spoonbill at dusk", thread_id=first["thread_id"], user_id="ada"))
+        assert upgraded.search_threads("spoonbill", user_id="ada") == []
+        assert upgraded.backfill_search_index()["indexed_checkpoints"] >= 3
+        found = upgraded.search_threads("spoonbill", user_id="ada")
+        assert found[0]["checkpoint_id"] == later["checkpoint_id"] and found[len(found) - len(before):] == before
+        assert rows_holding(url, "spoonbill") == 1  # once on the branch, not once per checkpoint
+        assert upgraded.backfill_search_index() == {"indexed_checkpoints": 0}
+        upgraded.close()
+
+
+def test_the_backfill_finds_what_the_live_index_found_after_edits_and_regenerations(agent, backend_url):
+    from tests.operations.test_branches import edit, regenerate
+
+    first = outputs(say(agent, "a petrel offshore", user_id="ada"))
+    thread_id = first["thread_id"]
+    say(agent, "a skua chasing it", thread_id=thread_id, user_id="ada")
+    say(agent, "then a gannet diving", thread_id=thread_id, user_id="ada")
+    state = agent.get_checkpoint_state(thread_id, user_id="ada")
+    skua = next(m for m in state["messages"] if m.get("role") == "user" and "skua" in str(m["content"]))
+    edit(agent, thread_id, skua["id"], "a fulmar chasing the petrel", user_id="ada")
+    regenerate(agent, thread_id, user_id="ada")
+    say(agent, "the petrel and the gannet again", thread_id=thread_id, user_id="ada")
+    words = ("petrel", "skua", "gannet", "fulmar", "petrel gannet", "chasing")
+    live = {word: agent.search_threads(word, user_id="ada", limit=100) for word in words}
+    assert all(live.values())
+    rows = {word: rows_holding(backend_url, word) for word in ("petrel", "fulmar", "gannet")}
+    assert rows["petrel"] == 1  # said on every branch, brought once
+
+    agent.storage.clear_search_index()
+    agent.backfill_search_index()
+    assert {word: agent.search_threads(word, user_id="ada", limit=100) for word in words} == live
+    assert {word: rows_holding(backend_url, word) for word in rows} == rows

@@ -3,9 +3,11 @@
 Apart from `sql` because they are one subject (`agent.operations.branch_records`,
 `agent.storage.search`) that every path removing checkpoints must also clean:
 deleting a thread, a branch, the checkpoints retention or LangGraph's `prune`
-drops, and copying a thread. A search row holds the keys of its words
-(`terms`, see `agent.storage.search`); `terms @> keys` is served by the GIN
-index of the migration (`agent_message_terms_idx`).
+drops, and copying a thread. A search row holds the keys of the words a
+checkpoint brings to its branch (`terms`, see `agent.storage.search`);
+`terms @> ARRAY[key]` is served by the GIN index of the migration
+(`agent_message_terms_idx`), a key at a time: a thread's keys are spread over
+its rows.
 """
 
 from __future__ import annotations
@@ -32,26 +34,39 @@ ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET label = EXCLUDED.label, pin
     archived = EXCLUDED.archived
 """
 
+# A checkpoint has at most one row: writing it replaces the one it had. No unique index to conflict on (the
+# rows are found by the thread's index, see the migration), so an update, else an insert.
 INDEX_MESSAGES_SQL = """
-INSERT INTO agent_message_terms (thread_id, checkpoint_id, terms) VALUES (%s, %s, %s)
-ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET terms = EXCLUDED.terms
+WITH replaced AS (
+    UPDATE agent_message_terms SET terms = %(terms)s
+    WHERE thread_id = %(thread_id)s AND checkpoint_id = %(checkpoint_id)s RETURNING 1)
+INSERT INTO agent_message_terms (thread_id, checkpoint_id, terms)
+SELECT %(thread_id)s, %(checkpoint_id)s, %(terms)s WHERE NOT EXISTS (SELECT 1 FROM replaced)
 """
-# The rows of one user's threads holding every key, newest first.
+INSERT_ROW_SQL = "INSERT INTO agent_message_terms (thread_id, checkpoint_id, terms) VALUES (%s, %s, %s)"
+# The threads of one user whose rows hold, together, every key; with their newest checkpoint, newest first.
 SEARCH_SQL = """
-SELECT m.thread_id, m.checkpoint_id
-FROM agent_message_terms m JOIN agent_threads t ON t.thread_id = m.thread_id
-WHERE m.terms @> %(keys)s::integer[] AND t.user_id IS NOT DISTINCT FROM %(user_id)s
-ORDER BY m.checkpoint_id DESC
-LIMIT %(limit)s
+SELECT f.thread_id,
+    (SELECT max(c.checkpoint_id) FROM checkpoints c WHERE c.thread_id = f.thread_id AND c.checkpoint_ns = '')
+        AS newest_checkpoint_id
+FROM (SELECT DISTINCT m.thread_id, q.key
+      FROM unnest(%(keys)s::integer[]) AS q(key)
+      JOIN agent_message_terms m ON m.terms @> ARRAY[q.key]
+      JOIN agent_threads t ON t.thread_id = m.thread_id
+      WHERE t.user_id IS NOT DISTINCT FROM %(user_id)s) f
+GROUP BY f.thread_id
+HAVING count(*) = cardinality(%(keys)s::integer[])
+ORDER BY newest_checkpoint_id DESC, f.thread_id DESC
 """
-# The backfill's pages (`search.backfill`): root-namespace checkpoints without a row, in key order.
+# The backfill's pages (`search.backfill`): threads with a root checkpoint without a row, in id order.
 UNINDEXED_SQL = """
-SELECT c.thread_id, c.checkpoint_id FROM checkpoints c
-WHERE c.checkpoint_ns = '' AND (c.thread_id, c.checkpoint_id) > (%(thread_id)s, %(checkpoint_id)s)
+SELECT DISTINCT c.thread_id FROM checkpoints c
+WHERE c.checkpoint_ns = '' AND c.parent_checkpoint_id IS NULL AND c.thread_id > %(after)s
   AND NOT EXISTS (SELECT 1 FROM agent_message_terms m WHERE m.thread_id = c.thread_id AND m.checkpoint_id = c.checkpoint_id)
-ORDER BY c.thread_id, c.checkpoint_id
+ORDER BY c.thread_id
 LIMIT %(limit)s
 """
+UNINDEX_SQL = "DELETE FROM agent_message_terms WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)"
 CLEAR_INDEX_SQL = "DELETE FROM agent_message_terms"
 
 DELETE_CHECKPOINTS_SQL = [

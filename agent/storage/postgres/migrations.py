@@ -540,4 +540,14 @@ MIGRATIONS = [
     # The privileges a turn needs, now on every table a turn writes (the earlier lists had missed the run
     # tables, the steers, the claims, the branch records and the store), derived from `TABLES`.
     missing_privileges_sql(),
+    # The search index holds only the words new to a checkpoint's branch, and a row at each root
+    # (`agent.storage.search`). The earlier rows (every word of every checkpoint's new messages, about 0.9 kB a
+    # turn) are dropped, not converted (that needs each thread's tree): `search.backfill`
+    # (`tt-agent search-index`) indexes their threads again, a thread at a time.
+    "TRUNCATE agent_message_terms",
+    # Its rows are found by thread (a search's candidates, a thread's deletions, the backfill), and a B-tree
+    # over the thread id alone stores each thread once with its rows' addresses (deduplication): about 6
+    # bytes a row, where the primary key copied both ids into every entry (about 90).
+    "ALTER TABLE agent_message_terms DROP CONSTRAINT IF EXISTS agent_message_terms_pkey",
+    "CREATE INDEX IF NOT EXISTS agent_message_terms_thread_idx ON agent_message_terms (thread_id)",
 ]

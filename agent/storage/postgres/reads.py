@@ -23,7 +23,7 @@ from agent.storage import search, summaries
 from agent.storage.postgres import branches, sql
 from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.postgres.transaction import to_record
-from agent.storage.records import BranchRecord, CheckpointLink, SearchRow, ExpiredThread, IdempotencyState, ThreadRecord
+from agent.storage.records import BranchRecord, CheckpointLink, SearchCandidate, ExpiredThread, IdempotencyState, ThreadRecord
 
 
 def prefixed(row: Mapping[str, Any], prefix: str) -> dict[str, Any] | None:
@@ -90,14 +90,13 @@ class PostgresReads:
             for row in rows
         }
 
-    def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
-        params = {"keys": search.query_keys(words), "user_id": user_id, "limit": limit}
-        return [SearchRow(**row) for row in self._read(None, branches.SEARCH_SQL, params)]
+    def search_candidates(self, user_id: str | None, words: list[str]) -> list[SearchCandidate]:
+        params = {"keys": search.query_keys(words), "user_id": user_id}
+        return [SearchCandidate(**row) for row in self._read(None, branches.SEARCH_SQL, params)]
 
-    def unindexed_checkpoints(self, after: tuple[str, str] | None, limit: int) -> list[tuple[str, str]]:
-        thread_id, checkpoint_id = after or ("", "")
-        params = {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "limit": limit}
-        return [(row["thread_id"], row["checkpoint_id"]) for row in self._read(None, branches.UNINDEXED_SQL, params)]
+    def unindexed_threads(self, after: str | None, limit: int) -> list[str]:
+        params = {"after": after or "", "limit": limit}
+        return [row["thread_id"] for row in self._read(None, branches.UNINDEXED_SQL, params)]
 
     def threads_of_user(self, user_id: str) -> list[str]:
         return [row["thread_id"] for row in self._read(None, sql.SELECT_USER_THREADS_SQL, (user_id,))]

@@ -103,11 +103,10 @@ class PostgresTx(Tx):
         self.batch.execute(sql.MAKE_ROOT_SQL, params)
         for statement in branches.KEEP_ONLY_SQL:
             self.batch.execute(statement, params)
-        if deltas.is_message_list(list(messages or ())) and not self.keyring.enabled:
+        if not self.keyring.enabled:
             # The head is now the root: every message of it first appears there.
-            keys = search.index_keys(list(messages or ()))
-            if keys is not None:
-                self.batch.execute(branches.INDEX_MESSAGES_SQL, (thread_id, head_id, keys))
+            params = {"thread_id": thread_id, "checkpoint_id": head_id, "terms": search.rewritten_keys(messages)}
+            self.batch.execute(branches.INDEX_MESSAGES_SQL, params)
         return int(removed)
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
@@ -135,6 +134,10 @@ class PostgresTx(Tx):
             blob = self.saver.dump_messages_whole(messages)
             self.batch.execute(sql.REWRITE_NS_BLOB_SQL, (*blob, thread_id, ns, str(version)))
         self.batch.execute(sql.REPARENT_SQL, (parent_id, Jsonb(dict(metadata)), thread_id, ns, checkpoint_id))
+        keys = search.rewritten_keys(messages)
+        if not ns and not self.keyring.enabled and (keys or parent_id is None):
+            # Its ancestors may go: its row holds every word of its messages (`search`).
+            self.batch.execute(branches.INDEX_MESSAGES_SQL, {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "terms": keys})
 
     def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
         params = {"thread_id": thread_id, "ns": [ns for ns, _ in keep], "ids": [cid for _, cid in keep]}
@@ -163,9 +166,10 @@ class PostgresTx(Tx):
             params = (thread_id, r.checkpoint_id, self.keyring.seal_text(r.label), r.pinned, r.archived)
             self.batch.execute(branches.INSERT_BRANCH_SQL, params)
 
-    def index_checkpoints(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
-        for row in rows:
-            self.batch.execute(branches.INDEX_MESSAGES_SQL, row)
+    def index_thread(self, thread_id: str, checkpoint_ids: Sequence[str], rows: Sequence[tuple[str, list[int]]]) -> None:
+        self.batch.execute(branches.UNINDEX_SQL, {"thread_id": thread_id, "ids": list(checkpoint_ids)})
+        for checkpoint_id, keys in rows:
+            self.batch.execute(branches.INSERT_ROW_SQL, (thread_id, checkpoint_id, keys))
 
     def clear_search_index(self) -> None:
         self.batch.execute(branches.CLEAR_INDEX_SQL)

@@ -3,9 +3,11 @@
 Apart from `sql` because they are one subject (`agent.operations.branch_records`,
 `agent.storage.search`) that every path removing checkpoints must also clean:
 deleting a thread, a branch, the checkpoints retention or LangGraph's `prune`
-drops, and copying a thread. The search runs FTS5 over `agent_message_terms`, a
-contentless table whose row ids are those of `agent_message_rows` (thread and
-checkpoint; see the migration in `schema` and "Deletion" in `agent.storage.search`).
+drops, and copying a thread. A search row (`agent_message_rows`) holds the
+tokens of the words a checkpoint brings to its branch (`terms`, see
+`agent.storage.search`); it is the external content of the FTS5 table
+`agent_message_terms`, which the schema's triggers keep in step, so a row goes
+with its entries.
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
 
 from agent.encryption import Keyring
-from agent.storage import deltas, search
-from agent.storage.records import BranchRecord, SearchRow
+from agent.storage import search
+from agent.storage.records import BranchRecord, SearchCandidate
 
 SELECT_BRANCHES_SQL = "SELECT checkpoint_id, label, pinned, archived FROM agent_branches WHERE thread_id = ?"
 UPSERT_LABEL_SQL = """
@@ -41,38 +42,38 @@ ON CONFLICT (thread_id, checkpoint_id) DO UPDATE SET label = excluded.label, pin
     archived = excluded.archived
 """
 
-# A contentless FTS5 row cannot be updated: a checkpoint indexed again gets a new row id (the old entry is
-# left to `CLEAR_INDEX_SQL`, and names no checkpoint any more).
+# A checkpoint has at most one row: writing it replaces the one it had.
 INDEX_MESSAGES_SQL = [
     "DELETE FROM agent_message_rows WHERE thread_id = ? AND checkpoint_id = ?",
-    "INSERT INTO agent_message_rows (thread_id, checkpoint_id) VALUES (?, ?)",
-    "INSERT INTO agent_message_terms (rowid, body) VALUES (last_insert_rowid(), ?)",
+    "INSERT INTO agent_message_rows (thread_id, checkpoint_id, terms) VALUES (?, ?, ?)",
 ]
-# The rows of one user's threads holding every token, newest first.
+# The threads of one user whose rows hold, together, every token (`:tokens`, a JSON array); with their
+# newest checkpoint, newest first. A token at a time (a thread's tokens are spread over its rows), quoted
+# so that FTS5 reads it as a string.
 SEARCH_SQL = """
-SELECT m.thread_id, m.checkpoint_id
-FROM agent_message_terms f JOIN agent_message_rows m ON m.id = f.rowid
-JOIN agent_threads t ON t.thread_id = m.thread_id
-WHERE agent_message_terms MATCH ? AND t.user_id IS ?
-ORDER BY m.checkpoint_id DESC LIMIT ?
+SELECT f.thread_id,
+    (SELECT max(c.checkpoint_id) FROM checkpoints c WHERE c.thread_id = f.thread_id AND c.checkpoint_ns = '')
+        AS newest_checkpoint_id
+FROM (SELECT DISTINCT m.thread_id, q.value AS token
+      FROM json_each(:tokens) q
+      JOIN agent_message_terms ON agent_message_terms MATCH '"' || q.value || '"'
+      JOIN agent_message_rows m ON m.id = agent_message_terms.rowid
+      JOIN agent_threads t ON t.thread_id = m.thread_id
+      WHERE t.user_id IS :user_id) f
+GROUP BY f.thread_id
+HAVING count(*) = json_array_length(:tokens)
+ORDER BY newest_checkpoint_id DESC, f.thread_id DESC
 """
-# The backfill's pages (`search.backfill`): root-namespace checkpoints without a row, in key order.
+# The backfill's pages (`search.backfill`): threads with a root checkpoint without a row, in id order.
 UNINDEXED_SQL = """
-SELECT c.thread_id, c.checkpoint_id FROM checkpoints c
-WHERE c.checkpoint_ns = '' AND (c.thread_id, c.checkpoint_id) > (?, ?)
+SELECT DISTINCT c.thread_id FROM checkpoints c
+WHERE c.checkpoint_ns = '' AND c.parent_checkpoint_id IS NULL AND c.thread_id > ?
   AND NOT EXISTS (SELECT 1 FROM agent_message_rows m WHERE m.thread_id = c.thread_id AND m.checkpoint_id = c.checkpoint_id)
-ORDER BY c.thread_id, c.checkpoint_id
+ORDER BY c.thread_id
 LIMIT ?
 """
-SELECT_CHECKPOINT_MESSAGES_SQL = """
-SELECT checkpoint_id, type, checkpoint FROM checkpoints
-WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id IN (SELECT value FROM json_each(?))
-"""
-INDEXED_OF_THREAD_SQL = "SELECT checkpoint_id FROM agent_message_rows WHERE thread_id = ? ORDER BY id"
-CLEAR_INDEX_SQL = [
-    "DELETE FROM agent_message_rows",
-    "INSERT INTO agent_message_terms (agent_message_terms) VALUES ('delete-all')",
-]
+UNINDEX_SQL = "DELETE FROM agent_message_rows WHERE thread_id = ? AND checkpoint_id IN (SELECT value FROM json_each(?))"
+CLEAR_INDEX_SQL = "DELETE FROM agent_message_rows"
 
 # `ids` is a JSON array of checkpoint ids.
 IDS = "(SELECT value FROM json_each(:ids))"
@@ -95,7 +96,9 @@ KEEP_ONLY_SQL = [
 COPY_THREAD_SQL = [
     """INSERT INTO agent_branches (thread_id, checkpoint_id, label, pinned, archived)
     SELECT :target, checkpoint_id, label, pinned, archived FROM agent_branches WHERE thread_id = :source""",
-]  # the search index rows: `copy_index`
+    """INSERT INTO agent_message_rows (thread_id, checkpoint_id, terms)
+    SELECT :target, checkpoint_id, terms FROM agent_message_rows WHERE thread_id = :source""",
+]
 
 
 def branch_records(cur: sqlite3.Cursor, thread_id: str, keyring: Keyring) -> dict[str, BranchRecord]:
@@ -112,8 +115,9 @@ def branch_records(cur: sqlite3.Cursor, thread_id: str, keyring: Keyring) -> dic
     }
 
 
-def search_rows(cur: sqlite3.Cursor, user_id: str | None, match: str, limit: int) -> list[SearchRow]:
-    return [SearchRow(*row) for row in cur.execute(SEARCH_SQL, (match, user_id, limit)).fetchall()]
+def search_candidates(cur: sqlite3.Cursor, user_id: str | None, keys: Sequence[int]) -> list[SearchCandidate]:
+    tokens = json.dumps([search.fts5_token(key) for key in keys])
+    return [SearchCandidate(*row) for row in cur.execute(SEARCH_SQL, {"tokens": tokens, "user_id": user_id}).fetchall()]
 
 
 def delete_checkpoints(cur: sqlite3.Cursor, thread_id: str, checkpoint_ids: Sequence[str]) -> None:
@@ -122,25 +126,7 @@ def delete_checkpoints(cur: sqlite3.Cursor, thread_id: str, checkpoint_ids: Sequ
         cur.execute(statement, params)
 
 
-def index_checkpoint(cur: sqlite3.Cursor, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:
-    """Write a checkpoint's search index row (`search.index_keys`), replacing its row if it has one."""
+def index_checkpoint(cur: sqlite3.Cursor, thread_id: str, checkpoint_id: str, keys: Sequence[int]) -> None:
+    """Write a checkpoint's search index row (`search.new_keys`), replacing its row if it has one."""
     cur.execute(INDEX_MESSAGES_SQL[0], (thread_id, checkpoint_id))
-    cur.execute(INDEX_MESSAGES_SQL[1], (thread_id, checkpoint_id))
-    cur.execute(INDEX_MESSAGES_SQL[2], (search.fts5_tokens(keys),))
-
-
-def stored_messages(cur: sqlite3.Cursor, serde: Any, thread_id: str, checkpoint_ids: Sequence[str]) -> dict[str, Any]:
-    """The stored `messages` value of each root-namespace checkpoint of `checkpoint_ids` that exists
-    (SqliteSaver keeps channel values inside the serialized checkpoint)."""
-    rows = cur.execute(SELECT_CHECKPOINT_MESSAGES_SQL, (thread_id, json.dumps(list(checkpoint_ids)))).fetchall()
-    return {cid: serde.loads_typed((type_, blob))["channel_values"].get("messages") for cid, type_, blob in rows}
-
-
-def copy_index(cur: sqlite3.Cursor, serde: Any, source_thread_id: str, target_thread_id: str) -> None:
-    """Index a copied thread's checkpoints that its source has indexed (a contentless FTS5 table cannot
-    give the source's tokens back: they are made again from the copied checkpoints' messages)."""
-    ids = [row[0] for row in cur.execute(INDEXED_OF_THREAD_SQL, (source_thread_id,)).fetchall()]
-    for checkpoint_id, stored in stored_messages(cur, serde, target_thread_id, ids).items():
-        keys = search.index_keys(deltas.added_messages(stored))
-        if keys is not None:
-            index_checkpoint(cur, target_thread_id, checkpoint_id, keys)
+    cur.execute(INDEX_MESSAGES_SQL[1], (thread_id, checkpoint_id, search.fts5_tokens(keys)))

@@ -244,6 +244,41 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (response_id, seq)
         )""",
     ],
+    [
+        # The search index holds only the words new to a checkpoint's branch, and a row at each root
+        # (`agent.storage.search`), and forgets a deleted row: the row keeps its tokens (`terms`) and is the
+        # external content of the FTS5 table (https://sqlite.org/fts5.html#external_content_tables), whose
+        # triggers delete a row's entries with them. The contentless table before could forget a row only
+        # with `contentless_delete` (SQLite 3.43): a deleted checkpoint's entries stayed until a rebuild.
+        # The earlier rows are dropped, not converted: `search.backfill` (`tt-agent search-index`) indexes
+        # their threads again.
+        "DROP TABLE IF EXISTS agent_message_terms",
+        "DROP TABLE IF EXISTS agent_message_rows",
+        """CREATE TABLE IF NOT EXISTS agent_message_rows (
+            id INTEGER PRIMARY KEY,
+            thread_id TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL,
+            terms TEXT NOT NULL
+        )""",
+        # By thread only (every look-up names the thread; a thread has few rows): half the bytes of a
+        # unique index on (thread_id, checkpoint_id), which would copy the checkpoint id of every row.
+        "CREATE INDEX IF NOT EXISTS agent_message_rows_thread_idx ON agent_message_rows (thread_id)",
+        # `detail=none`: no positions, a query needs only which rows hold a token. The punctuation is part of
+        # a token (`search.FTS5_DIGITS`: tokens in base 64, shorter than in base 36).
+        """CREATE VIRTUAL TABLE IF NOT EXISTS agent_message_terms USING fts5(
+            terms, content='agent_message_rows', content_rowid='id', detail=none,
+            tokenize="unicode61 tokenchars '!#$%&()*+,-./:;<=>?@[]^_{|}~'")""",
+        """CREATE TRIGGER IF NOT EXISTS agent_message_rows_ai AFTER INSERT ON agent_message_rows BEGIN
+            INSERT INTO agent_message_terms (rowid, terms) VALUES (new.id, new.terms);
+        END""",
+        """CREATE TRIGGER IF NOT EXISTS agent_message_rows_ad AFTER DELETE ON agent_message_rows BEGIN
+            INSERT INTO agent_message_terms (agent_message_terms, rowid, terms) VALUES ('delete', old.id, old.terms);
+        END""",
+        """CREATE TRIGGER IF NOT EXISTS agent_message_rows_au AFTER UPDATE ON agent_message_rows BEGIN
+            INSERT INTO agent_message_terms (agent_message_terms, rowid, terms) VALUES ('delete', old.id, old.terms);
+            INSERT INTO agent_message_terms (rowid, terms) VALUES (new.id, new.terms);
+        END""",
+    ],
 ]
 
 #: Every table setup must leave behind (LangGraph's and the agent's).

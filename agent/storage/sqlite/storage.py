@@ -28,7 +28,7 @@ from agent.storage.records import (
     ExpiredThread,
     IdempotencyKeyTaken,
     IdempotencyState,
-    SearchRow,
+    SearchCandidate,
     ThreadRecord,
     owned_by,
 )
@@ -340,12 +340,11 @@ class SqliteThreadStorage(ThreadStorage):
     def branch_records(self, thread_id: str) -> dict[str, BranchRecord]:
         return self._read(lambda cur: branches.branch_records(cur, thread_id, self.keyring))
 
-    def search_messages(self, user_id: str | None, words: list[str], limit: int) -> list[SearchRow]:
-        return self._read(lambda cur: branches.search_rows(cur, user_id, search.fts5_query(words), limit))
+    def search_candidates(self, user_id: str | None, words: list[str]) -> list[SearchCandidate]:
+        return self._read(lambda cur: branches.search_candidates(cur, user_id, search.query_keys(words)))
 
-    def unindexed_checkpoints(self, after: tuple[str, str] | None, limit: int) -> list[tuple[str, str]]:
-        params = (*(after or ("", "")), limit)
-        return self._read(lambda cur: [tuple(row) for row in cur.execute(branches.UNINDEXED_SQL, params).fetchall()])
+    def unindexed_threads(self, after: str | None, limit: int) -> list[str]:
+        return self._read(lambda cur: [row[0] for row in cur.execute(branches.UNINDEXED_SQL, (after or "", limit)).fetchall()])
 
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
         params = {"checkpoint_id": checkpoint_id}

@@ -101,11 +101,9 @@ class SqliteTx(Tx):
         self.cur.execute(sql.DELETE_NAMESPACED_CHECKPOINTS_SQL, (thread_id,))
         for statement in branches.KEEP_ONLY_SQL:
             self.cur.execute(statement, {"thread_id": thread_id})
-        if deltas.is_message_list(list(messages or ())) and not self.keyring.enabled:
+        if not self.keyring.enabled:
             # The head is now the root: every message of it first appears there.
-            keys = search.index_keys(list(messages or ()))
-            if keys is not None:
-                branches.index_checkpoint(self.cur, thread_id, head_id, keys)
+            branches.index_checkpoint(self.cur, thread_id, head_id, search.rewritten_keys(messages))
         return removed
 
     def thread_record(self, thread_id: str) -> ThreadRecord | None:
@@ -124,8 +122,6 @@ class SqliteTx(Tx):
     def copy_thread_rows(self, source_thread_id: str, target_thread_id: str) -> None:
         for statement in (*sql.COPY_THREAD_SQL, *branches.COPY_THREAD_SQL):
             self.cur.execute(statement, {"source": source_thread_id, "target": target_thread_id})
-        if not self.keyring.enabled:
-            branches.copy_index(self.cur, self.saver.serde, source_thread_id, target_thread_id)
 
     def rewrite_checkpoint(self, thread_id, tup, *, parent_id, metadata) -> None:
         configurable = tup.config["configurable"]
@@ -141,6 +137,10 @@ class SqliteTx(Tx):
         type_, blob = self.saver.serde.dumps_typed(checkpoint)
         encoded = json.dumps(dict(metadata), ensure_ascii=False).encode()
         self.cur.execute(sql.REWRITE_CHECKPOINT_SQL, (parent_id, type_, blob, encoded, *address))
+        keys = search.rewritten_keys(messages)
+        if not address[1] and not self.keyring.enabled and (keys or parent_id is None):
+            # Its ancestors may go: its row holds every word of its messages (`search`).
+            branches.index_checkpoint(self.cur, thread_id, address[2], keys)
 
     def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
         params = {"thread_id": thread_id, "keep": json.dumps([list(pair) for pair in keep])}
@@ -172,13 +172,13 @@ class SqliteTx(Tx):
     def delete_branch_checkpoints(self, thread_id: str, checkpoint_ids: Sequence[str]) -> None:
         branches.delete_checkpoints(self.cur, thread_id, checkpoint_ids)
 
-    def index_checkpoints(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
-        for thread_id, checkpoint_id, keys in rows:
+    def index_thread(self, thread_id: str, checkpoint_ids: Sequence[str], rows: Sequence[tuple[str, list[int]]]) -> None:
+        self.cur.execute(branches.UNINDEX_SQL, (thread_id, json.dumps(list(checkpoint_ids))))
+        for checkpoint_id, keys in rows:
             branches.index_checkpoint(self.cur, thread_id, checkpoint_id, keys)
 
     def clear_search_index(self) -> None:
-        for statement in branches.CLEAR_INDEX_SQL:
-            self.cur.execute(statement)
+        self.cur.execute(branches.CLEAR_INDEX_SQL)
 
 
 def epoch(now: datetime | None) -> float:
