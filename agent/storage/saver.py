@@ -57,7 +57,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -354,6 +354,11 @@ class TurnSaverMixin(SaverThreadOperations):
 
     def _backend_index(self, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:  # pragma: no cover - abstract
         """Write the search index row (`search.new_keys`) of a checkpoint, in the running transaction."""
+        raise NotImplementedError
+
+    def _fetch_checkpoint_messages(self, thread_id: str, checkpoint_ids: Sequence[str]) -> Mapping[str, Any]:  # pragma: no cover
+        """The stored `messages` value (a delta, as written) of each of the root-namespace checkpoints
+        `checkpoint_ids` that exists, keyed by checkpoint id; one query (history's previews: `agent_rows`)."""
         raise NotImplementedError
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:  # pragma: no cover

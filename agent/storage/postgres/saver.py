@@ -29,7 +29,7 @@ What it changes in `PostgresSaver`, and why:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol
 
@@ -153,6 +153,16 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
     def _backend_index(self, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:
         with self._cursor(pipeline=True) as cur:
             cur.execute(branches.INDEX_MESSAGES_SQL, {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "terms": keys})
+
+    def _fetch_checkpoint_messages(self, thread_id: str, checkpoint_ids: Sequence[str]) -> Mapping[str, Any]:
+        config = {"configurable": {"thread_id": thread_id}}
+        with self._read_faults("read messages", config), self._cursor() as cur:
+            cur.execute(sql.SELECT_CHECKPOINT_MESSAGES_SQL, (thread_id, list(checkpoint_ids)))
+            rows = cur.fetchall()
+        return {
+            row["checkpoint_id"]: None if row["type"] in (None, "empty") else self.serde.loads_typed((row["type"], bytes(row["blob"])))
+            for row in rows
+        }
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:
         with self._read_faults("read messages", {"configurable": {"thread_id": thread_id}}), self._cursor() as cur:

@@ -160,6 +160,13 @@ LEFT JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = 
   AND b.channel = 'messages' AND b.version = c.checkpoint -> 'channel_versions' ->> 'messages'
 WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
+# The stored messages of some root-namespace checkpoints of a thread (history's previews).
+SELECT_CHECKPOINT_MESSAGES_SQL = """
+SELECT c.checkpoint_id, b.type, b.blob FROM checkpoints c
+LEFT JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+  AND b.channel = 'messages' AND b.version = c.checkpoint -> 'channel_versions' ->> 'messages'
+WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = ANY(%s)
+"""
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
 # The thread a checkpoint id names: the one agent_checkpoint_ids registers it to, else (a checkpoint no commit
 # registered: a LangGraph copy_thread's whose source is gone, one written by an older agent during an upgrade)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 from agent.encryption import Keyring
 from agent.storage import search
@@ -101,6 +102,12 @@ COPY_THREAD_SQL = [
 ]
 
 
+# The stored checkpoints of some root-namespace checkpoint ids of a thread (history's previews).
+SELECT_CHECKPOINT_MESSAGES_SQL = """
+SELECT checkpoint_id, type, checkpoint FROM checkpoints
+WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id IN (SELECT value FROM json_each(?))
+"""
+
 def branch_records(cur: sqlite3.Cursor, thread_id: str, keyring: Keyring) -> dict[str, BranchRecord]:
     """The thread's branch records by checkpoint id (none when the file predates them)."""
     try:
@@ -130,3 +137,10 @@ def index_checkpoint(cur: sqlite3.Cursor, thread_id: str, checkpoint_id: str, ke
     """Write a checkpoint's search index row (`search.new_keys`), replacing its row if it has one."""
     cur.execute(INDEX_MESSAGES_SQL[0], (thread_id, checkpoint_id))
     cur.execute(INDEX_MESSAGES_SQL[1], (thread_id, checkpoint_id, search.fts5_tokens(keys)))
+
+
+def stored_messages(cur: sqlite3.Cursor, serde: Any, thread_id: str, checkpoint_ids: Sequence[str]) -> dict[str, Any]:
+    """The stored `messages` value of each root-namespace checkpoint of `checkpoint_ids` that exists
+    (SqliteSaver keeps channel values inside the serialized checkpoint)."""
+    rows = cur.execute(SELECT_CHECKPOINT_MESSAGES_SQL, (thread_id, json.dumps(list(checkpoint_ids)))).fetchall()
+    return {cid: serde.loads_typed((type_, blob))["channel_values"].get("messages") for cid, type_, blob in rows}

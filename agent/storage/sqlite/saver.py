@@ -27,7 +27,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -148,6 +148,10 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
     def _backend_index(self, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:
         with self.cursor() as cur:
             branches.index_checkpoint(cur, thread_id, checkpoint_id, keys)
+
+    def _fetch_checkpoint_messages(self, thread_id: str, checkpoint_ids: Sequence[str]) -> Mapping[str, Any]:
+        with self.cursor(transaction=False) as cur:
+            return branches.stored_messages(cur, self.serde, thread_id, checkpoint_ids)
 
     def _fetch_thread_messages(self, thread_id: str, checkpoint_ns: str) -> Mapping[str, Any]:
         with self.cursor(transaction=False) as cur:
