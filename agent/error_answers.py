@@ -16,6 +16,7 @@ from agent.errors import (
     InvalidRequest,
     NotFound,
     PreviousResponseNotFound,
+    RunCancelled,
     ServerBusy,
     Unavailable,
 )
@@ -46,6 +47,9 @@ ERROR_ANSWERS: tuple[tuple[type[AgentError], ErrorAnswer], ...] = (
         ErrorAnswer(404, "RESOURCE_DOES_NOT_EXIST", "invalid_request_error", "previous_response_not_found", "previous_response_id"),
     ),
     (NotFound, ErrorAnswer(404, "RESOURCE_DOES_NOT_EXIST", "invalid_request_error", "not_found")),
+    # Before Conflict: the code a run's stream ends with when it is cancelled (`agent.runs`), the same on the stream
+    # the turn was started with and on a resumed one.
+    (RunCancelled, ErrorAnswer(409, "RESOURCE_CONFLICT", "invalid_request_error", "cancelled")),
     (Conflict, ErrorAnswer(409, "RESOURCE_CONFLICT", "invalid_request_error", "conflict")),
     # Before Unavailable. OpenAI's own answer to too many requests (type "requests", code "rate_limit_exceeded"),
     # so a client that backs off from OpenAI's 429 backs off from ours; MLflow's code whose status is 429.

@@ -114,6 +114,10 @@ class TurnCancelled(Conflict):
     (`POST /responses/{id}/cancel`, a client that left) while it waited for its thread; nothing was written."""
 
 
+class RunCancelled(TurnCancelled):
+    """The run was cancelled (`POST /responses/{id}/cancel`) before or while it ran; nothing was written."""
+
+
 class UserBeingDeleted(Conflict):
     """`delete_user_data` is deleting the user's data: a turn or write for that user (or a second deletion) is
     refused until it ends; nothing was written."""

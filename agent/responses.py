@@ -260,6 +260,10 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                         yield out
         except BaseException as exc:
             error = exc
+            cancelled = recorder.cancelled(exc) if recorder is not None else None
+            if cancelled is not None:  # POST /responses/{id}/cancel: the stream ends with its error event
+                error = cancelled
+                raise cancelled from None
             raise
         finally:
             if recorder is not None:

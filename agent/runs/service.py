@@ -16,6 +16,15 @@
   followers), it works the same on SQLite, and a follower that reconnects after a drop loses nothing by
   construction (it reads from a sequence number). A follower in the process that runs the turn is woken at
   once by the recorder's write instead of waiting for its next poll.
+* **How a run ends is always recorded.** `Recorder.ended` writes the run's end in a task of its own, which a
+  second cancel of the turn's task cannot stop: the task of a stream whose client left is cancelled again
+  while it records (Starlette cancels the request's anyio cancel scope, whose `gather` of the turn's task
+  passes the cancel on; `asyncio.shield` keeps the write going, not the coroutine awaiting it). Unrecorded,
+  the run read `in_progress` until its lease expired, then `failed`.
+* **A cancelled run's own stream ends like a resumed one.** A cancel (`LocalRun.cancel`) cancels the turn's
+  task, which would end its stream without a word; `Recorder.cancelled` turns that cancel into `RunCancelled`,
+  so the stream the turn was started with ends with an `error` event (code `cancelled`) and `[DONE]`, as a
+  follower's does.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.error_answers import answer_for
-from agent.errors import AgentError, InvalidRequest, ResponseNotFound, TurnCancelled
+from agent.errors import AgentError, InvalidRequest, ResponseNotFound, RunCancelled
 from agent.runs.log import Ops, Replay, decode, encode
 from agent.runs.store import FINAL, Run, RunStore, open_run_store
 from agent.operations.conversations import response_not_found
@@ -49,8 +58,8 @@ CANCEL_POLL_SECONDS = 0.5
 SWEEP_EVERY_SECONDS = 60.0
 
 
-class RunCancelled(TurnCancelled):
-    """The run was cancelled (`POST /responses/{id}/cancel`) before or while it ran; nothing was written."""
+#: Why a run cancelled while it ran reads cancelled (its status's reason, its streams' `error` event).
+CANCELLED_WHILE_RUNNING = "Cancelled (POST /responses/{id}/cancel) while it ran; nothing was written."
 
 
 @dataclass
@@ -60,11 +69,15 @@ class LocalRun:
     loop: asyncio.AbstractEventLoop
     task: asyncio.Task | None = None
     started: bool = False
+    #: A cancel was asked for it (`cancel`): its task's cancel is that, not its client leaving.
+    cancelled: bool = False
 
     def cancel(self) -> None:
-        """Cancel its task: a running turn stops and writes nothing; a queued one stops waiting (its admission
-        place and its thread's queue: `agent.runs.places`, `ClaimHandoff`)."""
-        if self.task is not None:
+        """Cancel its task, once (the keeper sees the cancel asked at every renew until the run ends): a running
+        turn stops and writes nothing; a queued one stops waiting (its admission place and its thread's queue:
+        `agent.runs.places`, `ClaimHandoff`)."""
+        if self.task is not None and not self.cancelled:
+            self.cancelled = True
             self.loop.call_soon_threadsafe(self.task.cancel)
 
 
@@ -88,7 +101,7 @@ class Runs:
         self._keeper: threading.Thread | None = None
         self._closed = threading.Event()
         self._last_sweep = 0.0
-        self.tasks: set[asyncio.Task] = set()  # background runs' tasks, kept from the garbage collector
+        self.tasks: set[asyncio.Task] = set()  # tasks that outlive their request (runs, their ends), kept from the GC
 
     # -- this process's runs ---------------------------------------------------------------------
     def attach(self, response_id: str, local: LocalRun) -> None:
@@ -311,6 +324,19 @@ class Recorder:
         #: The thread the turn runs on, once known (None: a new thread); recorded with the run's end, so that
         #: deleting the thread deletes the run (`Tx.delete_thread`) whether or not it committed.
         self.thread_id: str | None = None
+        #: How a cancel reaches the turn's task (`LocalRun`), once its turn started.
+        self.local: LocalRun | None = None
+
+    def cancelled(self, error: BaseException) -> RunCancelled | None:
+        """`RunCancelled` when `error` is the cancel of the turn's task by a cancel asked for its run
+        (`LocalRun.cancel`), after undoing that cancel (`Task.uncancel`), so that the caller raises it instead
+        and its stream ends with an `error` event; None for any other error (a client that left, a failure)."""
+        if not isinstance(error, asyncio.CancelledError) or self.local is None or not self.local.cancelled:
+            return None
+        task = asyncio.current_task()
+        if task is not None and task is self.local.task:
+            task.uncancel()
+        return RunCancelled(CANCELLED_WHILE_RUNNING)
 
     async def record(self, event: Any, in_io: Callable[..., Any]) -> None:
         """Record one turn event (`TurnStarted` first).
@@ -333,6 +359,7 @@ class Recorder:
             if local is None:
                 local = LocalRun(asyncio.get_running_loop(), asyncio.current_task())
                 self.runs.attach(self.response_id, local)
+            self.local = local
             local.started = True  # from now on only a cancel asked stops its task (before, a status no longer queued)
         if self.response_id is None:
             return  # an idempotent replay before any start: nothing runs
@@ -359,8 +386,17 @@ class Recorder:
         self.runs.woken(self.response_id)
 
     async def ended(self, error: BaseException | None, in_io: Callable[..., Any]) -> None:
-        """Record how the turn ended (`error` None: it yielded its result). Never raises."""
+        """Record how the turn ended (`error` None: it yielded its result), in a task of its own that a cancel of
+        the caller's task does not stop (module docstring); returns once it is recorded, or at once when the
+        caller is cancelled meanwhile (the task records on). Never raises."""
         self.in_io = self.in_io or in_io
+        end = asyncio.ensure_future(self._ended(error))
+        self.runs.tasks.add(end)
+        end.add_done_callback(self.runs.tasks.discard)
+        with contextlib.suppress(asyncio.CancelledError):  # cancelled again: `end` records on (module docstring)
+            await asyncio.shield(end)
+
+    async def _ended(self, error: BaseException | None) -> None:
         # `flushing` is set only while `_flush_later` sleeps (it clears it before writing): cancelling it then
         # stops no write, and the flush below takes its ops. A write in progress holds `lock`, which the flush
         # below waits for, so rows land in order and a follower never skips one.
@@ -378,10 +414,10 @@ class Recorder:
                     status = "incomplete"
                 thread_id, checkpoint_id = custom.get("thread_id"), custom.get("checkpoint_id")
             else:
-                status, reason, code = await asyncio.shield(self.in_io(_status_of, error, self.runs, response_id))
+                status, reason, code = await self.in_io(_status_of, error, self.runs, response_id)
                 thread_id, checkpoint_id = self.thread_id, None
                 self.ops.failed(code, reason)
-            await asyncio.shield(self._end(response_id, status, reason, code, thread_id, checkpoint_id))
+            await self._end(response_id, status, reason, code, thread_id, checkpoint_id)
         except BaseException:  # noqa: BLE001 - the run then reads failed once its lease passes
             logger.warning("Could not record the end of run %s", response_id, exc_info=True)
         finally:
@@ -406,7 +442,7 @@ def _status_of(error: BaseException | None, runs: Runs, response_id: str) -> tup
     if run is not None and run.status in FINAL:  # cancelled while queued: the task stopped waiting (`Runs._keep`)
         return run.status, run.reason or f"The response {run.status}.", run.code or run.status
     if run is not None and run.cancel_requested:
-        return "cancelled", "Cancelled (POST /responses/{id}/cancel) while it ran; nothing was written.", "cancelled"
+        return "cancelled", CANCELLED_WHILE_RUNNING, "cancelled"
     if error is None or isinstance(error, (asyncio.CancelledError, GeneratorExit)):
         return "cancelled", "The client left the stream, which cancelled the turn; nothing was written.", "client_left"
     if isinstance(error, AgentError):

@@ -6,6 +6,7 @@
 | `PreviousResponseNotFound` (a request's `previous_response_id`) | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `previous_response_not_found`, `param` `previous_response_id` |
 | `ThreadNotFound`, `CheckpointNotFound`, `ResponseNotFound`, `MemoryNotFound` | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `not_found` |
 | `ThreadBusy`, `LeaseExpired`, `TurnCancelled`, `UserBeingDeleted`, `ThreadExists`, `InterruptPending` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
+| `RunCancelled` (a `TurnCancelled`: `POST /responses/{id}/cancel`) | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `cancelled` |
 | `ServerBusy` (the turn admission's queue is full: `serving.admission`) | 429 | `REQUEST_LIMIT_EXCEEDED` | `requests` / `rate_limit_exceeded` |
 | `StorageUnavailable`, `ModelError` | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `unavailable` |
 | `EncryptionKeyError` (the deployment's keys cannot open its data) | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
