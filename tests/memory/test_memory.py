@@ -404,14 +404,15 @@ def test_semantic_search_returns_the_same_results_with_and_without_pgvector(
                 got, expected_among = ranked_among(with_, alice, chosen), ranked_among(without, alice, chosen)
                 assert [c for c, _ in got] == [c for c, _ in expected_among] and len(got) == 3
                 assert [s for _, s in got] == pytest.approx([s for _, s in expected_among], abs=1e-5)
-            # A turn's recall ranks in the database the same way, in the query run while the claim is on
-            # the way (with the listing it ranked among, which the turn's copy matches): none after it.
+            # A turn's recall ranks in the database the same way, with one search: the one run while the claim
+            # is on the way (with the listing it ranked among, which the turn's copy matches), or, when the
+            # pool had not started it by the time recall needed it (a loaded machine), recall's own; never both.
             store, calls = with_.operation_context.memories.store, []
             for name in ("similar", "similar_listed"):
                 monkeypatch.setattr(store, name, spy(getattr(store, name), calls, name))
             asked = "Where does my sister Ana live?"
             assert remembered(say(with_, asked, user_id=alice)) == remembered(say(without, asked, user_id=alice))
-            assert calls == ["similar_listed"]
+            assert calls in (["similar_listed"], ["similar"])
             without.close()
 
         # pgvector appears on the database whose memories carry their vectors in their values: the first
