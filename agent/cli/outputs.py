@@ -171,7 +171,8 @@ def _branch_changed(run: Run) -> None:
     change, name = run.python, run.operation.name
     at = short_id(change["checkpoint_id"])
     if name == "label_branch":
-        said = f"Labelled the branch through {at} {change['label']!r}." if change["label"] else f"Removed the label of the branch through {at}."
+        label = change["label"]
+        said = f"Labelled the branch through {at} {label!r}." if label else f"Removed the label of the branch through {at}."
     elif name == "pin_branch":
         said = f"Pinned the branch through {at} as the main branch." if change["pinned"] else "The thread has no pinned branch now."
     elif name in ("archive_branch", "unarchive_branch"):
