@@ -205,6 +205,21 @@ def branches_table(branches: list[dict[str, Any]], *, title: str = "Branches") -
     return table
 
 
+def search_table(hits: list[dict[str, Any]], *, title: str) -> RenderableType:
+    """`search_threads` hits (best first): the thread, the checkpoint where the message first appeared (its
+    short id: open that branch with it) and the snippet."""
+    if not hits:
+        return Text(f"{title}: no hits.", style="dim")
+    table = Table(title=title, header_style="bold", caption="checkpoint: where the message first appeared",
+                  caption_justify="left")  # fmt: skip
+    table.add_column("thread", overflow="fold", style="cyan")
+    table.add_column("checkpoint", no_wrap=True, style="cyan")
+    table.add_column("snippet")
+    for hit in hits:
+        table.add_row(hit["thread_id"], short_id(hit["checkpoint_id"]), Text(hit["snippet"]))
+    return table
+
+
 def diff_view(diff: dict[str, Any]) -> RenderableType:
     """A `compare_checkpoints` result: the common ancestor, then the messages only each side has."""
     parts: list[RenderableType] = [

@@ -155,6 +155,38 @@ def _merged(run: Run) -> None:
     )
 
 
+def _searched(run: Run) -> None:
+    from agent.views import search_table
+
+    user_id = run.args.user_id
+    title = f"Search {run.args.query!r}" + (f" in the threads of {user_id}" if user_id else " (no user_id)")
+    console.print(search_table(run.python, title=title))
+
+
+def _branch_changed(run: Run) -> None:
+    """A branch record change (`branch label|pin|archive|unarchive|delete`): what it did, then the thread's
+    branches as they are now (archived ones too, marked), as `tt-agent branches --include-archived` shows them."""
+    from agent.views import branches_table, short_id
+
+    change, name = run.python, run.operation.name
+    at = short_id(change["checkpoint_id"])
+    if name == "label_branch":
+        label = change["label"]
+        said = f"Labelled the branch through {at} {label!r}." if label else f"Removed the label of the branch through {at}."
+    elif name == "pin_branch":
+        said = f"Pinned the branch through {at} as the main branch." if change["pinned"] else "The thread has no pinned branch now."
+    elif name in ("archive_branch", "unarchive_branch"):
+        said = f"{'Archived' if change['archived'] else 'Unarchived'} the branch from {at}."
+    else:
+        gone = change["deleted_checkpoint_ids"]
+        said = (
+            f"Deleted the branch from {at}: {len(gone)} checkpoint{'s' if len(gone) != 1 else ''} "
+            f"({', '.join(short_id(c) for c in gone)}), {change['deleted_memory_versions']} memory version(s) with them."
+        )
+    console.print(Text(f"Thread {change['thread_id']}: {said}"))
+    console.print(branches_table(run.branches()))
+
+
 #: By operation name.
 OUTPUTS: dict[str, Output] = {
     "get_checkpoint_history": Output(
@@ -173,4 +205,6 @@ OUTPUTS: dict[str, Output] = {
     "compare_checkpoints": Output(_compared),
     "get_usage": Output(_usage),
     "merge_branch": Output(_merged),
+    "search_threads": Output(_searched),
+    **{name: Output(_branch_changed) for name in ("label_branch", "pin_branch", "archive_branch", "unarchive_branch", "delete_branch")},
 }

@@ -105,6 +105,14 @@ class Run:
             self._history = history.as_python(history.call(self.context, args))
         return self._history
 
+    def branches(self) -> list[dict[str, Any]]:
+        """The thread's branches, archived ones too (`list_branches`), read through the door like any operation."""
+        from agent.operations.operation import arguments
+
+        listing = registered("list_branches")
+        values = {"thread_id": self._values.get("thread_id"), "user_id": self._values.get("user_id"), "include_archived": True}
+        return listing.as_python(listing.call(self.context, arguments(listing, values, self.context.settings)))
+
     def _full_id(self, ref: str) -> str:
         from agent.operations.history import resolve_checkpoint_ref
 

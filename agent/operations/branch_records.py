@@ -26,6 +26,7 @@ from agent.operations.operation import Operation, param
 from agent.operations.tree import read_tree
 
 if TYPE_CHECKING:
+    from agent.memory.service import Memories
     from agent.operations.context import OperationContext
     from agent.storage import ThreadStorage, Tx
 
@@ -56,6 +57,9 @@ class BranchChange:
     pinned: bool | None = None
     archived: bool | None = None
     deleted_checkpoint_ids: tuple[str, ...] = ()
+    deleted_memory_versions: int = 0
+    """`delete_branch`: the long-term memory versions saved on the deleted checkpoints that went with them
+    (under `memory_scope="branch"`; always 0 under "user", where the user's memories outlive the branch)."""
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"thread_id": self.thread_id, "checkpoint_id": self.checkpoint_id}
@@ -67,6 +71,7 @@ class BranchChange:
                 out[key] = getattr(self, key)
         if self.deleted_checkpoint_ids:
             out["deleted_checkpoint_ids"] = list(self.deleted_checkpoint_ids)
+            out["deleted_memory_versions"] = self.deleted_memory_versions
         return out
 
 
@@ -150,8 +155,20 @@ def archive_branch(storage: ThreadStorage, thread_id: str, checkpoint_id: str, a
     return _change(storage, thread_id, checkpoint_id, user_id, plan)
 
 
-def delete_branch(storage: ThreadStorage, thread_id: str, checkpoint_id: str, *, user_id: str | None) -> BranchChange:
+def delete_branch(
+    storage: ThreadStorage,
+    thread_id: str,
+    checkpoint_id: str,
+    *,
+    user_id: str | None,
+    memories: Memories | None = None,
+) -> BranchChange:
     """Delete the branch through the checkpoint: the subtree where it starts (see the module docstring).
+
+    Under `memory_scope="branch"`, the long-term memory versions those checkpoints saved (or that
+    `extract_memories` read from them) go with them, in the same transaction, as `delete_thread` deletes a
+    thread's (a memory whose newer version goes is known again by the version before it); under "user" the
+    user's memories are the user's, not the branch's, and are kept. `memories`: the agent's, or None (none).
 
     Raises:
         InvalidRequest: the subtree holds the head (switch away first) or the root; nothing is written.
@@ -164,7 +181,8 @@ def delete_branch(storage: ThreadStorage, thread_id: str, checkpoint_id: str, *,
 
         def write(tx: Tx) -> BranchChange:
             tx.delete_branch_checkpoints(thread_id, gone)
-            return BranchChange(thread_id, start, label=None, deleted_checkpoint_ids=gone)
+            versions = memories.delete_checkpoint_memories(user_id, thread_id, gone) if memories is not None else 0
+            return BranchChange(thread_id, start, label=None, deleted_checkpoint_ids=gone, deleted_memory_versions=versions)
 
         return write
 
@@ -262,14 +280,18 @@ def run_unarchive(context: OperationContext, args: BranchArgs) -> BranchChange:
 
 def run_delete(context: OperationContext, args: BranchArgs) -> BranchChange:
     """Delete the branch through `checkpoint_id`: every checkpoint only that branch uses (from where it leaves
-    its nearest other branch, everything after it), with their messages, labels and search entries.
+    its nearest other branch, everything after it), with their messages, labels and search entries, and
+    under `memory_scope="branch"` the long-term memory versions saved on them (a memory changed there is
+    known again by its version before); under "user" the user's memories are kept (they are the user's,
+    not the branch's; `forget_memory` removes one).
 
     Every other checkpoint and message stays byte for byte. Refused, with nothing written, when that part
     holds the head (switch away first) or the root. Returns `thread_id`, `checkpoint_id` (where the deleted
-    part started) and `deleted_checkpoint_ids` (oldest first). Raises: `InvalidRequest`, `ThreadNotFound`,
+    part started), `deleted_checkpoint_ids` (oldest first) and `deleted_memory_versions` (how many memory
+    versions went with them; 0 under "user" scope). Raises: `InvalidRequest`, `ThreadNotFound`,
     `CheckpointNotFound`, `ThreadBusy`.
     """
-    return delete_branch(context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id)
+    return delete_branch(context.storage, args.thread_id, args.checkpoint_id, user_id=args.user_id, memories=context.memories)
 
 
 LABEL_BRANCH = Operation(

@@ -127,7 +127,11 @@ def list_branches(
     Reads summaries and branch records only.
 
     Archived branches (`archive_branch`) are left out unless `include_archived`; the fork points are
-    then those of the branches listed.
+    then those of the branches listed. The head's branch is always listed, with `archived: true` when it
+    is archived (the head was set there, `set_head`, and maybe continued): a client must always find
+    the branch it is on. Listing it, rather than having the switch or the turn unarchive it, keeps a
+    read and a turn from rewriting the user's branch records: an archived branch "still reads, can be
+    switched to and continued" while staying archived until `unarchive_branch`.
 
     Raises:
         ThreadNotFound: unknown thread, or not the caller's.
@@ -138,7 +142,9 @@ def list_branches(
     tree = ThreadTree.from_rows(thread_id, rows)
     gone = branch_view.hidden(tree, records)
     if gone and not include_archived:
-        rows = [row for row in rows if row["checkpoint_id"] not in gone]
+        head = record.head_checkpoint_id
+        kept = set(tree.chain(head)) if head in tree else set()  # the head's branch is always listed
+        rows = [row for row in rows if row["checkpoint_id"] not in gone or row["checkpoint_id"] in kept]
         tree = ThreadTree.from_rows(thread_id, rows)
     by_id = {row["checkpoint_id"]: row for row in rows}
     pinned = branch_view.pinned_leaf(tree, records)
@@ -301,7 +307,9 @@ def branches_of(context: OperationContext, args: ThreadArgs) -> list[BranchSumma
     its nearest other branch; None for a thread without branches), `updated_at`
     (the leaf's timestamp, ISO 8601 UTC), `label` (`label_branch`; None), `pinned`
     (`pin_branch`) and `archived`. Archived branches (`archive_branch`) are left out
-    unless `include_archived`.
+    unless `include_archived`, except the head's: the branch with `is_head: true` is always
+    listed (with `archived: true` when the head was moved onto an archived branch; it stays
+    archived until `unarchive_branch`).
 
     Raises: `InvalidRequest` (bad ids), `ThreadNotFound`.
     """

@@ -133,3 +133,44 @@ def test_search_index_indexes_what_an_upgrade_left_unindexed_and_search_finds_it
     hits = json.loads(run("search", "headed", "--database-url", url, "--json").stdout)
     assert {hit["checkpoint_id"] for hit in hits if "New York" in hit["snippet"]} == {new_york}
     assert any(hit["checkpoint_id"] == sf for hit in hits) and {hit["thread_id"] for hit in hits} == {thread_id}
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_search_prints_a_table_of_hits_and_json_only_with_the_option(branched):
+    url, thread_id, (_, sf, new_york) = branched
+    shown = run("search", "headed", "--database-url", url)
+    assert shown.exit_code == 0, shown.output
+    assert not _is_json(shown.stdout) and "snippet" in shown.stdout and thread_id in shown.stdout
+    assert sf[-8:] in shown.stdout and new_york[-8:] in shown.stdout
+    none = run("search", "zanzibar", "--database-url", url)
+    assert none.exit_code == 0 and "no hits" in none.stdout
+    as_json = json.loads(run("search", "headed", "--database-url", url, "--json").stdout)
+    assert {hit["checkpoint_id"] for hit in as_json} >= {sf, new_york}
+
+
+def test_branch_commands_print_what_they_did_and_the_branches_and_json_only_with_the_option(branched):
+    url, thread_id, (_, sf, new_york) = branched
+    said = lambda result: " ".join(result.stdout.split())  # noqa: E731
+    labelled = run("branch", "label", thread_id, sf[-8:], "SF plan", "--database-url", url)
+    assert labelled.exit_code == 0, labelled.output
+    assert not _is_json(labelled.stdout) and f"Labelled the branch through {sf[-8:]} 'SF plan'" in said(labelled)
+    assert "«SF plan»" in labelled.stdout and "[head]" in labelled.stdout and "forks at" in labelled.stdout
+    pinned = run("branch", "pin", thread_id, new_york[-8:], "--database-url", url)
+    assert "as the main branch" in said(pinned) and "[pinned]" in pinned.stdout
+    archived = run("branch", "archive", thread_id, sf[-8:], "--database-url", url)
+    assert f"Archived the branch from {sf[-8:]}" in said(archived) and "[archived]" in archived.stdout
+    unarchived = run("branch", "unarchive", thread_id, sf[-8:], "--database-url", url)
+    assert "Unarchived" in said(unarchived) and "[archived]" not in unarchived.stdout
+    deleted = run("branch", "delete", thread_id, sf[-8:], "--database-url", url)
+    assert deleted.exit_code == 0, deleted.output
+    assert f"Deleted the branch from {sf[-8:]}: 1 checkpoint ({sf[-8:]})" in said(deleted)
+    assert sf[-8:] not in deleted.stdout.split("Branches", 1)[1] and new_york[-8:] in deleted.stdout
+    as_json = run("branch", "label", thread_id, new_york[-8:], "NY", "--database-url", url, "--json")
+    assert json.loads(as_json.stdout) == {"thread_id": thread_id, "checkpoint_id": new_york, "label": "NY"}

@@ -169,3 +169,23 @@ def test_deleting_a_branchs_checkpoints_memories_brings_back_the_version_before_
     assert contents(agent.list_memories(ana)) == ["I live in Porto"] and store_rows(backend_url, ana)["store"] == 1
     user_scope = make_agent(backend_url, memory_scope="user").operation_context.memories
     assert user_scope.delete_checkpoint_memories(ana, ids["thread_id"], [ids["porto"]]) == 0
+
+
+@pytest.mark.parametrize("scope", ["user", "branch"])
+def test_delete_branch_takes_the_memory_versions_saved_on_it_under_branch_scope_and_keeps_them_under_user(
+    backend_url, make_agent, ana, scope
+):
+    agent = make_agent(backend_url, memory_scope=scope)
+    ids = moves(agent, ana)
+    away = outputs(say(agent, "just chatting", thread_id=ids["thread_id"], checkpoint_id=ids["porto"], user_id=ana))
+    deleted = agent.delete_branch(ids["thread_id"], ids["lisbon"], user_id=ana)
+    assert deleted["deleted_checkpoint_ids"] == [ids["lisbon"]]
+    if scope == "branch":  # the change made on the deleted branch goes with it: Porto is known again
+        assert deleted["deleted_memory_versions"] == 1
+        assert contents(agent.list_memories(ana)) == ["I live in Porto"] and store_rows(backend_url, ana)["store"] == 1
+        assert all(memory["checkpoint_id"] != ids["lisbon"] for memory in agent.list_memories(ana))
+    else:  # the user's memories are the user's, not the branch's
+        assert deleted["deleted_memory_versions"] == 0
+        assert contents(agent.list_memories(ana)) == ["I live in Lisbon"] and store_rows(backend_url, ana)["store"] == 2
+    known = agent.list_memories(ana, thread_id=ids["thread_id"], as_of_checkpoint=away["checkpoint_id"])
+    assert contents(known) == ["I live in Porto" if scope == "branch" else "I live in Lisbon"]

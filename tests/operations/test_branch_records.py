@@ -212,7 +212,7 @@ def check(run: Run) -> None:
     for checkpoint_id, snapshot in model.snapshots.items():
         if checkpoint_id in model.parents:
             assert _snapshot(agent.get_checkpoint_state(thread_id, checkpoint_id, user_id=user)) == snapshot
-    visible = model.visible()
+    visible = model.visible(keep=set(model.chain(model.head)))  # the head's branch is listed even when archived
     pinned = visible.newest_leaf(model.pinned) if model.pinned in visible.parents else None
     expected = sorted(visible.leaves(), key=lambda leaf: leaf != pinned)
     listed = agent.list_branches(thread_id, user_id=user)
@@ -284,3 +284,20 @@ def test_an_archived_alternative_counts_again_when_asked_for(agent):
     assert agent.get_checkpoint_state(thread_id, sf["checkpoint_id"])["branch"]["archived"] is True
     agent.unarchive_branch(thread_id, sf["checkpoint_id"])
     assert counts() == [2, 2]
+
+
+def test_the_heads_branch_is_listed_when_the_head_moved_onto_an_archived_branch(agent):
+    first = outputs(say(agent, "planning a trip"))
+    thread_id = first["thread_id"]
+    sf = outputs(say(agent, "headed to SF", thread_id=thread_id))
+    ny = outputs(say(agent, "headed to NY", thread_id=thread_id, checkpoint_id=first["checkpoint_id"]))
+    agent.archive_branch(thread_id, sf["checkpoint_id"])
+    assert [b["checkpoint_id"] for b in agent.list_branches(thread_id)] == [ny["checkpoint_id"]]
+    agent.set_head(thread_id, sf["checkpoint_id"])
+    on_sf = outputs(say(agent, "booking the hotel", thread_id=thread_id))
+    listed = agent.list_branches(thread_id)
+    heads = [b for b in listed if b["is_head"]]
+    assert [(b["checkpoint_id"], b["archived"]) for b in heads] == [(on_sf["checkpoint_id"], True)]
+    assert [b["checkpoint_id"] for b in listed if not b["is_head"]] == [ny["checkpoint_id"]]
+    agent.set_head(thread_id, ny["checkpoint_id"])  # away from it, the archived branch is hidden again
+    assert [b["checkpoint_id"] for b in agent.list_branches(thread_id)] == [ny["checkpoint_id"]]
