@@ -95,7 +95,9 @@ class ThreadStorage(TurnProtocol):
     @abstractmethod
     def find_idempotent(self, user_key: str, key: str, claim_key: str) -> IdempotencyState:
         """In one round trip: the unexpired stored result under (`user_key`, `key`), and the thread of a
-        running turn whose claim carries `claim_key` (the scoped key it was claimed with).
+        running turn whose claim carries `claim_key` (the scoped key it was claimed with). The claim is
+        read before the result (two snapshots): the commit that stores a result releases its claim, so a
+        turn that committed between the reads still shows its result.
 
         Raises:
             StorageUnavailable: the database failed.

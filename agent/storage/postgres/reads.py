@@ -135,10 +135,14 @@ class PostgresReads:
 
     # -- idempotency and retention ------------------------------------------------------------
     def find_idempotent(self, user_key: str, key: str, claim_key: str) -> IdempotencyState:
+        # The claim first, then the result: each statement reads its own snapshot, and the commit that
+        # stores the result releases the claim, so "no claim, then no result" means nothing ran with the
+        # key. In the other order a commit between the two reads looked like neither, and a retry ran the
+        # model a second time (then answered the stored result; a suite run saw it once).
         def read(conn: psycopg.Connection):
             with conn.pipeline():
-                stored = conn.execute(sql.FIND_IDEMPOTENCY_SQL, (user_key, key))
                 running = conn.execute(sql.RUNNING_WITH_KEY_SQL, (claim_key,))
+                stored = conn.execute(sql.FIND_IDEMPOTENCY_SQL, (user_key, key))
             return stored.fetchone(), running.fetchone()
 
         stored, running = self._run("look up the idempotency key", read)

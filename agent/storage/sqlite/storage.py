@@ -233,10 +233,12 @@ class SqliteThreadStorage(ThreadStorage):
 
     def find_idempotent(self, user_key: str, key: str, claim_key: str) -> IdempotencyState:
         now = time.time()
-        stored, running = self._read(
+        # The claim before the result, as on Postgres (agent.storage.postgres.reads): the reads are not one
+        # snapshot, and the commit that stores the result releases the claim.
+        running, stored = self._read(
             lambda cur: (
-                cur.execute(sql.FIND_IDEMPOTENCY_SQL, (user_key, key, now)).fetchone(),
                 cur.execute(sql.RUNNING_WITH_KEY_SQL, (claim_key, now)).fetchone(),
+                cur.execute(sql.FIND_IDEMPOTENCY_SQL, (user_key, key, now)).fetchone(),
             )
         )
         return IdempotencyState(
