@@ -173,6 +173,9 @@ class Turn:
     #: `response.created` carries it). None: the last checkpoint keeps LangGraph's id (so does a head
     #: that waits at an `interrupt()`).
     head_id: str | None = None
+    #: The config and metadata each checkpoint of the turn was written with (`TurnSaverMixin._write_checkpoint`),
+    #: by id: what the Postgres storage needs to keep the head it committed (`PostgresThreadStorage`, "Known heads").
+    written: dict[str, tuple[dict, dict]] = field(default_factory=dict)
 
     def name_head(self) -> str | None:
         """Give the last buffered checkpoint the id `head_id`, unless writes wait on it; returns the head's id.

@@ -282,7 +282,10 @@ class TurnSaverMixin(SaverThreadOperations):
         config = {**config, "configurable": {k: v for k, v in configurable.items() if not k.startswith("tt_")}}
         stored = {**checkpoint, "channel_values": values}
         seal = self.keyring.seal_text if self.keyring.enabled else None
-        result = self._backend_put(config, stored, {**clean, **summaries.pack(summary, seal)}, new_versions)
+        written = {**clean, **summaries.pack(summary, seal)}
+        if turn is not None:
+            turn.written[checkpoint["id"]] = (config, written)
+        result = self._backend_put(config, stored, written, new_versions)
         if not checkpoint_ns and not self.keyring.enabled:
             # The words of the messages that first appear here that the inherited ones lack (`search`), and a
             # row at every root, which says the thread is indexed; nothing with encryption at rest.

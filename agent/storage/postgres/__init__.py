@@ -5,7 +5,8 @@ migrations apart, thin I/O modules): `migrations` (the agent's migrations, a
 migration's position its version), `schema` (setup's apply), `sql` (every statement as a named
 constant), `checkpoint_ids` (the table that makes a checkpoint id name one
 thread), `indexes` (indexes built `CONCURRENTLY` after setup's transaction),
-`batch` (the commit's statements in one round trip), `connections`
+`batch` (the commit's statements in one round trip), `known_heads` (the heads this
+process committed, so its next claim on a thread need not read them back), `connections`
 (the pool, credentials, and faults as `StorageUnavailable`), `saver`
 (`TurnPostgresSaver`), `transaction` (`PostgresTx`), `reads` and `storage`
 (`PostgresThreadStorage`).

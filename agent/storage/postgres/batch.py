@@ -79,22 +79,34 @@ class StatementBatch:
         self.flush()
         return self._conn
 
-    def commit(self) -> None:
-        """Send what is pending and `COMMIT`, in one round trip.
+    def commit(self, returning: tuple[str, Params] | None = None) -> Any:
+        """Send what is pending and `COMMIT`, in one round trip; with `returning` (a query and its parameters),
+        run that query last before `COMMIT` and return the first column of its first row (None: no row).
 
         Raises:
             psycopg.Error: as the server answered; a failed batch leaves its transaction for the caller to roll back.
         """
+        if returning is None:
+            self._pending.append("COMMIT")
+            self.flush()
+            return None
+        self._pending.append(self._binder.mogrify(*returning))  # never flushed on its own: its result is read here
+        position = len(self._pending) - 1  # the query's result among the results of the statements sent
         self._pending.append("COMMIT")
-        self.flush()
+        cursor = self.flush()
+        for _ in range(position):
+            cursor.nextset()
+        row = cursor.fetchone()
+        return None if row is None else next(iter(row.values())) if isinstance(row, dict) else row[0]
 
-    def flush(self) -> None:
-        """Send the pending statements as one simple query (no parameters: psycopg uses the simple protocol)."""
+    def flush(self) -> psycopg.Cursor | None:
+        """Send the pending statements as one simple query (no parameters: psycopg uses the simple protocol);
+        the cursor holding their results (None when nothing was pending)."""
         if not self._pending:
-            return
+            return None
         sql = ";\n".join(self._pending)
         self._pending, self._size = [], 0
-        self._conn.execute(sql, prepare=False)
+        return self._conn.execute(sql, prepare=False)
 
 
 # The batch of the write transaction running on this thread (a commit, `PostgresThreadStorage.transaction`).

@@ -550,4 +550,106 @@ MIGRATIONS = [
     # bytes a row, where the primary key copied both ids into every entry (about 90).
     "ALTER TABLE agent_message_terms DROP CONSTRAINT IF EXISTS agent_message_terms_pkey",
     "CREATE INDEX IF NOT EXISTS agent_message_terms_thread_idx ON agent_message_terms (thread_id)",
+    # The claim of the `agent_claim_turn` above, plus the start this process already holds: when the turn starts
+    # from p_known_start (the head this process's own commit wrote: `storage.PostgresThreadStorage`, "Known
+    # heads"), the row is still the version that commit wrote (its xmin is p_known_xmin; any later write of
+    # the row, a prune's or a rewrite's, gives it another) and no write waits on it, the start is not read
+    # (known_start; the s_ columns stay NULL) and the process uses its copy. Another process's turn, a branch
+    # switch or a fork moves the head to another checkpoint id, and then the known start is not the start.
+    # An overload (two more arguments): processes of the previous release keep calling the nine-argument one.
+    f"""CREATE OR REPLACE FUNCTION agent_claim_turn(
+        p_thread_id TEXT, p_token TEXT, p_user_id TEXT, p_lease DOUBLE PRECISION, p_key TEXT,
+        p_checkpoint_id TEXT, p_read_start BOOLEAN, p_queue BOOLEAN, p_user_claim TEXT,
+        p_known_start TEXT, p_known_xmin TEXT)
+    RETURNS TABLE (
+        claim_fence BIGINT, user_being_deleted BOOLEAN, missing_privileges TEXT[], known_start BOOLEAN,
+        t_thread_id TEXT, t_user_id TEXT, t_head_checkpoint_id TEXT, t_title TEXT, t_metadata JSONB,
+        t_message_count INTEGER, t_forked_from JSONB, t_ttl_seconds DOUBLE PRECISION, t_created_at TEXT,
+        t_updated_at TEXT,
+        s_thread_id TEXT, s_checkpoint JSONB, s_checkpoint_ns TEXT, s_checkpoint_id TEXT,
+        s_parent_checkpoint_id TEXT, s_metadata JSONB, s_channel_values BYTEA[], s_pending_writes BYTEA[])
+    LANGUAGE plpgsql AS $$
+    DECLARE v_ticket BIGINT;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        user_being_deleted := false;
+        IF p_user_id IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock_shared({USER_LOCK_CLASS}, hashtext(p_user_id));
+            user_being_deleted := EXISTS (
+                SELECT 1 FROM agent_user_claims u WHERE u.user_id = p_user_id
+                  AND u.expires_at >= clock_timestamp() AND u.token IS DISTINCT FROM p_user_claim);
+        END IF;
+        UPDATE agent_claim_waiters SET expires_at = clock_timestamp() + make_interval(secs => p_lease)
+        WHERE thread_id = p_thread_id AND token = p_token
+        RETURNING ticket INTO v_ticket;
+
+        IF NOT user_being_deleted THEN
+            INSERT INTO agent_claims AS c (thread_id, token, fence, expires_at, idempotency_key, cancel, user_id)
+            SELECT p_thread_id, p_token, 1, clock_timestamp() + make_interval(secs => p_lease), p_key, NULL, p_user_id
+            WHERE NOT EXISTS (
+                SELECT 1 FROM agent_threads t WHERE t.thread_id = p_thread_id AND t.user_id IS DISTINCT FROM p_user_id)
+              AND (NOT EXISTS (
+                    SELECT 1 FROM agent_claim_waiters w
+                    WHERE w.thread_id = p_thread_id AND w.expires_at >= clock_timestamp() AND w.token <> p_token
+                      AND (v_ticket IS NULL OR w.ticket < v_ticket))
+                OR EXISTS (SELECT 1 FROM agent_claims h WHERE h.thread_id = p_thread_id AND h.token = p_token))
+            ON CONFLICT (thread_id) DO UPDATE
+            SET token = EXCLUDED.token, fence = c.fence + 1, expires_at = EXCLUDED.expires_at,
+                idempotency_key = EXCLUDED.idempotency_key, cancel = NULL, user_id = EXCLUDED.user_id
+            WHERE c.expires_at < clock_timestamp() OR c.token = EXCLUDED.token
+            RETURNING c.fence INTO claim_fence;
+        END IF;
+
+        SELECT t.thread_id, t.user_id, t.head_checkpoint_id, t.title, t.metadata, t.message_count, t.forked_from,
+            t.ttl_seconds, to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+            to_char(t.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+        INTO t_thread_id, t_user_id, t_head_checkpoint_id, t_title, t_metadata, t_message_count, t_forked_from,
+            t_ttl_seconds, t_created_at, t_updated_at
+        FROM agent_threads t WHERE t.thread_id = p_thread_id;
+
+        IF claim_fence IS NOT NULL THEN
+            -- Out of the queue; so are waiters of this thread whose process died (their tickets expired).
+            DELETE FROM agent_claim_waiters
+            WHERE thread_id = p_thread_id AND (token = p_token OR expires_at < clock_timestamp());
+        ELSIF p_queue AND v_ticket IS NULL AND NOT user_being_deleted
+              AND (t_thread_id IS NULL OR t_user_id IS NOT DISTINCT FROM p_user_id) THEN
+            INSERT INTO agent_claim_waiters (thread_id, token, expires_at)
+            VALUES (p_thread_id, p_token, clock_timestamp() + make_interval(secs => p_lease));
+        END IF;
+
+        missing_privileges := agent_missing_privileges();
+
+        known_start := COALESCE(claim_fence IS NOT NULL AND p_read_start
+            AND p_known_start = COALESCE(p_checkpoint_id, t_head_checkpoint_id)
+            AND EXISTS (
+                SELECT 1 FROM checkpoints c
+                WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = p_known_start
+                  AND c.xmin::text = p_known_xmin)
+            AND NOT EXISTS (
+                SELECT 1 FROM checkpoint_writes cw
+                WHERE cw.thread_id = p_thread_id AND cw.checkpoint_ns = '' AND cw.checkpoint_id = p_known_start),
+            false);
+
+        IF claim_fence IS NOT NULL AND p_read_start AND NOT known_start THEN
+            SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
+                (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+                 FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
+                 CROSS JOIN LATERAL (
+                    SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
+                    WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+                      AND b.channel = v.channel AND b.version = v.version
+                    OFFSET 0) AS bl),
+                (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+                                        convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+                 FROM checkpoint_writes cw
+                 WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns
+                   AND cw.checkpoint_id = c.checkpoint_id)
+            INTO s_thread_id, s_checkpoint, s_checkpoint_ns, s_checkpoint_id, s_parent_checkpoint_id, s_metadata,
+                s_channel_values, s_pending_writes
+            FROM checkpoints c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = ''
+              AND c.checkpoint_id = COALESCE(p_checkpoint_id, t_head_checkpoint_id);
+        END IF;
+        RETURN NEXT;
+    END $$""",
 ]

@@ -29,11 +29,13 @@ What it changes in `PostgresSaver`, and why:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol
 
 import psycopg
+from langgraph.checkpoint.base import CheckpointTuple, get_serializable_checkpoint_metadata
 from langgraph.checkpoint.postgres import PostgresSaver
 from psycopg_pool import ConnectionPool
 
@@ -41,8 +43,11 @@ from agent.encryption import Keyring, is_sealed
 from agent.storage import deltas, summaries
 from agent.storage.postgres import branches, sql
 from agent.storage.postgres.batch import running_batch
-from agent.storage.records import checkpoint_taken
+from agent.storage.records import Turn, checkpoint_taken
 from agent.storage.saver import TurnSaverMixin
+
+#: Channel values `PostgresSaver.put` keeps inside the checkpoint's JSONB row rather than in a blob (None too).
+INLINE = (str, int, float, bool)
 
 
 def expand_checkpoint(stored: Mapping[str, Any], checkpoint_id: str, metadata: Mapping[str, Any] | None) -> dict:
@@ -130,6 +135,46 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
                 values = {**tup.checkpoint["channel_values"], "messages": cached}
                 return tup._replace(checkpoint={**tup.checkpoint, "channel_values": values})
         return self._resolve_tuple(PostgresSaver._load_checkpoint_tuple(self, value))
+
+    def committed_head(self, turn: Turn):
+        """The CheckpointTuple that `load_row` makes of the head `turn` wrote (its last checkpoint), from what
+        the turn holds; None when it cannot be made the same (see "Known heads" in `storage`).
+
+        Only a root-namespace head whose channel values are its message list (resolved in the message cache)
+        and JSON primitives (stored inline in the row), without encryption at rest: every other value would
+        have to go through the serializer, which is what reading it costs.
+        """
+        if not turn.puts or self.keyring.enabled:
+            return None
+        _, checkpoint, _, _ = turn.puts[-1]
+        head = checkpoint["id"]
+        written = turn.written.get(head)
+        if written is None:
+            return None
+        config, metadata = written
+        configurable = config["configurable"]
+        values = checkpoint.get("channel_values") or {}
+        inline = {k: v for k, v in values.items() if k != "messages"}
+        if configurable.get("checkpoint_ns", "") or not all(v is None or isinstance(v, INLINE) for v in inline.values()):
+            return None
+        if "messages" in values:
+            messages = self.message_cache.get_list(head)
+            if messages is None:
+                return None
+            inline["messages"] = messages
+        # As the row gives them back: through JSON (JSONB), LangGraph's metadata as `put` stores it.
+        stored = json.loads(json.dumps({k: v for k, v in checkpoint.items() if k != "channel_values"}))
+        stored_metadata = json.loads(json.dumps(get_serializable_checkpoint_metadata(config, metadata)))
+        address = {"thread_id": configurable["thread_id"], "checkpoint_ns": "", "checkpoint_id": head}
+        parent = configurable.get("checkpoint_id")
+        tup = CheckpointTuple(
+            config={"configurable": address},
+            checkpoint={**stored, "channel_values": inline},
+            metadata=stored_metadata,
+            parent_config={"configurable": {**address, "checkpoint_id": parent}} if parent else None,
+            pending_writes=[],
+        )
+        return self.agent_tuple(tup)
 
     def load_row(self, row: Mapping[str, Any]):
         """A CheckpointTuple (messages resolved, metadata as the agent reads it) from a row of `sql.SELECT_CHECKPOINT_SQL`."""

@@ -15,7 +15,9 @@ import re
 
 from agent.storage import summaries
 
-CLAIM_TURN_SQL = "SELECT * FROM agent_claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+CLAIM_TURN_SQL = "SELECT * FROM agent_claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+# The row version (xmin) of the head a turn's commit wrote, read in that commit (`storage.KnownHeads`).
+HEAD_XMIN_SQL = "SELECT xmin::text FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s"
 THREAD_COLUMNS = """thread_id, user_id, head_checkpoint_id, title, metadata, message_count, forked_from, ttl_seconds,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS created_at,
     to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS updated_at"""

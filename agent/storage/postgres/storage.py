@@ -26,10 +26,11 @@ from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
 from agent.storage.postgres import indexes, schema, sql
 from agent.storage.postgres.batch import StatementBatch, running, running_batch
 from agent.storage.postgres.connections import ROLLED_BACK, SCHEMA_MISSING, PostgresConnections, first_line
+from agent.storage.postgres.known_heads import KnownHead, KnownHeads, fresh
 from agent.storage.postgres.reads import PostgresReads, prefixed
 from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.postgres.transaction import PostgresTx, to_record
-from agent.storage.records import IdempotencyKeyTaken, checkpoint_taken
+from agent.storage.records import IdempotencyKeyTaken, Turn, checkpoint_taken
 from agent.storage.transaction import Tx
 from agent.storage.turns import STEER_ROW_TTL_SECONDS
 
@@ -50,6 +51,8 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         self.masked = self.connections.masked
         self.pool = self.connections.pool
         self.saver = TurnPostgresSaver(self, message_cache_size=settings.message_cache_size)
+        #: The heads this process's turns committed, so that the next claim need not read them (`known_heads`).
+        self.known_heads = KnownHeads(settings.message_cache_size)
         self._setup_lock = threading.Lock()
         self._ready = False
 
@@ -190,10 +193,12 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
     def _try_claim(
         self, thread_id, token, *, user_id, checkpoint_id, idempotency_key, read_start=True, queue=False, user_claim=None
     ):
+        known = self.known_heads.get(thread_id) if read_start else None
+
         def attempt(conn: psycopg.Connection):
             row = conn.cursor(binary=True).execute(sql.CLAIM_TURN_SQL, (
                 thread_id, token, user_id, self.settings.lease_seconds, idempotency_key, checkpoint_id, read_start,
-                queue, user_claim,
+                queue, user_claim, known.checkpoint_id if known else None, known.xmin if known else None,
             )).fetchone()  # fmt: skip
             record_row = prefixed(row, "t_")
             if row["claim_fence"] is not None and row["missing_privileges"]:
@@ -203,9 +208,9 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                     f"The database role may not write the conversation ({', '.join(row['missing_privileges'])}) "
                     f"at {self.connections.masked}; nothing was written and the model was not called."
                 )
-            return row["claim_fence"], row["user_being_deleted"], record_row, prefixed(row, "s_")
+            return row["claim_fence"], row["user_being_deleted"], record_row, prefixed(row, "s_"), row["known_start"]
 
-        fence, user_being_deleted, record_row, start_row = self._run("claim the thread", attempt, thread_id)
+        fence, user_being_deleted, record_row, start_row, known_start = self._run("claim the thread", attempt, thread_id)
         try:
             record = to_record(record_row, self.keyring)
         except BaseException:  # a title sealed with a key the keyring lacks: the committed claim is given back
@@ -217,6 +222,11 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
             return ClaimAttempt(None, record, user_being_deleted)
         claim = Claim(thread_id=thread_id, user_id=user_id, token=token, fence=fence, record=record, start=None,
                       idempotency_key=idempotency_key)  # fmt: skip
+        if known_start:
+            claim.start = fresh(known.tup)
+            return ClaimAttempt(claim, record)
+        if known is not None and fence is not None:
+            self.known_heads.forget(thread_id)  # no longer the start: moved, rewritten, or waited on
         try:
             with self._faults("read the thread", thread_id):
                 claim.start = self.saver.load_row(start_row) if start_row else None
@@ -231,15 +241,22 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
     def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
         thread_id = claim.thread_id
         self.setup()
+        self.known_heads.forget(thread_id)  # whatever this commit does, the head it knew is not known to stay
         for attempt in (1, 2):
             with self._faults("commit the turn", thread_id):
                 conn = self.connections.checkout_live()
             try:
                 batch = StatementBatch(conn)
                 batch.execute(sql.END_CLAIM_SQL, (thread_id, claim.token))
+                tx = PostgresTx(batch, self.saver)
                 with running(batch):
-                    apply(PostgresTx(batch, self.saver))
-                batch.commit()
+                    apply(tx)
+                turn = tx.committed_turn()
+                if turn is None or turn.thread_id != thread_id:
+                    batch.commit()
+                    return
+                xmin = batch.commit(returning=(sql.HEAD_XMIN_SQL, (thread_id, turn.new_head)))
+                self._know_head(turn, xmin)
                 return
             except psycopg.Error as exc:
                 if exc.sqlstate == sql.CLAIM_LOST_SQLSTATE:
@@ -276,6 +293,18 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                 ) from None
             finally:
                 self.connections.checkin(conn)
+
+    def _know_head(self, turn: Turn, xmin: str | None) -> None:
+        """Keep the head `turn` committed (row version `xmin`) for the thread's next claim (`known_heads`)."""
+        if xmin is None:
+            return
+        try:
+            tup = self.saver.committed_head(turn)
+        except Exception:  # noqa: BLE001 - only a read saved: the next claim reads the start
+            logger.debug("Could not keep the head of thread %r", turn.thread_id, exc_info=True)
+            return
+        if tup is not None:
+            self.known_heads.put(turn.thread_id, KnownHead(turn.new_head, xmin, tup))
 
     def _commit_landed(self, claim: Claim) -> bool | None:
         """After a commit's connection failed: True if it committed, False if not, None if that cannot be known.

@@ -43,17 +43,34 @@ class PostgresTx(Tx):
         self.batch = batch
         self.saver = saver
         self.keyring = saver.keyring
+        #: The turn written here and the head it was given (`upsert_thread`), when that is all that moved a head.
+        self.turn: Turn | None = None
+        self.head: tuple[str, str] | None = None
+        self._other_writes = False
+
+    def committed_turn(self) -> Turn | None:
+        """The turn this transaction wrote, when it set its thread's head to the turn's last checkpoint and
+        nothing else here wrote a checkpoint or moved a head (`PostgresThreadStorage`, "Known heads")."""
+        turn = self.turn
+        if turn is None or self._other_writes or self.head != (turn.thread_id, turn.new_head):
+            return None
+        return turn
 
     def write_turn(self, turn: Turn) -> None:
+        self._other_writes = self._other_writes or self.turn is not None
+        self.turn = turn
         self.saver.write_turn(turn)
 
     def upsert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title=None, metadata=None) -> None:
+        self._other_writes = self._other_writes or self.head is not None
+        self.head = (thread_id, head_checkpoint_id)
         self.batch.execute(
             sql.UPSERT_THREAD_SQL,
             (thread_id, user_id, head_checkpoint_id, message_count, self.keyring.seal_text(title), Jsonb(dict(metadata or {}))),
         )
 
     def update_thread(self, thread_id, *, user_id, title, metadata, ttl_seconds) -> ThreadRecord | None:
+        self._other_writes = True
         params = {
             "thread_id": thread_id,
             "user_id": user_id,
@@ -64,6 +81,7 @@ class PostgresTx(Tx):
         return to_record(self.batch.read(sql.UPDATE_THREAD_SQL, params).fetchone(), self.keyring)
 
     def delete_thread(self, thread_id: str) -> None:
+        self._other_writes = True
         for statement in (*sql.DELETE_THREAD_SQL, *branches.DELETE_THREAD_SQL):
             self.batch.execute(statement, (thread_id,))
         self.batch.execute(sql.DELETE_RELEASED_CLAIM_SQL, (thread_id,))
@@ -74,9 +92,11 @@ class PostgresTx(Tx):
         self.batch.execute(sql.STORE_RESPONSE_SQL, (user_key, key, request_hash, thread_id, stored, ttl_seconds))
 
     def set_head(self, thread_id: str, head_checkpoint_id: str, *, message_count: int) -> None:
+        self._other_writes = True
         self.batch.execute(sql.SET_HEAD_SQL, (head_checkpoint_id, message_count, thread_id))
 
     def insert_thread(self, thread_id, *, user_id, head_checkpoint_id, message_count, title, metadata, forked_from):
+        self._other_writes = True
         forked = Jsonb(dict(forked_from)) if forked_from is not None else None
         self.batch.execute(
             sql.INSERT_THREAD_SQL,
@@ -88,6 +108,7 @@ class PostgresTx(Tx):
         return self.batch.read(sql.IS_EXPIRED_SQL, params).fetchone() is not None
 
     def keep_only_head(self, thread_id: str, head) -> int:
+        self._other_writes = True
         head_id = head.config["configurable"]["checkpoint_id"]
         messages = head.checkpoint["channel_values"].get("messages")
         version = head.checkpoint["channel_versions"].get("messages")
@@ -122,10 +143,12 @@ class PostgresTx(Tx):
         return [row["thread_id"] for row in self.batch.read(sql.THREADS_OF_RUNS_SQL, (list(run_ids),)).fetchall()]
 
     def copy_thread_rows(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._other_writes = True
         for statement in (*sql.COPY_THREAD_SQL, *branches.COPY_THREAD_SQL):
             self.batch.execute(statement, {"source": source_thread_id, "target": target_thread_id})
 
     def rewrite_checkpoint(self, thread_id, tup, *, parent_id, metadata) -> None:
+        self._other_writes = True
         configurable = tup.config["configurable"]
         ns, checkpoint_id = configurable.get("checkpoint_ns", ""), configurable["checkpoint_id"]
         messages = tup.checkpoint["channel_values"].get("messages")
@@ -140,6 +163,7 @@ class PostgresTx(Tx):
             self.batch.execute(branches.INDEX_MESSAGES_SQL, {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "terms": keys})
 
     def delete_checkpoints(self, thread_id: str, *, keep: Sequence[tuple[str, str]]) -> None:
+        self._other_writes = True
         params = {"thread_id": thread_id, "ns": [ns for ns, _ in keep], "ids": [cid for _, cid in keep]}
         for statement in sql.DELETE_UNKEPT_SQL:
             self.batch.execute(statement, params)
