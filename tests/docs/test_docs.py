@@ -4,7 +4,8 @@ README.md and docs/ runs.
 The convention for code blocks (also in docs: "How these pages are checked"):
 
 * Every fenced block whose language is `python` (or `py`, `python3`) in README.md and
-  docs/**/*.md is executed, as a program of its own (`python -c`), in a fresh empty directory,
+  docs/**/*.md is executed, as a program of its own (as `python -c` would run it, in a process
+  forked from one that has imported the heavy modules: `tests.helpers.preloaded`), in a fresh empty directory,
   without AGENT_*, OPENAI_* or MLFLOW_* variables: what a new user who copies it would get. It
   must exit 0; use `assert` to show what the reader should see. Tracebacks name the Markdown
   file and line.
@@ -42,6 +43,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.databases import fresh_database
+from tests.helpers.preloaded import run_source
 from tests.helpers.servers import REPO_ROOT, free_port, server_process
 
 PYTHON_LANGUAGES = {"python", "py", "python3"}
@@ -223,18 +225,11 @@ def docs_database(request) -> Iterator[str]:
 
 
 def run_block(block: CodeBlock, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The block as a program of its own: a fresh process (forked from one that imported MLflow and LangGraph
+    once, `tests.helpers.preloaded`) with `env` as its whole environment and `cwd` as its directory."""
     # Blank lines before the code keep its line numbers those of the Markdown file in tracebacks.
     source = "\n" * (block.line - 1) + block.code
-    runner = "import sys; exec(compile(sys.stdin.read(), sys.argv[1], 'exec'), {'__name__': '__main__'})"
-    return subprocess.run(
-        [sys.executable, "-c", runner, block.path],
-        input=source,
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_source(source, block.path, cwd=cwd, env=env, timeout=300)
 
 
 @pytest.mark.parametrize("block", python_blocks(), ids=lambda block: block.id)
