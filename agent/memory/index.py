@@ -113,9 +113,12 @@ class MemoryIndex:
         self._size = 0
         self._lock = threading.Lock()
 
-    def current(self, prefix: str) -> _UserCopy:
-        """The live memories under `prefix` (one key listing; the rows of new keys are fetched)."""
-        listing = self.store.live_keys(prefix)
+    def current(self, prefix: str, *, listing: str | None = None) -> _UserCopy:
+        """The live memories under `prefix` (one key listing; the rows of new keys are fetched). `listing`:
+        the store's `live_keys(prefix)` as the caller just read it (with a search, in the same statement),
+        which saves the listing's round trip."""
+        if listing is None:
+            listing = self.store.live_keys(prefix)
         with self._lock:
             held = self._users.get(prefix)
             if held is not None and held.listing == listing:  # the usual case: nothing changed since the last search

@@ -188,6 +188,11 @@ class PostgresMemoryStore(PostgresStore):
             self.setup()
         return bool(self._vectors)
 
+    @property
+    def vectors_decided(self) -> bool | None:
+        """`vectors` if setup has decided it, else None; never sets up (a caller that must not block asks this)."""
+        return self._vectors
+
     def vector_fields(self, content: str) -> dict[str, Any]:
         """What a memory's stored value carries besides its text: without pgvector `{"embedding": base64
         float32}` of `content` (the plaintext; computed once, before the commit, see `embeddings`); with it,

@@ -82,7 +82,7 @@ class SqliteMemoryStore(SqliteStore):
         self.storage = storage
         self.is_setup = True  # the storage's setup creates the tables
         self.search_kind = "semantic" if embeddings is not None else "keyword"
-        self.vectors = False  # ranked in the process (`index`): SQLite has no pgvector
+        self.vectors = self.vectors_decided = False  # ranked in the process (`index`): SQLite has no pgvector
 
     def setup(self) -> None:
         """The storage's setup creates the store's tables (LangGraph's migrations)."""

@@ -93,6 +93,8 @@ class MemoryStore(Protocol):
     search_kind: str
     #: Whether the database ranks vectors (`similar`: pgvector, `postgres`); False: `index.rank` does.
     vectors: bool
+    #: `vectors` once setup has decided it, else None (reading it never sets up).
+    vectors_decided: bool | None
 
     def setup(self) -> None:
         """Set up the storage's tables and, on Postgres with a model, pgvector (once per process)."""

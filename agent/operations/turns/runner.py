@@ -201,7 +201,7 @@ class TurnRunner:
             )
             yield TurnStarted(f"resp_{turn.head_id}")
             if primed is not None and claim.waited:  # turns that ran meanwhile may have saved memories
-                primed = dataclasses.replace(primed, listing=None)
+                primed = primed.stale()
             await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config, primed)
             primed = None
             progress = Progress()
