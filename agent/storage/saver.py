@@ -38,13 +38,19 @@ SQLite one on `:memory:`), which provide the `_backend_*` hooks,
 * **Short channel versions.** LangGraph's Postgres and SQLite savers write a
   version as `f"{n:032}.{random():016}"` (about 50 characters; the random part
   keeps two branches from one parent from writing the same blob key). A
-  checkpoint holds five or so versions, and a blob's key one more, so on a thread
-  of short messages they were a tenth of a turn's storage. `get_next_version`
-  writes `VERSION_DIGITS` digits, a dot and `VERSION_RANDOM_HEX` random hex
-  digits instead (18 characters, the same shape and the same order within a
-  thread), and keeps writing LangGraph's long form on a thread whose versions
-  already have it, since versions are compared as text (a thread mixing both
-  would compare them wrongly).
+  checkpoint holds five or so versions, and a blob's key one more (and its
+  primary-key entry on Postgres another), so on a thread of short messages they
+  were a tenth of a turn's storage. `get_next_version` writes `compact_version`:
+  a letter giving the counter's length, the counter in base 36, a dot and
+  `VERSION_RANDOM_CHARS` random base-36 digits (`c1ab.k3x9q0`, 8 to 11
+  characters; the same shape, counter dot random, and the same order within a
+  thread: a longer counter has a later letter, and base-36 digits sort as
+  their values in ASCII). Versions are compared as text (`max()` and `>` in
+  LangGraph's loop), and a thread mixing forms would compare them wrongly, so a
+  thread whose versions already have a digit-led form keeps writing it:
+  LangGraph's 32 digits, or the 10 digits and 7 hex digits this saver wrote
+  before (`LEGACY_DIGITS`). A compact version starts with a letter, those with
+  a digit, so the form of `current` tells which to write.
 * **No blocking on the event loop.** Every async method either answers from
   memory (a running turn's buffer) or runs the sync method in a worker thread
   (`asyncio.to_thread`): both backends' drivers are synchronous, and the
@@ -71,30 +77,70 @@ from agent.storage.saver_threads import SaverThreadOperations
 from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary, summarize
 
 
-#: Digits of the counter in a short channel version (see "Short channel versions" above).
-VERSION_DIGITS = 10
-#: Random hex digits after the dot: two branches from one checkpoint get different versions (blob keys).
-VERSION_RANDOM_HEX = 7
+#: Digits of the counter in the short channel versions this saver wrote before `compact_version`
+#: (`0000000042.5f3a9c1`); a thread written so keeps that form (see "Short channel versions" above).
+LEGACY_DIGITS = 10
+#: Random hex digits after the dot of those versions.
+LEGACY_RANDOM_HEX = 7
+#: Random base-36 digits after the dot of a compact version (about 31 bits): two branches from one
+#: checkpoint get different versions, so different blob keys.
+VERSION_RANDOM_CHARS = 6
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _base36(n: int) -> str:
+    digits = ""
+    while True:
+        n, d = divmod(n, 36)
+        digits = _BASE36[d] + digits
+        if n == 0:
+            return digits
+
+
+def compact_version(counter: int) -> str:
+    """The compact channel version of `counter` (>= 0): a letter for the counter's length in base-36
+    digits (`a` for one, `b` for two, ...), the counter in base 36, a dot and `VERSION_RANDOM_CHARS`
+    random base-36 digits. Versions of larger counters sort after as text (`c1ab.k3x9q0`)."""
+    digits = _base36(counter)
+    if len(digits) > 26:  # pragma: no cover - 36**26 versions
+        raise ValueError(f"channel version counter {counter} is too large")
+    draw = random.randrange(36**VERSION_RANDOM_CHARS)
+    return f"{chr(ord('a') + len(digits) - 1)}{digits}.{_base36(draw).rjust(VERSION_RANDOM_CHARS, '0')}"
+
+
+def version_counter(version: str) -> int:
+    """The counter of a channel version in any form this saver reads: LangGraph's (`f"{n:032}.…"`), the
+    earlier short one (`f"{n:010}.…"`) or `compact_version`'s.
+
+    Raises:
+        ValueError: `version` has none of these forms.
+    """
+    head = version.split(".")[0]
+    if head[:1].isdigit():
+        return int(head)
+    if not head or not "a" <= head[0] <= "z" or len(head) != ord(head[0]) - ord("a") + 2:
+        raise ValueError(f"not a channel version: {version!r}")
+    return int(head[1:], 36)
 
 
 class TurnSaverMixin(SaverThreadOperations):
     """Turn buffering, message deltas and summaries, mixed into a LangGraph saver."""
 
     def get_next_version(self, current, channel):
-        """The version after `current`: short (`0000000042.5f3a9c1`) unless `current` has LangGraph's long form.
+        """The version after `current`: compact (`compact_version`) unless `current` has a digit-led form.
 
         LangGraph gives `current` as the largest version of the checkpoint, so one thread keeps one form.
         """
         if current is None:
-            counter = 0
-        elif isinstance(current, int):
-            counter = current
-        else:
-            digits = current.split(".")[0]
-            if len(digits) > VERSION_DIGITS:  # LangGraph's own form, on a thread written before
-                return super().get_next_version(current, channel)
-            counter = int(digits)
-        return f"{counter + 1:0{VERSION_DIGITS}}.{random.getrandbits(4 * VERSION_RANDOM_HEX):0{VERSION_RANDOM_HEX}x}"
+            return compact_version(1)
+        if isinstance(current, (int, float)):
+            return compact_version(int(current) + 1)
+        digits = current.split(".")[0]
+        if len(digits) > LEGACY_DIGITS:  # LangGraph's own form, on a thread written before
+            return super().get_next_version(current, channel)
+        if digits[:1].isdigit():  # this saver's earlier short form, on a thread written before
+            return f"{int(digits) + 1:0{LEGACY_DIGITS}}.{random.getrandbits(4 * LEGACY_RANDOM_HEX):0{LEGACY_RANDOM_HEX}x}"
+        return compact_version(version_counter(current) + 1)
 
     def _init_turns(self, message_cache_size: int, keyring: Keyring) -> None:
         #: Seals what the saver writes (blobs, message previews); without a key it only refuses sealed data.

@@ -3,10 +3,10 @@
 The compact layout (`agent.storage.deltas` "Compact records", `agent.storage.saver` "Short channel
 versions", `agent.storage.postgres.saver` "Compact rows", the dropped indexes of the migrations) is
 what this release writes; nothing rewrites stored rows. Here a thread is written, its rows are turned
-into the earlier layout (messages as LangChain objects in a `DELTA_KEY` delta, LangGraph's 32-digit
-versions, whole checkpoint documents), the schema is set back to before the new migrations, and a
-new agent must read every checkpoint as before and continue the thread in the thread's own version
-form.
+into the earlier layout (messages as LangChain objects in a `DELTA_KEY` delta, an earlier version form:
+LangGraph's 32 digits or the saver's earlier 10 digits, whole checkpoint documents), the schema is set
+back to before the new migrations, and a new agent must read every checkpoint as before and continue
+the thread in the thread's own version form.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from agent.storage import deltas
+from agent.storage.saver import version_counter
 from agent.storage.postgres.migrations import DROPPED_INDEXES
 from agent.storage.postgres.migrations import MIGRATIONS as POSTGRES_MIGRATIONS
 from agent.storage.postgres.saver import expand_checkpoint
@@ -34,15 +35,19 @@ def say(agent, text, **custom_inputs):
 
 
 class LongVersions:
-    """Each short version mapped to one of LangGraph's long form (`f"{n:032}.{random():016}"`), and back."""
+    """Each compact version mapped to one of an earlier form with the same counter: LangGraph's long form
+    (`f"{n:032}.{random():016}"`, `digits=32`) or the saver's earlier short one (`f"{n:010}.{hex:07x}"`,
+    `digits=10`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, digits: int = 32) -> None:
         self.long: dict[str, str] = {}
         self.draw = random.Random(7)
+        self.digits = digits
 
     def __call__(self, version: str) -> str:
         if version not in self.long:
-            self.long[version] = f"{int(version.split('.')[0]):032}.{self.draw.random():016}"
+            tail = f"{self.draw.random():016}" if self.digits == 32 else f"{self.draw.getrandbits(28):07x}"
+            self.long[version] = f"{version_counter(version):0{self.digits}}.{tail}"
         return self.long[version]
 
     def checkpoint(self, checkpoint: dict) -> dict:
@@ -146,18 +151,20 @@ def reads(agent, thread_id: str) -> dict:
     return {"history": history, "states": states, "record": json.dumps(record, sort_keys=True, default=str)}
 
 
-def long_form(agent, thread_id: str, checkpoint_id: str) -> set[bool]:
-    """For each channel version of the checkpoint: whether it has LangGraph's long form."""
+def version_forms(agent, thread_id: str, checkpoint_id: str) -> set[int]:
+    """The forms of the checkpoint's channel versions: the digits before the dot (32: LangGraph's, 10: the
+    saver's earlier short form), 0 for the compact form (a letter first)."""
     config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
     checkpoint = agent.storage.saver.get_tuple(config).checkpoint
     found = list(checkpoint["channel_versions"].values())
     found += [v for seen in checkpoint["versions_seen"].values() for v in seen.values()]
-    return {len(v.split(".")[0]) == 32 for v in found}
+    return {len(v.split(".")[0]) if v[0].isdigit() else 0 for v in found}
 
 
+@pytest.mark.parametrize("digits", [32, 10], ids=["langgraph-versions", "earlier-short-versions"])
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
 def test_a_thread_in_the_earlier_layout_reads_the_same_after_the_upgrade_and_goes_on(
-    backend, pg_server_url, tmp_path, make_agent
+    backend, digits, pg_server_url, tmp_path, make_agent
 ):
     with fresh_database(pg_server_url) as pg:
         url = pg if backend == "postgres" else f"sqlite:///{tmp_path / 'earlier.sqlite'}"
@@ -167,12 +174,12 @@ def test_a_thread_in_the_earlier_layout_reads_the_same_after_the_upgrade_and_goe
         say(agent, "calculate 6*7", thread_id=thread_id)  # a tool call: messages of four kinds
         say(agent, "I'm headed to SF", thread_id=thread_id)
         branch = say(agent, "No, to New York", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])
-        assert long_form(agent, thread_id, branch["checkpoint_id"]) == {False}  # written in the short form
+        assert version_forms(agent, thread_id, branch["checkpoint_id"]) == {0}  # written in the compact form
         before = reads(agent, thread_id)
         serde = agent.storage.saver.serde
         agent.close()
 
-        versions = LongVersions()
+        versions = LongVersions(digits)
         if backend == "postgres":
             rewritten = to_earlier_postgres(url, serde, versions)
         else:
@@ -182,23 +189,23 @@ def test_a_thread_in_the_earlier_layout_reads_the_same_after_the_upgrade_and_goe
         assert set(EARLIER_INDEXES) == set(DROPPED_INDEXES)
         upgraded = make_agent(url)
         assert reads(upgraded, thread_id) == before
-        assert long_form(upgraded, thread_id, branch["checkpoint_id"]) == {True}
+        assert version_forms(upgraded, thread_id, branch["checkpoint_id"]) == {digits}
         if backend == "postgres":
             with psycopg.connect(url) as conn:
                 left = conn.execute("SELECT relname FROM pg_class WHERE relname = ANY(%s)", (list(DROPPED_INDEXES),)).fetchall()
             assert left == []  # the upgrade's migration dropped them again
-        # The thread goes on, in its own (long) version form, on both branches.
+        # The thread goes on, in its own version form, on both branches.
         after = say(upgraded, "Where am I going?", thread_id=thread_id)
-        assert long_form(upgraded, thread_id, after["checkpoint_id"]) == {True}
+        assert version_forms(upgraded, thread_id, after["checkpoint_id"]) == {digits}
         messages = upgraded.graph.get_state({"configurable": {"thread_id": thread_id}}).values["messages"]
         assert "New York" in messages[-1].text and len(messages) == 6
         old_branch = before["history"][-2]  # the SF head's ancestor chain is intact
         again = say(upgraded, "And then?", thread_id=thread_id, checkpoint_id=before["history"][1]["checkpoint_id"])
-        assert long_form(upgraded, thread_id, again["checkpoint_id"]) == {True}
+        assert version_forms(upgraded, thread_id, again["checkpoint_id"]) == {digits}
         assert old_branch["checkpoint_id"] in {e["checkpoint_id"] for e in upgraded.get_checkpoint_history(thread_id)}
         # A new thread is written in the compact form.
         fresh = say(upgraded, "A new trip")
-        assert long_form(upgraded, fresh["thread_id"], fresh["checkpoint_id"]) == {False}
+        assert version_forms(upgraded, fresh["thread_id"], fresh["checkpoint_id"]) == {0}
         upgraded.close()
 
 
@@ -224,3 +231,17 @@ def test_every_kind_of_message_reads_back_equal_and_of_its_own_class_from_a_comp
     base, keep, added = deltas.parts(delta)
     assert (base, keep) == (None, 0)
     assert added == messages and [type(m) for m in added] == [type(m) for m in messages]
+
+
+def test_compact_versions_sort_as_their_counters_and_differ_between_siblings():
+    from agent.storage.saver import compact_version
+
+    draw = random.Random(11)
+    counters = sorted({draw.randrange(10**draw.randrange(1, 12)) for _ in range(2000)} | {0, 9, 10, 35, 36, 1295, 1296})
+    versions = [compact_version(n) for n in counters]
+    assert versions == sorted(versions)  # LangGraph compares versions as text (`max()`, `>`)
+    assert [version_counter(v) for v in versions] == counters
+    assert all(v[0].isalpha() for v in versions)  # never taken for a digit-led (earlier) form
+    assert len({compact_version(42) for _ in range(50)}) == 50  # two forks from one parent: two blob keys
+    with pytest.raises(ValueError):
+        version_counter("c12.abcdef")  # `c` says three digits

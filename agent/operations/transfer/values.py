@@ -23,10 +23,12 @@ and why each is what it is:
 * **Channel versions** (`channel_versions` and `versions_seen`): the strings
   LangGraph's Postgres and SQLite savers write (`get_next_version`: 32 digits,
   a dot, and the text of a random number), or the agent's short ones (10
-  digits, a dot, hex digits: `agent.storage.saver`). LangGraph compares versions with
-  `max()` and `>`, and increments `int(version.split(".")[0])`; a number, or a
-  string of another shape, breaks the next turn (comparing str with int, or a
-  Postgres function given the wrong type).
+  digits, a dot, hex digits, as it wrote them before; or its compact ones: a
+  letter giving the counter's length, the counter in base 36, a dot, base-36
+  digits: `agent.storage.saver`). LangGraph compares versions with `max()` and
+  `>`, and the saver increments the counter; a number, or a string of another
+  shape, breaks the next turn (comparing str with int, or a Postgres function
+  given the wrong type).
 * **Names** (channels, nodes, task ids, `updated_channels`): ids
   (`agent.validation.check_id`: 1 to 256 printable characters).
 * **Usage numbers** in a checkpoint's metadata, the turn report the saver
@@ -71,8 +73,9 @@ MAX_RECALLED = 1000
 #: Checkpoint formats (`v`) LangGraph's loop reads.
 MAX_CHECKPOINT_V = 4
 #: A channel version as LangGraph's Postgres and SQLite savers write it (`f"{n:032}.{random():016}"`), or
-#: as the agent's savers do (`f"{n:010}.{hex}"`, `agent.storage.saver.get_next_version`).
-VERSION_PATTERN = re.compile(r"([0-9]{32}|[0-9]{10})\.[0-9A-Za-z.+-]{1,32}")
+#: as the agent's savers do (`f"{n:010}.{hex}"` before, now `agent.storage.saver.compact_version`, whose
+#: first letter gives the counter's length: checked apart, `_version`).
+VERSION_PATTERN = re.compile(r"([0-9]{32}|[0-9]{10})\.[0-9A-Za-z.+-]{1,32}|[a-z][0-9a-z]{1,26}\.[0-9a-z]{1,32}")
 #: An ISO 8601 date and time with a UTC offset, as `datetime.isoformat()` writes it (`Z` also read).
 TIMESTAMP_PATTERN = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?([+-][0-9]{2}:[0-9]{2}|Z)")
 
@@ -240,10 +243,14 @@ def _integer(name: str, value: Any, low: int, high: int) -> None:
 
 
 def _version(name: str, value: Any) -> None:
-    if not isinstance(value, str) or VERSION_PATTERN.fullmatch(value) is None:
+    ok = isinstance(value, str) and VERSION_PATTERN.fullmatch(value) is not None
+    if ok and not value[0].isdigit():  # compact: the letter gives the counter's length (`a` for one digit)
+        ok = len(value.split(".")[0]) == ord(value[0]) - ord("a") + 2
+    if not ok:
         shown = value[:40] if isinstance(value, str) else type(value).__name__
         raise invalid(
-            f"{name} must be a channel version as LangGraph's savers write it (32 or 10 digits, a dot, digits), got {shown!r}"
+            f"{name} must be a channel version as LangGraph's savers write it (32 or 10 digits, a dot, digits; "
+            f"or a letter, base-36 digits, a dot, base-36 digits), got {shown!r}"
         )
 
 
