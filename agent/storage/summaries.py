@@ -60,6 +60,16 @@ both, so no migration rewrites stored rows. The agent's own operations read a
 checkpoint's metadata through `agent_view` (the caller's keys with the summary
 fields flat, as before), so nothing above `agent.storage` sees the layout.
 
+**As text on Postgres.** In a jsonb document every number costs a numeric
+datum, its entry and alignment (about 12 bytes for `598`) and every key an
+entry of its own, so the summary object took about 225 of a checkpoint row's
+bytes; the same fields as one JSON text (`as_text`, a jsonb string) take about
+130. So the Postgres saver stores the summary as text, and turns it back into
+the object when it loads a row (`TurnPostgresSaver`); `unpack` reads either,
+and the SQL that reads summary fields parses the text (`sql.SUMMARY_FIELD`).
+SQLite keeps the object: its documents are JSON text already, where a string
+would only add escapes. Rows written before hold the object, and read as before.
+
 **Encrypted previews.** With encryption at rest (`agent.encryption`), the
 fields that quote messages (`TEXT_FIELDS`) that a checkpoint stores are one
 sealed value, `sealed_previews` (the JSON list `[last_message,
@@ -140,9 +150,25 @@ def pack(summary: Mapping[str, Any], seal: Callable[[str], str] | None = None) -
     return {SUMMARY_KEY: packed}
 
 
+def as_text(metadata: Mapping[str, Any]) -> dict:
+    """`metadata` with its summary (`SUMMARY_KEY`) as one compact JSON text (see "As text on Postgres"); as
+    it is when it holds no summary object."""
+    packed = metadata.get(SUMMARY_KEY)
+    if not isinstance(packed, Mapping):
+        return dict(metadata)
+    return {**metadata, SUMMARY_KEY: json.dumps(packed, ensure_ascii=False, separators=(",", ":"))}
+
+
+def as_object(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`metadata` with a summary stored as text (`as_text`) as the object again; as it is otherwise."""
+    packed = metadata.get(SUMMARY_KEY) if metadata else None
+    return {**metadata, SUMMARY_KEY: json.loads(packed)} if isinstance(packed, str) else metadata
+
+
 def is_packed(metadata: Mapping[str, Any] | None) -> bool:
-    """Whether `metadata` holds its summary under `SUMMARY_KEY` (else it is the older flat layout, or none)."""
-    return bool(metadata) and isinstance(metadata.get(SUMMARY_KEY), Mapping)
+    """Whether `metadata` holds its summary under `SUMMARY_KEY`, as an object or as text (else it is the
+    older flat layout, or none)."""
+    return bool(metadata) and isinstance(metadata.get(SUMMARY_KEY), (Mapping, str))
 
 
 def unpack(metadata: Mapping[str, Any] | None) -> dict:
@@ -155,7 +181,7 @@ def unpack(metadata: Mapping[str, Any] | None) -> dict:
     if not is_packed(metadata):  # the flat layout of checkpoints written before SUMMARY_KEY
         return {name: metadata[name] for name in SUMMARY_FIELDS if name in metadata}
     out = {}
-    for short, value in metadata[SUMMARY_KEY].items():
+    for short, value in as_object(metadata)[SUMMARY_KEY].items():
         name = _LONG_NAMES.get(short)
         if name is None:
             continue

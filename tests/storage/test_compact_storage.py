@@ -4,7 +4,8 @@ The compact layout (`agent.storage.deltas` "Compact records", `agent.storage.sav
 versions", `agent.storage.postgres.saver` "Compact rows", the dropped indexes of the migrations) is
 what this release writes; nothing rewrites stored rows. Here a thread is written, its rows are turned
 into the earlier layout (messages as LangChain objects in a `DELTA_KEY` delta, an earlier version form:
-LangGraph's 32 digits or the saver's earlier 10 digits, whole checkpoint documents), the schema is set
+LangGraph's 32 digits or the saver's earlier 10 digits, whole checkpoint documents, on Postgres the
+metadata's summary as an object rather than text), the schema is set
 back to before the new migrations, and a new agent must read every checkpoint as before and continue
 the thread in the thread's own version form.
 """
@@ -23,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from agent.storage import deltas
 from agent.storage.saver import version_counter
+from agent.storage.summaries import SUMMARY_KEY
 from agent.storage.postgres.migrations import DROPPED_INDEXES
 from agent.storage.postgres.migrations import MIGRATIONS as POSTGRES_MIGRATIONS
 from agent.storage.postgres.saver import expand_checkpoint
@@ -85,6 +87,12 @@ def to_earlier_postgres(url: str, serde, versions: LongVersions) -> int:
     """Rewrite every row of the database in the earlier layout; how many message deltas were rewritten."""
     rewritten = 0
     with psycopg.connect(url, row_factory=dict_row) as conn:
+        # The summary as an object (`summaries.as_text` writes it as text now).
+        as_text = conn.execute(
+            f"UPDATE checkpoints SET metadata = jsonb_set(metadata, '{{{SUMMARY_KEY}}}', (metadata ->> '{SUMMARY_KEY}')::jsonb) "
+            f"WHERE jsonb_typeof(metadata -> '{SUMMARY_KEY}') = 'string'"
+        ).rowcount
+        assert as_text == conn.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"]
         for row in conn.execute("SELECT * FROM checkpoints").fetchall():
             checkpoint = versions.checkpoint(expand_checkpoint(row["checkpoint"], row["checkpoint_id"], row["metadata"]))
             conn.execute(
@@ -148,7 +156,12 @@ def reads(agent, thread_id: str) -> dict:
             "parent": tup.parent_config,
         }
     record = agent.get_thread(thread_id)
-    return {"history": history, "states": states, "record": json.dumps(record, sort_keys=True, default=str)}
+    links = sorted(agent.storage.checkpoint_links(thread_id), key=lambda link: link.checkpoint_id)
+    usage = {entry["checkpoint_id"]: agent.storage.token_usage(thread_id, entry["checkpoint_id"]) for entry in history}
+    return {
+        "history": history, "states": states, "record": json.dumps(record, sort_keys=True, default=str),
+        "links": links, "usage": usage,
+    }  # fmt: skip
 
 
 def version_forms(agent, thread_id: str, checkpoint_id: str) -> set[int]:

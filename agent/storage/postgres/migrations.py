@@ -652,4 +652,45 @@ MIGRATIONS = [
         END IF;
         RETURN NEXT;
     END $$""",
+    # The commit's checkpoint write (as above), now also when the metadata's summary is JSON text
+    # (`summaries.as_text`, which the saver writes now): `ts` is left out when the summary holds the same one.
+    f"""CREATE OR REPLACE FUNCTION agent_put_checkpoint(
+        p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
+        p_checkpoint JSONB, p_metadata JSONB)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    DECLARE
+        v_checkpoint JSONB := p_checkpoint - 'id';
+        v_summary JSONB := p_metadata -> '{summaries.SUMMARY_KEY}';
+    BEGIN
+        IF jsonb_typeof(v_summary) = 'string' THEN
+            v_summary := (v_summary #>> '{{}}')::jsonb;
+        END IF;
+        IF p_checkpoint ->> 'id' IS DISTINCT FROM p_checkpoint_id THEN
+            v_checkpoint := p_checkpoint;  -- kept whole: the row could not give its id back
+        ELSE
+            IF p_checkpoint -> 'ts' = v_summary -> '{summaries.SHORT_NAMES["ts"]}' THEN
+                v_checkpoint := v_checkpoint - 'ts';
+            END IF;
+            IF p_checkpoint -> 'channel_values' = '{{}}'::jsonb THEN
+                v_checkpoint := v_checkpoint - 'channel_values';
+            END IF;
+            IF p_checkpoint -> 'pending_sends' = '[]'::jsonb THEN
+                v_checkpoint := v_checkpoint - 'pending_sends';
+            END IF;
+        END IF;
+        IF p_checkpoint_ns = '' THEN
+            INSERT INTO agent_checkpoint_ids (checkpoint_id, thread_id) VALUES (p_checkpoint_id, p_thread_id)
+            ON CONFLICT (checkpoint_id) DO NOTHING;
+            IF NOT FOUND AND NOT EXISTS (
+                SELECT 1 FROM agent_checkpoint_ids WHERE checkpoint_id = p_checkpoint_id AND thread_id = p_thread_id)
+            THEN
+                RAISE EXCEPTION 'checkpoint % belongs to another thread', p_checkpoint_id
+                    USING ERRCODE = 'TT002', DETAIL = p_checkpoint_id;
+            END IF;
+        END IF;
+        INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
+        VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_checkpoint_id, v_checkpoint, p_metadata)
+        ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+        DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata;
+    END $$""",
 ]

@@ -22,7 +22,9 @@ What it changes in `PostgresSaver`, and why:
   `id` (the row's column), its `ts` (when the summary holds the same one) and
   LangGraph's empty `channel_values` and `pending_sends` (see the migration);
   `expand_checkpoint` puts them back on every read, before LangGraph's loader
-  sees the row.
+  sees the row. The metadata's summary is stored as JSON text
+  (`summaries.as_text`, "As text on Postgres" there: about 95 bytes less a
+  row) and loaded as the object again, so LangGraph's reads see what was put.
 * **Rows read by the storage's own statements** (the claim's start, a
   checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
 """
@@ -117,6 +119,8 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
     def _load_checkpoint_tuple(self, value):
         if "id" not in value["checkpoint"]:
             value = {**value, "checkpoint": expand_checkpoint(value["checkpoint"], value["checkpoint_id"], value["metadata"])}
+        if value["metadata"]:
+            value = {**value, "metadata": summaries.as_object(value["metadata"])}
         tup = self._load_resolved(value)
         values = tup.checkpoint.get("channel_values") or {}
         if not any(is_sealed(v) for v in values.values()):
@@ -186,7 +190,7 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
             sealed = {k: self.keyring.seal_text(v) if isinstance(v, str) else v for k, v in values.items()}
             checkpoint = {**checkpoint, "channel_values": sealed}
         try:
-            return PostgresSaver.put(self, config, checkpoint, metadata, new_versions)
+            return PostgresSaver.put(self, config, checkpoint, summaries.as_text(metadata), new_versions)
         except psycopg.Error as exc:  # sent at once outside a commit; inside one, the commit says it
             if exc.sqlstate == sql.CHECKPOINT_TAKEN_SQLSTATE:
                 raise checkpoint_taken(config["configurable"]["thread_id"], exc.diag.message_detail) from None

@@ -124,11 +124,11 @@ SELECT checkpoint_id, parent_checkpoint_id, metadata FROM checkpoints
 WHERE thread_id = %s AND checkpoint_ns = '' AND (%s::text IS NULL OR checkpoint_id < %s)
 ORDER BY checkpoint_id DESC LIMIT %s
 """
-# A summary field of a checkpoint's metadata in either layout (`summaries`: under SUMMARY_KEY by its short
-# name, or flat in checkpoints written before); `{path}` is a jsonb path of text.
+# A summary field of a checkpoint's metadata in any layout (`summaries`: under SUMMARY_KEY by its short
+# name, as an object or as JSON text, or flat in checkpoints written before); `{path}` is a jsonb path of text.
 SUMMARY_FIELD = (
-    "(CASE WHEN jsonb_typeof(metadata -> '{key}') = 'object' THEN metadata #> '{{{key},{short}}}' "
-    "ELSE metadata #> '{{{long}}}' END)"
+    "(CASE jsonb_typeof(metadata -> '{key}') WHEN 'string' THEN (metadata ->> '{key}')::jsonb #> '{{{short}}}' "
+    "WHEN 'object' THEN metadata #> '{{{key},{short}}}' ELSE metadata #> '{{{long}}}' END)"
 )
 
 
@@ -314,8 +314,10 @@ SELECT count(*) FILTER (WHERE checkpoint_ns = '') AS removed FROM gone
 """
 DELETE_OTHER_CHECKPOINT_IDS_SQL = "DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s AND checkpoint_id <> %(head)s"
 MAKE_ROOT_SQL = f"""
-UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = CASE
-    WHEN jsonb_typeof(metadata -> '{summaries.SUMMARY_KEY}') = 'object'
+UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = CASE jsonb_typeof(metadata -> '{summaries.SUMMARY_KEY}')
+    WHEN 'string' THEN jsonb_set(metadata, '{{{summaries.SUMMARY_KEY}}}', to_jsonb(jsonb_set(
+        (metadata ->> '{summaries.SUMMARY_KEY}')::jsonb, '{{{summaries.SHORT_NAMES["kept_messages"]}}}', '0')::text))
+    WHEN 'object'
     THEN jsonb_set(metadata, '{{{summaries.SUMMARY_KEY},{summaries.SHORT_NAMES["kept_messages"]}}}', '0')
     ELSE metadata || '{{"kept_messages": 0}}'::jsonb END
 WHERE thread_id = %(thread_id)s AND checkpoint_ns = '' AND checkpoint_id = %(head)s

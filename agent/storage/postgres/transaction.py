@@ -16,7 +16,7 @@ from typing import Any
 from psycopg.types.json import Json, Jsonb
 
 from agent.encryption import Keyring
-from agent.storage import deltas, search
+from agent.storage import deltas, search, summaries
 from agent.storage.postgres import branches, sql
 from agent.storage.postgres.batch import StatementBatch
 from agent.storage.postgres.saver import TurnPostgresSaver
@@ -156,7 +156,7 @@ class PostgresTx(Tx):
         if deltas.is_message_list(messages) and version is not None:
             blob = self.saver.dump_messages_whole(messages)
             self.batch.execute(sql.REWRITE_NS_BLOB_SQL, (*blob, thread_id, ns, str(version)))
-        self.batch.execute(sql.REPARENT_SQL, (parent_id, Jsonb(dict(metadata)), thread_id, ns, checkpoint_id))
+        self.batch.execute(sql.REPARENT_SQL, (parent_id, Jsonb(summaries.as_text(metadata)), thread_id, ns, checkpoint_id))
         keys = search.rewritten_keys(messages)
         if not ns and not self.keyring.enabled and (keys or parent_id is None):
             # Its ancestors may go: its row holds every word of its messages (`search`).
