@@ -4,8 +4,9 @@ The compact layout (`agent.storage.deltas` "Compact records", `agent.storage.sav
 versions", `agent.storage.postgres.saver` "Compact rows", the dropped indexes of the migrations) is
 what this release writes; nothing rewrites stored rows. Here a thread is written, its rows are turned
 into the earlier layout (messages as LangChain objects in a `DELTA_KEY` delta, an earlier version form:
-LangGraph's 32 digits or the saver's earlier 10 digits, whole checkpoint documents, on Postgres the
-metadata's summary as an object rather than text), the schema is set
+LangGraph's 32 digits or the saver's earlier 10 digits, on Postgres the metadata's summary as an object
+rather than text and every field of a checkpoint as jsonb, half of them whole documents and half
+without their id), the schema is set
 back to before the new migrations, and a new agent must read every checkpoint as before and continue
 the thread in the thread's own version form.
 """
@@ -27,7 +28,7 @@ from agent.storage.saver import version_counter
 from agent.storage.summaries import SUMMARY_KEY
 from agent.storage.postgres.migrations import DROPPED_INDEXES
 from agent.storage.postgres.migrations import MIGRATIONS as POSTGRES_MIGRATIONS
-from agent.storage.postgres.saver import expand_checkpoint
+from agent.storage.postgres.saver import REST_KEY, expand_checkpoint
 from agent.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.helpers.databases import fresh_database
 
@@ -93,8 +94,12 @@ def to_earlier_postgres(url: str, serde, versions: LongVersions) -> int:
             f"WHERE jsonb_typeof(metadata -> '{SUMMARY_KEY}') = 'string'"
         ).rowcount
         assert as_text == conn.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"]
-        for row in conn.execute("SELECT * FROM checkpoints").fetchall():
+        rows = conn.execute("SELECT * FROM checkpoints ORDER BY checkpoint_id").fetchall()
+        assert rows and all(REST_KEY in row["checkpoint"] for row in rows)  # written with the rest as text
+        for n, row in enumerate(rows):
             checkpoint = versions.checkpoint(expand_checkpoint(row["checkpoint"], row["checkpoint_id"], row["metadata"]))
+            if n % 2:  # the compact row of the previous release: no id, every other field jsonb
+                checkpoint = {k: v for k, v in checkpoint.items() if k != "id"}
             conn.execute(
                 "UPDATE checkpoints SET checkpoint = %s WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
                 (Jsonb(checkpoint), row["thread_id"], row["checkpoint_ns"], row["checkpoint_id"]),

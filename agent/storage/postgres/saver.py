@@ -25,6 +25,13 @@ What it changes in `PostgresSaver`, and why:
   sees the row. The metadata's summary is stored as JSON text
   (`summaries.as_text`, "As text on Postgres" there: about 95 bytes less a
   row) and loaded as the object again, so LangGraph's reads see what was put.
+  Of the checkpoint, only what SQL reads stays jsonb (`channel_versions`, and
+  `channel_values`, which LangGraph's `put` splits into blobs and inline
+  values, and `get_tuple` the format `v`); the rest (`versions_seen`, `updated_channels`, `ts` or
+  `pending_sends` when they are not the ones `expand_checkpoint` gives back) is
+  one compact JSON text under `REST_KEY` (`compact_checkpoint`): jsonb spends an
+  entry on every key and value and about 45 bytes a row on the nested
+  `versions_seen`.
 * **Rows read by the storage's own statements** (the claim's start, a
   checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
 """
@@ -52,10 +59,36 @@ from agent.storage.saver import TurnSaverMixin
 INLINE = (str, int, float, bool)
 
 
+#: The key of a stored checkpoint holding, as JSON text, the fields SQL never reads (`compact_checkpoint`).
+REST_KEY = "r"
+#: The fields of a checkpoint that stay jsonb: SQL reads the versions, LangGraph's `put` the values, its
+#: `get_tuple` and `list` the format `v` before our loader sees the row.
+JSONB_FIELDS = ("v", "id", "channel_values", "channel_versions")
+
+
+def compact_checkpoint(checkpoint: Mapping[str, Any], metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`checkpoint` with the fields SQL never reads as one JSON text under `REST_KEY` (module docstring),
+    leaving out a `ts` that the summary in `metadata` holds and empty `pending_sends`; as it is when a field
+    is not plain JSON."""
+    rest = {key: value for key, value in checkpoint.items() if key not in JSONB_FIELDS}
+    if "ts" in rest and rest["ts"] == summaries.unpack(metadata).get("ts"):
+        del rest["ts"]
+    if rest.get("pending_sends") == []:
+        del rest["pending_sends"]
+    try:
+        text = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return checkpoint
+    return {**{key: checkpoint[key] for key in JSONB_FIELDS if key in checkpoint}, REST_KEY: text}
+
+
 def expand_checkpoint(stored: Mapping[str, Any], checkpoint_id: str, metadata: Mapping[str, Any] | None) -> dict:
     """A checkpoint as LangGraph wrote it, from the compact form `agent_put_checkpoint` stores (no `id`): its
-    id from the row, `ts` from the metadata's summary (either layout) unless stored, empty `channel_values`
-    and `pending_sends` unless stored."""
+    id from the row, the fields under `REST_KEY` (`compact_checkpoint`) when it has them, `ts` from the
+    metadata's summary (either layout) unless stored, empty `channel_values` and `pending_sends` unless
+    stored."""
+    if isinstance(stored.get(REST_KEY), str):
+        stored = {**{k: v for k, v in stored.items() if k != REST_KEY}, **json.loads(stored[REST_KEY])}
     checkpoint = {"v": stored.get("v"), "id": checkpoint_id, **stored}
     if "ts" not in checkpoint:
         checkpoint["ts"] = summaries.unpack(metadata).get("ts")
@@ -117,7 +150,7 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         return self._storage.faults(action, config["configurable"].get("thread_id"))
 
     def _load_checkpoint_tuple(self, value):
-        if "id" not in value["checkpoint"]:
+        if "id" not in value["checkpoint"] or REST_KEY in value["checkpoint"]:
             value = {**value, "checkpoint": expand_checkpoint(value["checkpoint"], value["checkpoint_id"], value["metadata"])}
         if value["metadata"]:
             value = {**value, "metadata": summaries.as_object(value["metadata"])}
@@ -190,7 +223,8 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
             sealed = {k: self.keyring.seal_text(v) if isinstance(v, str) else v for k, v in values.items()}
             checkpoint = {**checkpoint, "channel_values": sealed}
         try:
-            return PostgresSaver.put(self, config, checkpoint, summaries.as_text(metadata), new_versions)
+            stored = compact_checkpoint(checkpoint, metadata)
+            return PostgresSaver.put(self, config, stored, summaries.as_text(metadata), new_versions)
         except psycopg.Error as exc:  # sent at once outside a commit; inside one, the commit says it
             if exc.sqlstate == sql.CHECKPOINT_TAKEN_SQLSTATE:
                 raise checkpoint_taken(config["configurable"]["thread_id"], exc.diag.message_detail) from None
