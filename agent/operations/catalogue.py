@@ -14,8 +14,8 @@ Design notes:
   so renaming a thread does not reorder a sidebar, and it needs no claim (it
   writes columns no turn writes, in one statement).
 * **Keyset paging.** Pages are ordered by (`updated_at` DESC, `thread_id` DESC),
-  the order of the index `agent_threads_activity_idx (user_id, updated_at DESC,
-  thread_id DESC)`, so a page is one index range scan whatever the user's
+  the order of the index on (user_id, updated_at DESC, thread_id DESC) (on
+  Postgres an ascending one scanned backward), so a page is one index range scan whatever the user's
   number of threads (bench/catalogue.py measures it). The cursor (`before`)
   is the exact sort key of the previous page's last thread, not its id: an id
   would have to be looked up again, and a thread that got new activity since

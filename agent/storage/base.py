@@ -199,7 +199,7 @@ class ThreadStorage(TurnProtocol):
         (`updated_at` DESC, `thread_id` DESC), strictly after the position `before`, whose metadata holds
         every pair of `metadata`; each with its position (`activity`, `thread_id`): `activity` is the exact
         stored `updated_at` as text (of this backend), for the next page's `before`. One index range scan
-        (`agent_threads_activity_idx`)."""
+        (`agent_threads_activity_asc_idx` on Postgres, scanned backward)."""
 
     @abstractmethod
     def thread_position(self, thread_id: str) -> tuple[str, str] | None:

@@ -180,7 +180,7 @@ SELECT thread_id FROM (
     SELECT thread_id, 1 FROM checkpoints WHERE checkpoint_id = %(checkpoint_id)s AND checkpoint_ns = ''
 ) AS found ORDER BY registered, thread_id LIMIT 1
 """
-# The catalogue (`operations.catalogue`): one range scan of agent_threads_activity_idx per page. The
+# The catalogue (`operations.catalogue`): one backward range scan of agent_threads_activity_asc_idx per page. The
 # position is the row's (updated_at, thread_id); `activity` is updated_at as exact text (microseconds).
 # Qualified columns: a bare `updated_at` in ORDER BY would name the output column (text), not the index's.
 LIST_THREADS_SQL = f"""
