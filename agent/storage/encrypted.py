@@ -14,7 +14,7 @@ is configured: it writes plaintext then, and an encrypted blob read without
 its key is `EncryptionKeyError` rather than LangGraph's "unknown type".
 
 **Compressed blobs** (`compression`): a long serialized value is compressed
-before it is sealed, its type marked (`msgpack.zlib+aesgcm`); both forms read.
+before it is sealed, its type marked (`msgpack.zd1+aesgcm`); every form read.
 """
 
 from __future__ import annotations

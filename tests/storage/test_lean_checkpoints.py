@@ -4,18 +4,22 @@
 `last_message` / `last_user_message` are read from the messages its stored
 delta adds, and stored only when the delta cannot give them (an edit that
 adds no user message, a removal). `agent.storage.encrypted` ("Compressed
-blobs"): a long serialized value is stored zlib-compressed, its type marked.
+blobs"): a long serialized value is stored zlib-compressed against a preset
+dictionary, its type marked.
 Here every checkpoint of a thread with turns, a tool call, a branch, an edit
 and a removal lists the previews of its own whole message list, on both
 backends, with and without encryption; and a thread rewritten in the earlier
 layout (both previews in every checkpoint's metadata, sealed as one list with
-a key; blobs uncompressed) reads the same through the new code and goes on.
+a key; blobs uncompressed, or compressed without the dictionary) reads the
+same through the new code and goes on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,8 +33,8 @@ from psycopg.types.json import Jsonb
 from agent import create_agent
 from agent.encryption import NO_KEYS, Keyring, generate_key, parse_keys
 from agent.storage import deltas, summaries
+from agent.storage.compression import COMPRESS_AT, DICTIONARY_V1, DICTIONARY_V1_SHA256, ZDICT_SUFFIX, ZLIB_SUFFIX
 from agent.storage.sqlite.reads import SqliteReader
-from agent.storage.compression import ZLIB_SUFFIX
 from tests.helpers.databases import fresh_database
 
 KEY = generate_key()
@@ -125,7 +129,7 @@ def test_every_checkpoint_lists_the_previews_of_its_whole_message_list_and_turns
         assert len(bare) >= 4
         assert any("last_user_message" in s or "sealed_previews" in s for s in stored if s.get("message_count"))
         blobs = [type_ for _, found_blobs in stored_rows(url) for type_, _ in found_blobs]
-        assert any(ZLIB_SUFFIX in type_ for type_ in blobs)  # the long first turn at least
+        assert any(ZDICT_SUFFIX in type_ for type_ in blobs)  # the long first turn at least
         assert all(type_.endswith("+aesgcm") for type_ in blobs if key and type_ not in ("null", "empty"))
     finally:
         agent.close()
@@ -161,11 +165,17 @@ def test_previews_read_from_compact_records_equal_those_of_the_messages():
 
 
 def to_earlier_layout(url: str, serde, previews: dict[str, dict], seal) -> int:
-    """Rewrite the database's rows as the previous release wrote them: both previews in every checkpoint's
-    summary (sealed as one list with a key), every blob uncompressed. Returns how many blobs were compressed."""
+    """Rewrite the database's rows as earlier releases wrote them: both previews in every checkpoint's
+    summary (sealed as one list with a key), every other blob uncompressed and the rest compressed without
+    the preset dictionary (`ZLIB_SUFFIX`) when long enough. Returns how many blobs were compressed."""
+    written = 0
 
     def earlier_blob(type_: str, blob: bytes) -> tuple[str, bytes]:
+        nonlocal written
         typ, data = serde.serde.dumps_typed(serde.loads_typed((type_, blob)))
+        written += 1
+        if written % 2 and len(data) >= COMPRESS_AT:
+            typ, data = typ + ZLIB_SUFFIX, zlib.compress(data)
         if serde.keyring.enabled:
             name, data = serde.cipher.encrypt(data)
             typ = f"{typ}+{name}"
@@ -186,7 +196,7 @@ def to_earlier_layout(url: str, serde, previews: dict[str, dict], seal) -> int:
         try:
             rows = conn.execute("SELECT checkpoint_id, metadata, type, checkpoint FROM checkpoints WHERE checkpoint_ns = ''").fetchall()
             for checkpoint_id, meta, type_, blob in rows:
-                compressed += ZLIB_SUFFIX in type_
+                compressed += ZDICT_SUFFIX in type_
                 type_, blob = earlier_blob(type_, blob)
                 meta = json.dumps(earlier_metadata(checkpoint_id, json.loads(meta)))
                 conn.execute(
@@ -203,7 +213,7 @@ def to_earlier_layout(url: str, serde, previews: dict[str, dict], seal) -> int:
                 (Jsonb(earlier_metadata(row["checkpoint_id"], row["metadata"])), row["checkpoint_id"]),
             )
         for row in conn.execute("SELECT * FROM checkpoint_blobs WHERE type <> 'empty'").fetchall():
-            compressed += ZLIB_SUFFIX in row["type"]
+            compressed += ZDICT_SUFFIX in row["type"]
             type_, blob = earlier_blob(row["type"], bytes(row["blob"]))
             conn.execute(
                 "UPDATE checkpoint_blobs SET type = %s, blob = %s WHERE thread_id = %s AND channel = %s AND version = %s",
@@ -223,7 +233,8 @@ def test_a_thread_in_the_earlier_layout_reads_the_same_and_goes_on(url, key):
     agent.close()
 
     assert to_earlier_layout(url, serde, previews, seal) > 0
-    assert all(ZLIB_SUFFIX not in type_ for _, blobs in stored_rows(url) for type_, _ in blobs)
+    types = [type_ for _, blobs in stored_rows(url) for type_, _ in blobs]
+    assert all(ZDICT_SUFFIX not in type_ for type_ in types) and any(ZLIB_SUFFIX in type_ for type_ in types)
     assert all(
         {"m", "u"} <= set(meta[summaries.SUMMARY_KEY]) or "p" in meta[summaries.SUMMARY_KEY]
         for meta, _ in stored_rows(url)
@@ -240,3 +251,8 @@ def test_a_thread_in_the_earlier_layout_reads_the_same_and_goes_on(url, key):
         assert entry["last_message"] == whole_previews(upgraded, thread_id, entry["checkpoint_id"])["last_message"]
     finally:
         upgraded.close()
+
+
+def test_the_preset_dictionary_is_the_one_stored_values_were_compressed_with():
+    # Every value marked ZDICT_SUFFIX needs exactly these bytes to be read again.
+    assert hashlib.sha256(DICTIONARY_V1).hexdigest() == DICTIONARY_V1_SHA256
