@@ -64,8 +64,9 @@ fields flat, as before), so nothing above `agent.storage` sees the layout.
 datum, its entry and alignment (about 12 bytes for `598`) and every key an
 entry of its own, so the summary object took about 225 of a checkpoint row's
 bytes; the same fields as one JSON text (`as_text`, a jsonb string) take about
-130. So the Postgres saver stores the summary as text, and turns it back into
-the object when it loads a row (`TurnPostgresSaver`); `unpack` reads either,
+115 (`ts` there as microseconds since the epoch, 16 digits instead of 32
+characters). So the Postgres saver stores the summary as text, and turns it
+back into the object when it loads a row (`TurnPostgresSaver`); `unpack` reads either,
 and the SQL that reads summary fields parses the text (`sql.SUMMARY_FIELD`).
 SQLite keeps the object: its documents are JSON text already, where a string
 would only add escapes. Rows written before hold the object, and read as before.
@@ -89,6 +90,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from agent.encryption import NO_KEYS
@@ -150,19 +152,48 @@ def pack(summary: Mapping[str, Any], seal: Callable[[str], str] | None = None) -
     return {SUMMARY_KEY: packed}
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def as_text(metadata: Mapping[str, Any]) -> dict:
-    """`metadata` with its summary (`SUMMARY_KEY`) as one compact JSON text (see "As text on Postgres"); as
-    it is when it holds no summary object."""
+    """`metadata` with its summary (`SUMMARY_KEY`) as one compact JSON text (see "As text on Postgres"), its
+    `ts` as microseconds since the epoch when that gives the same text back (`_ts_micros`); as it is when it
+    holds no summary object."""
     packed = metadata.get(SUMMARY_KEY)
     if not isinstance(packed, Mapping):
         return dict(metadata)
+    short = SHORT_NAMES["ts"]
+    micros = _ts_micros(packed.get(short))
+    if micros is not None:
+        packed = {**packed, short: micros}
     return {**metadata, SUMMARY_KEY: json.dumps(packed, ensure_ascii=False, separators=(",", ":"))}
 
 
 def as_object(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
     """`metadata` with a summary stored as text (`as_text`) as the object again; as it is otherwise."""
     packed = metadata.get(SUMMARY_KEY) if metadata else None
-    return {**metadata, SUMMARY_KEY: json.loads(packed)} if isinstance(packed, str) else metadata
+    if not isinstance(packed, str):
+        return metadata
+    packed = json.loads(packed)
+    short = SHORT_NAMES["ts"]
+    if isinstance(packed.get(short), int):
+        packed[short] = (_EPOCH + timedelta(microseconds=packed[short])).isoformat()
+    return {**metadata, SUMMARY_KEY: packed}
+
+
+
+def _ts_micros(ts: Any) -> int | None:
+    """A UTC timestamp as LangGraph writes one (`datetime.now(timezone.utc).isoformat()`, 32 characters) as
+    microseconds since the epoch (16 digits), or None when that would not give exactly `ts` back."""
+    if not isinstance(ts, str) or not ts.endswith("+00:00"):
+        return None
+    try:
+        moment = datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    delta = moment - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return micros if (_EPOCH + timedelta(microseconds=micros)).isoformat() == ts else None
 
 
 def is_packed(metadata: Mapping[str, Any] | None) -> bool:

@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, ChatMessage, Huma
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from agent.storage import deltas
+from agent.storage import deltas, summaries
 from agent.storage.saver import version_counter
 from agent.storage.summaries import SUMMARY_KEY
 from agent.storage.postgres.migrations import DROPPED_INDEXES
@@ -88,21 +88,17 @@ def to_earlier_postgres(url: str, serde, versions: LongVersions) -> int:
     """Rewrite every row of the database in the earlier layout; how many message deltas were rewritten."""
     rewritten = 0
     with psycopg.connect(url, row_factory=dict_row) as conn:
-        # The summary as an object (`summaries.as_text` writes it as text now).
-        as_text = conn.execute(
-            f"UPDATE checkpoints SET metadata = jsonb_set(metadata, '{{{SUMMARY_KEY}}}', (metadata ->> '{SUMMARY_KEY}')::jsonb) "
-            f"WHERE jsonb_typeof(metadata -> '{SUMMARY_KEY}') = 'string'"
-        ).rowcount
-        assert as_text == conn.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"]
         rows = conn.execute("SELECT * FROM checkpoints ORDER BY checkpoint_id").fetchall()
         assert rows and all(REST_KEY in row["checkpoint"] for row in rows)  # written with the rest as text
+        assert all(isinstance(row["metadata"][SUMMARY_KEY], str) for row in rows)  # and the summary as text
         for n, row in enumerate(rows):
             checkpoint = versions.checkpoint(expand_checkpoint(row["checkpoint"], row["checkpoint_id"], row["metadata"]))
             if n % 2:  # the compact row of the previous release: no id, every other field jsonb
                 checkpoint = {k: v for k, v in checkpoint.items() if k != "id"}
-            conn.execute(
-                "UPDATE checkpoints SET checkpoint = %s WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
-                (Jsonb(checkpoint), row["thread_id"], row["checkpoint_ns"], row["checkpoint_id"]),
+            conn.execute(  # the summary as an object, as before `summaries.as_text`
+                "UPDATE checkpoints SET checkpoint = %s, metadata = %s "
+                "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
+                (Jsonb(checkpoint), Jsonb(summaries.as_object(row["metadata"])), row["thread_id"], row["checkpoint_ns"], row["checkpoint_id"]),
             )
         for row in conn.execute("SELECT * FROM checkpoint_blobs").fetchall():
             type_, blob = row["type"], row["blob"]
@@ -263,3 +259,44 @@ def test_compact_versions_sort_as_their_counters_and_differ_between_siblings():
     assert len({compact_version(42) for _ in range(50)}) == 50  # two forks from one parent: two blob keys
     with pytest.raises(ValueError):
         version_counter("c12.abcdef")  # `c` says three digits
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        "2026-12-06T04:13:22.253992+00:00",  # LangGraph's form: stored as microseconds
+        "2026-12-06T04:13:22+00:00",  # no microseconds: the same text back
+        "1969-07-20T20:17:40.000001+00:00",  # before the epoch
+        "2026-12-06T05:13:22.253992+01:00",  # another offset: kept as text
+        "2026-12-06T04:13:22.253992Z",
+        "not a time",
+    ],
+)
+def test_a_summary_stored_as_text_reads_back_the_same(ts):
+    metadata = {"step": 3, "source": "loop", **summaries.pack({"ts": ts, "message_count": 4, "usage": {"input_tokens": 5, "output_tokens": 6}})}
+    stored = summaries.as_text(metadata)
+    assert isinstance(stored[SUMMARY_KEY], str) and json.loads(json.dumps(stored)) == stored
+    assert summaries.as_object(stored) == metadata
+    assert summaries.unpack(stored) == summaries.unpack(metadata)
+    if ts.startswith("2026-12-06T04"):
+        assert isinstance(json.loads(stored[SUMMARY_KEY])["t"], int) == ts.endswith("+00:00")
+
+
+def test_a_compacted_checkpoint_expands_to_what_was_put():
+    from agent.storage.postgres.saver import compact_checkpoint
+
+    metadata = summaries.pack({"ts": "2026-12-06T04:13:22.253992+00:00"})
+    checkpoint = {
+        "v": 4, "id": "1f1f12a5-042c-6d0f-bfff-4ddc0dc8a38f", "ts": "2026-12-06T04:13:22.253992+00:00",
+        "channel_values": {"topic": "x"}, "channel_versions": {"messages": "c1ab.k3x9q0"},
+        "versions_seen": {"agent": {"messages": "c1aa.000001"}, "__input__": {}}, "updated_channels": ["messages"],
+        "pending_sends": [],
+    }  # fmt: skip
+    stored = dict(compact_checkpoint(checkpoint, metadata))
+    assert set(stored) == {"v", "id", "channel_values", "channel_versions", REST_KEY}
+    stored.pop("id")  # agent_put_checkpoint keeps the id in its column
+    assert expand_checkpoint(stored, checkpoint["id"], summaries.as_text(metadata)) == checkpoint
+    # A different ts stays in the row; a field named like a short name leaves the checkpoint whole.
+    other = {**checkpoint, "ts": "2026-12-06T04:13:23.000001+00:00"}
+    assert expand_checkpoint(dict(compact_checkpoint(other, metadata)), checkpoint["id"], metadata) == other
+    assert compact_checkpoint({**checkpoint, "s": 1}, metadata) == {**checkpoint, "s": 1}

@@ -29,9 +29,9 @@ What it changes in `PostgresSaver`, and why:
   `channel_values`, which LangGraph's `put` splits into blobs and inline
   values, and `get_tuple` the format `v`); the rest (`versions_seen`, `updated_channels`, `ts` or
   `pending_sends` when they are not the ones `expand_checkpoint` gives back) is
-  one compact JSON text under `REST_KEY` (`compact_checkpoint`): jsonb spends an
-  entry on every key and value and about 45 bytes a row on the nested
-  `versions_seen`.
+  one compact JSON text under `REST_KEY` (`compact_checkpoint`, the two
+  fields by the short names of `REST_NAMES`): jsonb spends an entry on every
+  key and value, about 45 bytes a row on the nested `versions_seen`.
 * **Rows read by the storage's own statements** (the claim's start, a
   checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
 """
@@ -61,6 +61,9 @@ INLINE = (str, int, float, bool)
 
 #: The key of a stored checkpoint holding, as JSON text, the fields SQL never reads (`compact_checkpoint`).
 REST_KEY = "r"
+#: Short names of fields under `REST_KEY` (any other field keeps its name).
+REST_NAMES = {"versions_seen": "s", "updated_channels": "u"}
+_REST_FIELDS = {short: name for name, short in REST_NAMES.items()}
 #: The fields of a checkpoint that stay jsonb: SQL reads the versions, LangGraph's `put` the values, its
 #: `get_tuple` and `list` the format `v` before our loader sees the row.
 JSONB_FIELDS = ("v", "id", "channel_values", "channel_versions")
@@ -75,6 +78,9 @@ def compact_checkpoint(checkpoint: Mapping[str, Any], metadata: Mapping[str, Any
         del rest["ts"]
     if rest.get("pending_sends") == []:
         del rest["pending_sends"]
+    if set(rest) & set(_REST_FIELDS):  # a field named like a short name: it could not be told apart
+        return checkpoint
+    rest = {REST_NAMES.get(key, key): value for key, value in rest.items()}
     try:
         text = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
@@ -88,7 +94,8 @@ def expand_checkpoint(stored: Mapping[str, Any], checkpoint_id: str, metadata: M
     metadata's summary (either layout) unless stored, empty `channel_values` and `pending_sends` unless
     stored."""
     if isinstance(stored.get(REST_KEY), str):
-        stored = {**{k: v for k, v in stored.items() if k != REST_KEY}, **json.loads(stored[REST_KEY])}
+        rest = {_REST_FIELDS.get(key, key): value for key, value in json.loads(stored[REST_KEY]).items()}
+        stored = {**{k: v for k, v in stored.items() if k != REST_KEY}, **rest}
     checkpoint = {"v": stored.get("v"), "id": checkpoint_id, **stored}
     if "ts" not in checkpoint:
         checkpoint["ts"] = summaries.unpack(metadata).get("ts")
