@@ -408,8 +408,15 @@ def _forget_key(user_id: str | None, thread_id: str | None) -> tuple[str, str]:
     raise ValueError("forget needs a user_id or a thread_id")
 
 
+#: Seconds a run's lease outlasts its thread's claim. Both are renewed by the process that runs the turn, the
+#: run every half second and the claim every `lease_seconds / 3`, so when that process dies the claim may
+#: have been renewed a moment after the run; with the same lease the run could read `failed` (lease
+#: expired) while its thread still refused a new turn as busy (seen in a suite run under load).
+RUN_LEASE_MARGIN_SECONDS = 1.0
+
+
 def open_run_store(storage: Any, settings: Any) -> RunStore:
-    """The `RunStore` for the thread storage's backend."""
+    """The `RunStore` for the thread storage's backend; runs' leases are `lease_seconds` + `RUN_LEASE_MARGIN_SECONDS`."""
     postgres = type(storage).__module__.startswith("agent.storage.postgres")  # without importing psycopg for SQLite
     cls = PostgresRunStore if postgres else SqliteRunStore
-    return cls(storage, settings.lease_seconds, settings.response_events_seconds)
+    return cls(storage, settings.lease_seconds + RUN_LEASE_MARGIN_SECONDS, settings.response_events_seconds)
