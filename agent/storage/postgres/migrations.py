@@ -34,6 +34,8 @@ the migration that registers what is stored, refusing ids two threads hold.
 
 from __future__ import annotations
 
+import re
+
 from agent.storage import summaries
 from agent.storage.postgres import checkpoint_ids
 
@@ -706,3 +708,18 @@ MIGRATIONS = [
     f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {ACTIVITY_INDEX} ON agent_threads (user_id, updated_at, thread_id)",
     "DROP INDEX IF EXISTS agent_threads_activity_idx",
 ]
+
+
+def text_as_utf8(statement: str) -> str:
+    """`statement` with every `x::bytea` and `x::text::bytea` of a text value read as `convert_to(x, 'UTF8')`."""
+    return re.sub(r"\b([a-z_]+\.[a-z_]+)(?:::text)?::bytea", r"convert_to(\1::text, 'UTF8')", statement)
+
+
+#: The index of the migration that created the claim with a known start (the 11-argument `agent_claim_turn`).
+CLAIM_WITH_KNOWN_START = next(n for n, statement in enumerate(MIGRATIONS) if "p_known_xmin TEXT)" in statement)
+
+# That claim again, its start's blob and write names read as bytes with `convert_to(..., 'UTF8')`: `text::bytea`
+# reads a backslash as the start of an escape, so a pending write imported with a backslash in its task id
+# made every read of its checkpoint fail ("invalid input syntax for type bytea"; found by
+# tests/operations/test_hostile_imports.py). `sql.SELECT_CHECKPOINTS_COLUMNS` reads them the same way.
+MIGRATIONS.append(text_as_utf8(MIGRATIONS[CLAIM_WITH_KNOWN_START]))

@@ -28,7 +28,7 @@ SELECT_THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM agent_threads WHERE thread_id
 # hashes every blob of the thread, a cost that grows with the thread.
 SELECT_CHECKPOINTS_COLUMNS = """
 SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
-    (SELECT array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
+    (SELECT array_agg(array[convert_to(bl.channel, 'UTF8'), convert_to(bl.type, 'UTF8'), bl.blob])
      FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
      CROSS JOIN LATERAL (
         SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
@@ -36,8 +36,9 @@ SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_che
           AND b.channel = v.channel AND b.version = v.version
         OFFSET 0) AS bl
     ) AS channel_values,
-    (SELECT array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
-                            convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+    (SELECT array_agg(array[convert_to(cw.task_id::text, 'UTF8'), convert_to(cw.channel, 'UTF8'),
+                            convert_to(cw.type, 'UTF8'), cw.blob, convert_to(cw.task_path, 'UTF8'),
+                            convert_to(cw.idx::text, 'UTF8')])
      FROM checkpoint_writes cw
      WHERE cw.thread_id = c.thread_id AND cw.checkpoint_ns = c.checkpoint_ns AND cw.checkpoint_id = c.checkpoint_id
     ) AS pending_writes
