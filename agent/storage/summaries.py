@@ -181,7 +181,6 @@ def as_object(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**metadata, SUMMARY_KEY: packed}
 
 
-
 def _ts_micros(ts: Any) -> int | None:
     """A UTC timestamp as LangGraph writes one (`datetime.now(timezone.utc).isoformat()`, 32 characters) as
     microseconds since the epoch (16 digits), or None when that would not give exactly `ts` back."""
