@@ -184,11 +184,12 @@ class ThreadStorage(TurnProtocol):
     def thread_of_checkpoint(self, checkpoint_id: str) -> str | None:
         """The thread whose (root namespace) checkpoint `checkpoint_id` is, or None; one indexed read.
 
-        A checkpoint id names one thread, by the primary key of `agent_checkpoint_ids` (every commit
-        registers its checkpoints there; a fork and an import under another thread id write new ids),
-        which is what lets an OpenAI response id (`resp_<checkpoint_id>`) name its thread. An id no
-        commit registered (a LangGraph `copy_thread` copy's, once its source is deleted) is found in
-        the checkpoints, in the first thread (by id) that holds it.
+        A checkpoint id names one thread (Postgres: a unique index over the checkpoints that are no copy,
+        `postgres.checkpoint_ids`; SQLite: the primary key of `agent_checkpoint_ids`, which every commit
+        writes; a fork and an import under another thread id write new ids), which is what lets an
+        OpenAI response id (`resp_<checkpoint_id>`) name its thread. An id that names no thread that
+        way (a LangGraph `copy_thread` copy's, once its source is deleted) is found in the first copy
+        (by thread id) that holds it.
         """
 
     @abstractmethod

@@ -95,7 +95,7 @@ class IdempotencyState:
 
 def checkpoint_taken(thread_id: str, checkpoint_id: str | None) -> ThreadExists:
     """The error of a commit that would give `checkpoint_id` (root namespace) to `thread_id` while another
-    thread holds it: a checkpoint id names one thread (the `agent_checkpoint_ids` table of both backends)."""
+    thread holds it: a checkpoint id names one thread (`storage.base.ThreadStorage.thread_of_checkpoint`)."""
     return ThreadExists(
         f"Checkpoint {checkpoint_id!r} belongs to another thread (a checkpoint id names one thread); "
         "nothing was written.",

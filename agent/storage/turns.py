@@ -254,7 +254,7 @@ class TurnProtocol(ABC):
             IdempotencyKeyTaken: `apply` stored a response under a key another request stored first;
                 nothing was written.
             ThreadExists: `apply` wrote a checkpoint whose id another thread holds (a checkpoint id names
-                one thread: `agent_checkpoint_ids`); nothing was written.
+                one thread: `ThreadStorage.thread_of_checkpoint`); nothing was written.
             StorageUnavailable: the database failed, or a statement ran longer than `statement_timeout_ms`;
                 the message says whether anything was written.
         """

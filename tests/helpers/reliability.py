@@ -29,7 +29,6 @@ from tests.helpers.databases import dbname_of, fresh_database, with_dbname  # no
 #: The tables that hold a thread's rows, per backend (each has a `thread_id` column).
 POSTGRES_THREAD_TABLES = (
     "checkpoints", "checkpoint_blobs", "checkpoint_writes", "agent_threads", "agent_claims", "agent_idempotency",
-    "agent_checkpoint_ids",
 )  # fmt: skip
 SQLITE_THREAD_TABLES = ("checkpoints", "writes", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids")
 

@@ -1,4 +1,5 @@
-"""A checkpoint id names one thread, by the primary key of `agent_checkpoint_ids`, on Postgres and SQLite.
+"""A checkpoint id names one thread, on Postgres (a unique index over the rows that are no copy) and SQLite (the
+primary key of `agent_checkpoint_ids`).
 
 * Two imports racing with the same checkpoint ids into two new threads (two agents, so two connections,
   held at a barrier just before their commits): exactly one commits, the other is `ThreadExists` and
@@ -9,7 +10,8 @@
   thread's ids can be imported again; a raw saver put of another thread's id is refused.
 * The migration that registers the stored checkpoints refuses a database where two threads hold one
   id (rows written with SQL before it runs), names them, applies nothing, and runs once they are gone;
-  a `copy_thread` copy is not a duplicate.
+  a `copy_thread` copy is not a duplicate. On Postgres the registry is then replaced by the unique index:
+  the table and the old index are gone, the new indexes valid, a copy's rows marked.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agent import ConfigurationError, ThreadExists
 from agent.config import AgentSettings
 from agent.storage import open_storage
 from agent.storage.postgres import MIGRATIONS as POSTGRES_MIGRATIONS
+from agent.storage.postgres import checkpoint_ids
 from agent.storage.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.helpers.databases import fresh_database
 from tests.helpers.reliability import HANG_TIMEOUT, is_postgres, sqlite_path, thread_rows
@@ -54,7 +57,13 @@ def query(url: str, statement: str, params: tuple = ()) -> list[tuple]:
 
 
 def registered(url: str) -> set[tuple[str, str]]:
+    """The (thread, checkpoint id) pairs that name a thread: on Postgres the rows the owner index holds."""
+    if is_postgres(url):
+        return set(query(url, OWNER_ROWS_SQL))
     return set(query(url, "SELECT thread_id, checkpoint_id FROM agent_checkpoint_ids"))
+
+
+OWNER_ROWS_SQL = "SELECT thread_id, checkpoint_id FROM checkpoints WHERE checkpoint_ns = '' AND agent_copy IS NULL"
 
 
 def root_checkpoints(url: str, *, leaving_out: tuple[str, ...] = ()) -> set[tuple[str, str]]:
@@ -193,11 +202,19 @@ def registry_migration(migrations: list) -> int:
 
 
 def as_before_the_registry(url: str) -> None:
-    """The database as an agent without `agent_checkpoint_ids` left it (its migrations not applied)."""
-    query(url, "DROP TABLE agent_checkpoint_ids")
+    """The database as an agent without `agent_checkpoint_ids` left it (its migrations, and on Postgres the
+    later ones that replaced it by an index, not applied)."""
     if is_postgres(url):
+        for statement in (
+            "DROP TABLE IF EXISTS agent_checkpoint_ids",
+            f"DROP INDEX {checkpoint_ids.OWNER_INDEX}",
+            f"DROP INDEX {checkpoint_ids.COPIES_INDEX}",
+            "ALTER TABLE checkpoints DROP COLUMN agent_copy",
+        ):
+            query(url, statement)
         query(url, "DELETE FROM agent_migrations WHERE v >= ?", (registry_migration(POSTGRES_MIGRATIONS),))
     else:
+        query(url, "DROP TABLE agent_checkpoint_ids")
         query(url, f"PRAGMA user_version = {registry_migration(SQLITE_MIGRATIONS)}")
 
 
@@ -269,3 +286,35 @@ def test_the_registry_migration_takes_a_copy_thread_copy_for_no_duplicate(url, m
     assert registered(url) == root_checkpoints(url, leaving_out=("the-copy",))
     # A table a pending migration creates is an upgrade, not a dropped table: no "re-creating everything".
     assert "were missing" not in caplog.text
+    if is_postgres(url):  # the registry came and went again: the index holds the rule, the copy marked
+        assert query(url, "SELECT to_regclass('agent_checkpoint_ids'), to_regclass('agent_checkpoints_checkpoint_id_idx')") == [
+            (None, None)
+        ]
+        valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(?)"
+        assert query(url, valid, (checkpoint_ids.OWNER_INDEX,)) == query(url, valid, (checkpoint_ids.COPIES_INDEX,)) == [(True,)]
+        marked = query(url, "SELECT DISTINCT thread_id FROM checkpoints WHERE agent_copy")
+        assert marked == [("the-copy",)]
+
+
+def test_the_index_migration_without_the_registry_knows_a_copy_by_its_record(pg_server_url, make_agent):
+    """Migrations undone by hand back to the column's, the table already gone: a copy is still marked, by the
+    `forked_from` of its record, and the unique index is built over the rest."""
+    with fresh_database(pg_server_url) as url:
+        agent = make_agent(url)
+        answer = outputs(say(agent, "I'm headed to SF!"))
+        agent.storage.saver.copy_thread(answer["thread_id"], "the-copy")
+        agent.close()
+        column = "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS agent_copy BOOLEAN"
+        first = next(i for i, m in enumerate(POSTGRES_MIGRATIONS) if m == column)
+        query(url, f"DROP INDEX {checkpoint_ids.OWNER_INDEX}, {checkpoint_ids.COPIES_INDEX}")
+        query(url, "ALTER TABLE checkpoints DROP COLUMN agent_copy")
+        query(url, "DELETE FROM agent_migrations WHERE v >= ?", (first,))
+
+        storage = setup_of(url)
+        try:
+            storage.setup()
+            assert storage.thread_of_checkpoint(answer["checkpoint_id"]) == answer["thread_id"]
+        finally:
+            storage.close()
+        assert query(url, "SELECT DISTINCT thread_id FROM checkpoints WHERE agent_copy") == [("the-copy",)]
+        assert registered(url) == root_checkpoints(url, leaving_out=("the-copy",))

@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 from agent.storage import deltas, summaries
 from agent.storage.saver import version_counter
 from agent.storage.summaries import SUMMARY_KEY
+from agent.storage.postgres import checkpoint_ids
 from agent.storage.postgres.migrations import DROPPED_INDEXES
 from agent.storage.postgres.migrations import MIGRATIONS as POSTGRES_MIGRATIONS
 from agent.storage.postgres.saver import REST_KEY, expand_checkpoint
@@ -75,6 +76,7 @@ EARLIER_INDEXES = {
     "checkpoint_blobs_thread_id_idx": ("checkpoint_blobs", "thread_id"),
     "checkpoint_writes_thread_id_idx": ("checkpoint_writes", "thread_id"),
     "agent_threads_user_id_idx": ("agent_threads", "user_id"),
+    "agent_checkpoints_checkpoint_id_idx": ("checkpoints", "checkpoint_id"),
 }
 
 
@@ -111,9 +113,16 @@ def to_earlier_postgres(url: str, serde, versions: LongVersions) -> int:
                 "WHERE thread_id = %s AND checkpoint_ns = %s AND channel = %s AND version = %s",
                 (versions(row["version"]), type_, blob, row["thread_id"], row["checkpoint_ns"], row["channel"], row["version"]),
             )
-        # The schema as the previous release left it: its indexes, and the new migrations not applied.
+        # The schema as the previous release left it: its indexes, its checkpoint-id registry in place of the
+        # unique index (`checkpoint_ids`), and the new migrations not applied.
         for name, (table, column) in EARLIER_INDEXES.items():
             conn.execute(f"CREATE INDEX {name} ON {table} ({column})")
+        conn.execute("CREATE TABLE agent_checkpoint_ids (checkpoint_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL)")
+        conn.execute(
+            "INSERT INTO agent_checkpoint_ids SELECT checkpoint_id, thread_id FROM checkpoints WHERE checkpoint_ns = ''"
+        )
+        conn.execute(f"DROP INDEX {checkpoint_ids.OWNER_INDEX}, {checkpoint_ids.COPIES_INDEX}")
+        conn.execute("ALTER TABLE checkpoints DROP COLUMN agent_copy")
         conn.execute("DELETE FROM agent_migrations WHERE v >= %s", (EARLIER_POSTGRES_VERSION,))
     return rewritten
 

@@ -17,14 +17,14 @@ import pytest
 
 from agent.config import AgentSettings
 from agent.storage import open_storage
-from agent.storage.postgres import MIGRATIONS
+from agent.storage.postgres import MIGRATIONS, checkpoint_ids
 from agent.storage.postgres.schema import CONCURRENT_INDEXES
 from tests.helpers.databases import fresh_database
 from tests.helpers.reliability import HANG_TIMEOUT
 from tests.helpers.scenario import outputs, say
 
-INDEX = "agent_checkpoints_checkpoint_id_idx"
-BUILD_SQL = f"CREATE INDEX CONCURRENTLY {INDEX} ON checkpoints (checkpoint_id)"
+INDEX = checkpoint_ids.OWNER_INDEX
+BUILD_SQL = checkpoint_ids.OWNER_INDEX_SQL
 
 
 @pytest.fixture
@@ -77,6 +77,9 @@ def test_setup_leaves_every_index_created_concurrently_valid(url):
     # LangGraph's thread_id indexes duplicate their primary keys' first column: dropped, never built again.
     assert "checkpoints_thread_id_idx" not in CONCURRENT_INDEXES
     assert index_state(url, "checkpoints_thread_id_idx") is None
+    # So is the index the checkpoint-id rule no longer needs (`checkpoint_ids`).
+    assert "agent_checkpoints_checkpoint_id_idx" not in CONCURRENT_INDEXES
+    assert index_state(url, "agent_checkpoints_checkpoint_id_idx") is None
     assert {name: (index_state(url, name) or (0, False))[1] for name in CONCURRENT_INDEXES} == dict.fromkeys(
         CONCURRENT_INDEXES, True
     )

@@ -3,7 +3,7 @@
 Modules, in the shape of langgraph-checkpoint-postgres (statements and
 migrations apart, thin I/O modules): `migrations` (the agent's migrations, a
 migration's position its version), `schema` (setup's apply), `sql` (every statement as a named
-constant), `checkpoint_ids` (the table that makes a checkpoint id name one
+constant), `checkpoint_ids` (the unique index that makes a checkpoint id name one
 thread), `indexes` (indexes built `CONCURRENTLY` after setup's transaction),
 `batch` (the commit's statements in one round trip), `known_heads` (the heads this
 process committed, so its next claim on a thread need not read them back), `connections`
@@ -48,7 +48,7 @@ Design notes:
   long-term memory uses) and the agent's (`migrations.MIGRATIONS`, a migration's
   position is its version) in ONE transaction under `pg_advisory_xact_lock`:
   safe from many processes at once and through PgBouncer. An index created
-  `CONCURRENTLY` (LangGraph's, and the agent's checkpoint-id index) cannot be
+  `CONCURRENTLY` (LangGraph's, and the agent's checkpoint-id indexes) cannot be
   built in a transaction: on a table that transaction creates it is built
   inside it without `CONCURRENTLY` (instant on an empty table), on an existing
   table after it, concurrently, and an INVALID one an interrupted build left
@@ -56,8 +56,8 @@ Design notes:
   re-apply every (idempotent) migration: trusting the migrations table alone
   left a database broken for good. A running agent that finds a table missing
   re-creates it the same way and runs the request again.
-* **Checkpoint ids name one thread**, by a primary key (`agent_checkpoint_ids`,
-  see `schema` and `checkpoint_ids`), not by a read before the write.
+* **Checkpoint ids name one thread**, by a unique index over the rows that are
+  no copy (`checkpoint_ids`), not by a read before the write.
 * **A statement timeout on every connection** (`statement_timeout_ms`, the
   libpq option `-c statement_timeout=…`, `connections.with_statement_timeout`):
   a statement over it is `StorageUnavailable`, nothing written, never a hang.

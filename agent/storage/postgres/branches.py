@@ -72,7 +72,6 @@ CLEAR_INDEX_SQL = "DELETE FROM agent_message_terms"
 DELETE_CHECKPOINTS_SQL = [
     "DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
     "DELETE FROM checkpoints WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
-    "DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
     "DELETE FROM agent_branches WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
     "DELETE FROM agent_message_terms WHERE thread_id = %(thread_id)s AND checkpoint_id = ANY(%(ids)s)",
     # Blobs are shared between checkpoints by (channel, version): keep exactly those a remaining one points at.

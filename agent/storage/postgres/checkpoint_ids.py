@@ -1,32 +1,41 @@
-"""`agent_checkpoint_ids`: which thread each checkpoint id names (see "Checkpoint ids" in `schema` for why a table).
+"""Which thread a checkpoint id names (see "Checkpoint ids" in `migrations` for why the rule exists).
 
-* **Written by the commit's own statement.** `agent_put_checkpoint` (a
-  migration in `schema`) registers a root-namespace checkpoint's id before it
-  writes the checkpoint, in the same transaction; another thread's row makes it
-  fail with `sql.CHECKPOINT_TAKEN_SQLSTATE`, which the commit turns into
-  `ThreadExists` (`records.checkpoint_taken`). The primary key, not a read
-  before the write, decides: `INSERT ... ON CONFLICT` waits for a concurrent
-  insert of the same id to commit or roll back.
-* **Deleted with the checkpoint** by the statements that delete checkpoints
-  (`sql.DELETE_THREAD_SQL`, `sql.DELETE_UNKEPT_SQL`,
-  `sql.DELETE_OTHER_CHECKPOINT_IDS_SQL`), so a deleted thread's ids are free again.
-* **Read by `sql.THREAD_OF_CHECKPOINT_SQL`**, which falls back on
-  `checkpoints` (through `agent_checkpoints_checkpoint_id_idx`) for an id no
-  commit registered: a copy whose source is gone, or a checkpoint an older
-  agent wrote while this one migrated (its `agent_put_checkpoint` was replaced
-  when the migrations committed).
-* **Filled from what is stored** by a migration (`REGISTER_STORED_SQL`), which
-  `schema.migrate` runs only after `refuse_duplicates` found no id held by two
-  threads: choosing which thread keeps an id would lose the other's response
-  ids, so that is left to the operator, with the ids named. A copy that
-  LangGraph's `copy_thread` made is no duplicate: its record's `forked_from`
-  names a thread that holds the same id, and the id stays the source's.
+* **One unique index holds the rule** (`OWNER_INDEX`): over `checkpoints
+  (checkpoint_id)`, the root-namespace rows that are no copy. A commit that
+  would give a root checkpoint id another thread holds fails there
+  (`UniqueViolation` on `OWNER_INDEX`), and the commit turns that into
+  `ThreadExists` (`taken`). The index, not a read before the write, decides:
+  an insert waits for a concurrent insert of the same id to commit or roll
+  back. A copy's rows (`saver_threads`' `copy_thread`, `sql.COPY_THREAD_SQL`)
+  are marked `agent_copy` and left out, so the source keeps its ids; the
+  copy's own later checkpoints are no copy.
+* **Read by `sql.THREAD_OF_CHECKPOINT_SQL`**: the thread of the row the index
+  holds, else (a copy whose source is gone) the first copy holding the id,
+  through `COPIES_INDEX`, which holds only copies' rows.
+* **Deleting a checkpoint frees its id**: nothing else holds it.
+* **What it replaced**: a table, `agent_checkpoint_ids` (a row and a primary
+  key entry per checkpoint, about 164 bytes a turn beside the index on
+  `checkpoints (checkpoint_id)` that served unregistered ids). Its migrations
+  stay in `MIGRATIONS` as history (`FORGET_STALE_SQL`, `REGISTER_STORED_SQL`,
+  with `refuse_duplicates` checking the latter). The migration that replaces
+  it marks every root row the table did not name as a copy (`MARK_COPIES_SQL`:
+  LangGraph copies, and rows an older agent wrote unregistered), so the unique
+  index can be built, then drops the table.
+* **Upgrading a big table**: the two indexes are built `CONCURRENTLY` after
+  setup's transaction (`indexes`). Until the owner index is built, the rule is
+  not enforced and lookups by id read the table: two imports racing with the
+  same ids into two new threads in that window could both commit, and the
+  build then fails (logged by setup, retried by the next one) until one of
+  them is deleted.
 """
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 
+from agent.errors import ThreadExists
 from agent.storage import records
 
 # The checkpoints (root namespace) no row names yet, with their thread; a copy's are left out (module docstring).
@@ -53,6 +62,44 @@ SELECT checkpoint_id, array_agg(thread_id ORDER BY thread_id) AS thread_ids, cou
 FROM ({UNREGISTERED_SQL}) AS unregistered
 GROUP BY checkpoint_id HAVING count(*) > 1 ORDER BY checkpoint_id LIMIT %s
 """
+
+
+#: The unique index of the rule (module docstring), and the index of copies' rows.
+OWNER_INDEX = "agent_checkpoint_owner_idx"
+COPIES_INDEX = "agent_checkpoint_copies_idx"
+# Migrations (their text is part of the schema's history: change it only by adding a migration).
+# Without the table (a database whose migrations were partly undone by hand), a copy is known by its record's
+# `forked_from` naming a thread that holds the same id, as `UNREGISTERED_SQL` leaves copies out.
+MARK_COPIES_SQL = """DO $$ BEGIN
+    IF to_regclass('agent_checkpoint_ids') IS NOT NULL THEN
+        UPDATE checkpoints c SET agent_copy = true
+        WHERE c.checkpoint_ns = '' AND c.agent_copy IS NULL AND NOT EXISTS (
+            SELECT 1 FROM agent_checkpoint_ids r WHERE r.checkpoint_id = c.checkpoint_id AND r.thread_id = c.thread_id);
+    ELSE
+        UPDATE checkpoints c SET agent_copy = true
+        WHERE c.checkpoint_ns = '' AND c.agent_copy IS NULL AND EXISTS (
+            SELECT 1 FROM agent_threads t JOIN checkpoints s ON s.thread_id = t.forked_from ->> 'thread_id'
+            WHERE t.thread_id = c.thread_id AND s.thread_id <> c.thread_id
+              AND s.checkpoint_ns = '' AND s.checkpoint_id = c.checkpoint_id);
+    END IF;
+END $$"""
+OWNER_INDEX_SQL = (
+    f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {OWNER_INDEX} ON checkpoints (checkpoint_id) "
+    "WHERE checkpoint_ns = '' AND agent_copy IS NULL"
+)
+COPIES_INDEX_SQL = f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {COPIES_INDEX} ON checkpoints (checkpoint_id) WHERE agent_copy"
+# The id in a unique violation's DETAIL, "Key (checkpoint_id)=(...) already exists." (the words are translated
+# with the server's lc_messages; this part is not).
+TAKEN_DETAIL = re.compile(r"\(checkpoint_id\)=\((.*)\)")
+
+
+def taken(exc: psycopg.Error, thread_id: str) -> ThreadExists | None:
+    """The `ThreadExists` of a write that failed because another thread holds its checkpoint id (a unique
+    violation on `OWNER_INDEX`), naming the id when the server said it; None for any other error."""
+    if not isinstance(exc, psycopg.errors.UniqueViolation) or exc.diag.constraint_name != OWNER_INDEX:
+        return None
+    found = TAKEN_DETAIL.search(exc.diag.message_detail or "")
+    return records.checkpoint_taken(thread_id, found.group(1) if found else None)
 
 
 def refuse_duplicates(conn: psycopg.Connection, where: str) -> None:

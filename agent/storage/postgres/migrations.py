@@ -17,19 +17,18 @@ migration: a table added later is checked without another copy of the list.
 Checkpoint ids. A response id is `resp_<checkpoint_id>`, so a checkpoint id
 must name one thread, and two imports racing with the same ids into two new
 threads must not both commit. LangGraph's key is (thread_id, checkpoint_ns,
-checkpoint_id), and a unique index on `checkpoints (checkpoint_id)` cannot
-hold the rule: LangGraph's `copy_thread` copies a thread with the same
+checkpoint_id), and a unique index on all of `checkpoints (checkpoint_id)`
+cannot hold the rule: LangGraph's `copy_thread` copies a thread with the same
 checkpoint ids (its conformance suite, run on our savers by
 tests/storage/test_saver_conformance.py, checks that the copy's ids equal the
-source's), and on SQLite `SqliteSaver.put` is an `INSERT OR REPLACE`, which
-would silently delete the other thread's row instead of failing. So the rule
-has a table of its own, `agent_checkpoint_ids`, keyed by the checkpoint id:
-`agent_put_checkpoint` registers every root-namespace checkpoint the saver
-writes (turns, imports, forks, raw LangGraph puts) to its thread and fails
-(TT002) when another thread holds it. Namespaced (subgraph) checkpoints are
-not registered, since no response id names them, nor are a copy's, whose ids
-keep naming the source. `checkpoint_ids` has the rest: lookups, deletes, and
-the migration that registers what is stored, refusing ids two threads hold.
+source's). The rule was first a table of its own, `agent_checkpoint_ids`,
+keyed by the checkpoint id, which `agent_put_checkpoint` wrote for every
+root-namespace checkpoint (TT002 when another thread held it). It is now a
+partial unique index on the rows that are no copy (`checkpoint_ids`): the copy
+marks its rows (`agent_copy`), whose ids keep naming the source, and a put of
+another thread's id fails on the index. Namespaced (subgraph) checkpoints are
+not covered, since no response id names them. `checkpoint_ids` has the rest:
+the lookup, the error, and the migrations.
 """
 
 from __future__ import annotations
@@ -43,12 +42,14 @@ from agent.storage.postgres import checkpoint_ids
 #: `indexes.build`): LangGraph's `thread_id` indexes on its three tables duplicate the first column of each
 #: table's primary key, which serves every `WHERE thread_id = ...` as well (about 160 bytes a turn on a
 #: thread of short messages); `agent_threads_user_id_idx` duplicates the first column of
-#: `agent_threads_activity_idx`, and every turn's update of `updated_at` wrote an entry into both.
+#: `agent_threads_activity_idx`, and every turn's update of `updated_at` wrote an entry into both;
+#: `agent_checkpoints_checkpoint_id_idx` gave way to the owner and copies indexes (`checkpoint_ids`).
 DROPPED_INDEXES = (
     "checkpoints_thread_id_idx",
     "checkpoint_blobs_thread_id_idx",
     "checkpoint_writes_thread_id_idx",
     "agent_threads_user_id_idx",
+    "agent_checkpoints_checkpoint_id_idx",
 )
 
 #: The catalogue's index (`sql.LIST_THREADS_SQL`): a user's threads by activity, scanned backward for the
@@ -62,9 +63,9 @@ USER_LOCK_CLASS = 714_021_392
 #: Every table setup must leave behind (LangGraph's and the agent's).
 TABLES = (
     "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
-    "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_checkpoint_ids",
-    "agent_claim_waiters", "agent_user_claims", "agent_steers", "store_migrations", "store", "agent_branches",
-    "agent_message_terms", "agent_runs", "agent_run_events",
+    "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_claim_waiters",
+    "agent_user_claims", "agent_steers", "store_migrations", "store", "agent_branches", "agent_message_terms",
+    "agent_runs", "agent_run_events",
 )  # fmt: skip
 
 #: Tables only setup writes (each schema's record of its applied migrations); the agent writes every
@@ -723,3 +724,38 @@ CLAIM_WITH_KNOWN_START = next(n for n, statement in enumerate(MIGRATIONS) if "p_
 # made every read of its checkpoint fail ("invalid input syntax for type bytea"; found by
 # tests/operations/test_hostile_imports.py). `sql.SELECT_CHECKPOINTS_COLUMNS` reads them the same way.
 MIGRATIONS.append(text_as_utf8(MIGRATIONS[CLAIM_WITH_KNOWN_START]))
+
+
+def without_registration(statement: str) -> str:
+    """`statement` (an `agent_put_checkpoint`) without its registration of the id in `agent_checkpoint_ids`."""
+    found = REGISTRATION.findall(statement)
+    if len(found) != 1:
+        raise AssertionError(f"expected one registration in the statement, found {len(found)}")
+    return statement.replace(found[0], "")
+
+
+# An `agent_put_checkpoint`'s registration of a root-namespace checkpoint id: from its `IF` to its `END IF;`.
+REGISTRATION = re.compile(
+    r"\n *IF p_checkpoint_ns = '' THEN\n *INSERT INTO agent_checkpoint_ids .*?\n *END IF;\n *END IF;", re.S
+)
+#: The index of the migration that created the newest `agent_put_checkpoint` with a registration.
+PUT_WITH_REGISTRATION = max(
+    n for n, statement in enumerate(MIGRATIONS)
+    if "FUNCTION agent_put_checkpoint" in statement and "INSERT INTO agent_checkpoint_ids" in statement
+)  # fmt: skip
+
+# One index in place of the registry ("Checkpoint ids" above, `checkpoint_ids`): a copy's rows are marked
+# (`agent_copy`), and a unique index over the other root-namespace rows holds the rule; the registry's row and
+# key (about 164 bytes a turn) and `agent_checkpoints_checkpoint_id_idx` go. A column with no default is no
+# rewrite of the table, and NULL costs a row no byte (its null bitmap is there already: `type` is NULL).
+MIGRATIONS += [
+    "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS agent_copy BOOLEAN",
+    checkpoint_ids.MARK_COPIES_SQL,
+    checkpoint_ids.OWNER_INDEX_SQL,
+    checkpoint_ids.COPIES_INDEX_SQL,
+    without_registration(MIGRATIONS[PUT_WITH_REGISTRATION]),
+    "DROP INDEX IF EXISTS agent_checkpoints_checkpoint_id_idx",
+    "DROP TABLE IF EXISTS agent_checkpoint_ids",
+    # The claim's privilege check names every table of `TABLES`, which no longer holds the registry.
+    missing_privileges_sql(),
+]

@@ -11,8 +11,8 @@ What it changes in `PostgresSaver`, and why:
   statement batch (`batch`), sent with its commit in one round trip.
 * **Cached plans.** Its upserts call the plpgsql functions of the migrations
   (`sql.PUT_BLOB_SQL`, `sql.PUT_CHECKPOINT_SQL`) with LangGraph's parameters;
-  `agent_put_checkpoint` also registers a root-namespace checkpoint's id to
-  its thread (`agent_checkpoint_ids`, see "Checkpoint ids" in `schema`).
+  a root-namespace checkpoint's id that another thread holds fails on a
+  unique index (`checkpoint_ids`, and "Checkpoint ids" in `migrations`).
 * **Inline strings sealed.** LangGraph keeps a channel value that is a string
   (or another primitive) inside the checkpoint's JSONB row rather than in a
   blob, where the serializer never sees it; with encryption on, such strings
@@ -50,9 +50,9 @@ from psycopg_pool import ConnectionPool
 
 from agent.encryption import Keyring, is_sealed
 from agent.storage import deltas, summaries
-from agent.storage.postgres import branches, sql
+from agent.storage.postgres import branches, checkpoint_ids, sql
 from agent.storage.postgres.batch import running_batch
-from agent.storage.records import Turn, checkpoint_taken
+from agent.storage.records import Turn
 from agent.storage.saver import TurnSaverMixin
 
 #: Channel values `PostgresSaver.put` keeps inside the checkpoint's JSONB row rather than in a blob (None too).
@@ -233,8 +233,9 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
             stored = compact_checkpoint(checkpoint, metadata)
             return PostgresSaver.put(self, config, stored, summaries.as_text(metadata), new_versions)
         except psycopg.Error as exc:  # sent at once outside a commit; inside one, the commit says it
-            if exc.sqlstate == sql.CHECKPOINT_TAKEN_SQLSTATE:
-                raise checkpoint_taken(config["configurable"]["thread_id"], exc.diag.message_detail) from None
+            refused = checkpoint_ids.taken(exc, config["configurable"]["thread_id"])
+            if refused is not None:
+                raise refused from None
             raise
 
     def _backend_put_writes(self, config, writes, task_id, task_path):

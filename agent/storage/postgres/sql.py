@@ -171,15 +171,15 @@ LEFT JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = 
 WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = ANY(%s)
 """
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
-# The thread a checkpoint id names: the one agent_checkpoint_ids registers it to, else (a checkpoint no commit
-# registered: a LangGraph copy_thread's whose source is gone, one written by an older agent during an upgrade)
-# the first thread holding it (see "Checkpoint ids" in `schema`).
+# The thread a checkpoint id names: the one whose row `checkpoint_ids.OWNER_INDEX` holds, else (a copy whose source
+# is gone) the first copy holding it (`checkpoint_ids.COPIES_INDEX`). Each branch's WHERE implies its index's.
 THREAD_OF_CHECKPOINT_SQL = """
 SELECT thread_id FROM (
-    SELECT thread_id, 0 AS registered FROM agent_checkpoint_ids WHERE checkpoint_id = %(checkpoint_id)s
+    SELECT thread_id, 0 AS copy FROM checkpoints
+    WHERE checkpoint_id = %(checkpoint_id)s AND checkpoint_ns = '' AND agent_copy IS NULL
     UNION ALL
-    SELECT thread_id, 1 FROM checkpoints WHERE checkpoint_id = %(checkpoint_id)s AND checkpoint_ns = ''
-) AS found ORDER BY registered, thread_id LIMIT 1
+    SELECT thread_id, 1 FROM checkpoints WHERE checkpoint_id = %(checkpoint_id)s AND agent_copy AND checkpoint_ns = ''
+) AS found ORDER BY copy, thread_id LIMIT 1
 """
 # The catalogue (`operations.catalogue`): one backward range scan of agent_threads_activity_asc_idx per page. The
 # position is the row's (updated_at, thread_id); `activity` is updated_at as exact text (microseconds).
@@ -223,7 +223,6 @@ DELETE_THREAD_SQL = [
     "DELETE FROM checkpoint_writes WHERE thread_id = %s",
     "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
     "DELETE FROM checkpoints WHERE thread_id = %s",
-    "DELETE FROM agent_checkpoint_ids WHERE thread_id = %s",
     "DELETE FROM agent_idempotency WHERE thread_id = %s",
     "DELETE FROM agent_threads WHERE thread_id = %s",
     # Its runs (`agent.runs.store`): their events hold its turns' text, kept for response_events_seconds otherwise.
@@ -271,9 +270,11 @@ SELECT thread_id FROM agent_claims
 WHERE thread_id = ANY(%s) AND token <> '' AND expires_at >= clock_timestamp() ORDER BY thread_id
 """
 THREADS_OF_RUNS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE metadata ->> 'run_id' = ANY(%s) ORDER BY thread_id"
+# The copy's rows are marked: their ids keep naming the source (`checkpoint_ids`).
 COPY_THREAD_SQL = [
-    """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
-    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+    """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata,
+        agent_copy)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, true
     FROM checkpoints WHERE thread_id = %(source)s""",
     """INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
     SELECT %(target)s, checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs WHERE thread_id = %(source)s""",
@@ -288,8 +289,6 @@ DELETE_UNKEPT_SQL = [
         AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
     f"""DELETE FROM checkpoints WHERE thread_id = %(thread_id)s
         AND (checkpoint_ns, checkpoint_id) NOT IN {KEPT_PAIRS}""",
-    f"""DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s
-        AND ('', checkpoint_id) NOT IN {KEPT_PAIRS}""",
     # Blobs are shared between checkpoints by (channel, version): keep exactly those a kept one points at.
     """DELETE FROM checkpoint_blobs b WHERE b.thread_id = %(thread_id)s AND NOT EXISTS (
         SELECT 1 FROM checkpoints c
@@ -313,7 +312,6 @@ WITH gone AS (
     RETURNING checkpoint_ns)
 SELECT count(*) FILTER (WHERE checkpoint_ns = '') AS removed FROM gone
 """
-DELETE_OTHER_CHECKPOINT_IDS_SQL = "DELETE FROM agent_checkpoint_ids WHERE thread_id = %(thread_id)s AND checkpoint_id <> %(head)s"
 MAKE_ROOT_SQL = f"""
 UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = CASE jsonb_typeof(metadata -> '{summaries.SUMMARY_KEY}')
     WHEN 'string' THEN jsonb_set(metadata, '{{{summaries.SUMMARY_KEY}}}', to_jsonb(jsonb_set(
@@ -346,7 +344,5 @@ IDEMPOTENCY_PKEY = "agent_idempotency_pkey"
 
 #: SQLSTATE raised by `agent_end_claim` when the claim is gone.
 CLAIM_LOST_SQLSTATE = "TT001"
-#: SQLSTATE raised by `agent_put_checkpoint` when another thread holds the checkpoint id (its DETAIL).
-CHECKPOINT_TAKEN_SQLSTATE = "TT002"
 
 READY_SQL = "SELECT 1"

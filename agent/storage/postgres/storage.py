@@ -23,14 +23,14 @@ from agent.config import AgentSettings
 from agent.errors import AgentError, LeaseExpired, StorageUnavailable
 from agent.storage.base import ThreadStorage
 from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
-from agent.storage.postgres import indexes, schema, sql
+from agent.storage.postgres import checkpoint_ids, indexes, schema, sql
 from agent.storage.postgres.batch import StatementBatch, running, running_batch
 from agent.storage.postgres.connections import ROLLED_BACK, SCHEMA_MISSING, PostgresConnections, first_line
 from agent.storage.postgres.known_heads import KnownHead, KnownHeads, fresh
 from agent.storage.postgres.reads import PostgresReads, prefixed
 from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.postgres.transaction import PostgresTx, to_record
-from agent.storage.records import IdempotencyKeyTaken, Turn, checkpoint_taken
+from agent.storage.records import IdempotencyKeyTaken, Turn
 from agent.storage.transaction import Tx
 from agent.storage.turns import STEER_ROW_TTL_SECONDS
 
@@ -267,8 +267,9 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                     ) from None
                 if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == sql.IDEMPOTENCY_PKEY:
                     raise IdempotencyKeyTaken(thread_id) from None
-                if exc.sqlstate == sql.CHECKPOINT_TAKEN_SQLSTATE:
-                    raise checkpoint_taken(thread_id, exc.diag.message_detail) from None
+                refused = checkpoint_ids.taken(exc, thread_id)
+                if refused is not None:
+                    raise refused from None
                 # A statement over statement_timeout_ms (QueryCanceled) is no lost connection: the server
                 # rolled the commit back and said so.
                 if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, psycopg.errors.QueryCanceled):

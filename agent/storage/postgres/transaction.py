@@ -120,7 +120,6 @@ class PostgresTx(Tx):
         self.batch.execute(sql.DELETE_OTHER_WRITES_SQL, params)
         self.batch.execute(sql.DELETE_OTHER_BLOBS_SQL, params)
         removed = self.batch.read(sql.DELETE_OTHER_CHECKPOINTS_SQL, params).fetchone()["removed"]
-        self.batch.execute(sql.DELETE_OTHER_CHECKPOINT_IDS_SQL, params)
         self.batch.execute(sql.MAKE_ROOT_SQL, params)
         for statement in branches.KEEP_ONLY_SQL:
             self.batch.execute(statement, params)
