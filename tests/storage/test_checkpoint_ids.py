@@ -30,6 +30,7 @@ from agent.config import AgentSettings
 from agent.storage import open_storage
 from agent.storage.postgres import MIGRATIONS as POSTGRES_MIGRATIONS
 from agent.storage.postgres import checkpoint_ids
+from agent.storage.postgres.migrations import PUT_WITH_REGISTRATION
 from agent.storage.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.helpers.databases import fresh_database
 from tests.helpers.reliability import HANG_TIMEOUT, is_postgres, sqlite_path, thread_rows
@@ -318,3 +319,83 @@ def test_the_index_migration_without_the_registry_knows_a_copy_by_its_record(pg_
             storage.close()
         assert query(url, "SELECT DISTINCT thread_id FROM checkpoints WHERE agent_copy") == [("the-copy",)]
         assert registered(url) == root_checkpoints(url, leaving_out=("the-copy",))
+
+
+# -- found by the upgrade check of the index that replaced the registry (Postgres) ------------------------------
+
+
+def root_head(saver, thread_id: str) -> dict:
+    """The thread's newest root-namespace checkpoint, as LangGraph's `put` takes it."""
+    return saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}).checkpoint
+
+
+def raw_put(saver, thread_id: str, checkpoint: dict) -> None:
+    """LangGraph's own write of `checkpoint` into `thread_id` (root namespace), as any graph may call it."""
+    saver.put({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}, checkpoint, {"source": "input", "step": -1}, {})
+
+
+def test_a_checkpoint_id_with_a_line_break_held_by_another_thread_is_named(url, make_agent):
+    """The id is parsed from the unique violation's DETAIL on Postgres; an id may hold a line break (a raw saver
+    put writes any string), and the error must still name it, as the registry's error did."""
+    agent = make_agent(url)
+    thread_id = outputs(say(agent, "hello"))["thread_id"]
+    odd = dict(root_head(agent.storage.saver, thread_id), id="two\nlines) (checkpoint_id)=(x")
+    raw_put(agent.storage.saver, "owner", odd)
+    with pytest.raises(ThreadExists) as refused:
+        raw_put(agent.storage.saver, "thief", odd)
+    assert refused.value.ids["checkpoint_id"] == odd["id"]
+    assert agent.storage.thread_of_checkpoint(odd["id"]) == "owner"
+
+
+def test_setup_that_cannot_build_the_owner_index_does_not_leave_the_rule_off_for_every_id(pg_server_url, make_agent):
+    """Two threads hold one id (written in the upgrade's window, before the owner index was built, as its module
+    docstring allows): the build fails. Setup must then either refuse, naming the id (as the registry's
+    migration refused such a database), or still hold the rule for every other id; it did neither (a warning
+    that "queries it serves are slower", the agent ready, any id writable into two threads)."""
+    with fresh_database(pg_server_url) as url:
+        agent = make_agent(url)
+        answer = outputs(say(agent, "hello"))
+        agent.close()
+        query(url, f"DROP INDEX {checkpoint_ids.OWNER_INDEX}")  # the window between the migrations and the build
+        duplicate_with_sql(url, answer["thread_id"], "intruder")
+        query(url, "UPDATE checkpoints SET agent_copy = NULL WHERE thread_id = 'intruder'")
+
+        storage = setup_of(url)
+        try:
+            try:
+                storage.setup()
+            except ConfigurationError as refused:
+                assert answer["checkpoint_id"] in refused.message
+                return
+            fresh = dict(root_head(storage.saver, answer["thread_id"]), id=str(uuid.uuid4()))
+            raw_put(storage.saver, "first", fresh)
+            with pytest.raises(ThreadExists):
+                raw_put(storage.saver, "second", fresh)
+        finally:
+            storage.close()
+
+
+def test_setup_replaces_the_registry_again_when_an_older_agent_recreated_it(pg_server_url, make_agent):
+    """A replica of the previous release still running during a rolling upgrade finds `agent_checkpoint_ids` gone,
+    re-creates it and re-applies its migrations (its registering `agent_put_checkpoint` included), and its turns
+    commit. The next setup of this release found the migrations current and left it so: deletes no longer
+    unregister ids, and importing a deleted thread's ids under another thread id failed with an internal error."""
+    with fresh_database(pg_server_url) as url:
+        agent = make_agent(url)
+        answer = outputs(say(agent, "hello"))
+        document = agent.export_thread(answer["thread_id"])
+        agent.close()
+        # What the previous release's setup re-applies (statements kept in MIGRATIONS as history).
+        registry = registry_migration(POSTGRES_MIGRATIONS)
+        with psycopg.connect(url, autocommit=True) as conn:
+            for statement in (
+                *POSTGRES_MIGRATIONS[registry : registry + 2],
+                POSTGRES_MIGRATIONS[PUT_WITH_REGISTRATION],
+                checkpoint_ids.REGISTER_STORED_SQL,
+            ):
+                conn.execute(statement)
+
+        agent = make_agent(url)  # this release's next setup
+        agent.delete_thread(answer["thread_id"])
+        assert agent.import_thread(renamed(document, "second-home"))["thread_id"] == "second-home"
+        assert query(url, "SELECT to_regclass('agent_checkpoint_ids')") == [(None,)]
