@@ -89,8 +89,9 @@ OWNER_INDEX_SQL = (
 )
 COPIES_INDEX_SQL = f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {COPIES_INDEX} ON checkpoints (checkpoint_id) WHERE agent_copy"
 # The id in a unique violation's DETAIL, "Key (checkpoint_id)=(...) already exists." (the words are translated
-# with the server's lc_messages; this part is not).
-TAKEN_DETAIL = re.compile(r"\(checkpoint_id\)=\((.*)\)")
+# with the server's lc_messages; this part is not). The server writes the id as it is: it may hold line breaks
+# (DOTALL) and parentheses (greedy, to the last one, which closes it).
+TAKEN_DETAIL = re.compile(r"\(checkpoint_id\)=\((.*)\)", re.DOTALL)
 
 
 def taken(exc: psycopg.Error, thread_id: str) -> ThreadExists | None:
