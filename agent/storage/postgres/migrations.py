@@ -759,3 +759,7 @@ MIGRATIONS += [
     # The claim's privilege check names every table of `TABLES`, which no longer holds the registry.
     missing_privileges_sql(),
 ]
+#: The first migration of the index that replaced the registry. An agent of an earlier release that finds
+#: `agent_checkpoint_ids` missing re-creates it and re-applies its own migrations, its registering
+#: `agent_put_checkpoint` among them; setup applies this one and those after it again (`schema.migrate`).
+REGISTRY_REPLACED = MIGRATIONS.index("ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS agent_copy BOOLEAN")

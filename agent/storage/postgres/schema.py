@@ -22,7 +22,14 @@ from langgraph.checkpoint.postgres.base import MIGRATIONS as LANGGRAPH_MIGRATION
 from langgraph.store.postgres.base import MIGRATIONS as STORE_MIGRATIONS
 
 from agent.storage.postgres import checkpoint_ids, indexes
-from agent.storage.postgres.migrations import DROPPED_INDEXES, MIGRATIONS, TABLES, USER_LOCK_CLASS, missing_privileges_sql
+from agent.storage.postgres.migrations import (
+    DROPPED_INDEXES,
+    MIGRATIONS,
+    REGISTRY_REPLACED,
+    TABLES,
+    USER_LOCK_CLASS,
+    missing_privileges_sql,
+)
 
 __all__ = ["MIGRATIONS", "TABLES", "USER_LOCK_CLASS", "migrate", "missing_tables", "migrations_current"]
 
@@ -39,8 +46,10 @@ RECORDED_SQL = "SELECT coalesce(max(v), -1) AS v FROM {}"  # a migrations table'
 MISSING_TABLES_SQL = "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NULL"
 MIGRATION_VERSIONS_SQL = """
 SELECT (SELECT max(v) FROM checkpoint_migrations) AS langgraph, (SELECT max(v) FROM agent_migrations) AS agent,
-    (SELECT max(v) FROM store_migrations) AS store
+    (SELECT max(v) FROM store_migrations) AS store, to_regclass('agent_checkpoint_ids') IS NOT NULL AS registry
 """
+# The registry the owner index replaced, re-created by an agent of an earlier release (`REGISTRY_REPLACED`).
+REGISTRY_SQL = "SELECT to_regclass('agent_checkpoint_ids') IS NOT NULL AS registry"
 
 #: Each migrations table and the list it records, in the order they are applied.
 SCHEMAS = (
@@ -76,7 +85,8 @@ def migrations_current(conn: psycopg.Connection) -> bool:
     """Whether every migrations table (they exist) records every migration this code has (read only)."""
     row = conn.execute(MIGRATION_VERSIONS_SQL).fetchone()
     names = {"checkpoint_migrations": "langgraph", "agent_migrations": "agent", "store_migrations": "store"}
-    return all(row[names[table]] is not None and row[names[table]] >= len(migrations) - 1 for table, migrations in SCHEMAS)
+    current = all(row[names[table]] is not None and row[names[table]] >= len(migrations) - 1 for table, migrations in SCHEMAS)
+    return current and not row["registry"]
 
 
 #: Checks run just before a migration (by its text), inside the same transaction.
@@ -110,6 +120,13 @@ def migrate(conn: psycopg.Connection, *, where: str) -> None:
             conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (v INTEGER PRIMARY KEY)")
             row = conn.execute(f"SELECT max(v) AS v FROM {table}").fetchone()
             current = -1 if everything or row["v"] is None else row["v"]
+            if table == "agent_migrations" and current >= REGISTRY_REPLACED and conn.execute(REGISTRY_SQL).fetchone()["registry"]:
+                logger.warning(
+                    "An agent of an earlier release re-created agent_checkpoint_ids in %s (releases side by side are "
+                    "not supported); replacing it by the owner index again",
+                    where,
+                )
+                current = REGISTRY_REPLACED - 1
             for version in range(current + 1, len(migrations)):
                 statement = migrations[version]
                 check = CHECKS.get(statement)
