@@ -367,6 +367,7 @@ def test_setup_that_cannot_build_the_owner_index_does_not_leave_the_rule_off_for
             except ConfigurationError as refused:
                 assert answer["checkpoint_id"] in refused.message
                 return
+            assert storage.thread_of_checkpoint(answer["checkpoint_id"]) == min(answer["thread_id"], "intruder")
             fresh = dict(root_head(storage.saver, answer["thread_id"]), id=str(uuid.uuid4()))
             raw_put(storage.saver, "first", fresh)
             with pytest.raises(ThreadExists):

@@ -25,18 +25,24 @@
   setup's transaction (`indexes`). Until the owner index is built, the rule is
   not enforced and lookups by id read the table: two imports racing with the
   same ids into two new threads in that window could both commit, and the
-  build then fails (logged by setup, retried by the next one) until one of
-  them is deleted.
+  build then fails. Setup then settles them (`settle_duplicates`): the first
+  thread (by id, as the lookup answered meanwhile) keeps the id, the others'
+  rows become copies (logged, naming them), and the index is built again. A
+  build that fails for another reason (a cancel) leaves the rule off until a
+  later setup builds it.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
 import psycopg
 
 from agent.errors import ThreadExists
 from agent.storage import records
+
+logger = logging.getLogger(__name__)
 
 # The checkpoints (root namespace) no row names yet, with their thread; a copy's are left out (module docstring).
 UNREGISTERED_SQL = """
@@ -113,3 +119,51 @@ def refuse_duplicates(conn: psycopg.Connection, where: str) -> None:
     if rows:
         found = [(row["checkpoint_id"], list(row["thread_ids"])) for row in rows]
         raise records.duplicate_checkpoint_ids(where, found, total=rows[0]["total"])
+
+
+
+# Whether the owner index is valid, and whether a session is building it now (`indexes.INDEX_STATE_SQL`).
+OWNER_STATE_SQL = f"""
+SELECT coalesce(i.indisvalid, false) AS valid,
+    EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid) AS building
+FROM (SELECT to_regclass('{OWNER_INDEX}') AS oid) AS n LEFT JOIN pg_index i ON i.indexrelid = n.oid
+"""
+# Of the threads holding one id outside copies, the first (by thread id) keeps it, as the lookup answered
+# while the index was missing (`sql.THREAD_OF_CHECKPOINT_SQL` without it); the others' rows become copies.
+SETTLE_DUPLICATES_SQL = """
+UPDATE checkpoints c SET agent_copy = true
+FROM (
+    SELECT checkpoint_id, min(thread_id) AS keeper FROM checkpoints WHERE checkpoint_ns = '' AND agent_copy IS NULL
+    GROUP BY checkpoint_id HAVING count(*) > 1
+) AS d
+WHERE c.checkpoint_ns = '' AND c.agent_copy IS NULL AND c.checkpoint_id = d.checkpoint_id AND c.thread_id <> d.keeper
+RETURNING c.checkpoint_id, c.thread_id, d.keeper
+"""
+
+
+def settle_duplicates(conn: psycopg.Connection, where: str) -> bool:
+    """When `OWNER_INDEX` is not valid and no session is building it: make each id that threads hold outside
+    copies (written while an upgrade built the index, module docstring) name one thread, the first, and mark
+    the others' rows as copies, so the index can be built. `conn` is in autocommit mode; `where` names the
+    database in the log, which names the ids and threads.
+
+    Returns:
+        Whether rows were marked (build the index again).
+    """
+    state = conn.execute(OWNER_STATE_SQL).fetchone()
+    if state["valid"] or state["building"]:
+        return False
+    marked = conn.execute(SETTLE_DUPLICATES_SQL).fetchall()
+    if marked:
+        shown = "; ".join(
+            f"{row['checkpoint_id']} of {row['thread_id']!r} (kept by {row['keeper']!r})" for row in marked[: records.DUPLICATES_SHOWN]
+        )
+        logger.warning(
+            "%d checkpoint(s) in %s held an id another thread holds (written while the index %s was built); "
+            "each is now a copy, its id naming the thread that keeps it: %s",
+            len(marked),
+            where,
+            OWNER_INDEX,
+            shown,
+        )
+    return bool(marked)

@@ -19,9 +19,10 @@ of the agent): an index being built concurrently is INVALID until its build
 ends, and dropping it would only start the work over. `CREATE INDEX
 CONCURRENTLY` and `pg_stat_progress_create_index` are Postgres 12+.
 
-An index is a speed-up, never a correctness rule here, so a build that fails
-(a role that may not create indexes, a read-only replica, a cancel) is logged
-and setup goes on; the next setup tries again. The one read (`INDEX_STATE_SQL`)
+An index is a speed-up here, so a build that fails (a role that may not create
+indexes, a read-only replica, a cancel) is logged and setup goes on; the next
+setup tries again. One is also a rule, `checkpoint_ids.OWNER_INDEX`: what fails
+its build is settled by setup (`checkpoint_ids.settle_duplicates`). The one read (`INDEX_STATE_SQL`)
 is all a setup does when every index is valid.
 """
 

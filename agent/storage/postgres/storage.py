@@ -83,6 +83,11 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                         connect=lambda: self.connections.connect(unlimited=True),
                         where=self.masked,
                     )
+                    if checkpoint_ids.settle_duplicates(conn, self.masked):
+                        owner = {checkpoint_ids.OWNER_INDEX: schema.CONCURRENT_INDEXES[checkpoint_ids.OWNER_INDEX]}
+                        indexes.build(
+                            conn, owner, connect=lambda: self.connections.connect(unlimited=True), where=self.masked
+                        )
             self._ready = True
 
     def exists(self) -> bool:
