@@ -28,7 +28,8 @@
   build then fails. Setup then settles them (`settle_duplicates`): the first
   thread (by id, as the lookup answered meanwhile) keeps the id, the others'
   rows become copies (logged, naming them), and the index is built again. A
-  build that fails for another reason (a cancel) leaves the rule off until a
+  build that fails for another reason (a deadlock with another setup's build,
+  a cancel) is tried once more; failing again, it leaves the rule off until a
   later setup builds it.
 """
 
@@ -148,7 +149,9 @@ def settle_duplicates(conn: psycopg.Connection, where: str) -> bool:
     database in the log, which names the ids and threads.
 
     Returns:
-        Whether rows were marked (build the index again).
+        Whether the index is to be built again: not valid and no session building it (its build failed on
+        those ids, or for another reason, such as a deadlock with another setup's concurrent build, which
+        two partial indexes on one table can have).
     """
     state = conn.execute(OWNER_STATE_SQL).fetchone()
     if state["valid"] or state["building"]:
@@ -166,4 +169,4 @@ def settle_duplicates(conn: psycopg.Connection, where: str) -> bool:
             OWNER_INDEX,
             shown,
         )
-    return bool(marked)
+    return True
