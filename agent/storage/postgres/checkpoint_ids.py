@@ -122,7 +122,6 @@ def refuse_duplicates(conn: psycopg.Connection, where: str) -> None:
         raise records.duplicate_checkpoint_ids(where, found, total=rows[0]["total"])
 
 
-
 # Whether the owner index is valid, and whether a session is building it now (`indexes.INDEX_STATE_SQL`).
 OWNER_STATE_SQL = f"""
 SELECT coalesce(i.indisvalid, false) AS valid,
