@@ -40,6 +40,9 @@ OFFLINE_MODEL_NAME = "offline"
 MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback", "steer"]
 MULTITASK_STRATEGIES: tuple[str, ...] = ("reject", "enqueue", "interrupt", "rollback", "steer")
 
+#: What an `allowed_hosts` entry looks like: a name (a leading `*.` for its subdomains), an IPv4 or a bracketed
+#: IPv6 address, or `*`.
+_HOST = re.compile(r"\*|(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*|\[[0-9A-Fa-f:.]+\]")
 #: What a CORS origin looks like (a browser's `Origin` header): scheme://host[:port].
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 
@@ -133,6 +136,13 @@ class AgentSettings(BaseSettings):
     `["https://chat.example.com"]`; `AGENT_CORS_ORIGINS` takes them comma-separated. `["*"]`: any
     origin. Empty: none (a page on another origin gets no CORS headers, so browsers block it)."""
 
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Host names `tt-agent serve` answers to (the `Host` header, without its port), e.g.
+    `["chat.example.com", "*.example.com"]`; `AGENT_ALLOWED_HOSTS` takes them comma-separated. Another
+    host gets a 400, so that a page whose name an attacker points at the server (DNS rebinding) cannot
+    use it (`serving.origins`). Empty or `["*"]`: any host. `tt-agent serve` bound to a loopback address
+    (its default, 127.0.0.1) uses `localhost,127.0.0.1,[::1]` when this is not set."""
+
     # -- turns at once (`tt-agent serve`, per process: serving.admission) ------------------------
     max_running_turns: int | None = Field(default=None, ge=1)
     """Turns (requests that run the model) one server process runs at once; more wait. None: 20 x
@@ -198,6 +208,21 @@ class AgentSettings(BaseSettings):
     trace_actions: bool = False
     """Also trace requests that name a `custom_inputs.action` (reads such as `get_checkpoint_state`, and
     state edits). False: only turns are traced."""
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            value = json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)):
+            for host in value:
+                if isinstance(host, str) and not _HOST.fullmatch(host):
+                    raise ValueError(
+                        f"{host!r} is not a host name: write it without scheme, port or path (chat.example.com, "
+                        "*.example.com, [::1]), or *"
+                    )
+        return value
 
     @field_validator("cors_origins", mode="before")
     @classmethod

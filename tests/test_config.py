@@ -186,6 +186,23 @@ def test_no_cors_origin_by_default_and_one_with_a_path_is_a_configuration_error(
             load_settings(database_url="memory://", cors_origins=[wrong])
 
 
+def test_allowed_hosts_come_from_the_environment_and_a_url_or_port_is_a_configuration_error(monkeypatch):
+    monkeypatch.setenv("AGENT_ALLOWED_HOSTS", "chat.example.com, *.example.org,[::1],127.0.0.1")
+    assert load_settings(database_url="memory://").allowed_hosts == ["chat.example.com", "*.example.org", "[::1]", "127.0.0.1"]
+    monkeypatch.delenv("AGENT_ALLOWED_HOSTS")
+    assert load_settings(database_url="memory://").allowed_hosts == []
+    for wrong in ("https://chat.example.com", "chat.example.com:8000", "chat.example.com/app", "::1"):
+        with pytest.raises(ConfigurationError, match="allowed_hosts"):
+            load_settings(database_url="memory://", allowed_hosts=[wrong])
+
+
+def test_is_loopback_tells_the_addresses_that_serve_only_this_machine():
+    from agent.serving.app import is_loopback
+
+    assert all(is_loopback(host) for host in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"))
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "10.1.2.3", "agent.example.com"))
+
+
 def test_environment_configures_database_model_and_settings(tmp_path, monkeypatch):
     path = tmp_path / "from-env.sqlite"
     monkeypatch.setenv("AGENT_DATABASE_URL", f"sqlite:///{path}")

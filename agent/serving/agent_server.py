@@ -92,6 +92,7 @@ from agent.requests import keeping_item_ids, with_string_input
 from agent.responses import LangGraphResponsesAgent, traces
 from agent.runs.places import keep_request_place
 from agent.serving.admission import TurnAdmission
+from agent.serving.origins import BrowserGuard
 from agent.serving.errors import answer_body, http_status, log_error_answer, speaks_openai, status_answer_body
 from agent.serving.identity import TrustedUserHeader
 from agent.serving.limits import RequestBodyLimits, body_limit
@@ -352,6 +353,11 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
     # keys). Starlette leaves text/event-stream alone, so streamed turns still stream event by event. Level 6:
     # nearly level 9's ratio on JSON for much less CPU.
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=6)
+    # Before the body is read: a write that another site's page made a browser send, or a host not served, is
+    # refused unread (`serving.origins`). Inside CORS, which answers preflights (they only read).
+    app.add_middleware(
+        BrowserGuard, cors_origins=agent.settings.cors_origins, allowed_hosts=agent.settings.allowed_hosts
+    )
     if agent.settings.cors_origins:  # outermost: a preflight is answered before anything else runs
         app.add_middleware(
             CORSMiddleware,

@@ -97,6 +97,10 @@ def run_agent_server(
     if agent_file is not None:
         os.environ[AGENT_FILE_ENV] = str(agent_file_path(agent_file))  # absolute: workers may start elsewhere
     os.environ.setdefault("AGENT_TRACING", "true")
+    if is_loopback(host):  # only this machine reaches it: only its names (DNS rebinding, `serving.origins`)
+        from agent.serving.origins import LOOPBACK_HOSTS
+
+        os.environ.setdefault("AGENT_ALLOWED_HOSTS", ",".join(LOOPBACK_HOSTS))
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -165,6 +169,18 @@ def _tracing_words(on: bool) -> str:
     if share is None or share >= 1.0:
         return "on"
     return f"on ({share:.0%} of turns; AGENT_TRACE_SAMPLE_RATIO=1 traces every turn)"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` (an address or a name, e.g. "127.0.0.1", "localhost", "::1") serves only this machine."""
+    import ipaddress
+
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def create_app() -> FastAPI:

@@ -95,6 +95,58 @@ def test_an_error_answer_to_a_listed_origin_carries_cors_headers_and_no_tracebac
     assert response.json()["error_code"] == "RESOURCE_DOES_NOT_EXIST" and "Traceback" not in response.text
 
 
+# -- writes from other sites' pages, hosts not served (`serving.origins`) -----------------------------------
+
+
+def forged_turn(server, origin: str | None, thread_id: str, **headers) -> httpx.Response:
+    """A turn as a page on `origin` makes a browser send it without a preflight: a `text/plain` body."""
+    body = json.dumps({"input": [{"role": "user", "content": "hello"}], "custom_inputs": {"thread_id": thread_id}})
+    sent = {"Content-Type": "text/plain;charset=UTF-8", **({"Origin": origin} if origin else {}), **headers}
+    return server.http.post("/responses", content=body, headers=sent)
+
+
+def thread_exists(server, thread_id: str) -> bool:
+    return server.http.get(f"/conversations/{thread_id}").status_code == 200
+
+
+def test_a_write_from_another_sites_page_is_refused_and_runs_nothing(server):
+    answer = forged_turn(server, OTHER, "forged-turn")
+    assert answer.status_code == 403, answer.text
+    error = answer.json()["error"]
+    assert OTHER in error["message"] and "nothing was run" in error["message"] and "Traceback" not in answer.text
+    assert not thread_exists(server, "forged-turn")
+    # A page that is a file or a sandboxed frame says "null"; a delete is refused alike.
+    assert forged_turn(server, "null", "forged-null").status_code == 403 and not thread_exists(server, "forged-null")
+    made = invoke(server, "a thread to keep")
+    refused = server.http.delete(f"/conversations/{made['thread_id']}", headers={"Origin": OTHER})
+    assert refused.status_code == 403 and thread_exists(server, made["thread_id"])
+    # Reading is a browser's to block (CORS): a GET from another site is answered, without CORS headers.
+    read = server.http.get(f"/conversations/{made['thread_id']}", headers={"Origin": OTHER})
+    assert read.status_code == 200 and "access-control-allow-origin" not in read.headers
+
+
+def test_writes_from_this_servers_own_pages_from_listed_origins_and_from_clients_without_an_origin_run(server):
+    own = str(server.http.base_url).rstrip("/")  # http://127.0.0.1:PORT, as the served web page's fetches say
+    assert forged_turn(server, own, "from-own-page").status_code == 200
+    assert forged_turn(server, PAGE, "from-listed-page").status_code == 200
+    assert forged_turn(server, None, "from-a-client").status_code == 200  # the openai package, curl: no Origin
+    # Behind a proxy that passes the public name on.
+    proxied = forged_turn(server, "https://agent.example.org", "from-proxied-page", **{"X-Forwarded-Host": "agent.example.org"})
+    assert proxied.status_code == 200
+    assert all(thread_exists(server, t) for t in ("from-own-page", "from-listed-page", "from-a-client", "from-proxied-page"))
+
+
+def test_a_server_on_a_loopback_address_answers_only_its_loopback_names(server):
+    # DNS rebinding: evil.example.com re-pointed at 127.0.0.1 is same-origin with itself, but says its name.
+    rebound = forged_turn(server, "http://evil.example.com", "rebound", Host="evil.example.com")
+    assert rebound.status_code == 400 and "AGENT_ALLOWED_HOSTS" in rebound.json()["error"]["message"]
+    assert server.http.get("/health", headers={"Host": "evil.example.com"}).status_code == 400
+    port = server.http.base_url.port
+    for name in ("localhost", "127.0.0.1", "[::1]"):
+        assert server.http.get("/health", headers={"Host": f"{name}:{port}"}).status_code == 200, name
+    assert not thread_exists(server, "rebound")
+
+
 # -- compression -------------------------------------------------------------------------------------------
 
 
