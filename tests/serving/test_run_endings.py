@@ -147,8 +147,8 @@ def test_a_client_that_leaves_its_stream_cancels_its_run_at_once(server):
     body = json.dumps({"input": "Tell me about Lisbon", "stream": True, "conversation": thread_id}).encode()
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as raw:  # a client that goes away without a word
-        raw.sendall(b"POST /responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-User: alice\r\n"
-                    b"Content-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+        raw.sendall(b"POST /responses HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\nX-User: alice\r\n"
+                    b"Content-Length: %d\r\n\r\n" % (host.encode(), port.encode(), len(body)) + body)  # fmt: skip
         received = b""
         while b"response.output_text.delta" not in received:
             chunk = raw.recv(65536)
