@@ -24,7 +24,9 @@
 * **A cancelled run's own stream ends like a resumed one.** A cancel (`LocalRun.cancel`) cancels the turn's
   task, which would end its stream without a word; `Recorder.cancelled` turns that cancel into `RunCancelled`,
   so the stream the turn was started with ends with an `error` event (code `cancelled`) and `[DONE]`, as a
-  follower's does.
+  follower's does. The cancel carries `RUN_CANCEL_MESSAGE`, so that code outside the turn that it reaches
+  instead (a server's stream waiting for room in its buffer while its client does not read:
+  `serving.agent_server`) knows it from any other cancel (`run_cancelled`) and ends the stream the same way.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ SWEEP_EVERY_SECONDS = 60.0
 
 #: Why a run cancelled while it ran reads cancelled (its status's reason, its streams' `error` event).
 CANCELLED_WHILE_RUNNING = "Cancelled (POST /responses/{id}/cancel) while it ran; nothing was written."
+#: The message of the cancel `LocalRun.cancel` sends its run's task (`run_cancelled` tells it from any other).
+RUN_CANCEL_MESSAGE = "run cancelled: POST /responses/{id}/cancel"
 
 
 @dataclass
@@ -78,7 +82,16 @@ class LocalRun:
         `agent.runs.places`, `ClaimHandoff`)."""
         if self.task is not None and not self.cancelled:
             self.cancelled = True
-            self.loop.call_soon_threadsafe(self.task.cancel)
+            self.loop.call_soon_threadsafe(self.task.cancel, RUN_CANCEL_MESSAGE)
+
+
+def run_cancelled(error: BaseException) -> RunCancelled | None:
+    """`RunCancelled` when `error` is the cancel `LocalRun.cancel` sent its run's task (a cancel asked for the
+    run), None for any other error or cancel (a client that left, a server shutting down). The caller that
+    goes on instead of letting the cancel end its task calls `Task.uncancel`."""
+    if isinstance(error, asyncio.CancelledError) and error.args == (RUN_CANCEL_MESSAGE,):
+        return RunCancelled(CANCELLED_WHILE_RUNNING)
+    return None
 
 
 def response_run_id() -> str:
