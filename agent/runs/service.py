@@ -165,7 +165,8 @@ class Runs:
     def queue(self, parsed: Any) -> str:
         """Record a background run as `queued`; its response id. Sweeps ended runs now and then."""
         response_id = response_run_id()
-        self.store.create(Run(response_id, parsed.envelope.user_id, "queued", True, request=request_fields(parsed)))
+        envelope = parsed.envelope
+        self.store.create(Run(response_id, envelope.user_id, "queued", True, envelope.thread_id, request=request_fields(parsed)))
         self.maybe_sweep()
         return response_id
 
@@ -199,15 +200,17 @@ class Runs:
     def replay(self, run: Run) -> Replay:
         return Replay(model=self.settings.model, request=run.request, background_id=run.response_id if run.background else None)
 
-    def final_response(self, run: Run) -> dict[str, Any] | None:
-        """The whole response of an ended run, from its log (its `response.completed`); None if it has none."""
-        replay = self.replay(run)
-        last = None
+    def answered_outputs(self, run: Run) -> dict[str, Any] | None:
+        """The `custom_outputs` the run's turn answered (`steer` and `status` included, as a request that waited
+        for it got them), from its log; None when its log holds no result (it ended without one, or was swept)."""
+        outputs = None
         for _, payload in self.store.rows(run.response_id, -1):  # after the run's end: one whole-log row
-            for event in replay.feed(decode(payload, self.keyring)[0]):
-                if event["type"] in ("response.completed",):
-                    last = {**event["response"], "custom_outputs": event.get("custom_outputs")}
-        return last
+            for op in decode(payload, self.keyring)[0]:
+                if op[0] == "r":
+                    outputs = op[1]
+                elif op[0] == "x":
+                    outputs = op[2]
+        return outputs
 
     async def follow(
         self, response_id: str, user_id: str | None, after: int, in_io: Callable[..., Any]
@@ -361,7 +364,7 @@ class Recorder:
         if isinstance(event, TurnStarted):
             if self.background_id is None:
                 self.response_id = event.response_id
-                run = Run(event.response_id, self.parsed.envelope.user_id, "in_progress", False,
+                run = Run(event.response_id, self.parsed.envelope.user_id, "in_progress", False, self.thread_id,
                           request=request_fields(self.parsed, lifecycle=self.lifecycle))
                 await in_io(self.runs.store.create, run)
                 if self.runs.sweep_due():

@@ -184,6 +184,7 @@ def test_a_cancel_ends_the_stream_the_turn_was_started_with_as_it_ends_a_resumed
         stream.read_until(is_delta)
         cancelled = httpx.post(f"{server}/responses/{response_id}/cancel", headers=USER, timeout=30)
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+        assert cancelled.json()["custom_outputs"]["thread_id"] == thread_id  # as the turn's own answer names it
         rest = stream.rest()  # a stream left open fails its read (httpx.ReadTimeout) here
     assert stream.done and rest[-1]["type"] == "error" and rest[-1]["code"] == "cancelled"
     EVENT.validate_python(rest[-1])
