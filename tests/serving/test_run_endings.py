@@ -155,8 +155,9 @@ def test_a_client_that_leaves_its_stream_cancels_its_run_at_once(server):
     body = json.dumps({"input": "Tell me about Lisbon", "stream": True, "conversation": thread_id}).encode()
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as raw:  # a client that goes away without a word
-        raw.sendall(b"POST /responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-User: alice\r\n"
-                    b"Content-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+        # The Host header a client sends (`tt-agent serve` on loopback answers only loopback names: allowed_hosts).
+        raw.sendall(b"POST /responses HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\nX-User: alice\r\n"
+                    b"Content-Length: %d\r\n\r\n" % (host.encode(), port.encode(), len(body)) + body)  # fmt: skip
         received = b""
         while b"response.output_text.delta" not in received:
             chunk = raw.recv(65536)
@@ -256,7 +257,7 @@ class StalledClient:
     def __init__(self, method: str, path: str, body: bytes = b"", query: bytes = b"") -> None:
         self.scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
                       "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
-                      "headers": [(b"host", b"x"), (b"content-type", b"application/json"),
+                      "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
                                   (b"content-length", str(len(body)).encode())],
                       "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
         self.request = [{"type": "http.request", "body": body, "more_body": False}]
