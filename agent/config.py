@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -246,6 +247,7 @@ class AgentSettings(BaseSettings):
         elif self.pool_min_size > self.pool_max_size:
             raise ValueError(f"pool_min_size ({self.pool_min_size}) is larger than pool_max_size ({self.pool_max_size})")
         self.database_url = resolve_database_url(self.database_url)
+        check_database_url(self.database_url)  # here, before any backend or MLflow is imported: a typo fails at once
         self.model = resolve_model_name(self.model)
         if self.tracing is None:
             self.tracing = tracking_server_configured()
@@ -318,6 +320,28 @@ def is_postgres_url(url: str) -> bool:
     """Whether `url` names a Postgres database: a `postgres(ql)://` URL or a libpq `key=value` string."""
     lowered = url.strip().lower()
     return lowered.startswith(("postgresql://", "postgres://", "postgresql+")) or ("=" in url and "://" not in url)
+
+
+def check_database_url(url: str) -> Literal["postgres", "sqlite", "memory"]:
+    """The kind of store `url` names, once its form is checked (nothing connected, nothing imported; a Postgres
+    connection string's own syntax is checked by `agent.storage.open_storage`, with psycopg).
+
+    Raises:
+        ConfigurationError: the scheme is not one of postgresql, postgres, sqlite, memory, or a sqlite URL has
+            no path. The message shows the URL with its password masked.
+    """
+    if is_postgres_url(url):
+        return "postgres"
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "sqlite":
+        if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
+            raise ConfigurationError(f"A sqlite URL needs a path, like sqlite:///.agent/memory.sqlite; got {mask_url(url)}")
+        return "sqlite"
+    if scheme == "memory":
+        return "memory"
+    raise ConfigurationError(
+        f"Unknown database URL scheme {scheme!r} in {mask_url(url)}; use postgresql://, sqlite:/// or memory://"
+    )
 
 
 def store_kind(url: str) -> str:

@@ -307,7 +307,8 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         fields = response_object([], response_id, "queued", parsed=parsed, model=self.settings.model)
         with warnings.catch_warnings():  # MLflow's status check (`responses_helpers`) does not know OpenAI's "queued"
             warnings.simplefilter("ignore", UserWarning)
-            return ResponsesAgentResponse(**fields, custom_outputs={"response_id": response_id, "background": True})
+            custom = {"response_id": response_id, "background": True, "thread_id": parsed.envelope.thread_id}
+            return ResponsesAgentResponse(**fields, custom_outputs=custom)
 
     # -- internals -------------------------------------------------------------------------
     def _turn_events(self, parsed: ParsedRequest, *, stream_tokens: bool) -> AsyncIterator[Any]:

@@ -230,6 +230,44 @@ def outputs_of(response) -> dict:
     return response.custom_outputs
 
 
+def ended(agent, response_id: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 20
+    while (run := agent.runs.get(response_id, None)).status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return run
+
+
+def test_background_and_cancel_answers_name_the_thread_and_the_steer_outcome_as_a_foreground_turn_does(agent):
+    thread_id = outputs_of(agent.predict({"input": "Hi", "custom_inputs": {"thread_id": "t-outputs"}}))["thread_id"]
+    steer = {"thread_id": thread_id, "multitask_strategy": "steer"}
+    # On an idle thread a steering request runs as a turn of its own: `steer: "new_turn"`, in the foreground ...
+    foreground = outputs_of(agent.predict({"input": "In front", "custom_inputs": steer}))
+    assert foreground["steer"] == "new_turn"
+    # ... and in the background: its queued answer names its thread, its retrieved answer the same fields.
+    queued = agent.predict({"input": "Behind", "custom_inputs": {**steer, "background": True}})
+    assert outputs_of(queued) == {"response_id": queued.id, "background": True, "thread_id": thread_id}
+    assert ended(agent, queued.id).status == "completed"
+    background = run_views.retrieve(agent, queued.id, None)["custom_outputs"]
+    assert background.pop("background") is True
+    assert background.keys() == foreground.keys() and background["steer"] == "new_turn"
+    assert background["thread_id"] == thread_id and background["parent_checkpoint_id"] == foreground["checkpoint_id"]
+
+    # A cancelled run (here while it waited for its thread) names its thread, and no checkpoint: nothing written.
+    held = agent.storage.claim(thread_id, user_id=None, checkpoint_id=None, strategy="reject", timeout=0)
+    try:
+        waiting = agent.predict({"input": "Never", "custom_inputs": {"thread_id": thread_id, "background": True,
+                                                                     "multitask_strategy": "enqueue"}})  # fmt: skip
+        cancelled = run_views.cancel(agent, waiting.id, None)
+    finally:
+        agent.storage.release(held)
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["custom_outputs"] == {
+        "response_id": waiting.id, "background": True, "thread_id": thread_id, "checkpoint_id": None,
+        "code": "cancelled", "reason": cancelled["custom_outputs"]["reason"], "written": False,
+    }  # fmt: skip
+    assert run_views.retrieve(agent, waiting.id, None)["custom_outputs"] == cancelled["custom_outputs"]
+
+
 @pytest.mark.parametrize("table", ["agent_runs", "agent_run_events"])
 def test_a_dropped_run_table_is_created_again_by_setups_repair_and_the_stream_is_recorded(backend_url, make_agent, table):
     agent = make_agent(backend_url)

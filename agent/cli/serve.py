@@ -24,6 +24,10 @@ def serve(
     and the web page at /. Settings come from AGENT_* variables (docs/configuration.md): behind a proxy that names
     the user, AGENT_USER_ID_HEADER (e.g. X-Forwarded-User) makes each request act as that user."""
     with agent_errors():
+        if agent_file is None:  # a typo fails before MLflow's ~2 s of imports (an agent file has settings of its own)
+            from agent.config import load_settings
+
+            load_settings(database_url=database_url, model=model)
         from agent.serving.app import run_agent_server
 
         run_agent_server(

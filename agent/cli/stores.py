@@ -49,17 +49,26 @@ def open_agent(
     threads) and never creates a store: a SQLite file that does not exist, `memory://`, or a
     Postgres database without the agent's tables is a `ConfigurationError` naming the store and
     how to choose another.
+
+    Raises:
+        ConfigurationError: a bad setting (an unknown database URL scheme, a sqlite URL without a path, ...),
+            raised before LangGraph or MLflow is imported; or a `read_only` store that does not exist.
     """
-    from agent.agent import Agent
-    from agent.factory import build_agent
-    from agent.storage import require_existing_database, require_tables
+    from agent.config import load_settings
 
     if agent_file is not None:
         yield from _open_agent_file(agent_file, database_url, model, tracing)
         return
+    given = {name: value for name, value in settings.items() if value is not None}
+    # The settings (the database URL's form among them) are checked before the agent's imports (LangGraph, and
+    # MLflow's ~2 s of CPU for `responses`), so that a typo fails at once; `build_agent` reads them again.
+    load_settings(database_url=database_url, model=model, tracing=tracing, **given)
+    from agent.agent import Agent
+    from agent.factory import build_agent
+    from agent.storage import require_existing_database, require_tables
+
     if read_only:
         require_existing_database(resolve_url(database_url))
-    given = {name: value for name, value in settings.items() if value is not None}
     if responses:
         from agent.responses import LangGraphResponsesAgent as agent_class
     else:

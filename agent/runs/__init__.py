@@ -18,7 +18,7 @@ Modules: `store` (tables and statements per backend), `log` (the compact log and
 (`Runs`: recording, following, leases, cancel).
 """
 
-from agent.runs.service import Recorder, RunCancelled, Runs
+from agent.runs.service import Recorder, RunCancelled, Runs, run_cancelled
 from agent.runs.store import Run
 
-__all__ = ["Recorder", "Run", "RunCancelled", "Runs"]
+__all__ = ["Recorder", "Run", "RunCancelled", "Runs", "run_cancelled"]

@@ -24,7 +24,9 @@
 * **A cancelled run's own stream ends like a resumed one.** A cancel (`LocalRun.cancel`) cancels the turn's
   task, which would end its stream without a word; `Recorder.cancelled` turns that cancel into `RunCancelled`,
   so the stream the turn was started with ends with an `error` event (code `cancelled`) and `[DONE]`, as a
-  follower's does.
+  follower's does. The cancel carries `RUN_CANCEL_MESSAGE`, so that code outside the turn that it reaches
+  instead (a server's stream waiting for room in its buffer while its client does not read:
+  `serving.agent_server`) knows it from any other cancel (`run_cancelled`) and ends the stream the same way.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ SWEEP_EVERY_SECONDS = 60.0
 
 #: Why a run cancelled while it ran reads cancelled (its status's reason, its streams' `error` event).
 CANCELLED_WHILE_RUNNING = "Cancelled (POST /responses/{id}/cancel) while it ran; nothing was written."
+#: The message of the cancel `LocalRun.cancel` sends its run's task (`run_cancelled` tells it from any other).
+RUN_CANCEL_MESSAGE = "run cancelled: POST /responses/{id}/cancel"
 
 
 @dataclass
@@ -78,7 +82,16 @@ class LocalRun:
         `agent.runs.places`, `ClaimHandoff`)."""
         if self.task is not None and not self.cancelled:
             self.cancelled = True
-            self.loop.call_soon_threadsafe(self.task.cancel)
+            self.loop.call_soon_threadsafe(self.task.cancel, RUN_CANCEL_MESSAGE)
+
+
+def run_cancelled(error: BaseException) -> RunCancelled | None:
+    """`RunCancelled` when `error` is the cancel `LocalRun.cancel` sent its run's task (a cancel asked for the
+    run), None for any other error or cancel (a client that left, a server shutting down). The caller that
+    goes on instead of letting the cancel end its task calls `Task.uncancel`."""
+    if isinstance(error, asyncio.CancelledError) and error.args == (RUN_CANCEL_MESSAGE,):
+        return RunCancelled(CANCELLED_WHILE_RUNNING)
+    return None
 
 
 def response_run_id() -> str:
@@ -152,7 +165,8 @@ class Runs:
     def queue(self, parsed: Any) -> str:
         """Record a background run as `queued`; its response id. Sweeps ended runs now and then."""
         response_id = response_run_id()
-        self.store.create(Run(response_id, parsed.envelope.user_id, "queued", True, request=request_fields(parsed)))
+        envelope = parsed.envelope
+        self.store.create(Run(response_id, envelope.user_id, "queued", True, envelope.thread_id, request=request_fields(parsed)))
         self.maybe_sweep()
         return response_id
 
@@ -186,15 +200,17 @@ class Runs:
     def replay(self, run: Run) -> Replay:
         return Replay(model=self.settings.model, request=run.request, background_id=run.response_id if run.background else None)
 
-    def final_response(self, run: Run) -> dict[str, Any] | None:
-        """The whole response of an ended run, from its log (its `response.completed`); None if it has none."""
-        replay = self.replay(run)
-        last = None
+    def answered_outputs(self, run: Run) -> dict[str, Any] | None:
+        """The `custom_outputs` the run's turn answered (`steer` and `status` included, as a request that waited
+        for it got them), from its log; None when its log holds no result (it ended without one, or was swept)."""
+        outputs = None
         for _, payload in self.store.rows(run.response_id, -1):  # after the run's end: one whole-log row
-            for event in replay.feed(decode(payload, self.keyring)[0]):
-                if event["type"] in ("response.completed",):
-                    last = {**event["response"], "custom_outputs": event.get("custom_outputs")}
-        return last
+            for op in decode(payload, self.keyring)[0]:
+                if op[0] == "r":
+                    outputs = op[1]
+                elif op[0] == "x":
+                    outputs = op[2]
+        return outputs
 
     async def follow(
         self, response_id: str, user_id: str | None, after: int, in_io: Callable[..., Any]
@@ -348,7 +364,7 @@ class Recorder:
         if isinstance(event, TurnStarted):
             if self.background_id is None:
                 self.response_id = event.response_id
-                run = Run(event.response_id, self.parsed.envelope.user_id, "in_progress", False,
+                run = Run(event.response_id, self.parsed.envelope.user_id, "in_progress", False, self.thread_id,
                           request=request_fields(self.parsed, lifecycle=self.lifecycle))
                 await in_io(self.runs.store.create, run)
                 if self.runs.sweep_due():

@@ -85,7 +85,7 @@ class RunStore(ABC):
 
     @abstractmethod
     def create(self, run: Run) -> None:
-        """Insert `run` with a lease of `lease_seconds`."""
+        """Insert `run` (its thread too, when known: deleting the thread deletes it) with a lease of `lease_seconds`."""
 
     @abstractmethod
     def get(self, response_id: str) -> Run | None:
@@ -144,8 +144,8 @@ class RunStore(ABC):
 
 # -- Postgres -----------------------------------------------------------------------------------------
 PG_CREATE_SQL = """
-INSERT INTO agent_runs (response_id, user_id, status, background, request, expires_at)
-VALUES (%(response_id)s, %(user_id)s, %(status)s, %(background)s, %(request)s,
+INSERT INTO agent_runs (response_id, user_id, status, background, thread_id, request, expires_at)
+VALUES (%(response_id)s, %(user_id)s, %(status)s, %(background)s, %(thread_id)s, %(request)s,
         clock_timestamp() + make_interval(secs => %(lease)s))
 ON CONFLICT DO NOTHING
 """
@@ -221,8 +221,8 @@ class PostgresRunStore(RunStore):
         self.storage.setup()  # the run tables are among the agent's migrations
 
     def create(self, run: Run) -> None:
-        params = {"response_id": run.response_id, "user_id": run.user_id, "status": run.status,
-                  "background": run.background, "request": json.dumps(run.request), "lease": self.lease_seconds}  # fmt: skip
+        params = {"response_id": run.response_id, "user_id": run.user_id, "status": run.status, "background": run.background,
+                  "thread_id": run.thread_id, "request": json.dumps(run.request), "lease": self.lease_seconds}  # fmt: skip
         self._run("record the run", lambda conn: conn.execute(PG_CREATE_SQL, params))
 
     def get(self, response_id: str) -> Run | None:
@@ -314,8 +314,8 @@ class SqliteRunStore(RunStore):
         self.storage.setup()  # the run tables are among the agent's migrations
 
     def create(self, run: Run) -> None:
-        self._write(f"INSERT OR IGNORE INTO agent_runs ({SQLITE_COLUMNS}, expires_at) VALUES (?, ?, ?, ?, NULL, NULL, NULL, NULL, 0, ?, ?)",
-                    (run.response_id, run.user_id, run.status, int(run.background), json.dumps(run.request),
+        self._write(f"INSERT OR IGNORE INTO agent_runs ({SQLITE_COLUMNS}, expires_at) VALUES (?, ?, ?, ?, ?, NULL, NULL, NULL, 0, ?, ?)",
+                    (run.response_id, run.user_id, run.status, int(run.background), run.thread_id, json.dumps(run.request),
                      time.time() + self.lease_seconds))  # fmt: skip
 
     def get(self, response_id: str) -> Run | None:

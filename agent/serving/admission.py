@@ -51,10 +51,15 @@ seconds before any lag was seen. Running turns are never stopped; only the start
 waiting ones is paced. Idle (nothing running or waiting), the timer stops and the bound
 goes back to its start.
 
-`Retry-After` is the mean time the last turns held their place (an exponential
-moving average), in whole seconds from 1 to 60: after about one turn length the
-running turns have ended and as many waiting ones have started, so the queue has
-room again. The `openai` client waits that long and retries by itself (twice, by default).
+`Retry-After` is about one turn length, in whole seconds from 1 to 60: after about one
+turn length the running turns have ended and as many waiting ones have started, so the
+queue has room again. The `openai` client waits that long and retries by itself (twice,
+by default). A turn length is the mean time the last turns held their place (an
+exponential moving average). Before any turn has ended (a cold start) there is no
+mean: then it is `COLD_TURN_SECONDS` (5 s), or how long the oldest running turn has
+run so far when that is longer (every running turn will have taken at least that).
+Not 1 s: a client that retries before a place frees is refused again and has spent one
+of its retries, while one that retries a little late only waits.
 
 Runs inside `RequestBodyLimits` (`serving.limits`), which has read the body whole,
 checked it and left its parsed object in the scope: a turn is told apart from an
@@ -82,6 +87,9 @@ TURN_PATHS = frozenset({"/responses", "/invocations"})
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
 #: Weight of the latest turn in the mean turn length behind `Retry-After`.
 TURN_LENGTH_WEIGHT = 0.2
+#: The turn length `Retry-After` assumes before any turn has ended, in seconds: a turn with a hosted model
+#: commonly takes a few seconds (the benchmarks' stand-in model: 2 s), and erring long costs a client less.
+COLD_TURN_SECONDS = 5
 #: The adaptive bound (module docstring): its floor and start, how often the loop's lag is read (seconds),
 #: how far it goes down and up, and how long it waits after going down (seconds, around the mean turn length).
 MIN_RUNNING_TURNS = 32
@@ -139,10 +147,12 @@ class AdmissionPlace:
         if self.held:
             self.held = False
             self.admission.running.release_on_behalf_of(self)
+            self.admission.holding.pop(self, None)
             self.admission.record(time.monotonic() - self.started)
 
     def _held(self) -> None:
         self.held, self.started = True, time.monotonic()
+        self.admission.holding[self] = None
 
     def _unqueue(self) -> None:
         if self.queued:
@@ -166,6 +176,8 @@ class TurnAdmission:
         self.waiting = 0
         #: Mean seconds a turn held its place (0 until one finished), for `Retry-After`.
         self.mean_turn_seconds = 0.0
+        #: The places held now, oldest first (a dict keeps its insertion order), for `Retry-After` at a cold start.
+        self.holding: dict[AdmissionPlace, None] = {}
         #: The loop's lag, seconds: a moving average of how late the ticks ran.
         self.lag = 0.0
         self._ticking = False
@@ -276,8 +288,14 @@ class TurnAdmission:
             self.running.total_tokens = min(self.max_running, bound + max(1, int(bound * BOUND_INCREASE)))
 
     def retry_after(self) -> int:
-        """Seconds a refused turn is told to wait: about one turn length (module docstring)."""
-        return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(self.mean_turn_seconds)))
+        """Seconds a refused turn is told to wait, from 1 to 60: about one turn length, the mean of the last turns;
+        before any turn has ended, `COLD_TURN_SECONDS` or the oldest running turn's time so far, the longer
+        (module docstring)."""
+        seconds = self.mean_turn_seconds
+        if not seconds:
+            oldest = next(iter(self.holding), None)
+            seconds = max(COLD_TURN_SECONDS, time.monotonic() - oldest.started if oldest is not None else 0.0)
+        return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(seconds)))
 
     def record(self, seconds: float) -> None:
         """Count a turn that held its place `seconds` in the mean turn length."""

@@ -62,6 +62,7 @@ process serves one agent: `build_app(agent)` binds it (a second call rebinds).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import json
 from collections.abc import AsyncIterator
@@ -90,6 +91,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from agent.errors import AgentError, InvalidRequest, validation_problems
 from agent.requests import keeping_item_ids, with_string_input
 from agent.responses import LangGraphResponsesAgent, traces
+from agent.runs import run_cancelled
 from agent.runs.places import keep_request_place
 from agent.serving.admission import TurnAdmission
 from agent.serving.origins import BrowserGuard
@@ -289,18 +291,57 @@ class _ResponsesAgentServer(AgentServer):
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which answers or ends the stream
             await events.put(exc)
             return
+        except asyncio.CancelledError as exc:
+            # A cancel asked for the run reaches the turn inside it (`Recorder.cancelled`: RunCancelled, above)
+            # unless the client stopped reading: then it lands here, in a put waiting for room in `events`; the
+            # turn's stream was closed, its end recorded, and the client would get no end at all.
+            cancelled = run_cancelled(exc)
+            if cancelled is None:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            events.end(cancelled)
+            return
         await events.put(_END)
 
 
 class _StreamEvents(asyncio.Queue):
     """A stream's events between its producer and the client; once the client `left` (with
-    `finish_left_streams`), the producer's puts are dropped, so the turn runs on without waiting for it."""
+    `finish_left_streams`), the producer's puts are dropped, so the turn runs on without waiting for it.
+
+    `end(item)` puts the stream's last item without waiting for room, after the item whose put was cancelled
+    (it was recorded, so a resumed stream has it): a client that stopped reading gets both when it reads again.
+    """
 
     left = False
 
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize=maxsize)
+        self.unsent: list[Any] = []  # the item whose put was cancelled
+        self.after: collections.deque[Any] = collections.deque()  # items past the bound, got once the rest are
+
     async def put(self, item: Any) -> None:
-        if not self.left:
+        if self.left:
+            return
+        try:
             await super().put(item)
+        except asyncio.CancelledError:
+            self.unsent = [item]
+            raise
+
+    def end(self, item: Any) -> None:
+        if self.left:
+            return
+        for one in (*self.unsent, item):
+            if self.after or self.full():
+                self.after.append(one)
+            else:
+                self.put_nowait(one)
+        self.unsent = []
+
+    async def get(self) -> Any:
+        if self.empty() and self.after:
+            return self.after.popleft()
+        return await super().get()
 
 
 #: Smallest answer body compressed (when the client accepts gzip).

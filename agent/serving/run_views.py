@@ -36,21 +36,24 @@ def retrieve(agent: Any, response_id: str, user_id: str | None) -> dict[str, Any
         return ops.response_object(agent.storage, response_id, user_id=user_id, model=agent.settings.model)
     if run.status in ("completed", "incomplete") and run.checkpoint_id:
         whole = ops.response_object(agent.storage, f"resp_{run.checkpoint_id}", user_id=user_id, model=agent.settings.model)
-        return {**whole, "id": run.response_id, "created_at": created_at(run.response_id)}
+        # What the turn answered (`steer`, `status`, ...), as a request that waited for it got it.
+        custom = {**whole["custom_outputs"], **(agent.runs.answered_outputs(run) or {}), "background": True}
+        return {**whole, "id": run.response_id, "created_at": created_at(run.response_id), "custom_outputs": custom}
     return status_object(agent, run)
 
 
 def status_object(agent: Any, run: Run) -> dict[str, Any]:
     """A run that has no checkpoint (yet) as a Responses API object: `output` empty, `status` the run's, `error`
-    for a failed one (OpenAI's `server_error` code, the reason as message), `custom_outputs` with the run's own
-    `code` and `reason`, and `written: false` (nothing of the turn is stored)."""
+    for a failed one (OpenAI's `server_error` code, the reason as message), `custom_outputs` with `response_id`,
+    `background` and `thread_id` (null: a new thread, not written), and for a failed or cancelled one the run's own
+    `code` and `reason`, `checkpoint_id: null` and `written: false` (nothing of the turn is stored)."""
     fields = response_object([], run.response_id, run.status, parsed=None, model=agent.settings.model)
     fields.update({key: value for key, value in run.request.items()})
     if run.status == "failed":
         fields["error"] = {"code": "server_error", "message": run.reason or "The turn failed."}
-    custom: dict[str, Any] = {"response_id": run.response_id, "background": run.background}
+    custom: dict[str, Any] = {"response_id": run.response_id, "background": run.background, "thread_id": run.thread_id}
     if run.status in ("failed", "cancelled"):
-        custom.update({"code": run.code, "reason": run.reason, "written": False})
+        custom.update({"checkpoint_id": None, "code": run.code, "reason": run.reason, "written": False})
     fields["custom_outputs"] = custom
     return fields
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.config import AgentSettings, is_postgres_url, mask_secret_fragments, mask_url, store_label
+from agent.config import AgentSettings, check_database_url, is_postgres_url, mask_secret_fragments, mask_url, store_label
 from agent.errors import ConfigurationError
 from agent.storage.base import BranchRecord, CheckpointLink, Claim, ExpiredThread, ThreadReads, ThreadRecord, ThreadStorage, Turn, Tx, owned_by
 from agent.storage.claims import ClaimKeeper, UserClaim
@@ -73,7 +73,8 @@ def open_storage(url: str, settings: AgentSettings) -> ThreadStorage:
             URL has no path; a Postgres connection string is malformed. The message shows the URL
             with its password masked.
     """
-    if is_postgres_url(url):
+    kind = check_database_url(url)
+    if kind == "postgres":
         from psycopg.conninfo import conninfo_to_dict
 
         conninfo = url.replace("postgresql+psycopg://", "postgresql://", 1)
@@ -87,21 +88,10 @@ def open_storage(url: str, settings: AgentSettings) -> ThreadStorage:
         from agent.storage.postgres import PostgresThreadStorage
 
         return PostgresThreadStorage(conninfo, settings, keeper=_keeper(settings))
-    scheme = urlsplit(url).scheme.lower()
-    if scheme == "sqlite":
-        path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
-        if not path:
-            raise ConfigurationError(f"A sqlite URL needs a path, like sqlite:///.agent/memory.sqlite; got {mask_url(url)}")
-        from agent.storage.sqlite import SqliteThreadStorage
+    from agent.storage.sqlite import SqliteThreadStorage
 
-        return SqliteThreadStorage(path, settings, keeper=_keeper(settings))
-    if scheme == "memory":
-        from agent.storage.sqlite import SqliteThreadStorage
-
-        return SqliteThreadStorage(":memory:", settings, keeper=_keeper(settings))
-    raise ConfigurationError(
-        f"Unknown database URL scheme {scheme!r} in {mask_url(url)}; use postgresql://, sqlite:/// or memory://"
-    )
+    path = url[len("sqlite:///") :] if kind == "sqlite" else ":memory:"
+    return SqliteThreadStorage(path, settings, keeper=_keeper(settings))
 
 
 def _keeper(settings: AgentSettings) -> ClaimKeeper:

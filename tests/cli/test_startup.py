@@ -54,6 +54,26 @@ def test_help_and_version_import_neither_mlflow_langchain_nor_langgraph(args, tm
     assert loaded(modules, ("pydantic_settings",)) == []  # the settings load when a command runs (150 ms)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo", "--database-url", "nosuch://x"],
+        ["demo", "--database-url", "sqlite://"],
+        ["chat", "--database-url", "nosuch://x"],
+        ["serve", "--port", "0", "--database-url", "nosuch://x"],
+    ],
+    ids=" ".join,
+)
+def test_a_bad_database_url_fails_with_its_message_before_mlflow_langchain_or_langgraph_is_imported(args, tmp_path):
+    # `demo`, `chat` and `serve` imported MLflow (about 2.4 s of CPU) before the URL was looked at.
+    result, modules = imported_modules(["-m", "agent", *args], tmp_path)
+    assert result.returncode == 1
+    assert ("Unknown database URL scheme 'nosuch'" if "nosuch" in args[-1] else "A sqlite URL needs a path") in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert loaded(modules, HEAVY) == []
+    assert not (tmp_path / ".agent").exists()  # nothing created
+
+
 @pytest.fixture(scope="module")
 def default_store(tmp_path_factory) -> tuple[Path, str]:
     """A directory whose default store (.agent/checkpoints.sqlite) holds one thread of two turns."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.serving.admission import MIN_RUNNING_TURNS, AdmissionPlace, TurnAdmission
+from agent.serving.admission import COLD_TURN_SECONDS, MIN_RUNNING_TURNS, RETRY_AFTER_MAX_S, AdmissionPlace, TurnAdmission
 from agent.serving.limits import JSON_BODY_KEY
 
 TARGET_S = 0.03
@@ -121,3 +121,23 @@ def test_a_new_event_loop_gets_the_ticks_and_the_old_loops_ticks_stop():
 
 async def _ok_app(scope, receive, send) -> None:
     return None
+
+
+def test_retry_after_before_any_turn_ended_is_the_cold_turn_length_or_the_oldest_turns_time_then_the_mean():
+    async def main() -> None:
+        gate = admission(max_running=3)
+        assert gate.retry_after() == COLD_TURN_SECONDS  # a cold start: no turn length measured, not 1 s
+        oldest, other, newest = take(gate, 3)
+        assert gate.retry_after() == COLD_TURN_SECONDS  # they have just started
+        oldest.started -= 12.3  # running for 12.3 s, no turn ended: every running turn takes at least that
+        other.started -= 3.5
+        assert gate.retry_after() == 13
+        oldest.started -= 1000.0
+        assert gate.retry_after() == RETRY_AFTER_MAX_S
+        other.release()  # the first turn to end: 3.5 s, the mean from now on
+        assert gate.retry_after() == 4
+        newest.started -= 0.5
+        newest.release()  # the mean moves a fifth of the way to 0.5 s: 2.9 s
+        assert gate.retry_after() == 3 and 2.8 < gate.mean_turn_seconds < 3.0
+
+    asyncio.run(main())

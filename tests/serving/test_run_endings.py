@@ -10,17 +10,25 @@ an `error` event and `[DONE]` at once, never stay open.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import sys
 import threading
 import time
+from typing import Any
 
 import httpx
 import pydantic
 import pytest
+from langchain_core.messages import AIMessageChunk
+from langchain_core.outputs import ChatGenerationChunk
 from openai.types.responses import ResponseStreamEvent
+
+from agent import create_agent
+from agent.models import OfflineChatModel
+from agent.serving.agent_server import build_app
 
 from tests.helpers.databases import fresh_database
 from tests.helpers.openai_stub import openai_stub_server
@@ -147,6 +155,7 @@ def test_a_client_that_leaves_its_stream_cancels_its_run_at_once(server):
     body = json.dumps({"input": "Tell me about Lisbon", "stream": True, "conversation": thread_id}).encode()
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as raw:  # a client that goes away without a word
+        # The Host header a client sends (`tt-agent serve` on loopback answers only loopback names: allowed_hosts).
         raw.sendall(b"POST /responses HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\nX-User: alice\r\n"
                     b"Content-Length: %d\r\n\r\n" % (host.encode(), port.encode(), len(body)) + body)  # fmt: skip
         received = b""
@@ -176,6 +185,7 @@ def test_a_cancel_ends_the_stream_the_turn_was_started_with_as_it_ends_a_resumed
         stream.read_until(is_delta)
         cancelled = httpx.post(f"{server}/responses/{response_id}/cancel", headers=USER, timeout=30)
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+        assert cancelled.json()["custom_outputs"]["thread_id"] == thread_id  # as the turn's own answer names it
         rest = stream.rest()  # a stream left open fails its read (httpx.ReadTimeout) here
     assert stream.done and rest[-1]["type"] == "error" and rest[-1]["code"] == "cancelled"
     EVENT.validate_python(rest[-1])
@@ -220,3 +230,110 @@ def test_a_background_run_cancelled_while_running_ends_every_follower_stream(ser
     assert status_soon(server, response_id)["custom_outputs"]["written"] is False
     assert history_length(server, thread_id) == before
 
+
+
+# --- a client that stopped reading ----------------------------------------------------------------
+
+
+class Floods(OfflineChatModel):
+    """Streams `chunks` short chunks, then waits for `gate` (a threading.Event) before its last one."""
+
+    chunks: int = 1000
+    gate: Any = None
+
+    async def _astream(self, messages, stop=None, run_manager=None, **kwargs):  # type: ignore[no-untyped-def]
+        for index in range(self.chunks):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=f"w{index} "))
+            await asyncio.sleep(0)
+        await asyncio.to_thread(self.gate.wait, 60)
+        yield ChatGenerationChunk(message=AIMessageChunk(content="end"))
+
+
+class StalledClient:
+    """The ASGI side of an HTTP client that reads its answer up to its first text delta, then stops reading until
+    `reads_again` is set (the server's `send` waits, as uvicorn's does once the socket is full); `body`: what it
+    got. It never disconnects."""
+
+    def __init__(self, method: str, path: str, body: bytes = b"", query: bytes = b"") -> None:
+        self.scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+                      "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
+                      "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                                  (b"content-length", str(len(body)).encode())],
+                      "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
+        self.request = [{"type": "http.request", "body": body, "more_body": False}]
+        self.reads_again = asyncio.Event()
+        self.status: int | None = None
+        self.body = b""
+
+    async def receive(self) -> dict:
+        if self.request:
+            return self.request.pop()
+        await asyncio.Event().wait()  # never leaves
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif message["type"] == "http.response.body":
+            if b"response.output_text.delta" in self.body:
+                await self.reads_again.wait()
+            self.body += message.get("body", b"")
+
+    def events(self) -> list:
+        lines = [line[6:] for line in self.body.decode().split("\n") if line.startswith("data: ")]
+        return [line if line == "[DONE]" else json.loads(line) for line in lines]
+
+
+async def stalled(agent, response_id: str) -> None:  # type: ignore[no-untyped-def]
+    """Wait until the turn `response_id` records no more events (it writes them every 0.1 s while it takes
+    them): the turn waits for room in its stream's buffer, which its client no longer reads."""
+    rows, deadline = -1, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = len(await asyncio.to_thread(agent.runs.store.rows, response_id, -1))
+        if now == rows:
+            return
+        rows = now
+        await asyncio.sleep(0.5)
+    raise AssertionError("the turn kept taking events: its stream never filled")
+
+
+def test_a_cancel_while_the_client_has_stopped_reading_still_ends_its_stream_with_the_cancelled_event(tmp_path):
+    # The cancel reached the turn's task while it waited for room in its stream's buffer, outside the turn, so
+    # the stream never got its `error` event nor `[DONE]`: the client read what was buffered, then waited for ever.
+    gate = threading.Event()
+    model = Floods(gate=gate)
+    with create_agent(f"sqlite:///{tmp_path / 'stalled.sqlite'}", model=model, tracing=False) as agent:
+        app = build_app(agent)
+
+        async def scenario() -> tuple[list, list]:
+            client = StalledClient("POST", "/responses", json.dumps({"input": "Tell me everything", "stream": True}).encode())
+            answer = asyncio.create_task(app(client.scope, client.receive, client.send))
+            try:
+                async with asyncio.timeout(30):
+                    while b"response.output_text.delta" not in client.body:
+                        await asyncio.sleep(0.05)
+                response_id = client.events()[0]["response"]["id"]
+                await stalled(agent, response_id)
+                run = await asyncio.to_thread(agent.runs.cancel, response_id, None)
+                assert run.status == "cancelled"
+                client.reads_again.set()
+                await asyncio.wait_for(asyncio.shield(answer), SOON_S)  # a timeout here: the stream was left open
+            finally:
+                gate.set()
+                client.reads_again.set()
+                if not answer.done():
+                    answer.cancel()  # the client leaves
+                await asyncio.gather(answer, return_exceptions=True)
+            follower = StalledClient("GET", f"/responses/{response_id}", query=b"stream=true")
+            follower.reads_again.set()
+            await app(follower.scope, follower.receive, follower.send)
+            return client.events(), follower.events()
+
+        live, resumed = asyncio.run(scenario())
+    assert live[-1] == "[DONE]" and live[-2]["type"] == "error" and live[-2]["code"] == "cancelled", live[-3:]
+    EVENT.validate_python(live[-2])
+    numbers = [event["sequence_number"] for event in live[:-1]]
+    assert numbers == list(range(len(numbers)))
+    assert resumed == live  # a client resuming it gets the very events the stream sent, the end included
+    # The client had stopped reading: the cancel cut the stream short.
+    assert sum(event != "[DONE]" and event["type"] == "response.output_text.delta" for event in live) < model.chunks
