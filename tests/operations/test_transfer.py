@@ -288,6 +288,65 @@ def test_a_malformed_document_is_invalid_request_and_writes_nothing(exported, na
     agent.import_thread(document)  # the intact document still imports
 
 
+def _without_places(items: list[dict]) -> list[dict]:
+    """State items without where they stand in the tree (a copy's checkpoint ids are new)."""
+    places = ("checkpoint_id", "branch_checkpoint_id", "siblings", "alternatives")
+    return [{k: v for k, v in item.items() if k not in places} for item in items]
+
+
+def _write_of_update(document: dict) -> list[dict]:
+    """The message list of the document's one pending write (a state update's, kept on its parent checkpoint)."""
+    writes = [w for c in document["checkpoints"] for w in c.get("pending_writes", ())]
+    assert len(writes) == 1 and writes[0]["value"]["type"] == "messages", writes
+    return writes[0]["value"]["value"]
+
+
+def test_removing_a_message_and_sending_its_replacement_replaces_it_in_place_and_the_thread_round_trips(agent):
+    # Found by a new user: the update was accepted, and its write held the removal and the replacement (two
+    # messages with one id), which the import refused: the thread's export could not be imported anywhere.
+    first = outputs(say(agent, "one"))
+    thread_id = first["thread_id"]
+    say(agent, "two", thread_id=thread_id)
+    before = agent.get_checkpoint_state(thread_id)["messages"]
+    user = before[0]
+    result = agent.update_checkpoint_state(
+        thread_id, None, [{"role": "user", "content": "edited", "id": user["id"]}], remove_message_ids=[user["id"]]
+    )
+    after = agent.get_checkpoint_state(thread_id, result["checkpoint_id"])["messages"]
+    # LangGraph's add_messages: a message with a removed message's id replaces it in place.
+    assert [(m["id"], m["content"][0]["text"]) for m in after] == [
+        (user["id"], "edited"), *[(m["id"], m["content"][0]["text"]) for m in before[1:]]
+    ]
+    document = agent.export_thread(thread_id)
+    assert [m["data"]["id"] for m in _write_of_update(document)] == [user["id"]]  # the replacement alone
+    copied = agent.import_thread(json.loads(json.dumps(document)), thread_id=f"{thread_id}-copy")
+    assert _without_places(agent.get_checkpoint_state(copied["thread_id"])["messages"]) == _without_places(after)
+
+
+def test_removing_a_tool_call_while_replacing_the_message_that_made_it_round_trips(agent):
+    # Removing one of two tool calls keeps a copy of their message without it (same id); an item replacing
+    # that message by id made the write hold both.
+    thread_id = outputs(say(agent, "one"))["thread_id"]
+    calls = [
+        {"role": "assistant", "content": "looking both up", "id": "asker"},
+        {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "calculator", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        {"type": "function_call_output", "call_id": "c2", "output": "2"},
+    ]
+    agent.update_checkpoint_state(thread_id, None, calls)
+    result = agent.update_checkpoint_state(
+        thread_id, None, [{"role": "assistant", "content": "rewritten", "id": "asker"}], remove_message_ids=["c1"]
+    )
+    items = agent.get_checkpoint_state(thread_id, result["checkpoint_id"])["messages"]
+    assert [(i["type"], i.get("call_id") or i["content"][0]["text"]) for i in items[2:]] == [
+        ("message", "rewritten"), ("function_call_output", "c2")  # c1's result went with its call
+    ]
+    document = agent.export_thread(thread_id)
+    copied = agent.import_thread(document, thread_id=f"{thread_id}-copy")
+    assert len(agent.get_checkpoint_state(copied["thread_id"])["messages"]) == len(items)
+
+
 def test_text_holding_a_literal_backslash_u0000_round_trips(backend_url, make_agent):
     # The six characters \u0000 are text, not a NUL: the document check once took them for one.
     agent = make_agent(backend_url)
