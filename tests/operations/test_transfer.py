@@ -288,6 +288,23 @@ def test_a_malformed_document_is_invalid_request_and_writes_nothing(exported, na
     agent.import_thread(document)  # the intact document still imports
 
 
+@pytest.mark.parametrize("where", ["whole list", "added messages"])
+def test_a_message_id_twice_in_a_checkpoints_messages_is_refused_as_a_duplicate_id(exported, where):
+    # The refusal once read "every message needs its own id (a non-empty string)" for ids that were
+    # non-empty strings, only twice.
+    agent, document, thread_id = exported
+    agent.delete_thread(thread_id)
+    broken = copy.deepcopy(document)
+    root, first, second = _chain(broken)
+    messages = first["channel_values"]["messages"]["value"] if where == "whole list" else (
+        second["channel_values"]["messages"]["value"]["add"])
+    messages[1]["data"]["id"] = twice = messages[0]["data"]["id"]
+    with pytest.raises(InvalidRequest) as err:
+        agent.import_thread(broken)
+    assert "duplicate id" in err.value.message and repr(twice) in err.value.message
+    assert "non-empty" not in err.value.message
+
+
 def _without_places(items: list[dict]) -> list[dict]:
     """State items without where they stand in the tree (a copy's checkpoint ids are new)."""
     places = ("checkpoint_id", "branch_checkpoint_id", "siblings", "alternatives")
@@ -345,6 +362,22 @@ def test_removing_a_tool_call_while_replacing_the_message_that_made_it_round_tri
     document = agent.export_thread(thread_id)
     copied = agent.import_thread(document, thread_id=f"{thread_id}-copy")
     assert len(agent.get_checkpoint_state(copied["thread_id"])["messages"]) == len(items)
+
+
+def test_a_write_of_an_earlier_release_holding_a_removal_and_its_replacement_imports(agent):
+    # Earlier releases wrote "remove X, add X's replacement" as one write holding both; a pending write is
+    # applied by add_messages, where that is a replacement, so the exports of those threads import.
+    thread_id = outputs(say(agent, "one"))["thread_id"]
+    user = agent.get_checkpoint_state(thread_id)["messages"][0]
+    agent.update_checkpoint_state(thread_id, None, [{"role": "user", "content": "edited", "id": user["id"]}])
+    document = agent.export_thread(thread_id)
+    write = _write_of_update(document)
+    removal = {"type": "remove", "data": {"content": "", "additional_kwargs": {}, "response_metadata": {},
+                                          "type": "remove", "name": None, "id": user["id"]}}  # fmt: skip
+    write.insert(0, removal)
+    copied = agent.import_thread(document, thread_id=f"{thread_id}-copy")
+    assert _write_of_update(agent.export_thread(copied["thread_id"])) == write
+    assert agent.get_checkpoint_state(copied["thread_id"])["messages"][0]["content"][0]["text"] == "edited"
 
 
 def test_text_holding_a_literal_backslash_u0000_round_trips(backend_url, make_agent):
