@@ -1,7 +1,9 @@
 """Export and import (`agent.operations.transfer`): whole threads as versioned JSON documents.
 
 * A hypothesis round trip: random trees (turns, tool calls, branches from earlier checkpoints,
-  `update_checkpoint_state` appends and removals, head switches) on one backend, exported, sent through
+  `update_checkpoint_state` appends, removals and replacements (a removal and its replacement in one
+  update too), edits whose input has an id, head switches; the refused ones, two items of one id and an
+  edit taking the id of a message it keeps, write nothing) on one backend, exported, sent through
   `json.dumps`/`json.loads`, imported into the other (Postgres -> SQLite and SQLite -> Postgres), read back
   the same everywhere: history (ids, parents, order, every field), every checkpoint's state, branches,
   usage, and the re-exported checkpoints byte for byte. The imported thread is usable (a turn from the
@@ -40,6 +42,9 @@ operation = st.one_of(
     st.tuples(st.just("branch"), picks, texts),
     st.tuples(st.just("update"), st.none() | picks, texts),
     st.tuples(st.just("remove"), picks, picks),
+    st.tuples(st.just("replace"), picks, picks, texts, st.booleans()),
+    st.tuples(st.just("edit"), picks, picks, texts, st.none() | picks),
+    st.tuples(st.just("duplicate"), st.none() | picks, texts),
     st.tuples(st.just("switch"), picks),
 )
 operations = st.lists(operation, min_size=2, max_size=7)
@@ -95,6 +100,43 @@ def build_tree(agent, ops, *, user_id: str | None = None) -> str:
                     )
                 except InvalidRequest:  # e.g. removing it would leave an unanswered tool call; nothing written
                     pass
+        elif kind == "replace":  # an item with a message's id; with the removal of that message too, or not
+            state = agent.get_checkpoint_state(thread_id, pick(op[1]), user_id=user_id)
+            replaceable = [i for i in state["messages"] if i["type"] == "message"]
+            if replaceable:
+                old = replaceable[op[2] % len(replaceable)]
+                item = {"role": old["role"], "content": op[3], "id": old["id"]}
+                removed = [old["id"]] if op[4] else None
+                agent.update_checkpoint_state(
+                    thread_id, state["checkpoint_id"], [item], remove_message_ids=removed, user_id=user_id
+                )
+        elif kind == "edit":  # a user message, with an input id drawn from the checkpoint's messages (or none)
+            state = agent.get_checkpoint_state(thread_id, pick(op[1]), user_id=user_id)
+            items = state["messages"]
+            users = [n for n, i in enumerate(items) if i.get("role") == "user"]
+            if users:
+                position = users[op[2] % len(users)]
+                taken = None if op[4] is None else op[4] % len(items)
+                item = {"role": "user", "content": op[3]} | ({} if taken is None else {"id": items[taken]["id"]})
+                custom = {"thread_id": thread_id, "checkpoint_id": state["checkpoint_id"],
+                          "edit_message_id": items[position]["id"], "user_id": user_id}  # fmt: skip
+                body = {"input": [item], "custom_inputs": custom}
+                before = agent.get_checkpoint_history(thread_id, 1000, user_id=user_id)
+                # The ids of the messages before it (a function_call item's id is its call's, not a message's).
+                kept = {i["id"] for i in items[:position] if i["type"] != "function_call"}
+                if taken is not None and items[taken]["id"] in kept:  # it would replace a message the edit keeps
+                    with pytest.raises(InvalidRequest, match="which comes before it"):
+                        agent.predict(body)
+                    assert agent.get_checkpoint_history(thread_id, 1000, user_id=user_id) == before
+                else:
+                    agent.predict(body)
+        elif kind == "duplicate":  # two items of one id: refused, nothing written
+            at = None if op[1] is None else pick(op[1])
+            before = agent.get_checkpoint_history(thread_id, 1000, user_id=user_id)
+            items = [{"role": role, "content": op[2], "id": "twice"} for role in ("user", "assistant")]
+            with pytest.raises(InvalidRequest, match="duplicate id"):
+                agent.update_checkpoint_state(thread_id, at, items, user_id=user_id)
+            assert agent.get_checkpoint_history(thread_id, 1000, user_id=user_id) == before
         elif kind == "switch":
             agent.set_head(thread_id, pick(op[1]), user_id=user_id)
     return thread_id
