@@ -264,3 +264,22 @@ def test_a_control_character_in_a_path_id_is_the_same_400_on_every_route_and_bac
     refused = [r.getMessage() for r in caplog.records if " -> 400 " in r.getMessage()]
     assert len(refused) == len(answers) and all(line.isprintable() for line in refused), refused
     assert len(agent.list_threads(limit=100)) == before  # nothing was written
+
+
+def test_items_with_one_id_twice_are_a_400_naming_it_on_every_route_that_takes_items(http):
+    # Found by a new user: an update holding two messages with one id was accepted, and the thread's export
+    # could no longer be imported.
+    twice = [{"role": "user", "content": "one", "id": "twice"}, {"role": "user", "content": "two", "id": "twice"}]
+    conversation = http.post("/conversations", json={}).json()["id"]
+    cases = [
+        ("/invocations", {"input": twice, "custom_inputs": {"action": "update_checkpoint_state", "thread_id": conversation}}),
+        ("/invocations", {"input": twice, "custom_inputs": {"thread_id": conversation}}),
+        ("/responses", {"input": twice, "conversation": conversation}),
+        ("/responses", {"input": twice, "conversation": conversation, "stream": True}),
+        ("/conversations", {"items": twice}),
+        (f"/conversations/{conversation}/items", {"items": twice}),
+    ]
+    for path, body in cases:
+        answer = assert_error_body(http.post(path, json=body), 400, "INVALID_PARAMETER_VALUE")
+        assert "duplicate id" in answer["message"] and "'twice'" in answer["message"], (path, answer)
+    assert http.get(f"/conversations/{conversation}/items").json()["data"] == []  # nothing was written
