@@ -266,9 +266,15 @@ def test_a_control_character_in_a_path_id_is_the_same_400_on_every_route_and_bac
     assert len(agent.list_threads(limit=100)) == before  # nothing was written
 
 
-def test_items_with_one_id_twice_are_a_400_naming_it_on_every_route_that_takes_items(http):
+def test_items_with_one_id_twice_are_a_400_naming_it_on_every_route_that_takes_items(backend_url, make_agent):
     # Found by a new user: an update holding two messages with one id was accepted, and the thread's export
-    # could no longer be imported.
+    # could no longer be imported. An app of its own: a process serves the agent of the last `build_app`
+    # (`agent.serving.agent_server`), and an earlier test of this module builds one and closes its agent.
+    with in_process_server(build_app(make_agent(backend_url))) as url, httpx.Client(base_url=url, timeout=30) as http:
+        _refuse_items_with_one_id_twice(http)
+
+
+def _refuse_items_with_one_id_twice(http: httpx.Client) -> None:
     twice = [{"role": "user", "content": "one", "id": "twice"}, {"role": "user", "content": "two", "id": "twice"}]
     conversation = http.post("/conversations", json={}).json()["id"]
     cases = [
