@@ -61,13 +61,15 @@ def check_budget(settings: AgentSettings, args: TurnArgs) -> None:
 
 def check_input_ids(messages: Sequence[BaseMessage], *, thread_id: str | None) -> None:
     """Refuse input (a turn's, or a state update's) that holds two messages with one id, or an id that is not
-    one (`agent.validation.check_id`; a Python caller's LangChain messages are not items, checked on parsing).
+    one (`agent.validation.check_id`: request items are checked when parsed, a Python caller's LangChain
+    messages only here).
 
     A message id names one message of a state. LangGraph's `add_messages` applies a later message with an id
-    already applied as a replacement, so of two input messages with one id the first was silently lost; and
-    the lists that hold them as sent (a state update's write, kept on its parent checkpoint; the input of an
-    edit that resets the state, `agent.operations.edits`) held both, which the import of the thread's export
-    refuses (`agent.operations.transfer.parse`). Messages without an id get one from `add_messages`.
+    already applied as a replacement, so of two input messages with one id the first would be silently lost;
+    and the lists that keep the input as sent (a state update's write, kept on its parent checkpoint; the
+    input of an edit that resets the state, `agent.operations.edits`) would hold both, which the import of
+    the thread's export refuses (`agent.operations.transfer.parse`). Messages without an id get one from
+    `add_messages`.
 
     Raises:
         InvalidRequest: naming the id; nothing is claimed or written.
