@@ -27,7 +27,16 @@ run on the async path and follow the thread's multitask strategy for free.
   item's id is its call id) also removes the tool results that answer it, so
   the history stays valid for chat APIs (OpenAI and Anthropic reject a tool
   result without its call). A tool result removed alone leaves its call
-  unanswered, which `agent.context` repairs before each model call.
+  unanswered, which `agent.context` repairs before each model call. A
+  message the same update writes with the id of one to remove replaces it
+  in place instead (`removals`).
+
+An edit's input message may have no id (it gets a new one), the edited
+message's id, or any other id except those of the messages before the
+edited one, which the edit keeps: with one of those it would replace that
+message instead of taking the edited one's place, or, where the start
+resets the state, stand beside it (two messages with one id, which no
+export of the thread could import). Such an edit is refused.
 """
 
 from __future__ import annotations
@@ -74,9 +83,10 @@ def plan_edit(
     `messages` are that checkpoint's messages; `tree` must know `kept_messages` for the chain.
 
     Raises:
-        InvalidRequest: the message is not in the checkpoint or is not a user message, or there is no
-            checkpoint before it (a `keep_latest` sweep kept only the checkpoint that holds it, or the thread
-            was written before threads started with an empty root).
+        InvalidRequest: the message is not in the checkpoint or is not a user message; an input message has
+            the id of a message before it (module docstring); or there is no checkpoint before it (a
+            `keep_latest` sweep kept only the checkpoint that holds it, or the thread was written before
+            threads started with an empty root).
     """
     target = chain[-1]
     position = position_of(messages, message_id, thread_id=tree.thread_id, checkpoint_id=target)
@@ -89,6 +99,17 @@ def plan_edit(
             thread_id=tree.thread_id,
             checkpoint_id=target,
             message_id=message_id,
+        )
+    kept = {message.id for message in messages[:position]}
+    taken = next((message.id for message in new if message.id in kept), None)
+    if taken is not None:
+        raise InvalidRequest(
+            f"The input of an edit of message {message_id!r} has the id of message {taken!r}, which comes before "
+            "it and which the edit keeps. Send the edited message with no id, or with the id of the message it "
+            "edits. Nothing was written.",
+            thread_id=tree.thread_id,
+            checkpoint_id=target,
+            message_id=taken,
         )
     return _start_before(tree, chain, messages, position, list(new), what=f"edit message {message_id!r}")
 
@@ -152,13 +173,24 @@ def _start_before(
 
 
 def removals(
-    messages: Sequence[BaseMessage], ids: Sequence[str], *, thread_id: str, checkpoint_id: str, adding: int = 0
+    messages: Sequence[BaseMessage],
+    ids: Sequence[str],
+    *,
+    thread_id: str,
+    checkpoint_id: str,
+    adding: Sequence[BaseMessage] = (),
 ) -> list[BaseMessage]:
     """The messages that, applied with `add_messages`, remove `ids` from `messages` (see the module docstring).
 
     An assistant message that loses some of its tool calls but keeps text or
-    other calls is replaced by a copy without them (same id). `adding`: how many
-    messages the same update adds.
+    other calls is replaced by a copy without them (same id). `adding`: the
+    messages the same update writes after these. One of them with the id of a
+    message this would remove or copy replaces that message in place instead
+    (what `add_messages` makes of a `RemoveMessage` followed by a message with
+    its id), so it is left out here: an update's write holds each id once, as
+    every message list of a thread document must (`agent.operations.transfer`).
+    What the removal takes along (the results of a removed message's tool
+    calls) still goes.
 
     Raises:
         InvalidRequest: an id names no message or tool call of the checkpoint, or the update would leave no message
@@ -195,7 +227,9 @@ def removals(
             if "tool_calls" in extra:
                 extra["tool_calls"] = [call for call in extra["tool_calls"] if call.get("id") not in gone_calls]
             out.append(message.model_copy(update={"tool_calls": kept, "additional_kwargs": extra}))
-    if left + adding == 0:
+    replacing = {message.id for message in adding if message.id is not None}
+    out = [message for message in out if message.id not in replacing]
+    if left + len(adding) == 0:
         raise InvalidRequest(
             f"Removing {list(ids)} would leave checkpoint {checkpoint_id!r} of thread {thread_id!r} without messages; "
             "to start over, send a turn with the thread's root checkpoint as checkpoint_id. Nothing was written.",

@@ -44,16 +44,19 @@ def update_checkpoint_state(context: OperationContext, args: UpdateArgs) -> Turn
     `new_messages` (e.g. `[{"role": "user", "content": "I'm headed to Tokyo!"}]`) applied.
 
     An item whose `id` names a message of the checkpoint replaces it (LangGraph's
-    `add_messages`); others are appended. `remove_message_ids` (message ids, or a
-    `function_call` item's id) are removed first; removing a tool call removes its
-    result too. `edit_message_id` with exactly one item: that item replaces the message
-    with that id, in place. It becomes the thread head. Returns `thread_id`,
+    `add_messages`); others are appended. No two items may have one id (of two,
+    `add_messages` would keep only the later). `remove_message_ids` (message ids, or
+    a `function_call` item's id) are removed first; removing a tool call removes its
+    result too. Removing a message and sending an item with its id replaces it in
+    place, as `add_messages` does (what the removal takes along still goes).
+    `edit_message_id` with exactly one item: that item replaces the message with that
+    id, in place. It becomes the thread head. Returns `thread_id`,
     `checkpoint_id` (the new one) and `parent_checkpoint_id`; with `include=["state"]`
     also `state`: the new checkpoint as `get_checkpoint_state` gives it, from its first
     message that differs from the parent's on (`message_offset`; `agent.operations.render`).
 
-    Raises: `InvalidRequest` (also: an id to remove is not in the checkpoint, nothing
-    would be left, or `include` names something else), `ThreadNotFound`,
+    Raises: `InvalidRequest` (also: two items have one id, an id to remove is not in the
+    checkpoint, nothing would be left, or `include` names something else), `ThreadNotFound`,
     `CheckpointNotFound`, `ThreadBusy`.
     """
     result = context.turns.update_state(

@@ -136,11 +136,17 @@ def log_error_answer(method: str, path: str, status: int, body: dict[str, str], 
     line = "%s %s -> %d %s: %s"
     # One line even when the message has several (pydantic's do): a log line per answer.
     message = body.get("message") or (body.get("error") or {}).get("message")
-    args = (method, path, status, error_code(body), " ".join(str(message).split()))
+    args = (method, _printable(path), status, error_code(body), " ".join(str(message).split()))
     if status < 500:
         logger.info(line, *args)
     else:
         logger.error(line, *args, exc_info=error if error is not None and error.__traceback__ else None)
+
+
+def _printable(text: str) -> str:
+    """`text` with each control character escaped (`\\x00`): a path arrives percent-decoded, and a raw NUL or
+    ESC from a client must not reach the log (or the terminal that shows it)."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 async def send_error_answer(

@@ -31,7 +31,12 @@ conversation answers 404, exactly as one that does not exist.
 Errors answer in OpenAI's shape, `{"error": {"message", "type", "code", "param"}}`
 (`serving.errors.openai_error_body`), so the `openai` client raises its typed
 errors (`NotFoundError`, `BadRequestError`) with the agent's message. Request
-bodies are checked strictly: an unknown field is a 400, never ignored.
+bodies are checked strictly: an unknown field is a 400, never ignored. The ids
+in a path (`response_id`, `conversation_id`) are checked before anything is read,
+as a body's ids are (`agent.validation.check_id`): one holding a control character
+(`/responses/resp_%00abc`), or longer than 256 characters, is a 400 on every route
+and backend. Unchecked, a NUL reached Postgres, whose text cannot hold one (a 500),
+while SQLite answered 404.
 Blocking storage work runs on the agent's storage thread pool.
 """
 
@@ -53,7 +58,7 @@ from agent.serving import run_views
 from agent.serving.errors import http_status, log_error_answer, openai_error_body
 from agent.messages import to_langchain
 from agent.requests import check_request_size
-from agent.validation import check_id, encoded_size
+from agent.validation import check_id, encoded_size, required_id
 
 if TYPE_CHECKING:
     from agent.responses import LangGraphResponsesAgent
@@ -80,6 +85,7 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
         """Run `work(user_id, body)` on the storage pool; an AgentError answers in OpenAI's shape."""
         raw = await request.body() if request.method == "POST" else b""
         try:
+            _path_ids(request)
             user_id = caller(agent, request)
             body = _json_object(raw) if request.method == "POST" else {}
             check_request_size(body, agent.settings)  # as turns and actions are
@@ -108,6 +114,7 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
     async def resume_stream(response_id: str, request: Request) -> JSONResponse | StreamingResponse:
         """The run's stream events after `starting_after` (-1: all), as server-sent events ending with `[DONE]`."""
         try:
+            _path_ids(request)
             _query(request, allowed=("stream", "starting_after", "include"))
             after = _starting_after(request)
             user = caller(agent, request)
@@ -266,6 +273,16 @@ def _items(items: Any) -> list[dict]:
 
 def _metadata(metadata: Any) -> dict[str, str]:
     return check_metadata(metadata) or {}  # the catalogue's rule (OpenAI's limits)
+
+
+def _path_ids(request: Request) -> None:
+    """Check the ids in the route's path (every path parameter of these routes is one) as a body's are.
+
+    Raises:
+        InvalidRequest: an id holds a control character (a NUL: Postgres text cannot hold one), or is too long.
+    """
+    for name, value in request.path_params.items():
+        required_id(name, value)
 
 
 def _query(request: Request, *, allowed: tuple[str, ...] = ()) -> None:

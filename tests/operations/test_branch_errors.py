@@ -252,3 +252,48 @@ def test_forking_into_a_thread_id_in_use_is_invalid_request(agent, trips):
         for taken in (mine["thread_id"], other["thread_id"]):  # the caller's own thread, and another user's
             with pytest.raises(InvalidRequest, match="already in use"):
                 agent.fork_thread(mine["thread_id"], new_thread_id=taken, user_id="alice")
+
+
+@pytest.mark.parametrize("how", ["update", "update action", "turn", "turn streamed"])
+@pytest.mark.parametrize("whose", ["a new id", "a stored message's id"])
+def test_an_input_holding_two_messages_with_one_id_is_invalid_request_naming_it(agent, trips, how, whose):
+    # Found by a new user: an update was accepted (the later message replaced the earlier one), and its write,
+    # holding both, made the thread's export impossible to import.
+    thread_id = trips["mine"]["thread_id"]
+    stored = agent.get_checkpoint_state(thread_id, user_id="alice")["messages"][0]["id"]
+    twice = "twice" if whose == "a new id" else stored
+    items = [{"role": "user", "content": "one", "id": twice}, {"role": "user", "content": "two", "id": twice}]
+    with writes_nothing(agent, trips), pytest.raises(InvalidRequest) as err:
+        if how == "update":
+            agent.update_checkpoint_state(thread_id, None, items, user_id="alice")
+        else:
+            action = {"action": "update_checkpoint_state"} if how == "update action" else {}
+            body = {"input": items, "custom_inputs": {**action, "thread_id": thread_id, "user_id": "alice"}}
+            run(agent, "predict_stream" if how == "turn streamed" else "predict", body)
+    assert "duplicate id" in err.value.message and repr(twice) in err.value.message
+    assert "othing was written" in err.value.message
+
+
+@HOW
+@pytest.mark.parametrize("start", ["holding the messages before it", "reset"])
+def test_an_edit_whose_input_has_the_id_of_a_message_before_the_edited_one_is_invalid_request(agent, trips, how, start):
+    # The edit keeps the messages before the edited one. Where its start must first reset the state to them (one
+    # was replaced in place later), the input was stored beside the message with its id: two messages with one
+    # id, which no export of the thread could import; elsewhere it replaced that message instead of being added.
+    mine = trips["mine"]
+    thread_id = mine["thread_id"]
+    messages = agent.get_checkpoint_state(thread_id, user_id="alice")["messages"]
+    first, second = messages[0]["id"], messages[2]["id"]
+    if start == "reset":
+        agent.update_checkpoint_state(thread_id, None, [{"role": "user", "content": "changed"}], edit_message_id=first,
+                                      user_id="alice")  # fmt: skip
+    body = {"input": [{"role": "user", "content": "edited", "id": first}],
+            "custom_inputs": {"thread_id": thread_id, "edit_message_id": second, "user_id": "alice"}}  # fmt: skip
+    with writes_nothing(agent, trips), pytest.raises(InvalidRequest) as err:
+        run(agent, how, body)
+    assert repr(first) in err.value.message and "othing was written" in err.value.message
+    # The edited message's own id is the id an edit may keep.
+    body["input"][0]["id"] = second
+    edited = outputs(agent.predict(body))
+    state = agent.get_checkpoint_state(thread_id, edited["checkpoint_id"], user_id="alice")
+    assert state["messages"][2]["id"] == second

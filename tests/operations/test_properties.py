@@ -7,7 +7,8 @@ Hypothesis draws a sequence of operations on one thread, each through the public
 * `branch`: a turn from an earlier checkpoint (`predict` with `checkpoint_id`);
 * `update`: `update_checkpoint_state` with a new user message, at a checkpoint or at the head;
 * `replace`: `update_checkpoint_state` with an item whose `id` names a message of the checkpoint
-  (any position: the middle of the list too);
+  (any position: the middle of the list too), with that message in `remove_message_ids` too or not
+  (either way a replacement in place, as LangGraph's `add_messages` applies it);
 * `remove`: `update_checkpoint_state` with `remove_message_ids` (never the last message left);
 * `edit`: a turn with `edit_message_id` naming any message of a checkpoint, the first one included
   (refused, with nothing written, for a message that is not a user message);
@@ -29,7 +30,8 @@ fork points, and where an edit or a regeneration starts. Real message ids must m
 After every operation each checkpoint's items (without their places) must be byte-identical to what
 they were when it was written; after the run, every checkpoint's messages, places, history entry, the
 branches and the head must match the model, also after the message cache is cleared (the cold path
-that rebuilds messages from stored deltas). Runs on Postgres and on a SQLite file.
+that rebuilds messages from stored deltas), and each thread's export must import (as a copy) with
+every checkpoint's items the same. Runs on Postgres and on a SQLite file.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ operation = st.one_of(
     st.tuples(st.just("turn"), texts),
     st.tuples(st.just("branch"), picks, texts),
     st.tuples(st.just("update"), st.none() | picks, texts),
-    st.tuples(st.just("replace"), picks, picks, texts),
+    st.tuples(st.just("replace"), picks, picks, texts, st.booleans()),
     st.tuples(st.just("remove"), picks, picks),
     st.tuples(st.just("edit"), picks, picks, texts),
     st.tuples(st.just("regenerate"), picks),
@@ -309,7 +311,8 @@ def apply(run: Run, op: tuple) -> None:
         text = op[3] if op[3] != old else op[3] + "!"  # a replacement always changes the message
         item = {"role": role, "content": text, "id": run.ids[key]}
         edited = [*current[:position], (key, role, text), *current[position + 1 :]]
-        _update(run, model, start, edited, new_messages=[item])
+        removed = [run.ids[key]] if op[4] else None
+        _update(run, model, start, edited, new_messages=[item], remove_message_ids=removed)
     elif kind == "remove":
         start = model.pick(op[1])
         current = model.messages[start]
@@ -440,8 +443,21 @@ def run_property(agent, *, builtin_graph: bool = True) -> None:
         agent.storage.saver.message_cache.clear()
         for model in (run.model, *run.forks):
             check_against_model(run, model)
+            check_round_trip(run, model)
 
     property_holds()
+
+
+def check_round_trip(run: Run, model: TreeModel) -> None:
+    """The thread's export imports (a copy under another thread id: new checkpoint ids, in the same order),
+    and every checkpoint of the copy holds the same items (without their places) as its original."""
+    agent = run.agent
+    copy_id = f"{model.thread_id}-copy"
+    agent.import_thread(json.loads(json.dumps(agent.export_thread(model.thread_id))), thread_id=copy_id)
+    copies = [e["checkpoint_id"] for e in reversed(agent.get_checkpoint_history(copy_id, limit=1000))]
+    assert len(copies) == len(model.order)
+    for original, copied in zip(sorted(model.order), copies, strict=True):
+        assert _snapshot(agent.get_checkpoint_state(copy_id, copied)) == model.snapshots[original], original
 
 
 def check_storage_bound(run: Run, model: TreeModel) -> None:

@@ -1,7 +1,9 @@
 """Export and import (`agent.operations.transfer`): whole threads as versioned JSON documents.
 
 * A hypothesis round trip: random trees (turns, tool calls, branches from earlier checkpoints,
-  `update_checkpoint_state` appends and removals, head switches) on one backend, exported, sent through
+  `update_checkpoint_state` appends, removals and replacements (a removal and its replacement in one
+  update too), edits whose input has an id, head switches; the refused ones, two items of one id and an
+  edit taking the id of a message it keeps, write nothing) on one backend, exported, sent through
   `json.dumps`/`json.loads`, imported into the other (Postgres -> SQLite and SQLite -> Postgres), read back
   the same everywhere: history (ids, parents, order, every field), every checkpoint's state, branches,
   usage, and the re-exported checkpoints byte for byte. The imported thread is usable (a turn from the
@@ -40,6 +42,9 @@ operation = st.one_of(
     st.tuples(st.just("branch"), picks, texts),
     st.tuples(st.just("update"), st.none() | picks, texts),
     st.tuples(st.just("remove"), picks, picks),
+    st.tuples(st.just("replace"), picks, picks, texts, st.booleans()),
+    st.tuples(st.just("edit"), picks, picks, texts, st.none() | picks),
+    st.tuples(st.just("duplicate"), st.none() | picks, texts),
     st.tuples(st.just("switch"), picks),
 )
 operations = st.lists(operation, min_size=2, max_size=7)
@@ -95,6 +100,43 @@ def build_tree(agent, ops, *, user_id: str | None = None) -> str:
                     )
                 except InvalidRequest:  # e.g. removing it would leave an unanswered tool call; nothing written
                     pass
+        elif kind == "replace":  # an item with a message's id; with the removal of that message too, or not
+            state = agent.get_checkpoint_state(thread_id, pick(op[1]), user_id=user_id)
+            replaceable = [i for i in state["messages"] if i["type"] == "message"]
+            if replaceable:
+                old = replaceable[op[2] % len(replaceable)]
+                item = {"role": old["role"], "content": op[3], "id": old["id"]}
+                removed = [old["id"]] if op[4] else None
+                agent.update_checkpoint_state(
+                    thread_id, state["checkpoint_id"], [item], remove_message_ids=removed, user_id=user_id
+                )
+        elif kind == "edit":  # a user message, with an input id drawn from the checkpoint's messages (or none)
+            state = agent.get_checkpoint_state(thread_id, pick(op[1]), user_id=user_id)
+            items = state["messages"]
+            users = [n for n, i in enumerate(items) if i.get("role") == "user"]
+            if users:
+                position = users[op[2] % len(users)]
+                taken = None if op[4] is None else op[4] % len(items)
+                item = {"role": "user", "content": op[3]} | ({} if taken is None else {"id": items[taken]["id"]})
+                custom = {"thread_id": thread_id, "checkpoint_id": state["checkpoint_id"],
+                          "edit_message_id": items[position]["id"], "user_id": user_id}  # fmt: skip
+                body = {"input": [item], "custom_inputs": custom}
+                before = agent.get_checkpoint_history(thread_id, 1000, user_id=user_id)
+                # The ids of the messages before it (a function_call item's id is its call's, not a message's).
+                kept = {i["id"] for i in items[:position] if i["type"] != "function_call"}
+                if taken is not None and items[taken]["id"] in kept:  # it would replace a message the edit keeps
+                    with pytest.raises(InvalidRequest, match="which comes before it"):
+                        agent.predict(body)
+                    assert agent.get_checkpoint_history(thread_id, 1000, user_id=user_id) == before
+                else:
+                    agent.predict(body)
+        elif kind == "duplicate":  # two items of one id: refused, nothing written
+            at = None if op[1] is None else pick(op[1])
+            before = agent.get_checkpoint_history(thread_id, 1000, user_id=user_id)
+            items = [{"role": role, "content": op[2], "id": "twice"} for role in ("user", "assistant")]
+            with pytest.raises(InvalidRequest, match="duplicate id"):
+                agent.update_checkpoint_state(thread_id, at, items, user_id=user_id)
+            assert agent.get_checkpoint_history(thread_id, 1000, user_id=user_id) == before
         elif kind == "switch":
             agent.set_head(thread_id, pick(op[1]), user_id=user_id)
     return thread_id
@@ -286,6 +328,98 @@ def test_a_malformed_document_is_invalid_request_and_writes_nothing(exported, na
         agent.import_thread(broken)
     assert row_counts(agent) == counts
     agent.import_thread(document)  # the intact document still imports
+
+
+@pytest.mark.parametrize("where", ["whole list", "added messages"])
+def test_a_message_id_twice_in_a_checkpoints_messages_is_refused_as_a_duplicate_id(exported, where):
+    # The refusal once read "every message needs its own id (a non-empty string)" for ids that were
+    # non-empty strings, only twice.
+    agent, document, thread_id = exported
+    agent.delete_thread(thread_id)
+    broken = copy.deepcopy(document)
+    root, first, second = _chain(broken)
+    messages = first["channel_values"]["messages"]["value"] if where == "whole list" else (
+        second["channel_values"]["messages"]["value"]["add"])
+    messages[1]["data"]["id"] = twice = messages[0]["data"]["id"]
+    with pytest.raises(InvalidRequest) as err:
+        agent.import_thread(broken)
+    assert "duplicate id" in err.value.message and repr(twice) in err.value.message
+    assert "non-empty" not in err.value.message
+
+
+def _without_places(items: list[dict]) -> list[dict]:
+    """State items without where they stand in the tree (a copy's checkpoint ids are new)."""
+    places = ("checkpoint_id", "branch_checkpoint_id", "siblings", "alternatives")
+    return [{k: v for k, v in item.items() if k not in places} for item in items]
+
+
+def _write_of_update(document: dict) -> list[dict]:
+    """The message list of the document's one pending write (a state update's, kept on its parent checkpoint)."""
+    writes = [w for c in document["checkpoints"] for w in c.get("pending_writes", ())]
+    assert len(writes) == 1 and writes[0]["value"]["type"] == "messages", writes
+    return writes[0]["value"]["value"]
+
+
+def test_removing_a_message_and_sending_its_replacement_replaces_it_in_place_and_the_thread_round_trips(agent):
+    # Found by a new user: the update was accepted, and its write held the removal and the replacement (two
+    # messages with one id), which the import refused: the thread's export could not be imported anywhere.
+    first = outputs(say(agent, "one"))
+    thread_id = first["thread_id"]
+    say(agent, "two", thread_id=thread_id)
+    before = agent.get_checkpoint_state(thread_id)["messages"]
+    user = before[0]
+    result = agent.update_checkpoint_state(
+        thread_id, None, [{"role": "user", "content": "edited", "id": user["id"]}], remove_message_ids=[user["id"]]
+    )
+    after = agent.get_checkpoint_state(thread_id, result["checkpoint_id"])["messages"]
+    # LangGraph's add_messages: a message with a removed message's id replaces it in place.
+    assert [(m["id"], m["content"][0]["text"]) for m in after] == [
+        (user["id"], "edited"), *[(m["id"], m["content"][0]["text"]) for m in before[1:]]
+    ]
+    document = agent.export_thread(thread_id)
+    assert [m["data"]["id"] for m in _write_of_update(document)] == [user["id"]]  # the replacement alone
+    copied = agent.import_thread(json.loads(json.dumps(document)), thread_id=f"{thread_id}-copy")
+    assert _without_places(agent.get_checkpoint_state(copied["thread_id"])["messages"]) == _without_places(after)
+
+
+def test_removing_a_tool_call_while_replacing_the_message_that_made_it_round_trips(agent):
+    # Removing one of two tool calls keeps a copy of their message without it (same id); an item replacing
+    # that message by id made the write hold both.
+    thread_id = outputs(say(agent, "one"))["thread_id"]
+    calls = [
+        {"role": "assistant", "content": "looking both up", "id": "asker"},
+        {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "calculator", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        {"type": "function_call_output", "call_id": "c2", "output": "2"},
+    ]
+    agent.update_checkpoint_state(thread_id, None, calls)
+    result = agent.update_checkpoint_state(
+        thread_id, None, [{"role": "assistant", "content": "rewritten", "id": "asker"}], remove_message_ids=["c1"]
+    )
+    items = agent.get_checkpoint_state(thread_id, result["checkpoint_id"])["messages"]
+    assert [(i["type"], i.get("call_id") or i["content"][0]["text"]) for i in items[2:]] == [
+        ("message", "rewritten"), ("function_call_output", "c2")  # c1's result went with its call
+    ]
+    document = agent.export_thread(thread_id)
+    copied = agent.import_thread(document, thread_id=f"{thread_id}-copy")
+    assert len(agent.get_checkpoint_state(copied["thread_id"])["messages"]) == len(items)
+
+
+def test_a_write_of_an_earlier_release_holding_a_removal_and_its_replacement_imports(agent):
+    # Earlier releases wrote "remove X, add X's replacement" as one write holding both; a pending write is
+    # applied by add_messages, where that is a replacement, so the exports of those threads import.
+    thread_id = outputs(say(agent, "one"))["thread_id"]
+    user = agent.get_checkpoint_state(thread_id)["messages"][0]
+    agent.update_checkpoint_state(thread_id, None, [{"role": "user", "content": "edited", "id": user["id"]}])
+    document = agent.export_thread(thread_id)
+    write = _write_of_update(document)
+    removal = {"type": "remove", "data": {"content": "", "additional_kwargs": {}, "response_metadata": {},
+                                          "type": "remove", "name": None, "id": user["id"]}}  # fmt: skip
+    write.insert(0, removal)
+    copied = agent.import_thread(document, thread_id=f"{thread_id}-copy")
+    assert _write_of_update(agent.export_thread(copied["thread_id"])) == write
+    assert agent.get_checkpoint_state(copied["thread_id"])["messages"][0]["content"][0]["text"] == "edited"
 
 
 def test_text_holding_a_literal_backslash_u0000_round_trips(backend_url, make_agent):

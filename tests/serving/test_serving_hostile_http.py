@@ -224,3 +224,68 @@ def test_a_body_nested_too_deep_on_the_conversation_routes_is_a_400_in_openais_s
     response = http.post(path, content=text.encode(), headers={"content-type": "application/json"})
     answer = assert_error_body(response, 400, "INVALID_PARAMETER_VALUE")
     assert f"nested more than {MAX_JSON_DEPTH} levels" in answer["message"]
+
+
+# --- ids in the path ----------------------------------------------------------------------------------
+
+#: Every route of `agent.serving.openai` with an id in its path, as (method, path template, JSON body).
+PATH_ID_ROUTES = [
+    ("GET", "/responses/{id}", None),
+    ("GET", "/responses/{id}?stream=true", None),
+    ("GET", "/responses/{id}/input_items", None),
+    ("POST", "/responses/{id}/cancel", {}),
+    ("DELETE", "/responses/{id}", None),
+    ("GET", "/conversations/{id}", None),
+    ("POST", "/conversations/{id}", {"metadata": {"k": "v"}}),
+    ("DELETE", "/conversations/{id}", None),
+    ("GET", "/conversations/{id}/items", None),
+    ("POST", "/conversations/{id}/items", {"items": [{"role": "user", "content": "hi"}]}),
+]
+#: Path ids holding a control character, percent-encoded as a client sends them: NUL (which Postgres text
+#: cannot hold: it answered 500 there, 404 on SQLite) and ESC.
+CONTROL_IDS = ["resp_%00abc", "%00", "a%00b", "resp_%1Babc", "a%1Bb"]
+
+
+def test_a_control_character_in_a_path_id_is_the_same_400_on_every_route_and_backend(backend_url, make_agent, caplog):
+    # Found by a new user: `GET /responses/resp_%00abc` was a 500 (psycopg.DataError) with a traceback on Postgres.
+    caplog.set_level(logging.INFO, logger="agent")
+    agent = make_agent(backend_url)
+    before = len(agent.list_threads(limit=100))
+    answers = {}
+    with in_process_server(build_app(agent)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        for method, template, body in PATH_ID_ROUTES:
+            for path_id in CONTROL_IDS:
+                answers[method, template.format(id=path_id)] = http.request(method, template.format(id=path_id), json=body)
+    for (method, path), response in answers.items():
+        answer = assert_error_body(response, 400, "INVALID_PARAMETER_VALUE")
+        assert "must not contain control characters" in answer["message"], (method, path, answer)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    # Each refusal is one log line, its path escaped: a raw ESC in a log would reach the reader's terminal.
+    refused = [r.getMessage() for r in caplog.records if " -> 400 " in r.getMessage()]
+    assert len(refused) == len(answers) and all(line.isprintable() for line in refused), refused
+    assert len(agent.list_threads(limit=100)) == before  # nothing was written
+
+
+def test_items_with_one_id_twice_are_a_400_naming_it_on_every_route_that_takes_items(backend_url, make_agent):
+    # Found by a new user: an update holding two messages with one id was accepted, and the thread's export
+    # could no longer be imported. An app of its own: a process serves the agent of the last `build_app`
+    # (`agent.serving.agent_server`), and an earlier test of this module builds one and closes its agent.
+    with in_process_server(build_app(make_agent(backend_url))) as url, httpx.Client(base_url=url, timeout=30) as http:
+        _refuse_items_with_one_id_twice(http)
+
+
+def _refuse_items_with_one_id_twice(http: httpx.Client) -> None:
+    twice = [{"role": "user", "content": "one", "id": "twice"}, {"role": "user", "content": "two", "id": "twice"}]
+    conversation = http.post("/conversations", json={}).json()["id"]
+    cases = [
+        ("/invocations", {"input": twice, "custom_inputs": {"action": "update_checkpoint_state", "thread_id": conversation}}),
+        ("/invocations", {"input": twice, "custom_inputs": {"thread_id": conversation}}),
+        ("/responses", {"input": twice, "conversation": conversation}),
+        ("/responses", {"input": twice, "conversation": conversation, "stream": True}),
+        ("/conversations", {"items": twice}),
+        (f"/conversations/{conversation}/items", {"items": twice}),
+    ]
+    for path, body in cases:
+        answer = assert_error_body(http.post(path, json=body), 400, "INVALID_PARAMETER_VALUE")
+        assert "duplicate id" in answer["message"] and "'twice'" in answer["message"], (path, answer)
+    assert http.get(f"/conversations/{conversation}/items").json()["data"] == []  # nothing was written

@@ -3,7 +3,9 @@
 `parse_document` checks what pydantic cannot say in a model: canonical ids,
 one root, every parent present and no cycle, the head among the checkpoints,
 messages LangChain can load (and only the four message classes a thread
-stores: nothing is built from a class path), and values Postgres text and
+stores: nothing is built from a class path), each with an id, and no id twice
+in a checkpoint's messages (refused as a "duplicate id"; a pending write may
+repeat one: `load_messages`), and values Postgres text and
 jsonb can hold (no NUL, no NaN), so that both backends refuse the same documents.
 Every value's domain (numbers, nesting, timestamps, channel versions, usage, the
 thread record's fields) is `values`, which both document versions go through.
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from agent.errors import InvalidRequest
+from agent.errors import InvalidRequest, shown_id
 from agent.operations.transfer.changes import apply_changes
 from agent.operations.transfer.document import (
     CHANGE_TYPES,
@@ -111,7 +113,8 @@ def parse_document(document: Any) -> Restored:
         parent = values[checkpoint.parent_checkpoint_id] if checkpoint.parent_checkpoint_id is not None else None
         values[checkpoint.checkpoint_id] = _resolved(checkpoint, parent, parsed.version)
         for write in checkpoint.pending_writes:
-            decode_value(write.value, f"a pending write of checkpoint {checkpoint.checkpoint_id!r}", WRITE_MESSAGE_TYPES)
+            where = f"a pending write of checkpoint {checkpoint.checkpoint_id!r}"
+            decode_value(write.value, where, WRITE_MESSAGE_TYPES, update=True)
     messages = {checkpoint_id: found[MESSAGES] for checkpoint_id, found in values.items() if MESSAGES in found}
     return Restored(parsed, tuple(order), values, messages)
 
@@ -174,7 +177,18 @@ def _parents_first(by_id: Mapping[str, CheckpointDoc]) -> list[CheckpointDoc]:
     return order
 
 
-def load_messages(value: Any, where: str, types: frozenset[str] = MESSAGE_TYPES) -> list[BaseMessage]:
+def load_messages(
+    value: Any, where: str, types: frozenset[str] = MESSAGE_TYPES, *, update: bool = False
+) -> list[BaseMessage]:
+    """The messages of a document's message list, each with an id (a non-empty string), and no id twice in a
+    list of messages (a state, or what a checkpoint adds).
+
+    `update`: the list is a pending write, which LangGraph applies with `add_messages` (a state update's, kept
+    on its parent checkpoint), where an id may recur: a later message with an id replaces the earlier one,
+    and a `remove` followed by a message with its id is that message's replacement. Earlier releases wrote
+    both (`update_checkpoint_state` with two items of one id, or removing a message and sending its
+    replacement), and their threads' exports import.
+    """
     from langchain_core.messages import messages_from_dict
 
     if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
@@ -188,18 +202,27 @@ def load_messages(value: Any, where: str, types: frozenset[str] = MESSAGE_TYPES)
         # TypeError, AttributeError on a tool call that is not an object, ...): all mean "not a message"
         raise invalid(f"{where} holds a message LangChain cannot load: {' '.join(str(exc).split())[:300]}") from None
     ids = [m.id for m in loaded]
-    if not all(isinstance(i, str) and i for i in ids) or len(set(ids)) != len(ids):
-        raise invalid(f"{where}: every message needs its own id (a non-empty string)")
+    if not all(isinstance(i, str) and i for i in ids):
+        raise invalid(f"{where}: every message needs an id (a non-empty string)")
+    if not update:
+        seen: set[str] = set()
+        for message_id in ids:
+            if message_id in seen:
+                raise invalid(f"{where}: two messages have the id {shown_id(message_id)} (a duplicate id)")
+            seen.add(message_id)
     return loaded
 
 
-def decode_value(value: ChannelValue, where: str, types: frozenset[str] = MESSAGE_TYPES) -> Any:
+def decode_value(
+    value: ChannelValue, where: str, types: frozenset[str] = MESSAGE_TYPES, *, update: bool = False
+) -> Any:
     """A whole value (`messages`, `interrupts`, `json`) decoded; a change type (`_resolved` applies
-    those) is refused here, so a pending write is always a whole value."""
+    those) is refused here, so a pending write is always a whole value. `update`: a pending write's
+    (`load_messages`)."""
     if value.type in CHANGE_TYPES:
         raise invalid(f"{where} has type {value.type!r}, which only a checkpoint's channel values may have")
     if value.type == "messages":
-        return load_messages(value.value, where, types)
+        return load_messages(value.value, where, types, update=update)
     if value.type == "interrupts":
         return _load_interrupts(value.value, where)
     try:

@@ -125,7 +125,8 @@ def _write(storage: ThreadStorage, claim: Any, restored: Restored, *, user_id: s
             address = {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint.checkpoint_id}}
             by_task: dict[str, list[tuple[str, Any]]] = {}
             for write in checkpoint.pending_writes:
-                by_task.setdefault(write.task_id, []).append((write.channel, decode_value(write.value, "", WRITE_MESSAGE_TYPES)))
+                decoded = decode_value(write.value, "", WRITE_MESSAGE_TYPES, update=True)
+                by_task.setdefault(write.task_id, []).append((write.channel, decoded))
             for task_id, writes in by_task.items():
                 saver.put_writes(address, writes, task_id)
     head_count = len(restored.messages.get(thread.checkpoint_id, ()))
@@ -209,15 +210,16 @@ def _comparable(restored: Restored) -> tuple:
         dumped["metadata"] = {k: v for k, v in dumped["metadata"].items() if k not in DERIVED_METADATA and not k.startswith("tt_")}
         dumped["channel_values"] = encoder.channels(checkpoint.checkpoint_id, checkpoint.parent_checkpoint_id)
         dumped["pending_writes"] = [
-            (w.task_id, w.channel, _normalized(w.value, WRITE_MESSAGE_TYPES)) for w in checkpoint.pending_writes
+            (w.task_id, w.channel, _normalized(w.value, WRITE_MESSAGE_TYPES, update=True))
+            for w in checkpoint.pending_writes
         ]
         checkpoints.append(json.dumps(dumped, sort_keys=True, default=str))
     return record, checkpoints
 
 
-def _normalized(value: ChannelValue, types: frozenset[str] = MESSAGE_TYPES) -> Any:
+def _normalized(value: ChannelValue, types: frozenset[str] = MESSAGE_TYPES, *, update: bool = False) -> Any:
     if value.type == "messages":
         from langchain_core.messages import messages_to_dict
 
-        return messages_to_dict(load_messages(value.value, "", types))
+        return messages_to_dict(load_messages(value.value, "", types, update=update))
     return value.value

@@ -48,7 +48,15 @@ from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.progress import Progress, modes, until
 from agent.context import TURN_CONTEXT_KEY
 from agent.operations.turns import steer
-from agent.operations.turns.start import ClaimHandoff, begin, check_budget, prepare, recall, strategy_of
+from agent.operations.turns.start import (
+    ClaimHandoff,
+    begin,
+    check_budget,
+    check_input_ids,
+    prepare,
+    recall,
+    strategy_of,
+)
 from agent.operations.turns.updates import update_state
 from agent.storage import ThreadStorage
 from agent.types import NewMessages, TurnResult, TurnStarted
@@ -130,10 +138,12 @@ class TurnRunner:
             TurnCancelled: a newer turn rolled this one back (`rollback`).
             InvalidRequest: the idempotency key was used for a different request; `edit_message_id` is not in
                 the start checkpoint, or `regenerate` finds no user message; `max_context_tokens` is above the
-                agent's (nothing is claimed or written).
+                agent's, or the input holds two messages with one id (`check_input_ids`): nothing is claimed or
+                written.
             LeaseExpired, ModelError, StorageUnavailable: the claim, the model or the database failed.
         """
         check_budget(self.settings, args)
+        check_input_ids(args.messages, thread_id=args.thread_id)
         if args.idempotency_key is not None:
             stored = self.idempotency.lookup(args.user_id, args.idempotency_key, args.request_hash)
             if stored is not None:
@@ -147,6 +157,7 @@ class TurnRunner:
         Cancelling the task (a client that left) stops the model request and releases the thread at once.
         """
         check_budget(self.settings, args)
+        check_input_ids(args.messages, thread_id=args.thread_id)
         if args.idempotency_key is not None:
             stored = await self.idempotency.alookup(args.user_id, args.idempotency_key, args.request_hash, self.in_io)
             if stored is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import BaseMessage
@@ -24,7 +24,7 @@ from langgraph.graph.message import add_messages
 
 from agent.config import AgentSettings
 from agent.context import TURN_CONTEXT_KEY, TurnContext
-from agent.errors import InvalidRequest, TurnCancelled
+from agent.errors import InvalidRequest, TurnCancelled, shown_id
 from agent.models.pairing import pairing_walk
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.edits import plan_edit, plan_regenerate
@@ -36,6 +36,7 @@ from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.parts import TurnParts
 from agent.storage import Claim, Turn
 from agent.storage.summaries import TURN_REPORT_KEY
+from agent.validation import check_id
 
 if TYPE_CHECKING:
     from agent.memory.service import Primed
@@ -56,6 +57,37 @@ def check_budget(settings: AgentSettings, args: TurnArgs) -> None:
             f"max_context_tokens {args.max_context_tokens} is above this agent's max_context_tokens ({limit}); "
             f"ask for at most {limit}."
         )
+
+
+def check_input_ids(messages: Sequence[BaseMessage], *, thread_id: str | None) -> None:
+    """Refuse input (a turn's, or a state update's) that holds two messages with one id, or an id that is not
+    one (`agent.validation.check_id`: request items are checked when parsed, a Python caller's LangChain
+    messages only here).
+
+    A message id names one message of a state. LangGraph's `add_messages` applies a later message with an id
+    already applied as a replacement, so of two input messages with one id the first would be silently lost;
+    and the lists that keep the input as sent (a state update's write, kept on its parent checkpoint; the
+    input of an edit that resets the state, `agent.operations.edits`) would hold both, which the import of
+    the thread's export refuses (`agent.operations.transfer.parse`). Messages without an id get one from
+    `add_messages`.
+
+    Raises:
+        InvalidRequest: naming the id; nothing is claimed or written.
+    """
+    seen: set[str] = set()
+    for index, message in enumerate(messages):
+        if message.id is None:
+            continue
+        check_id(f"input message {index}'s id", message.id)
+        if message.id in seen:
+            raise InvalidRequest(
+                f"The input holds two messages with id {shown_id(message.id)} (a duplicate id): a message id names "
+                "one message, and of two the later would replace the earlier. Send each message once, with an id "
+                "of its own or none. Nothing was written.",
+                thread_id=thread_id,
+                message_id=message.id,
+            )
+        seen.add(message.id)
 
 
 class ClaimHandoff:

@@ -25,7 +25,7 @@ from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.commit import commit, result_of, update_as_answer
 from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.start import claim as claim_thread
-from agent.operations.turns.start import plan_start, prepare
+from agent.operations.turns.start import check_input_ids, plan_start, prepare
 from agent.state import CONTEXT_SUMMARY_CHANNEL
 from agent.types import TurnResult
 
@@ -59,7 +59,10 @@ def update_state(
     message whose `id` is already in the state replaces that message.
     With an `idempotency_key` (and the request's `request_hash`), a retry
     returns the first result and writes nothing. `remove_message_ids` are
-    removed first (`edits.removals`: a tool call's results go with it).
+    removed first (`edits.removals`: a tool call's results go with it); a
+    removed message that one of `messages` has the id of is replaced by it
+    in place instead, as `add_messages` applies a removal and a message with
+    its id, so that the write holds each id once (its export imports).
     `edit_message_id`: the one message of `messages` takes that message's id,
     so it replaces it in place (the way to edit in place when the request's
     items lost their ids; see `requests.ItemIdsRequest`).
@@ -68,15 +71,17 @@ def update_state(
 
     Raises:
         ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
-        InvalidRequest: nothing to apply (no messages, no removals); the idempotency key was used for a
-            different request; a `remove_message_ids` or `edit_message_id` id is not in the checkpoint, an
-            edit changes the message's role, or removing leaves no message.
+        InvalidRequest: nothing to apply (no messages, no removals); `messages` hold two messages with
+            one id (`start.check_input_ids`); the idempotency key was used for a different request; a
+            `remove_message_ids` or `edit_message_id` id is not in the checkpoint, an edit changes the
+            message's role, or removing leaves no message.
     """
     if not messages and not remove_message_ids and not new_thread:
         raise InvalidRequest(
             "update_checkpoint_state needs input messages or remove_message_ids: there is nothing to apply, "
             "and nothing was written (set_head moves the head without writing)."
         )
+    check_input_ids(messages, thread_id=thread_id)
     args = TurnArgs(messages, thread_id, user_id, checkpoint_id, strategy, idempotency_key, request_hash, metadata=metadata)
     if idempotency_key is not None:
         stored = parts.idempotency.lookup(user_id, idempotency_key, request_hash)
@@ -94,7 +99,7 @@ def update_state(
             begun = Start(begun.checkpoint_id, messages, begun.loaded)
         if remove_message_ids:
             removed = removals(
-                current, remove_message_ids, thread_id=thread_id, checkpoint_id=begun.checkpoint_id, adding=len(messages)
+                current, remove_message_ids, thread_id=thread_id, checkpoint_id=begun.checkpoint_id, adding=messages
             )
             begun = Start(begun.checkpoint_id, [*removed, *messages], begun.loaded)
         turn, start, config = prepare(parts, claim, args, begun)
