@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.error_answers import answer_for
-from agent.errors import AgentError, InvalidRequest, ResponseNotFound, RunCancelled
+from agent.errors import AgentError, InvalidRequest, ResponseNotFound, RunCancelled, ServerStopping
 from agent.runs.log import Ops, Replay, decode, encode
 from agent.runs.store import FINAL, Run, RunStore, open_run_store
 from agent.operations.conversations import response_not_found
@@ -81,28 +81,34 @@ class LocalRun:
     started: bool = False
     #: A cancel was asked for it (`cancel`): its task's cancel is that, not its client leaving.
     cancelled: bool = False
+    #: The server stopped it at shutdown (`stop`): its task's cancel is that.
+    stopped: bool = False
 
     def cancel(self) -> None:
         """Cancel its task, once (the keeper sees the cancel asked at every renew until the run ends): a running
         turn stops and writes nothing; a queued one stops waiting (its admission place and its thread's queue:
         `agent.runs.places`, `ClaimHandoff`)."""
-        if self.task is not None and not self.cancelled:
+        if self.task is not None and not self.cancelled and not self.stopped:  # stopped: ending anyway
             self.cancelled = True
             self.loop.call_soon_threadsafe(self.task.cancel, RUN_CANCEL_MESSAGE)
 
     def stop(self) -> None:
         """Cancel its task because the server is shutting down (`Runs.stop_all`): a running turn stops and writes
         nothing, as a cancel stops it, but its run reads failed (`STOPPED_AT_SHUTDOWN`), not cancelled."""
-        if self.task is not None and not self.cancelled:
+        if self.task is not None and not self.cancelled and not self.stopped:
+            self.stopped = True
             self.loop.call_soon_threadsafe(self.task.cancel, RUN_STOP_MESSAGE)
 
 
-def run_cancelled(error: BaseException) -> RunCancelled | None:
+def run_cancelled(error: BaseException) -> RunCancelled | ServerStopping | None:
     """`RunCancelled` when `error` is the cancel `LocalRun.cancel` sent its run's task (a cancel asked for the
-    run), None for any other error or cancel (a client that left, a server shutting down). The caller that
-    goes on instead of letting the cancel end its task calls `Task.uncancel`."""
+    run), `ServerStopping` when it is `LocalRun.stop`'s (the server's grace period at shutdown ended), None for
+    any other error or cancel (a client that left). The caller that goes on instead of letting the cancel end
+    its task calls `Task.uncancel`."""
     if isinstance(error, asyncio.CancelledError) and error.args == (RUN_CANCEL_MESSAGE,):
         return RunCancelled(CANCELLED_WHILE_RUNNING)
+    if isinstance(error, asyncio.CancelledError) and error.args == (RUN_STOP_MESSAGE,):
+        return ServerStopping(STOPPED_AT_SHUTDOWN)
     return None
 
 
@@ -380,16 +386,18 @@ class Recorder:
         #: How a cancel reaches the turn's task (`LocalRun`), once its turn started.
         self.local: LocalRun | None = None
 
-    def cancelled(self, error: BaseException) -> RunCancelled | None:
+    def cancelled(self, error: BaseException) -> RunCancelled | ServerStopping | None:
         """`RunCancelled` when `error` is the cancel of the turn's task by a cancel asked for its run
-        (`LocalRun.cancel`), after undoing that cancel (`Task.uncancel`), so that the caller raises it instead
-        and its stream ends with an `error` event; None for any other error (a client that left, a failure)."""
-        if not isinstance(error, asyncio.CancelledError) or self.local is None or not self.local.cancelled:
+        (`LocalRun.cancel`), `ServerStopping` when it is the shutdown's (`LocalRun.stop`), after undoing that
+        cancel (`Task.uncancel`), so that the caller raises it instead and its stream ends with an `error`
+        event; None for any other error (a client that left, a failure)."""
+        local = self.local
+        if not isinstance(error, asyncio.CancelledError) or local is None or not (local.cancelled or local.stopped):
             return None
         task = asyncio.current_task()
-        if task is not None and task is self.local.task:
+        if task is not None and task is local.task:
             task.uncancel()
-        return RunCancelled(CANCELLED_WHILE_RUNNING)
+        return RunCancelled(CANCELLED_WHILE_RUNNING) if local.cancelled else ServerStopping(STOPPED_AT_SHUTDOWN)
 
     async def record(self, event: Any, in_io: Callable[..., Any]) -> None:
         """Record one turn event (`TurnStarted` first).
