@@ -55,6 +55,8 @@ class Drain:
         self.deadline: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Future | None = None
+        #: The handlers chained (`watch_signals`), by signal: (ours, the one before it).
+        self._chained: dict[int, tuple[Any, Any]] = {}
 
     def watch_signals(self) -> None:
         """Start the grace period when SIGINT or SIGTERM arrives, then let the handler in place (uvicorn's) run.
@@ -65,8 +67,17 @@ class Drain:
             return
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous = signal.getsignal(sig)
-            if callable(previous):  # uvicorn's `handle_exit`, which it restores itself once it stopped
-                signal.signal(sig, functools.partial(self._on_signal, previous))
+            if callable(previous):  # uvicorn's `handle_exit`
+                ours = functools.partial(self._on_signal, previous)
+                signal.signal(sig, ours)
+                self._chained[sig] = (ours, previous)
+
+    def _unwatch_signals(self) -> None:
+        # uvicorn puts its own predecessors back once it stopped; without uvicorn nobody else would.
+        for sig, (ours, previous) in self._chained.items():
+            if signal.getsignal(sig) is ours:
+                signal.signal(sig, previous)
+        self._chained.clear()
 
     def _on_signal(self, previous: Any, sig: int, frame: Any) -> None:
         self.begin()
@@ -84,14 +95,27 @@ class Drain:
 
     def _stop(self) -> asyncio.Future:
         if self._stopping is None:
-            self._stopping = asyncio.ensure_future(asyncio.to_thread(self.runs.stop_all))
+            self._stopping = asyncio.ensure_future(self._stop_all())
         return self._stopping
+
+    async def _stop_all(self) -> None:
+        try:
+            stopped = await asyncio.to_thread(self.runs.stop_all)  # it writes queued runs' ends
+        except Exception:  # noqa: BLE001 - the process stops anyway; the runs' leases end them
+            logger.warning("Could not stop the runs still going", exc_info=True)
+            return
+        if stopped:
+            logger.warning(
+                "Shutting down: stopped %d run(s) still going after %g s (shutdown_grace_seconds); they read failed",
+                len(stopped), self.grace_seconds,
+            )  # fmt: skip
 
     async def finish(self) -> None:
         """Wait until this process's runs have ended, or the grace period has, then stop those still going
         and wait (at most `RECORD_ENDS_SECONDS`) until their ends are recorded. Never raises."""
         self._loop = self._loop or asyncio.get_running_loop()
         self.begin()
+        self._unwatch_signals()
         assert self.deadline is not None
         pending = set(self.runs.tasks)
         if pending:
@@ -103,15 +127,7 @@ class Drain:
             pending = set(self.runs.tasks)
         if not pending:
             return
-        try:
-            stopped = await self._stop()
-        except Exception:  # noqa: BLE001 - the process stops anyway; the runs' leases end them
-            logger.warning("Could not stop the runs still going", exc_info=True)
-            return
-        logger.warning(
-            "Shutting down: stopped %d run(s) still going after %g s (shutdown_grace_seconds); they read failed",
-            len(stopped), self.grace_seconds,
-        )  # fmt: skip
+        await self._stop()
         pending = set(self.runs.tasks)
         if pending:
             await asyncio.wait(pending, timeout=RECORD_ENDS_SECONDS)
