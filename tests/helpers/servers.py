@@ -32,7 +32,15 @@ from tests.helpers.openai_stub import free_port
 
 LOG_MODEL_SCRIPT = REPO_ROOT / "scripts" / "log_model.py"
 
-__all__ = ["REPO_ROOT", "RunningServer", "free_port", "in_process_server", "log_model_with_script", "running_server", "server_process"]
+__all__ = [
+    "REPO_ROOT",
+    "RunningServer",
+    "free_port",
+    "in_process_server",
+    "log_model_with_script",
+    "running_server",
+    "server_process",
+]
 
 
 @contextmanager

@@ -8,6 +8,7 @@ waits for it to exit, then starts a second server on the same database to read w
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import httpx
 import pytest
 from openai.types.responses import Response
 
+from agent.runs.service import STOPPED_AT_SHUTDOWN
 from tests.helpers.databases import fresh_database
 from tests.helpers.openai_stub import configure_stub, openai_stub_server
 from tests.helpers.servers import free_port, running_server
@@ -56,7 +58,8 @@ def serve(database: str, model_url: str, cwd, *, workers: int = 1, grace: float 
     if grace is not None:
         env["AGENT_SHUTDOWN_GRACE_SECONDS"] = str(grace)
     port = free_port()
-    command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--workers", str(workers)]
     return running_server(command, port=port, health_path="/health", env=env, cwd=cwd)
 
 
@@ -111,7 +114,7 @@ def test_sigterm_lets_a_running_background_run_complete_before_the_server_exits(
     assert "Shutting down: waiting" in output  # it waited in the lifespan's exit, not by luck
 
 
-def test_a_run_still_going_when_the_grace_period_ends_reads_failed_at_once_and_leaves_its_thread_free(
+def test_runs_still_going_or_queued_when_the_grace_period_ends_read_failed_at_once_and_leave_their_thread_free(
     database, model_url, tmp_path
 ):
     configure_stub(model_url, latency_s=0)
@@ -122,19 +125,48 @@ def test_a_run_still_going_when_the_grace_period_ends_reads_failed_at_once_and_l
         before = history_length(server.base_url, thread_id)
         configure_stub(model_url, latency_s=20.0)
         response_id = start_background_run(server.base_url, {"input": "Write a long poem", "conversation": thread_id})
+        # A second run on the thread waits for it, queued, when the server is stopped.
+        body = {"input": "And another", "conversation": thread_id, "background": True,
+                "custom_inputs": {"multitask_strategy": "enqueue"}}  # fmt: skip
+        waiting = httpx.post(f"{server.base_url}/responses", json=body, headers=USER, timeout=30).json()["id"]
+        assert get_run(server.base_url, waiting)["status"] == "queued"
         stop(server, within=LEASE_S)  # a run left to its lease would hold the thread that long
     configure_stub(model_url, latency_s=0)
     with serve(database, model_url, tmp_path) as again:
-        run = get_run(again.base_url, response_id)
-        # Its end was recorded by the server that stopped it: not lease_expired, which only its lease gives.
-        assert run["status"] == "failed", run
-        Response.model_validate(run)
-        assert run["custom_outputs"]["code"] == "server_shutdown", run
-        assert run["error"]["message"] == "The server stopped before the turn finished (shutdown); nothing was written."
-        assert run["custom_outputs"]["written"] is False and run["custom_outputs"]["checkpoint_id"] is None
+        for stopped in (response_id, waiting):
+            run = get_run(again.base_url, stopped)
+            # Its end was recorded by the server that stopped it: not lease_expired, which only its lease gives.
+            assert run["status"] == "failed", run
+            Response.model_validate(run)
+            assert run["custom_outputs"]["code"] == "server_shutdown", run
+            assert run["error"]["message"] == STOPPED_AT_SHUTDOWN
+            assert run["custom_outputs"]["written"] is False and run["custom_outputs"]["checkpoint_id"] is None
         assert history_length(again.base_url, thread_id) == before  # nothing of the stopped turn
         # The thread is free: a turn that refuses to wait for it runs.
         body = {"input": "Again", "conversation": thread_id, "custom_inputs": {"multitask_strategy": "reject"}}
         answer = httpx.post(f"{again.base_url}/responses", json=body, headers=USER, timeout=60)
         assert answer.status_code == 200, answer.text
         assert history_length(again.base_url, thread_id) == before + 2
+
+
+def test_an_open_stream_still_going_when_the_grace_period_ends_gets_an_error_event_and_its_run_reads_failed(
+    database, model_url, tmp_path
+):
+    configure_stub(model_url, latency_s=20.0)
+    with serve(database, model_url, tmp_path, grace=1.0) as server:
+        body = {"input": "Write a long poem", "stream": True}
+        with httpx.stream("POST", f"{server.base_url}/responses", json=body, headers=USER, timeout=60) as response:
+            lines = response.iter_lines()
+            created = next(line for line in lines if line.startswith("data: {"))
+            server.process.send_signal(signal.SIGTERM)
+            rest = [line[6:] for line in lines if line.startswith("data: ")]  # to the stream's end
+        stop(server, within=LEASE_S)
+    # The stream ended as a cancelled one does: an error event, then [DONE], not a cut connection.
+    assert rest[-1] == "[DONE]"
+    error = json.loads(rest[-2])
+    assert error["type"] == "error" and error["code"] == "server_shutdown", error
+    response_id = json.loads(created[6:])["response"]["id"]
+    configure_stub(model_url, latency_s=0)
+    with serve(database, model_url, tmp_path) as again:
+        run = get_run(again.base_url, response_id)
+    assert run["status"] == "failed" and run["custom_outputs"]["code"] == "server_shutdown", run
