@@ -119,6 +119,11 @@ class AgentSettings(BaseSettings):
     finish_left_streams: bool = False
     """A client that leaves a (non-background) stream: False cancels its turn, nothing written; True lets the
     turn run on to its end, so that the client can resume it (`GET /responses/{id}?stream=true`)."""
+    shutdown_grace_seconds: float = Field(default=25.0, ge=0)
+    """`tt-agent serve` on SIGINT/SIGTERM: how long each server process lets its background runs, queued or
+    running, and its open streams go on after the signal. Those still going then are stopped, nothing of
+    them written, and read `failed` at once (`serving.drain`). The default fits under Kubernetes' default
+    30 s termination grace period; 0 stops them at once."""
 
     # -- requests ----------------------------------------------------------------------------
     require_user_id: bool = False

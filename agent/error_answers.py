@@ -18,6 +18,7 @@ from agent.errors import (
     PreviousResponseNotFound,
     RunCancelled,
     ServerBusy,
+    ServerStopping,
     Unavailable,
 )
 
@@ -54,6 +55,8 @@ ERROR_ANSWERS: tuple[tuple[type[AgentError], ErrorAnswer], ...] = (
     # Before Unavailable. OpenAI's own answer to too many requests (type "requests", code "rate_limit_exceeded"),
     # so a client that backs off from OpenAI's 429 backs off from ours; MLflow's code whose status is 429.
     (ServerBusy, ErrorAnswer(429, "REQUEST_LIMIT_EXCEEDED", "requests", "rate_limit_exceeded")),
+    # The code a run stopped at shutdown ends with (`agent.runs`), on its status and on its streams.
+    (ServerStopping, ErrorAnswer(503, "TEMPORARILY_UNAVAILABLE", "server_error", "server_shutdown")),
     (Unavailable, ErrorAnswer(503, "TEMPORARILY_UNAVAILABLE", "server_error", "unavailable")),
 )
 INTERNAL = ErrorAnswer(500, "INTERNAL_ERROR", "server_error", "internal_error")

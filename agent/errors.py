@@ -29,7 +29,8 @@ says whether anything was written where that is not obvious.
     ├── Unavailable
     │   ├── StorageUnavailable  the database failed
     │   ├── ModelError          the chat model failed
-    │   └── ServerBusy          the server runs and queues as many turns as it may; retry later
+    │   ├── ServerBusy          the server runs and queues as many turns as it may; retry later
+    │   └── ServerStopping      the server shut down before the turn finished; retry on another
 """
 
 from __future__ import annotations
@@ -143,6 +144,11 @@ class ModelError(Unavailable):
 class ServerBusy(Unavailable):
     """The server process runs `max_running_turns` turns and `max_waiting_turns` more wait: the turn was
     refused before it started, nothing written; a server answers 429 with `Retry-After`."""
+
+
+class ServerStopping(Unavailable):
+    """The server was stopped (SIGTERM, SIGINT) and its `shutdown_grace_seconds` ended before the turn did:
+    the turn was stopped, nothing written, its thread free; its run reads failed (code `server_shutdown`)."""
 
 
 # -- wording ------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from agent import (
     InvalidRequest,
     ModelError,
     ServerBusy,
+    ServerStopping,
     StorageUnavailable,
     ThreadBusy,
     ThreadNotFound,
@@ -328,6 +329,7 @@ STATUSES = {
     ModelError: 503,
     StorageUnavailable: 503,
     ServerBusy: 429,
+    ServerStopping: 503,
 }
 
 

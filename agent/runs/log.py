@@ -154,7 +154,7 @@ class Replay:
     def error(self, code: str, message: str) -> dict[str, Any]:
         """OpenAI's error event, as a live stream ends when its turn fails (`serving.agent_server`)."""
         self.ended = True
-        error = {"message": message, "type": "server_error" if code in ("lease_expired", "server_error") else "invalid_request_error",
+        error = {"message": message, "type": "server_error" if code in ("lease_expired", "server_shutdown", "server_error") else "invalid_request_error",
                  "code": code, "param": None}  # fmt: skip
         event = {"type": "error", "sequence_number": self.stream.sequence, "code": code, "message": message, "param": None, "error": error}
         self.stream.sequence += 1

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.error_answers import answer_for
-from agent.errors import AgentError, InvalidRequest, ResponseNotFound, RunCancelled
+from agent.errors import AgentError, InvalidRequest, ResponseNotFound, RunCancelled, ServerStopping
 from agent.runs.log import Ops, Replay, decode, encode
 from agent.runs.store import FINAL, Run, RunStore, open_run_store
 from agent.operations.conversations import response_not_found
@@ -64,6 +64,12 @@ SWEEP_EVERY_SECONDS = 60.0
 CANCELLED_WHILE_RUNNING = "Cancelled (POST /responses/{id}/cancel) while it ran; nothing was written."
 #: The message of the cancel `LocalRun.cancel` sends its run's task (`run_cancelled` tells it from any other).
 RUN_CANCEL_MESSAGE = "run cancelled: POST /responses/{id}/cancel"
+#: Why a run its server stopped at shutdown, before it finished, reads failed (`Runs.stop_all`).
+STOPPED_AT_SHUTDOWN = "The server stopped before the turn finished (shutdown); nothing was written."
+#: The code of such a run's end (its status's `code`, its streams' `error` event).
+SHUTDOWN_CODE = "server_shutdown"
+#: The message of the cancel `LocalRun.stop` sends its run's task.
+RUN_STOP_MESSAGE = "run stopped: the server is shutting down"
 
 
 @dataclass
@@ -75,22 +81,34 @@ class LocalRun:
     started: bool = False
     #: A cancel was asked for it (`cancel`): its task's cancel is that, not its client leaving.
     cancelled: bool = False
+    #: The server stopped it at shutdown (`stop`): its task's cancel is that.
+    stopped: bool = False
 
     def cancel(self) -> None:
         """Cancel its task, once (the keeper sees the cancel asked at every renew until the run ends): a running
         turn stops and writes nothing; a queued one stops waiting (its admission place and its thread's queue:
         `agent.runs.places`, `ClaimHandoff`)."""
-        if self.task is not None and not self.cancelled:
+        if self.task is not None and not self.cancelled and not self.stopped:  # stopped: ending anyway
             self.cancelled = True
             self.loop.call_soon_threadsafe(self.task.cancel, RUN_CANCEL_MESSAGE)
 
+    def stop(self) -> None:
+        """Cancel its task because the server is shutting down (`Runs.stop_all`): a running turn stops and writes
+        nothing, as a cancel stops it, but its run reads failed (`STOPPED_AT_SHUTDOWN`), not cancelled."""
+        if self.task is not None and not self.cancelled and not self.stopped:
+            self.stopped = True
+            self.loop.call_soon_threadsafe(self.task.cancel, RUN_STOP_MESSAGE)
 
-def run_cancelled(error: BaseException) -> RunCancelled | None:
+
+def run_cancelled(error: BaseException) -> RunCancelled | ServerStopping | None:
     """`RunCancelled` when `error` is the cancel `LocalRun.cancel` sent its run's task (a cancel asked for the
-    run), None for any other error or cancel (a client that left, a server shutting down). The caller that
-    goes on instead of letting the cancel end its task calls `Task.uncancel`."""
+    run), `ServerStopping` when it is `LocalRun.stop`'s (the server's grace period at shutdown ended), None for
+    any other error or cancel (a client that left). The caller that goes on instead of letting the cancel end
+    its task calls `Task.uncancel`."""
     if isinstance(error, asyncio.CancelledError) and error.args == (RUN_CANCEL_MESSAGE,):
         return RunCancelled(CANCELLED_WHILE_RUNNING)
+    if isinstance(error, asyncio.CancelledError) and error.args == (RUN_STOP_MESSAGE,):
+        return ServerStopping(STOPPED_AT_SHUTDOWN)
     return None
 
 
@@ -115,6 +133,8 @@ class Runs:
         self._closed = threading.Event()
         self._last_sweep = 0.0
         self.tasks: set[asyncio.Task] = set()  # tasks that outlive their request (runs, their ends), kept from the GC
+        #: Set by `stop_all`: a turn cancelled from now on was stopped by the shutdown, not left by its client.
+        self.stopping = False
 
     # -- this process's runs ---------------------------------------------------------------------
     def attach(self, response_id: str, local: LocalRun) -> None:
@@ -128,12 +148,35 @@ class Runs:
         with self._lock:
             return self._local.get(response_id)
 
+    def local_ids(self) -> list[str]:
+        """The response ids of this process's runs not yet ended (queued here or running here)."""
+        with self._lock:
+            return list(self._local)
+
     def detach(self, response_id: str) -> None:
         with self._lock:
             self._local.pop(response_id, None)
 
     def close(self) -> None:
         self._closed.set()
+
+    def stop_all(self) -> list[str]:
+        """Stop every run of this process, queued or running, because the server is shutting down: each writes
+        nothing, gives up its thread's claim or its place in the queue, and reads failed (`STOPPED_AT_SHUTDOWN`,
+        code `SHUTDOWN_CODE`) once its task has recorded its end. Blocking (a queued run's end is written here,
+        since its task may not hold a recorder yet): call it from a worker thread. Returns the response ids
+        stopped. Never raises: a queued run whose end cannot be written reads failed when its lease expires."""
+        self.stopping = True
+        with self._lock:
+            local = dict(self._local)
+        for response_id, run in local.items():
+            if not run.started:
+                try:
+                    self.store.finish(response_id, "failed", reason=STOPPED_AT_SHUTDOWN, code=SHUTDOWN_CODE)
+                except Exception:  # noqa: BLE001 - its lease then ends it
+                    logger.warning("Could not record the end of queued run %s", response_id, exc_info=True)
+            run.stop()
+        return list(local)
 
     def _keep(self) -> None:
         while not self._closed.wait(min(CANCEL_POLL_SECONDS, self.settings.lease_seconds / 3)):
@@ -343,16 +386,18 @@ class Recorder:
         #: How a cancel reaches the turn's task (`LocalRun`), once its turn started.
         self.local: LocalRun | None = None
 
-    def cancelled(self, error: BaseException) -> RunCancelled | None:
+    def cancelled(self, error: BaseException) -> RunCancelled | ServerStopping | None:
         """`RunCancelled` when `error` is the cancel of the turn's task by a cancel asked for its run
-        (`LocalRun.cancel`), after undoing that cancel (`Task.uncancel`), so that the caller raises it instead
-        and its stream ends with an `error` event; None for any other error (a client that left, a failure)."""
-        if not isinstance(error, asyncio.CancelledError) or self.local is None or not self.local.cancelled:
+        (`LocalRun.cancel`), `ServerStopping` when it is the shutdown's (`LocalRun.stop`), after undoing that
+        cancel (`Task.uncancel`), so that the caller raises it instead and its stream ends with an `error`
+        event; None for any other error (a client that left, a failure)."""
+        local = self.local
+        if not isinstance(error, asyncio.CancelledError) or local is None or not (local.cancelled or local.stopped):
             return None
         task = asyncio.current_task()
-        if task is not None and task is self.local.task:
+        if task is not None and task is local.task:
             task.uncancel()
-        return RunCancelled(CANCELLED_WHILE_RUNNING)
+        return RunCancelled(CANCELLED_WHILE_RUNNING) if local.cancelled else ServerStopping(STOPPED_AT_SHUTDOWN)
 
     async def record(self, event: Any, in_io: Callable[..., Any]) -> None:
         """Record one turn event (`TurnStarted` first).
@@ -460,6 +505,8 @@ def _status_of(error: BaseException | None, runs: Runs, response_id: str) -> tup
     if run is not None and run.cancel_requested:
         return "cancelled", CANCELLED_WHILE_RUNNING, "cancelled"
     if error is None or isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        if runs.stopping:  # `Runs.stop_all`, or uvicorn cancelling a stream the shutdown could not wait for
+            return "failed", STOPPED_AT_SHUTDOWN, SHUTDOWN_CODE
         return "cancelled", "The client left the stream, which cancelled the turn; nothing was written.", "client_left"
     if isinstance(error, AgentError):
         return "failed", error.message, answer_for(error).openai_code or "server_error"

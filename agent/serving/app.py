@@ -23,6 +23,11 @@ same reason.
 worker) runs a retention sweeper from start-up to shutdown (`serving.sweeper`,
 attached by `with_lifespan`); sweeps are safe to run concurrently.
 
+**Graceful stop.** On SIGINT or SIGTERM each server process (each worker) lets its background runs
+finish for up to `shutdown_grace_seconds` after the signal, then stops those still going, which read
+`failed` at once (`serving.drain`, attached by `with_lifespan`). uvicorn's `timeout_graceful_shutdown`
+gives open connections the same deadline (uvicorn's default waits for them without end).
+
 **Keep-alive.** Idle HTTP connections stay open `KEEP_ALIVE_S` seconds
 (uvicorn's default is 5 s). A client, or a load balancer, reusing a pooled
 connection at the moment the server closes it for idleness gets a
@@ -112,6 +117,7 @@ def run_agent_server(
 
         with agent_from_environment() as agent:
             print(startup_line(agent, host, port), file=sys.stderr, flush=True)
+            options["timeout_graceful_shutdown"] = connections_grace(agent.settings)
             app = build_app(agent)
             with_lifespan(app, agent, close_agent=False)
             uvicorn.run(app, **options)
@@ -133,6 +139,7 @@ def run_agent_server(
                 "process. Use --workers 1, or another --database-url."
             )
         print(f"{startup_line(agent, host, port)}, {workers} workers on {sockets}", file=sys.stderr, flush=True)
+        options["timeout_graceful_shutdown"] = connections_grace(agent.settings)
     if not own_sockets:
         uvicorn.run("agent.serving.app:create_app", factory=True, workers=workers, **options)
         return
@@ -141,6 +148,15 @@ def run_agent_server(
     )
     if status:
         sys.exit(status)
+
+
+def connections_grace(settings: Any) -> float:
+    """uvicorn's `timeout_graceful_shutdown`: how long open connections may go on after SIGINT/SIGTERM, a
+    little longer than the runs' grace period (`serving.drain`), so their runs are stopped and recorded first.
+    uvicorn's lifespan exit, where the runs are waited for, comes after it and has no timeout of its own."""
+    from agent.serving.drain import CONNECTIONS_MARGIN_SECONDS
+
+    return settings.shutdown_grace_seconds + CONNECTIONS_MARGIN_SECONDS
 
 
 def startup_line(agent: Any, host: str, port: int) -> str:
@@ -203,8 +219,10 @@ def create_app() -> FastAPI:
 
 def with_lifespan(app: FastAPI, agent: Any, *, close_agent: bool) -> None:
     """Give `app` the lifespan of one server process: the retention sweeper (`serving.sweeper`) runs
-    from start-up to shutdown when `sweep_interval_seconds` is set; `close_agent`: close `agent` at shutdown."""
+    from start-up to shutdown when `sweep_interval_seconds` is set; at shutdown the process's runs finish
+    for up to `shutdown_grace_seconds` (`serving.drain`); `close_agent`: close `agent` at shutdown."""
     from agent.serving.collector import tune_for_serving
+    from agent.serving.drain import Drain
     from agent.tracing import build_tracer_now
     from agent.serving.sweeper import Sweeper
 
@@ -223,10 +241,13 @@ def with_lifespan(app: FastAPI, agent: Any, *, close_agent: bool) -> None:
         sweeper = Sweeper(agent, interval) if interval else None
         if sweeper is not None:
             sweeper.start()
+        drain = Drain(agent.runs, agent.settings.shutdown_grace_seconds)
+        drain.watch_signals()
         try:
             yield
         finally:
             try:
+                await drain.finish()  # before the sweeper and the agent close: the runs use the store
                 await asyncio.gather(warming, return_exceptions=True)
                 if sweeper is not None:
                     await asyncio.to_thread(sweeper.stop)

@@ -8,6 +8,7 @@
 | `ThreadBusy`, `LeaseExpired`, `TurnCancelled`, `UserBeingDeleted`, `ThreadExists`, `InterruptPending` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
 | `RunCancelled` (a `TurnCancelled`: `POST /responses/{id}/cancel`) | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `cancelled` |
 | `ServerBusy` (the turn admission's queue is full: `serving.admission`) | 429 | `REQUEST_LIMIT_EXCEEDED` | `requests` / `rate_limit_exceeded` |
+| `ServerStopping` (the server shut down before the turn finished: `serving.drain`) | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `server_shutdown` |
 | `StorageUnavailable`, `ModelError` | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `unavailable` |
 | `EncryptionKeyError` (the deployment's keys cannot open its data) | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
 | any other `AgentError` | 500 | `INTERNAL_ERROR` | `server_error` / `internal_error` |
@@ -47,7 +48,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from agent.error_answers import ERROR_ANSWERS, INTERNAL, ErrorAnswer, answer_for, http_status, status_answer
-from agent.errors import AgentError
+from agent.errors import AgentError, ServerStopping
 
 __all__ = [
     "ERROR_ANSWERS",
@@ -132,13 +133,16 @@ def error_code(body: dict[str, Any]) -> str | None:
 
 def log_error_answer(method: str, path: str, status: int, body: dict[str, str], error: BaseException | None = None) -> None:
     """Log an error answer: a 4xx as one INFO line (the client's mistake: no traceback), a 5xx as an
-    ERROR with the traceback of `error` (the server's problem, to be fixed; the client never sees it)."""
+    ERROR with the traceback of `error` (the server's problem, to be fixed; the client never sees it),
+    except `ServerStopping`, one WARNING line (the server was told to stop)."""
     line = "%s %s -> %d %s: %s"
     # One line even when the message has several (pydantic's do): a log line per answer.
     message = body.get("message") or (body.get("error") or {}).get("message")
     args = (method, _printable(path), status, error_code(body), " ".join(str(message).split()))
     if status < 500:
         logger.info(line, *args)
+    elif isinstance(error, ServerStopping):  # the shutdown's own doing (`serving.drain`): nothing to fix
+        logger.warning(line, *args)
     else:
         logger.error(line, *args, exc_info=error if error is not None and error.__traceback__ else None)
 

@@ -21,6 +21,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,15 @@ from tests.helpers.openai_stub import free_port
 
 LOG_MODEL_SCRIPT = REPO_ROOT / "scripts" / "log_model.py"
 
-__all__ = ["REPO_ROOT", "free_port", "in_process_server", "log_model_with_script", "server_process"]
+__all__ = [
+    "REPO_ROOT",
+    "RunningServer",
+    "free_port",
+    "in_process_server",
+    "log_model_with_script",
+    "running_server",
+    "server_process",
+]
 
 
 @contextmanager
@@ -54,6 +63,42 @@ def server_process(
         RuntimeError: the process exited, or did not answer within `startup_timeout`
             seconds; the message holds the end of its output.
     """
+    with running_server(args, port=port, health_path=health_path, env=env, cwd=cwd, startup_timeout=startup_timeout) as server:
+        yield server.base_url
+
+
+@dataclass
+class RunningServer:
+    """A server process started by `running_server`: its URL, the process (to signal it), and its output so far."""
+
+    base_url: str
+    process: subprocess.Popen
+    _output: Any
+
+    def output(self, limit: int = 4000) -> str:
+        """The last `limit` characters the process printed so far (stdout and stderr)."""
+        # pread: seeking the file would move the offset the process writes at (they share it).
+        fd = self._output.fileno()
+        size = os.fstat(fd).st_size
+        return os.pread(fd, limit, max(0, size - limit)).decode(errors="replace")
+
+
+@contextmanager
+def running_server(
+    args: Sequence[str],
+    *,
+    port: int,
+    health_path: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    startup_timeout: float = 120.0,
+) -> Iterator[RunningServer]:
+    """`server_process`, yielding the `RunningServer` (for a test that signals the process itself). Stopped
+    on exit as `server_process` stops it, unless it already exited.
+
+    Raises:
+        RuntimeError: as `server_process`.
+    """
     base_url = f"http://127.0.0.1:{port}"
     # Output goes to a file, not a pipe nobody reads, so a chatty server never blocks.
     with tempfile.TemporaryFile() as output:
@@ -67,7 +112,7 @@ def server_process(
         )
         try:
             _wait_until_healthy(process, base_url + health_path, startup_timeout, output)
-            yield base_url
+            yield RunningServer(base_url, process, output)
         finally:
             _stop(process)
 

@@ -1,0 +1,172 @@
+"""A server stopped with SIGTERM lets its background runs finish (`serving.drain`), up to `shutdown_grace_seconds`;
+those still going then are stopped and read `failed` (code `server_shutdown`) at once, not after their lease.
+
+Each test starts `tt-agent serve` (one process, or `--workers 2`) on a fresh database (Postgres, or a SQLite
+file) with the OpenAI-compatible stub as its model, starts a background run, sends SIGTERM to the server,
+waits for it to exit, then starts a second server on the same database to read what the run left.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from openai.types.responses import Response
+
+from agent.runs.service import STOPPED_AT_SHUTDOWN
+from tests.helpers.databases import fresh_database
+from tests.helpers.openai_stub import configure_stub, openai_stub_server
+from tests.helpers.servers import free_port, running_server
+
+pytestmark = pytest.mark.slow
+
+USER = {"X-User": "alice"}
+#: The servers' `lease_seconds` (the default): a run abandoned by its server would read failed only after it.
+LEASE_S = 15.0
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def database(request, pg_server_url, tmp_path):
+    if request.param == "postgres":
+        with fresh_database(pg_server_url) as url:
+            yield url
+    else:
+        yield f"sqlite:///{tmp_path / 'checkpoints.sqlite'}"
+
+
+@pytest.fixture
+def model_url():
+    with openai_stub_server(chunks=4) as url:
+        yield url
+
+
+def serve(database: str, model_url: str, cwd, *, workers: int = 1, grace: float | None = None):
+    env = {
+        "AGENT_DATABASE_URL": database,
+        "AGENT_MODEL": "fake",
+        "OPENAI_BASE_URL": model_url,
+        "OPENAI_API_KEY": "unused",
+        "AGENT_TRACING": "false",
+        "AGENT_USER_ID_HEADER": "X-User",
+        "AGENT_LEASE_SECONDS": str(LEASE_S),
+    }
+    if grace is not None:
+        env["AGENT_SHUTDOWN_GRACE_SECONDS"] = str(grace)
+    port = free_port()
+    command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--workers", str(workers)]
+    return running_server(command, port=port, health_path="/health", env=env, cwd=cwd)
+
+
+def start_background_run(base: str, body: dict) -> str:
+    """Start a background run; its response id once it runs (`in_progress`)."""
+    queued = httpx.post(f"{base}/responses", json={**body, "background": True}, headers=USER, timeout=30)
+    assert queued.status_code == 200 and queued.json()["status"] == "queued", queued.text
+    response_id = queued.json()["id"]
+    deadline = time.monotonic() + 30
+    while get_run(base, response_id)["status"] == "queued":
+        assert time.monotonic() < deadline, "the run never started"
+        time.sleep(0.05)
+    return response_id
+
+
+def get_run(base: str, response_id: str) -> dict:
+    answer = httpx.get(f"{base}/responses/{response_id}", headers=USER, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def stop(server, *, within: float) -> None:
+    """SIGTERM to the server (the supervisor of `--workers`, which passes it on); wait until it exited."""
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the server did not exit within {within} s of SIGTERM:\n{server.output()}")
+
+
+def history_length(base: str, thread_id: str) -> int:
+    answer = httpx.get(f"{base}/conversations/{thread_id}/items", params={"limit": 100}, headers=USER, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return len(answer.json()["data"])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_lets_a_running_background_run_complete_before_the_server_exits(database, model_url, tmp_path, workers):
+    if workers > 1 and database.startswith("sqlite"):
+        pytest.skip("one multi-worker case is enough: Postgres")
+    configure_stub(model_url, latency_s=2.0)
+    with serve(database, model_url, tmp_path, workers=workers) as server:
+        response_id = start_background_run(server.base_url, {"input": "Tell me about Porto"})
+        stop(server, within=LEASE_S)  # the default grace (25 s) is not needed: the run takes 2 s
+        output = server.output()
+    with serve(database, model_url, tmp_path) as again:
+        run = get_run(again.base_url, response_id)
+    assert run["status"] == "completed", run
+    Response.model_validate(run)
+    assert run["output"][-1]["content"][0]["text"]  # the model's answer, written
+    assert run["custom_outputs"]["checkpoint_id"]
+    assert "Shutting down: waiting" in output  # it waited in the lifespan's exit, not by luck
+
+
+def test_runs_still_going_or_queued_when_the_grace_period_ends_read_failed_at_once_and_leave_their_thread_free(
+    database, model_url, tmp_path
+):
+    configure_stub(model_url, latency_s=0)
+    with serve(database, model_url, tmp_path, grace=1.0) as server:
+        first = httpx.post(f"{server.base_url}/responses", json={"input": "Hello there"}, headers=USER, timeout=60)
+        assert first.status_code == 200, first.text
+        thread_id = first.json()["custom_outputs"]["thread_id"]
+        before = history_length(server.base_url, thread_id)
+        configure_stub(model_url, latency_s=20.0)
+        response_id = start_background_run(server.base_url, {"input": "Write a long poem", "conversation": thread_id})
+        # A second run on the thread waits for it, queued, when the server is stopped.
+        body = {"input": "And another", "conversation": thread_id, "background": True,
+                "custom_inputs": {"multitask_strategy": "enqueue"}}  # fmt: skip
+        waiting = httpx.post(f"{server.base_url}/responses", json=body, headers=USER, timeout=30).json()["id"]
+        assert get_run(server.base_url, waiting)["status"] == "queued"
+        stop(server, within=LEASE_S)  # a run left to its lease would hold the thread that long
+    configure_stub(model_url, latency_s=0)
+    with serve(database, model_url, tmp_path) as again:
+        for stopped in (response_id, waiting):
+            run = get_run(again.base_url, stopped)
+            # Its end was recorded by the server that stopped it: not lease_expired, which only its lease gives.
+            assert run["status"] == "failed", run
+            Response.model_validate(run)
+            assert run["custom_outputs"]["code"] == "server_shutdown", run
+            assert run["error"]["message"] == STOPPED_AT_SHUTDOWN
+            assert run["custom_outputs"]["written"] is False and run["custom_outputs"]["checkpoint_id"] is None
+        assert history_length(again.base_url, thread_id) == before  # nothing of the stopped turn
+        # The thread is free: a turn that refuses to wait for it runs.
+        body = {"input": "Again", "conversation": thread_id, "custom_inputs": {"multitask_strategy": "reject"}}
+        answer = httpx.post(f"{again.base_url}/responses", json=body, headers=USER, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert history_length(again.base_url, thread_id) == before + 2
+
+
+def test_an_open_stream_still_going_when_the_grace_period_ends_gets_an_error_event_and_its_run_reads_failed(
+    database, model_url, tmp_path
+):
+    configure_stub(model_url, latency_s=20.0)
+    with serve(database, model_url, tmp_path, grace=1.0) as server:
+        body = {"input": "Write a long poem", "stream": True}
+        with httpx.stream("POST", f"{server.base_url}/responses", json=body, headers=USER, timeout=60) as response:
+            lines = response.iter_lines()
+            created = next(line for line in lines if line.startswith("data: {"))
+            server.process.send_signal(signal.SIGTERM)
+            rest = [line[6:] for line in lines if line.startswith("data: ")]  # to the stream's end
+        stop(server, within=LEASE_S)
+    # The stream ended as a cancelled one does: an error event, then [DONE], not a cut connection.
+    assert rest[-1] == "[DONE]"
+    error = json.loads(rest[-2])
+    assert error["type"] == "error" and error["code"] == "server_shutdown", error
+    response_id = json.loads(created[6:])["response"]["id"]
+    configure_stub(model_url, latency_s=0)
+    with serve(database, model_url, tmp_path) as again:
+        run = get_run(again.base_url, response_id)
+    assert run["status"] == "failed" and run["custom_outputs"]["code"] == "server_shutdown", run
