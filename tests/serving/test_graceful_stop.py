@@ -98,8 +98,6 @@ def history_length(base: str, thread_id: str) -> int:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigterm_lets_a_running_background_run_complete_before_the_server_exits(database, model_url, tmp_path, workers):
-    if workers > 1 and database.startswith("sqlite"):
-        pytest.skip("one multi-worker case is enough: Postgres")
     configure_stub(model_url, latency_s=2.0)
     with serve(database, model_url, tmp_path, workers=workers) as server:
         response_id = start_background_run(server.base_url, {"input": "Tell me about Porto"})
