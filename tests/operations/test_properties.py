@@ -30,8 +30,9 @@ fork points, and where an edit or a regeneration starts. Real message ids must m
 After every operation each checkpoint's items (without their places) must be byte-identical to what
 they were when it was written; after the run, every checkpoint's messages, places, history entry, the
 branches and the head must match the model, also after the message cache is cleared (the cold path
-that rebuilds messages from stored deltas), and each thread's export must import (as a copy) with
-every checkpoint's items the same. Runs on Postgres and on a SQLite file.
+that rebuilds messages from stored deltas), and (in the test of the built-in graph) each thread's
+export must import (as a copy) with every checkpoint's items the same. Runs on Postgres and on a
+SQLite file.
 """
 
 from __future__ import annotations
@@ -429,7 +430,7 @@ def check_against_model(run: Run, model: TreeModel) -> None:
     assert agent.storage.get_thread(model.thread_id).head_checkpoint_id == model.head
 
 
-def run_property(agent, *, builtin_graph: bool = True) -> None:
+def run_property(agent, *, builtin_graph: bool = True, round_trip: bool = False) -> None:
     @settings(max_examples=MAX_EXAMPLES, deadline=None)
     @given(ops=operations)
     def property_holds(ops):
@@ -443,7 +444,8 @@ def run_property(agent, *, builtin_graph: bool = True) -> None:
         agent.storage.saver.message_cache.clear()
         for model in (run.model, *run.forks):
             check_against_model(run, model)
-            check_round_trip(run, model)
+            if round_trip:  # one of the property tests: the export of every tree it draws must import
+                check_round_trip(run, model)
 
     property_holds()
 
@@ -495,7 +497,7 @@ def test_random_trees_on_a_graph_of_your_own_read_back_like_the_model(backend_ur
 
 def test_random_trees_of_turns_branches_and_edits_read_back_like_the_model(backend_url, make_agent):
     # One agent per backend, a fresh thread per example: hypothesis cannot re-run function-scoped fixtures.
-    run_property(make_agent(backend_url))
+    run_property(make_agent(backend_url), round_trip=True)
 
 
 def test_random_trees_read_back_with_the_message_cache_off(backend_url, make_agent):

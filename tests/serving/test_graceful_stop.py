@@ -96,7 +96,8 @@ def history_length(base: str, thread_id: str) -> int:
     return len(answer.json()["data"])
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+# Each backend once, and both ways of serving (the drain is the same code on each backend's run store).
+@pytest.mark.parametrize(("database", "workers"), [("postgres", 2), ("sqlite", 1)], indirect=["database"])
 def test_sigterm_lets_a_running_background_run_complete_before_the_server_exits(database, model_url, tmp_path, workers):
     configure_stub(model_url, latency_s=2.0)
     with serve(database, model_url, tmp_path, workers=workers) as server:
@@ -147,6 +148,8 @@ def test_runs_still_going_or_queued_when_the_grace_period_ends_read_failed_at_on
         assert history_length(again.base_url, thread_id) == before + 2
 
 
+# One backend: what is tested is the stream's end; the run's record on both is the test above's.
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
 def test_an_open_stream_still_going_when_the_grace_period_ends_gets_an_error_event_and_its_run_reads_failed(
     database, model_url, tmp_path
 ):
