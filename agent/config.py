@@ -41,6 +41,14 @@ OFFLINE_MODEL_NAME = "offline"
 MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback", "steer"]
 MULTITASK_STRATEGIES: tuple[str, ...] = ("reject", "enqueue", "interrupt", "rollback", "steer")
 
+def _listed(value: object) -> object:
+    """A list setting as the environment gives it: a JSON list, or comma-separated text; anything else as it is."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
+
+
 #: What an `allowed_hosts` entry looks like: a name (a leading `*.` for its subdomains), an IPv4 or a bracketed
 #: IPv6 address, or `*`.
 _HOST = re.compile(r"\*|(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*|\[[0-9A-Fa-f:.]+\]")
@@ -218,9 +226,7 @@ class AgentSettings(BaseSettings):
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _hosts(cls, value: object) -> object:
-        if isinstance(value, str):
-            text = value.strip()
-            value = json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
+        value = _listed(value)
         if isinstance(value, (list, tuple)):
             for host in value:
                 if isinstance(host, str) and not _HOST.fullmatch(host):
@@ -233,9 +239,7 @@ class AgentSettings(BaseSettings):
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _origins(cls, value: object) -> object:
-        if isinstance(value, str):
-            text = value.strip()
-            value = json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
+        value = _listed(value)
         if isinstance(value, (list, tuple)):
             for origin in value:
                 # A browser's Origin header is exactly scheme://host[:port]; anything else would never match.

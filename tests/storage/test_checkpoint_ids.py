@@ -30,6 +30,7 @@ from agent.config import AgentSettings
 from agent.storage import open_storage
 from agent.storage.postgres import MIGRATIONS as POSTGRES_MIGRATIONS
 from agent.storage.postgres import checkpoint_ids
+from agent.storage.postgres.migrations import REGISTRY_REPLACED
 from agent.storage.postgres.migrations import PUT_WITH_REGISTRATION
 from agent.storage.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.helpers.databases import fresh_database
@@ -234,6 +235,16 @@ def setup_of(url: str):
     return open_storage(url, AgentSettings(model="offline"))
 
 
+def thread_after_setup(url: str, checkpoint_id: str) -> str | None:
+    """Set the database up (its pending migrations applied) and answer which thread `checkpoint_id` names."""
+    storage = setup_of(url)
+    try:
+        storage.setup()
+        return storage.thread_of_checkpoint(checkpoint_id)
+    finally:
+        storage.close()
+
+
 def test_the_registry_migration_refuses_checkpoint_ids_held_by_two_threads_naming_them(url, make_agent):
     agent = make_agent(url)
     answer = outputs(say(agent, "I'm headed to SF!"))
@@ -262,12 +273,7 @@ def test_the_registry_migration_refuses_checkpoint_ids_held_by_two_threads_namin
         assert query(url, "PRAGMA user_version") == [(registry_migration(SQLITE_MIGRATIONS),)]
 
     query(url, "DELETE FROM checkpoints WHERE thread_id = 'intruder'")  # the operator's fix
-    storage = setup_of(url)
-    try:
-        storage.setup()
-        assert storage.thread_of_checkpoint(answer["checkpoint_id"]) == answer["thread_id"]
-    finally:
-        storage.close()
+    assert thread_after_setup(url, answer["checkpoint_id"]) == answer["thread_id"]
     assert registered(url) == root_checkpoints(url)
 
 
@@ -278,12 +284,7 @@ def test_the_registry_migration_takes_a_copy_thread_copy_for_no_duplicate(url, m
     agent.close()
     as_before_the_registry(url)
 
-    storage = setup_of(url)
-    try:
-        storage.setup()
-        assert storage.thread_of_checkpoint(answer["checkpoint_id"]) == answer["thread_id"]
-    finally:
-        storage.close()
+    assert thread_after_setup(url, answer["checkpoint_id"]) == answer["thread_id"]
     assert registered(url) == root_checkpoints(url, leaving_out=("the-copy",))
     # A table a pending migration creates is an upgrade, not a dropped table: no "re-creating everything".
     assert "were missing" not in caplog.text
@@ -305,18 +306,11 @@ def test_the_index_migration_without_the_registry_knows_a_copy_by_its_record(pg_
         answer = outputs(say(agent, "I'm headed to SF!"))
         agent.storage.saver.copy_thread(answer["thread_id"], "the-copy")
         agent.close()
-        column = "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS agent_copy BOOLEAN"
-        first = next(i for i, m in enumerate(POSTGRES_MIGRATIONS) if m == column)
         query(url, f"DROP INDEX {checkpoint_ids.OWNER_INDEX}, {checkpoint_ids.COPIES_INDEX}")
         query(url, "ALTER TABLE checkpoints DROP COLUMN agent_copy")
-        query(url, "DELETE FROM agent_migrations WHERE v >= ?", (first,))
+        query(url, "DELETE FROM agent_migrations WHERE v >= ?", (REGISTRY_REPLACED,))
 
-        storage = setup_of(url)
-        try:
-            storage.setup()
-            assert storage.thread_of_checkpoint(answer["checkpoint_id"]) == answer["thread_id"]
-        finally:
-            storage.close()
+        assert thread_after_setup(url, answer["checkpoint_id"]) == answer["thread_id"]
         assert query(url, "SELECT DISTINCT thread_id FROM checkpoints WHERE agent_copy") == [("the-copy",)]
         assert registered(url) == root_checkpoints(url, leaving_out=("the-copy",))
 
