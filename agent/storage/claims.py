@@ -180,15 +180,20 @@ class ClaimKeeper:
             return self._claims.get(thread_id)
 
     def close(self) -> None:
-        """Stop renewing; wait for a renewal in progress to finish (the storage closes its connections next)."""
+        """Stop renewing; wait for a renewal in progress to finish, then try once more to release the claims
+        whose release failed (the storage closes its connections next). Without that last try, a turn stopped
+        as its process shuts down (`serving.drain`) whose release met a busy database left its thread claimed
+        until the lease expired."""
         with self._lock:
             self._closed = True
             self._claims.clear()
-            self._unreleased.clear()
+            unreleased, self._unreleased = self._unreleased, []
             self._wake.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=30)
+        if unreleased and self._leases is not None:
+            self._release(unreleased)  # a failure now is left to the lease
 
     def _run(self) -> None:
         next_renewal = time.monotonic() + self._renew_every
