@@ -22,8 +22,8 @@ law): the index's cost with each vocabulary is reported. Figures:
 
 1. the index's bytes over the bytes of the text it indexes (the text of every
    message of the threads, which the index no longer copies: see
-   `agent.storage.search`), on Postgres (`pg_total_relation_size` of
-   `agent_message_terms`: rows of word keys, primary key, GIN index and TOAST,
+   `agent.storage.search`), on Postgres (the checkpoints' `agent_terms`
+   values, `pg_column_size`, and their GIN index `agent_checkpoint_terms_idx`,
    after a `VACUUM`) and on SQLite (`dbstat`, the bytes its pages hold:
    `agent_message_rows`, its index and the FTS5 tables, after a `VACUUM`):
    linear in the messages, with a target;
@@ -63,7 +63,11 @@ PG_RATIO_TARGET, SQLITE_RATIO_TARGET = 1.5, 0.5
 # SQLite: the bytes the pages hold, not whole pages: the files use 16 kB pages, and the index of these
 # threads fills a few, so whole pages would measure the page size.
 USED_BYTES_SQL = "SELECT name, sum(pgsize - unused) FROM dbstat GROUP BY name"
-INDEX_BYTES_SQL = "SELECT pg_total_relation_size('agent_message_terms')::bigint, (SELECT count(*) FROM agent_message_terms)"
+# The terms are a column of the checkpoints' rows: their values' bytes, and their GIN index.
+INDEX_BYTES_SQL = """
+SELECT coalesce(sum(pg_column_size(agent_terms)), 0)::bigint + pg_relation_size('agent_checkpoint_terms_idx')
+FROM checkpoints WHERE agent_terms IS NOT NULL
+"""
 SQLITE_INDEX_TABLES = ("agent_message_rows", "sqlite_autoindex_agent_message_rows_1", "agent_message_rows_thread_idx", "agent_message_terms",
                        "agent_message_terms_data", "agent_message_terms_idx", "agent_message_terms_docsize",
                        "agent_message_terms_config")  # fmt: skip
@@ -197,7 +201,7 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
 
             def pg_bytes() -> int:
                 with psycopg.connect(url, autocommit=True) as conn:
-                    conn.execute("VACUUM ANALYZE agent_message_terms")
+                    conn.execute("VACUUM ANALYZE checkpoints")
                     return int(conn.execute(INDEX_BYTES_SQL).fetchone()[0])
 
             values.update(measure(agent, sizes, pg_bytes, "pg"))

@@ -331,14 +331,14 @@ class TurnSaverMixin(SaverThreadOperations):
         written = {**clean, **summaries.pack(summary, seal)}
         if turn is not None:
             turn.written[checkpoint["id"]] = (config, written)
-        result = self._backend_put(config, stored, written, new_versions)
+        terms = None
         if not checkpoint_ns and not self.keyring.enabled:
             # The words of the messages that first appear here that the inherited ones lack (`search`), and a
             # row at every root, which says the thread is indexed; nothing with encryption at rest.
             keys = self.search_keys.row(checkpoint["id"], parent_id, messages, kept) if listed else []
             if keys or parent_id is None:
-                self._backend_index(str(thread_id), checkpoint["id"], keys)
-        return result
+                terms = keys
+        return self._backend_put(config, stored, written, new_versions, terms)
 
     def _parent_metadata(self, config, parent_id: str, turn: Turn | None) -> Mapping[str, Any] | None:
         # A turn's parent is its start, which the claim read (or a root written in the same commit).
@@ -395,14 +395,12 @@ class TurnSaverMixin(SaverThreadOperations):
     def _backend_get_tuple(self, config):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _backend_put(self, config, checkpoint, metadata, new_versions):  # pragma: no cover - abstract
+    def _backend_put(self, config, checkpoint, metadata, new_versions, terms: list[int] | None):  # pragma: no cover
+        """LangGraph's `put` of the checkpoint, and its search terms (`search.new_keys`; None: no index row) in
+        the same transaction (the running one, when there is one)."""
         raise NotImplementedError
 
     def _backend_put_writes(self, config, writes, task_id, task_path):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _backend_index(self, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:  # pragma: no cover - abstract
-        """Write the search index row (`search.new_keys`) of a checkpoint, in the running transaction."""
         raise NotImplementedError
 
     def _fetch_checkpoint_messages(self, thread_id: str, checkpoint_ids: Sequence[str]) -> Mapping[str, Any]:  # pragma: no cover

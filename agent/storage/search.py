@@ -13,12 +13,15 @@ themselves), and the earlier layout, a row per checkpoint with every distinct
 word of its new messages, cost nearly as much as the messages' text on
 Postgres (874 B a turn of 1,105 B of text, 200 B user messages), more than the
 500 B "fixed cost per turn" budget on its own; now 355 B (`docs/performance.md`
-has both vocabularies of `bench.search`). Postgres keeps a row's keys as an
-`integer[]` with a GIN index; SQLite keeps them as 4-character tokens
-(`fts5_token`) in `agent_message_rows.terms`, the content table of an FTS5
-table with `detail=none` (https://sqlite.org/fts5.html#external_content_tables).
-On both, the rows are found by an index on the thread id alone, not a unique
-(thread, checkpoint) one, which would copy both ids into every entry.
+has both vocabularies of `bench.search`). Postgres keeps a checkpoint's keys
+as an `integer[]` in its own row (`checkpoints.agent_terms`, NULL for "no
+row"), with a partial GIN index: a table of their own cost a row header and
+both ids per row, about 120 bytes a turn more. SQLite keeps them as
+4-character tokens (`fts5_token`) in `agent_message_rows.terms`, the content
+table of an FTS5 table with `detail=none`
+(https://sqlite.org/fts5.html#external_content_tables), whose rows are found by
+an index on the thread id alone, not a unique (thread, checkpoint) one, which
+would copy both ids into every entry.
 
 **Why per branch, not per thread.** "New to the thread" would cost a word once
 per thread even when branches repeat it, but a word said on two sibling
@@ -45,7 +48,7 @@ the reading stops once `limit` hits are newer than the next candidate's newest
 checkpoint. A word said once in a long thread costs a read of that thread: the
 price of not indexing every turn (`bench.search` gives the latencies).
 
-**Deletion.** Rows go with their checkpoints on both backends. On SQLite the
+**Deletion.** Rows go with their checkpoints on both backends (on Postgres they are the checkpoints' own). On SQLite the
 FTS5 table takes its tokens from `agent_message_rows` (external content), and
 triggers delete a row's entries with the tokens the row holds, so nothing stale
 stays (the earlier contentless table could not forget a row before SQLite 3.43's

@@ -135,7 +135,7 @@ def rows_holding(url: str, word: str) -> int:
         import psycopg
 
         with psycopg.connect(url) as conn:
-            return conn.execute("SELECT count(*) FROM agent_message_terms WHERE terms @> ARRAY[%s]", (key,)).fetchone()[0]
+            return conn.execute("SELECT count(*) FROM checkpoints WHERE agent_terms @> ARRAY[%s]", (key,)).fetchone()[0]
     import sqlite3
 
     conn = sqlite3.connect(url.split("sqlite:///", 1)[1])
@@ -156,7 +156,7 @@ def test_the_index_holds_word_keys_not_text(backend_url, make_agent):
         import psycopg
 
         with psycopg.connect(backend_url) as conn:
-            rows = conn.execute("SELECT terms FROM agent_message_terms").fetchall()
+            rows = conn.execute("SELECT agent_terms FROM checkpoints WHERE agent_terms IS NOT NULL").fetchall()
         assert rows and all(isinstance(k, int) for (terms,) in rows for k in terms)
     else:
         import sqlite3
@@ -275,7 +275,7 @@ def test_an_index_in_the_earlier_layout_goes_at_the_upgrade_and_the_backfill_fin
         if backend == "postgres":
             earlier = next(i for i, m in enumerate(POSTGRES_MIGRATIONS) if m == "DROP TABLE IF EXISTS agent_message_text")
             with psycopg.connect(url) as conn:
-                conn.execute("DROP TABLE agent_message_terms")
+                conn.execute("ALTER TABLE checkpoints DROP COLUMN agent_terms")
                 for migration in POSTGRES_MIGRATIONS[:earlier]:
                     if "agent_message_text" in migration:
                         conn.execute(migration)
@@ -339,6 +339,10 @@ def test_the_index_of_every_checkpoints_words_goes_at_the_upgrade_and_the_backfi
         if backend == "postgres":
             earlier = POSTGRES_MIGRATIONS.index("TRUNCATE agent_message_terms")
             with psycopg.connect(url) as conn:
+                conn.execute("ALTER TABLE checkpoints DROP COLUMN agent_terms")
+                for migration in POSTGRES_MIGRATIONS[:earlier]:
+                    if "agent_message_terms" in migration and "FUNCTION" not in migration:
+                        conn.execute(migration)
                 conn.execute("INSERT INTO agent_message_terms VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
                              (first["thread_id"], second["checkpoint_id"], old_keys))  # fmt: skip
                 conn.execute("DELETE FROM agent_migrations WHERE v >= %s", (earlier,))
@@ -392,3 +396,48 @@ def test_the_backfill_finds_what_the_live_index_found_after_edits_and_regenerati
     agent.backfill_search_index()
     assert {word: agent.search_threads(word, user_id="ada", limit=100) for word in words} == live
     assert {word: rows_holding(backend_url, word) for word in rows} == rows
+
+
+def test_the_search_table_of_the_previous_release_moves_into_the_checkpoints_at_the_upgrade(pg_server_url, make_agent):
+    """The previous release kept the terms in `agent_message_terms`; the upgrade moves each row into its
+    checkpoint's `agent_terms` and drops the table: everything is found as before, without a backfill."""
+    import psycopg
+
+    from agent.storage.postgres.migrations import MIGRATIONS
+    from tests.helpers.databases import fresh_database
+
+    with fresh_database(pg_server_url) as url:
+        agent = make_agent(url)
+        first = outputs(say(agent, "an avocet on the mudflat", user_id="ada"))
+        second = outputs(say(agent, "the avocet flew off", thread_id=first["thread_id"], user_id="ada"))
+        say(agent, "a godwit instead", thread_id=first["thread_id"], checkpoint_id=first["checkpoint_id"], user_id="ada")
+        before = {word: agent.search_threads(word, user_id="ada", limit=50) for word in ("avocet", "godwit", "flew")}
+        assert all(before.values())
+        held = rows_holding(url, "avocet")
+        agent.close()
+
+        # The previous release's layout: the table (as its migrations left it) holds the rows, no column.
+        moved = MIGRATIONS.index("ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS agent_terms INTEGER[]")
+        with psycopg.connect(url) as conn:
+            for migration in MIGRATIONS[:moved]:
+                if "agent_message_terms" in migration and "FUNCTION" not in migration and "TRUNCATE" not in migration:
+                    conn.execute(migration)
+            conn.execute("""INSERT INTO agent_message_terms (thread_id, checkpoint_id, terms)
+                SELECT thread_id, checkpoint_id, agent_terms FROM checkpoints WHERE agent_terms IS NOT NULL""")
+            rows = conn.execute("SELECT count(*) FROM agent_message_terms").fetchone()[0]
+            assert rows >= 3
+            conn.execute("ALTER TABLE checkpoints DROP COLUMN agent_terms")
+            conn.execute("DELETE FROM agent_migrations WHERE v >= %s", (moved,))
+
+        upgraded = make_agent(url)
+        try:
+            with psycopg.connect(url) as conn:
+                assert conn.execute("SELECT to_regclass('agent_message_terms')").fetchone()[0] is None
+                assert conn.execute("SELECT count(*) FROM checkpoints WHERE agent_terms IS NOT NULL").fetchone()[0] == rows
+            assert {word: upgraded.search_threads(word, user_id="ada", limit=50) for word in before} == before
+            assert rows_holding(url, "avocet") == held
+            assert upgraded.backfill_search_index() == {"indexed_checkpoints": 0}  # nothing was lost to index again
+            later = outputs(say(upgraded, "a second avocet", thread_id=first["thread_id"], checkpoint_id=second["checkpoint_id"], user_id="ada"))
+            assert upgraded.search_threads("second avocet", user_id="ada")[0]["checkpoint_id"] == later["checkpoint_id"]
+        finally:
+            upgraded.close()

@@ -284,7 +284,7 @@ def test_setup_from_two_processes_at_once_on_an_empty_database(fault_db):
     assert sorted(tables) == sorted(
         {"checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations", "agent_threads",
          "agent_migrations", "agent_claims", "agent_idempotency", "agent_claim_waiters", "agent_user_claims",
-         "agent_steers", "agent_branches", "agent_message_terms", "store", "store_migrations",
+         "agent_steers", "agent_branches", "store", "store_migrations",
          "agent_runs", "agent_run_events"}
     )
     assert langgraph_versions == list(range(len(langgraph_versions))) and langgraph_versions

@@ -64,8 +64,8 @@ USER_LOCK_CLASS = 714_021_392
 TABLES = (
     "checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
     "agent_migrations", "agent_threads", "agent_claims", "agent_idempotency", "agent_claim_waiters",
-    "agent_user_claims", "agent_steers", "store_migrations", "store", "agent_branches", "agent_message_terms",
-    "agent_runs", "agent_run_events",
+    "agent_user_claims", "agent_steers", "store_migrations", "store", "agent_branches", "agent_runs",
+    "agent_run_events",
 )  # fmt: skip
 
 #: Tables only setup writes (each schema's record of its applied migrations); the agent writes every
@@ -763,3 +763,71 @@ MIGRATIONS += [
 #: `agent_checkpoint_ids` missing re-creates it and re-applies its own migrations, its registering
 #: `agent_put_checkpoint` among them; setup applies this one and those after it again (`schema.migrate`).
 REGISTRY_REPLACED = MIGRATIONS.index("ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS agent_copy BOOLEAN")
+
+#: The checkpoint's key under which `TurnPostgresSaver` hands `agent_put_checkpoint` the checkpoint's search
+#: terms (`agent.storage.search`), which the function stores in the row's `agent_terms` and not in the document.
+TERMS_KEY = "~w"
+
+# The search terms in the checkpoint's own row (`agent_terms`, NULL where the checkpoint brings no word to its
+# branch; `agent.storage.search`), no longer a row of `agent_message_terms` beside it: that row's header and
+# both ids cost about 120 bytes a turn (issue "pay only for what a turn says"), and a commit wrote one
+# statement more. The GIN index covers only the rows that hold terms. The rows of `agent_message_terms` are
+# moved into their checkpoints (one update of each indexed checkpoint, inside setup's transaction: turns wait
+# for it, about as long as a scan of the table), then the table goes. `agent_put_checkpoint` takes the terms
+# under `TERMS_KEY` in the compact checkpoint (`TurnPostgresSaver._backend_put`) and stores them beside it;
+# LangGraph's six parameters stay as they are.
+MIGRATIONS += [
+    "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS agent_terms INTEGER[]",
+    """DO $$
+    BEGIN
+        IF to_regclass('agent_message_terms') IS NOT NULL THEN
+            UPDATE checkpoints c SET agent_terms = m.terms
+            FROM agent_message_terms m
+            WHERE c.thread_id = m.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = m.checkpoint_id;
+        END IF;
+    END $$""",
+    "DROP TABLE IF EXISTS agent_message_terms",
+    f"""CREATE OR REPLACE FUNCTION agent_put_checkpoint(
+        p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
+        p_checkpoint JSONB, p_metadata JSONB)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    DECLARE
+        v_terms INTEGER[];
+        v_checkpoint JSONB;
+        v_summary JSONB := p_metadata -> '{summaries.SUMMARY_KEY}';
+    BEGIN
+        -- Only a compact checkpoint (its REST_KEY text) carries terms: a checkpoint kept whole keeps every key.
+        IF jsonb_typeof(p_checkpoint -> 'r') = 'string' AND jsonb_typeof(p_checkpoint -> '{TERMS_KEY}') = 'array' THEN
+            v_terms := ARRAY(SELECT jsonb_array_elements_text(p_checkpoint -> '{TERMS_KEY}')::integer);
+            p_checkpoint := p_checkpoint - '{TERMS_KEY}';
+        END IF;
+        v_checkpoint := p_checkpoint - 'id';
+        IF jsonb_typeof(v_summary) = 'string' THEN
+            v_summary := (v_summary #>> '{{}}')::jsonb;
+        END IF;
+        IF p_checkpoint ->> 'id' IS DISTINCT FROM p_checkpoint_id THEN
+            v_checkpoint := p_checkpoint;  -- kept whole: the row could not give its id back
+        ELSE
+            IF p_checkpoint -> 'ts' = v_summary -> '{summaries.SHORT_NAMES["ts"]}' THEN
+                v_checkpoint := v_checkpoint - 'ts';
+            END IF;
+            IF p_checkpoint -> 'channel_values' = '{{}}'::jsonb THEN
+                v_checkpoint := v_checkpoint - 'channel_values';
+            END IF;
+            IF p_checkpoint -> 'pending_sends' = '[]'::jsonb THEN
+                v_checkpoint := v_checkpoint - 'pending_sends';
+            END IF;
+        END IF;
+        INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata,
+            agent_terms)
+        VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_checkpoint_id, v_checkpoint, p_metadata, v_terms)
+        ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+        DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata,
+            agent_terms = COALESCE(EXCLUDED.agent_terms, checkpoints.agent_terms);
+    END $$""",
+    # The claim's privilege check names every table of `TABLES`, which no longer holds the search table.
+    missing_privileges_sql(),
+    # fastupdate off, as for the table's index before (see its migration).
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS agent_checkpoint_terms_idx ON checkpoints USING GIN (agent_terms) "
+    "WITH (fastupdate = off) WHERE agent_terms IS NOT NULL",
+]

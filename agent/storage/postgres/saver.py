@@ -32,6 +32,12 @@ What it changes in `PostgresSaver`, and why:
   one compact JSON text under `REST_KEY` (`compact_checkpoint`, the two
   fields by the short names of `REST_NAMES`): jsonb spends an entry on every
   key and value, about 45 bytes a row on the nested `versions_seen`.
+* **Search terms in the row.** A root-namespace checkpoint's search terms
+  (`agent.storage.search`) go to `agent_put_checkpoint` under `TERMS_KEY` in
+  the compact checkpoint, and the function stores them in the row's
+  `agent_terms` column rather than in the document: one statement, and no row
+  of their own (see the migration). LangGraph's `put` and its six parameters
+  stay as they are.
 * **Rows read by the storage's own statements** (the claim's start, a
   checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
 """
@@ -52,6 +58,7 @@ from agent.encryption import Keyring, is_sealed
 from agent.storage import deltas, summaries
 from agent.storage.postgres import branches, checkpoint_ids, sql
 from agent.storage.postgres.batch import running_batch
+from agent.storage.postgres.migrations import TERMS_KEY
 from agent.storage.records import Turn
 from agent.storage.saver import TurnSaverMixin
 
@@ -224,14 +231,24 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         """A CheckpointTuple (messages resolved, metadata as the agent reads it) from a row of `sql.SELECT_CHECKPOINT_SQL`."""
         return self.agent_tuple(self._load_checkpoint_tuple(row))
 
-    def _backend_put(self, config, checkpoint, metadata, new_versions):
+    def _backend_put(self, config, checkpoint, metadata, new_versions, terms):
         values = checkpoint["channel_values"]
         if self.keyring.enabled and any(isinstance(v, str) for v in values.values()):
             sealed = {k: self.keyring.seal_text(v) if isinstance(v, str) else v for k, v in values.items()}
             checkpoint = {**checkpoint, "channel_values": sealed}
+        stored = compact_checkpoint(checkpoint, metadata)
+        # The terms ride in the compact checkpoint, which `agent_put_checkpoint` stores beside it (`TERMS_KEY`);
+        # a checkpoint kept whole keeps its own keys, and its terms are set by a statement of their own.
+        inline = terms is not None and REST_KEY in stored and TERMS_KEY not in checkpoint
+        if inline:
+            stored = {**stored, TERMS_KEY: terms}
         try:
-            stored = compact_checkpoint(checkpoint, metadata)
-            return PostgresSaver.put(self, config, stored, summaries.as_text(metadata), new_versions)
+            result = PostgresSaver.put(self, config, stored, summaries.as_text(metadata), new_versions)
+            if terms is not None and not inline:
+                params = {"thread_id": str(config["configurable"]["thread_id"]), "checkpoint_id": checkpoint["id"], "terms": terms}
+                with self._cursor(pipeline=True) as cur:
+                    cur.execute(branches.INDEX_MESSAGES_SQL, params)
+            return result
         except psycopg.Error as exc:  # sent at once outside a commit; inside one, the commit says it
             refused = checkpoint_ids.taken(exc, config["configurable"]["thread_id"])
             if refused is not None:
@@ -240,10 +257,6 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
 
     def _backend_put_writes(self, config, writes, task_id, task_path):
         return PostgresSaver.put_writes(self, config, writes, task_id, task_path)
-
-    def _backend_index(self, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:
-        with self._cursor(pipeline=True) as cur:
-            cur.execute(branches.INDEX_MESSAGES_SQL, {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "terms": keys})
 
     def _fetch_checkpoint_messages(self, thread_id: str, checkpoint_ids: Sequence[str]) -> Mapping[str, Any]:
         config = {"configurable": {"thread_id": thread_id}}

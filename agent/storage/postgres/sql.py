@@ -273,8 +273,8 @@ THREADS_OF_RUNS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE metadata
 # The copy's rows are marked: their ids keep naming the source (`checkpoint_ids`).
 COPY_THREAD_SQL = [
     """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata,
-        agent_copy)
-    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, true
+        agent_copy, agent_terms)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, true, agent_terms
     FROM checkpoints WHERE thread_id = %(source)s""",
     """INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
     SELECT %(target)s, checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs WHERE thread_id = %(source)s""",

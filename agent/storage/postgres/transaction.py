@@ -192,7 +192,7 @@ class PostgresTx(Tx):
     def index_thread(self, thread_id: str, checkpoint_ids: Sequence[str], rows: Sequence[tuple[str, list[int]]]) -> None:
         self.batch.execute(branches.UNINDEX_SQL, {"thread_id": thread_id, "ids": list(checkpoint_ids)})
         for checkpoint_id, keys in rows:
-            self.batch.execute(branches.INSERT_ROW_SQL, (thread_id, checkpoint_id, keys))
+            self.batch.execute(branches.INDEX_MESSAGES_SQL, {"thread_id": thread_id, "checkpoint_id": checkpoint_id, "terms": keys})
 
     def clear_search_index(self) -> None:
         self.batch.execute(branches.CLEAR_INDEX_SQL)

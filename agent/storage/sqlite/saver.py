@@ -123,7 +123,7 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
         found = list(SqliteSaver.list(self, config, filter=filter, before=before, limit=limit))
         return iter([self._resolve_tuple(tup) for tup in found])
 
-    def _backend_put(self, config, checkpoint, metadata, new_versions):
+    def _backend_put(self, config, checkpoint, metadata, new_versions, terms):
         if config["configurable"].get("checkpoint_ns", ""):
             return SqliteSaver.put(self, config, checkpoint, metadata, new_versions)
         # Registered and written in one transaction: the running one (a commit), else one of its own. Used
@@ -132,8 +132,13 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
         if not self.in_transaction:
             self._storage.setup()
         with nullcontext() if self.in_transaction else self.transaction():
-            self._register(str(config["configurable"]["thread_id"]), checkpoint["id"])
-            return SqliteSaver.put(self, config, checkpoint, metadata, new_versions)
+            thread_id = str(config["configurable"]["thread_id"])
+            self._register(thread_id, checkpoint["id"])
+            result = SqliteSaver.put(self, config, checkpoint, metadata, new_versions)
+            if terms is not None:
+                with self.cursor() as cur:
+                    branches.index_checkpoint(cur, thread_id, checkpoint["id"], terms)
+            return result
 
     def _register(self, thread_id: str, checkpoint_id: str) -> None:
         with self.cursor() as cur:
@@ -144,10 +149,6 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
 
     def _backend_put_writes(self, config, writes, task_id, task_path):
         return SqliteSaver.put_writes(self, config, writes, task_id, task_path)
-
-    def _backend_index(self, thread_id: str, checkpoint_id: str, keys: list[int]) -> None:
-        with self.cursor() as cur:
-            branches.index_checkpoint(cur, thread_id, checkpoint_id, keys)
 
     def _fetch_checkpoint_messages(self, thread_id: str, checkpoint_ids: Sequence[str]) -> Mapping[str, Any]:
         with self.cursor(transaction=False) as cur:
