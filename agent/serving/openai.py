@@ -16,7 +16,15 @@ Routes (what the `openai` client calls; shapes in `agent.operations.conversation
 | `GET /conversations/{id}/items` | `conversations.items.list(id, limit=, after=, order=)` | the head's messages, paged |
 | `POST /conversations/{id}/items` | `conversations.items.create(id, items=)` | `update_checkpoint_state` on the head |
 
-A conversation id is the thread id itself (see `agent.operations.conversations`).
+A conversation id is the thread id itself (see `agent.operations.conversations`), and a thread id may
+hold `/` (`custom_inputs.thread_id="team/alice-1"`). The `openai` client percent-encodes it
+(`team%2Falice-1`), but the ASGI server decodes the path before Starlette routes it, so a
+`{conversation_id}` parameter (one path segment) never matched such an id: every conversation route
+answered a bare 404. The routes take the id with Starlette's `path` converter instead, the routes
+with a suffix (`/items`) first, so the suffix is the route's and the rest the id. Left ambiguous: an id
+whose last part is `items` (`team/items` reads as the items of `team`); such a thread is reached with
+`custom_inputs.thread_id`. Refusing `/` in thread ids was not this dialect's choice to make: ids are
+chosen through every API, and this one only reads them.
 
 **Who is calling.** GET and DELETE requests have no body, so the caller's
 user_id comes from the trusted header named by the `user_id_header` setting
@@ -185,43 +193,16 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
 
         return await answer(request, create)
 
-    @router.get("/conversations/{conversation_id}")
-    async def retrieve_conversation(conversation_id: str, request: Request) -> JSONResponse:
-        def retrieve(user: str | None, body: dict) -> dict[str, Any]:
-            _query(request)
-            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
-
-        return await answer(request, retrieve)
-
-    @router.post("/conversations/{conversation_id}")
-    async def update_conversation(conversation_id: str, request: Request) -> JSONResponse:
-        """Replace the conversation's metadata (OpenAI's rule: the whole map)."""
-
-        def update(user: str | None, body: dict) -> dict[str, Any]:
-            _query(request)
-            _fields(body, allowed=("metadata",), required=("metadata",))
-            agent.update_thread(conversation_id, metadata=_metadata(body["metadata"]), user_id=user)
-            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
-
-        return await answer(request, update)
-
-    @router.delete("/conversations/{conversation_id}")
-    async def delete_conversation(conversation_id: str, request: Request) -> JSONResponse:
-        def delete(user: str | None, body: dict) -> dict[str, Any]:
-            _query(request)
-            agent.delete_thread(conversation_id, user_id=user)
-            return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
-
-        return await answer(request, delete)
-
-    @router.get("/conversations/{conversation_id}/items")
+    # The item routes come first: `{conversation_id:path}` also matches `<id>/items`, and Starlette takes the
+    # first route that matches (see `_path_ids` for the ids this leaves out).
+    @router.get("/conversations/{conversation_id:path}/items")
     async def list_items(conversation_id: str, request: Request) -> JSONResponse:
         """The head's messages as items, paged (`after`, `limit`, `order`; newest first by default)."""
         return await answer(
             request, lambda user, body: ops.conversation_items(storage, conversation_id, user_id=user, **_paging(request))
         )
 
-    @router.post("/conversations/{conversation_id}/items")
+    @router.post("/conversations/{conversation_id:path}/items")
     async def create_items(conversation_id: str, request: Request) -> JSONResponse:
         """Append `items` to the head: a new checkpoint (`update_checkpoint_state`), which becomes the head."""
 
@@ -239,6 +220,35 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             return ops.added_items(state)
 
         return await answer(request, add)
+
+    @router.get("/conversations/{conversation_id:path}")
+    async def retrieve_conversation(conversation_id: str, request: Request) -> JSONResponse:
+        def retrieve(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
+
+        return await answer(request, retrieve)
+
+    @router.post("/conversations/{conversation_id:path}")
+    async def update_conversation(conversation_id: str, request: Request) -> JSONResponse:
+        """Replace the conversation's metadata (OpenAI's rule: the whole map)."""
+
+        def update(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            _fields(body, allowed=("metadata",), required=("metadata",))
+            agent.update_thread(conversation_id, metadata=_metadata(body["metadata"]), user_id=user)
+            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
+
+        return await answer(request, update)
+
+    @router.delete("/conversations/{conversation_id:path}")
+    async def delete_conversation(conversation_id: str, request: Request) -> JSONResponse:
+        def delete(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            agent.delete_thread(conversation_id, user_id=user)
+            return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+        return await answer(request, delete)
 
     return router
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+import uuid
 from types import SimpleNamespace
 
 import httpx
@@ -341,3 +342,21 @@ def test_conversation_routes_refuse_a_body_over_max_request_bytes_and_write_noth
     assert [item.content[0].text for item in client.conversations.items.list(conversation.id)] == ["small"]
     after = row_counts(server.url)
     assert after["agent_threads"] == before["agent_threads"] + 1  # the small conversation only
+
+
+def test_a_conversation_whose_id_holds_a_slash_is_reachable_on_every_conversation_route(server):
+    # Found by a new user: the client sends `team%2F...`, the path arrives decoded, and every route answered 404.
+    client = server.alice
+    thread_id = f"team/{uuid.uuid4().hex[:8]}"
+    client.responses.create(model=MODEL, input="Hi", extra_body={"custom_inputs": {"thread_id": thread_id}})
+
+    assert client.conversations.retrieve(thread_id).id == thread_id
+    assert client.conversations.update(thread_id, metadata={"team": "yes"}).metadata == {"team": "yes"}
+    added = client.conversations.items.create(thread_id, items=[{"role": "user", "content": "Later"}])
+    listed = client.conversations.items.list(thread_id, order="asc").data
+    assert [item.id for item in listed][-1] == added.data[-1].id
+    # Unencoded, the same conversation.
+    assert server.http.get(f"/conversations/{thread_id}", headers={HEADER: "alice"}).json()["id"] == thread_id
+    assert client.conversations.delete(thread_id).deleted
+    with pytest.raises(openai.NotFoundError, match=re.escape(thread_id)):
+        client.conversations.retrieve(thread_id)
