@@ -15,15 +15,17 @@ Routes (what the `openai` client calls; shapes in `agent.operations.conversation
 | `DELETE /conversations/{id}` | `conversations.delete(id)` | deletes the thread, every checkpoint of it |
 | `GET /conversations/{id}/items` | `conversations.items.list(id, limit=, after=, order=)` | the head's messages, paged |
 | `POST /conversations/{id}/items` | `conversations.items.create(id, items=)` | `update_checkpoint_state` on the head |
+| `GET /conversations/{id}/items/{item_id}` | `conversations.items.retrieve(item_id, conversation_id=id)` | one of the head's messages |
+| `DELETE /conversations/{id}/items/{item_id}` | `conversations.items.delete(item_id, conversation_id=id)` | `update_checkpoint_state(remove_message_ids=[item_id])` on the head |
 
 A conversation id is the thread id itself (see `agent.operations.conversations`), and a thread id may
 hold `/` (`custom_inputs.thread_id="team/alice-1"`). The `openai` client percent-encodes it
 (`team%2Falice-1`), but the ASGI server decodes the path before Starlette routes it, so a
 `{conversation_id}` parameter (one path segment) never matched such an id: every conversation route
 answered a bare 404. The routes take the id with Starlette's `path` converter instead, the routes
-with a suffix (`/items`) first, so the suffix is the route's and the rest the id. Left ambiguous: an id
-whose last part is `items` (`team/items` reads as the items of `team`); such a thread is reached with
-`custom_inputs.thread_id`. Refusing `/` in thread ids was not this dialect's choice to make: ids are
+with a suffix (`/items`, `/items/{item_id}`) first, so the suffix is the route's and the rest the id. Left
+ambiguous: an id whose last or last but one part is `items` (`team/items` reads as the items of `team`);
+such a thread is reached with `custom_inputs.thread_id`. Refusing `/` in thread ids was not this dialect's choice to make: ids are
 chosen through every API, and this one only reads them.
 
 **Who is calling.** GET and DELETE requests have no body, so the caller's
@@ -194,7 +196,32 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
         return await answer(request, create)
 
     # The item routes come first: `{conversation_id:path}` also matches `<id>/items`, and Starlette takes the
-    # first route that matches (see `_path_ids` for the ids this leaves out).
+    # first route that matches (the module docstring says which ids this leaves ambiguous).
+    @router.get("/conversations/{conversation_id:path}/items/{item_id}")
+    async def retrieve_item(conversation_id: str, item_id: str, request: Request) -> JSONResponse:
+        """The item `item_id` of the head's messages."""
+
+        def retrieve(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request, allowed=("include",))
+            if request.query_params.getlist("include"):
+                raise InvalidRequest("include is not supported: no extra output data is available")
+            return ops.conversation_item(storage, conversation_id, item_id, user_id=user)
+
+        return await answer(request, retrieve)
+
+    @router.delete("/conversations/{conversation_id:path}/items/{item_id}")
+    async def delete_item(conversation_id: str, item_id: str, request: Request) -> JSONResponse:
+        """Remove the item from the head: a new checkpoint without it (`update_checkpoint_state` with
+        `remove_message_ids`), which becomes the head; the conversation, as OpenAI answers."""
+
+        def delete(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            ops.conversation_item(storage, conversation_id, item_id, user_id=user)  # unknown: 404 naming it
+            agent.update_checkpoint_state(conversation_id, None, [], remove_message_ids=[item_id], user_id=user)
+            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
+
+        return await answer(request, delete)
+
     @router.get("/conversations/{conversation_id:path}/items")
     async def list_items(conversation_id: str, request: Request) -> JSONResponse:
         """The head's messages as items, paged (`after`, `limit`, `order`; newest first by default)."""

@@ -360,3 +360,24 @@ def test_a_conversation_whose_id_holds_a_slash_is_reachable_on_every_conversatio
     assert client.conversations.delete(thread_id).deleted
     with pytest.raises(openai.NotFoundError, match=re.escape(thread_id)):
         client.conversations.retrieve(thread_id)
+
+
+def test_conversation_items_retrieve_and_delete_name_an_unknown_item_and_its_conversation(server, local):
+    # Found by a new user: both answered a bare 404 "Not Found" (the routes did not exist).
+    client = server.alice
+    conversation = client.conversations.create(items=[{"role": "user", "content": "one"}, {"role": "user", "content": "two"}])
+    first, second = client.conversations.items.list(conversation.id, order="asc").data
+    assert client.conversations.items.retrieve(first.id, conversation_id=conversation.id).content[0].text == "one"
+
+    before = row_counts(server.url)
+    for call in (client.conversations.items.retrieve, client.conversations.items.delete):
+        with pytest.raises(openai.NotFoundError) as unknown:
+            call("msg_nobody_wrote", conversation_id=conversation.id)
+        assert "msg_nobody_wrote" in unknown.value.message and conversation.id in unknown.value.message
+    assert row_counts(server.url) == before
+
+    assert client.conversations.items.delete(first.id, conversation_id=conversation.id).id == conversation.id
+    assert [item.id for item in client.conversations.items.list(conversation.id).data] == [second.id]
+    # Another user's conversation answers as an unknown one, whatever the item.
+    with pytest.raises(openai.NotFoundError, match=re.escape(f"Thread {conversation.id!r} was not found")):
+        server.bob.conversations.items.retrieve(second.id, conversation_id=conversation.id)
