@@ -14,7 +14,7 @@ Routes (what the `openai` client calls; shapes in `agent.operations.conversation
 | `POST /conversations/{id}` | `conversations.update(id, metadata=)` | replaces its metadata |
 | `DELETE /conversations/{id}` | `conversations.delete(id)` | deletes the thread, every checkpoint of it |
 | `GET /conversations/{id}/items` | `conversations.items.list(id, limit=, after=, order=)` | the head's messages, paged |
-| `POST /conversations/{id}/items` | `conversations.items.create(id, items=)` | `update_checkpoint_state` on the head |
+| `POST /conversations/{id}/items` | `conversations.items.create(id, items=)` | `update_checkpoint_state` on the head; a `function_call_output` must answer a call, as in a turn's input |
 | `GET /conversations/{id}/items/{item_id}` | `conversations.items.retrieve(item_id, conversation_id=id)` | one of the head's messages |
 | `DELETE /conversations/{id}/items/{item_id}` | `conversations.items.delete(item_id, conversation_id=id)` | `update_checkpoint_state(remove_message_ids=[item_id])` on the head |
 
@@ -189,7 +189,8 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             thread_id = str(uuid.uuid4())
             encoded_size("items", items)  # refuses lone surrogates, as turns do
             context.turns.update_state(
-                thread_id, None, to_langchain(items), user_id=user, new_thread=True, metadata=metadata or None
+                thread_id, None, to_langchain(items), user_id=user, new_thread=True, metadata=metadata or None,
+                answered_tool_results=True,  # an orphan function_call_output: refused, as in a turn's input
             )
             return ops.conversation_object(ops.get_conversation(storage, thread_id, user_id=user))
 
@@ -242,8 +243,13 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             if not items:
                 raise InvalidRequest("items must hold at least one item")
             ops.get_conversation(storage, conversation_id, user_id=user)  # unknown: 404, not a new thread
-            result = agent.update_checkpoint_state(conversation_id, None, items, user_id=user)
-            state = get_checkpoint_state(storage, conversation_id, result["checkpoint_id"], user_id=user, alternatives=False)
+            encoded_size("items", items)  # refuses lone surrogates, as turns do
+            # The state update with the turn's check of tool results: an output for a call the head does not
+            # wait on is refused (naming its call_id), as in a turn's input, not stored for a model that never sees it.
+            result = context.turns.update_state(
+                conversation_id, None, to_langchain(items), user_id=user, answered_tool_results=True
+            )
+            state = get_checkpoint_state(storage, conversation_id, result.checkpoint_id, user_id=user, alternatives=False)
             return ops.added_items(state)
 
         return await answer(request, add)

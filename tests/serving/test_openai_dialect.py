@@ -328,6 +328,23 @@ def test_an_output_for_a_call_nobody_made_is_a_400_naming_the_call(server):
     assert row_counts(server.url) == before
 
 
+def test_conversation_item_writes_refuse_an_output_for_a_call_nobody_made_naming_it_and_write_nothing(server):
+    # Found by a new user: items.create stored it (a result the model would never see); a turn refuses it.
+    client = server.alice
+    conversation = client.conversations.create(items=[{"role": "user", "content": "hi"}])
+    orphan = {"type": "function_call_output", "call_id": "call_nobody_made", "output": "42"}
+    before = row_counts(server.url)
+    with pytest.raises(openai.BadRequestError, match="call_id 'call_nobody_made' answers no tool call"):
+        client.conversations.items.create(conversation.id, items=[orphan])
+    with pytest.raises(openai.BadRequestError, match="call_id 'call_nobody_made' answers no tool call"):
+        client.conversations.create(items=[{"role": "user", "content": "hi"}, orphan])
+    assert row_counts(server.url) == before
+    # With its call, the same output is added.
+    call = {"type": "function_call", "call_id": "call_nobody_made", "name": "calculator", "arguments": '{"expression": "6*7"}'}
+    added = client.conversations.items.create(conversation.id, items=[call, orphan])
+    assert [item.type for item in added.data] == ["function_call", "function_call_output"]
+
+
 def test_conversation_routes_refuse_a_body_over_max_request_bytes_and_write_nothing(server):
     # Found by a new user: these routes stored a 5.9 MB item that a turn or an action refuses.
     client = server.alice
