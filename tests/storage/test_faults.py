@@ -23,9 +23,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socketserver
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -314,6 +316,30 @@ def test_a_missing_database_or_role_is_named_not_called_a_timeout(make_agent, pg
         with pytest.raises(StorageUnavailable) as caught:
             make_agent(url)
         assert says in caught.value.message and "timeout" not in caught.value.message
+
+
+@pytest.fixture
+def http_port():
+    """A local TCP port whose server is no Postgres server: it answers whatever it is sent with an HTTP 400."""
+
+    class Answer(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.recv(64)
+            self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Answer) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield server.server_address[1]
+        server.shutdown()
+
+
+def test_a_libpq_reason_holding_a_colon_is_told_whole(make_agent, pg_server_url, http_port):
+    # Found by a new user: sslmode=require against a server that is not Postgres said only "H" (libpq's
+    # "received invalid response to SSL negotiation: H", cut at its last colon).
+    url = psycopg.conninfo.make_conninfo(pg_server_url, host="127.0.0.1", port=http_port, sslmode="require")
+    with pytest.raises(StorageUnavailable) as caught:
+        make_agent(url)
+    assert "received invalid response to SSL negotiation: H;" in caught.value.message
 
 
 # --- the database unreachable (through the fault-injection proxy) ----------------------------------
