@@ -54,6 +54,8 @@ def _listed(value: object) -> object:
 _HOST = re.compile(r"\*|(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*|\[[0-9A-Fa-f:.]+\]")
 #: What a CORS origin looks like (a browser's `Origin` header): scheme://host[:port].
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
+#: An HTTP header name: RFC 9110's `token` (section 5.1), letters, digits and ``!#$%&'*+-.^_`|~``.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 #: Default admission of `tt-agent serve` (`serving.admission`): turns running at once per pooled connection,
 #: and turns waiting per running turn (`AgentSettings.max_running_turns`, `max_waiting_turns` say why).
@@ -137,7 +139,8 @@ class AgentSettings(BaseSettings):
     require_user_id: bool = False
     """Refuse every request that carries no user_id (InvalidRequest)."""
     user_id_header: str | None = None
-    """A trusted HTTP header that carries the caller's user_id (e.g. `X-Forwarded-User` on Databricks Apps)."""
+    """A trusted HTTP header that carries the caller's user_id (e.g. `X-Forwarded-User` on Databricks Apps); a name
+    no request can carry (a space, a colon) is refused."""
     max_request_bytes: int = Field(default=1_000_000, gt=0)
     """Largest accepted request, measured as UTF-8 JSON."""
     max_input_items: int = Field(default=1000, ge=1)
@@ -234,6 +237,17 @@ class AgentSettings(BaseSettings):
                         f"{host!r} is not a host name: write it without scheme, port or path (chat.example.com, "
                         "*.example.com, [::1]), or *"
                     )
+        return value
+
+    @field_validator("user_id_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        # A name no request can carry (a space, a colon) would make every request anonymous, silently.
+        if value and not _HEADER_NAME.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not an HTTP header name: letters, digits and !#$%&'*+-.^_`|~ only, without spaces "
+                "or a colon (X-Forwarded-User)"
+            )
         return value
 
     @field_validator("cors_origins", mode="before")

@@ -16,6 +16,7 @@ from agent.errors import (
     InvalidRequest,
     NotFound,
     PreviousResponseNotFound,
+    ResponseInProgress,
     RunCancelled,
     ServerBusy,
     ServerStopping,
@@ -51,6 +52,12 @@ ERROR_ANSWERS: tuple[tuple[type[AgentError], ErrorAnswer], ...] = (
     # Before Conflict: the code a run's stream ends with when it is cancelled (`agent.runs`), the same on the stream
     # the turn was started with and on a resumed one.
     (RunCancelled, ErrorAnswer(409, "RESOURCE_CONFLICT", "invalid_request_error", "cancelled")),
+    # Before Conflict: a client retrying with the same previous_response_id once the run is done can tell this
+    # from a busy thread by its code and param.
+    (
+        ResponseInProgress,
+        ErrorAnswer(409, "RESOURCE_CONFLICT", "invalid_request_error", "response_in_progress", "previous_response_id"),
+    ),
     (Conflict, ErrorAnswer(409, "RESOURCE_CONFLICT", "invalid_request_error", "conflict")),
     # Before Unavailable. OpenAI's own answer to too many requests (type "requests", code "rate_limit_exceeded"),
     # so a client that backs off from OpenAI's 429 backs off from ours; MLflow's code whose status is 429.

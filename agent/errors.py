@@ -24,6 +24,7 @@ says whether anything was written where that is not obvious.
     │   ├── ThreadBusy          another turn holds the thread
     │   │   └── LeaseExpired    this turn's claim on the thread expired before it committed
     │   ├── TurnCancelled       a newer turn rolled this one back (multitask_strategy "rollback")
+    │   ├── ResponseInProgress  a request's previous_response_id names a run that has not finished
     │   ├── UserBeingDeleted    the user's data is being deleted (delete_user_data) while this request ran
     │   └── ThreadExists        an import names a thread (or checkpoints) already in use with other content
     ├── Unavailable
@@ -117,6 +118,12 @@ class TurnCancelled(Conflict):
 
 class RunCancelled(TurnCancelled):
     """The run was cancelled (`POST /responses/{id}/cancel`) before or while it ran; nothing was written."""
+
+
+class ResponseInProgress(Conflict):
+    """A request's `previous_response_id` names a streamed or background run that is still queued or in
+    progress: it has no checkpoint to continue from yet; nothing was written. Retry once it has completed
+    (`GET /responses/{id}` says when); OpenAI refuses to continue from an unfinished response too."""
 
 
 class UserBeingDeleted(Conflict):

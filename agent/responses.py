@@ -48,7 +48,14 @@ from mlflow.pyfunc import ResponsesAgent
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
 
 from agent.agent import Agent, agent_errors
-from agent.errors import AgentError, InvalidRequest, PreviousResponseNotFound, ResponseNotFound, shown_id
+from agent.errors import (
+    AgentError,
+    InvalidRequest,
+    PreviousResponseNotFound,
+    ResponseInProgress,
+    ResponseNotFound,
+    shown_id,
+)
 from agent.mlflow_errors import as_mlflow_exception
 from agent.operations.conversations import thread_of_response
 from agent.operations.history import head
@@ -340,7 +347,8 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         """`parsed` with the thread of its `previous_response_id` filled in, after checking that a
         `conversation` exists (a turn would otherwise create it). A storage read; nothing else changes.
 
-        Raises: `PreviousResponseNotFound`, `ThreadNotFound` (unknown, or another user's).
+        Raises: `PreviousResponseNotFound`, `ThreadNotFound` (unknown, or another user's), `ResponseInProgress`
+        (its run has not finished).
         """
         envelope = parsed.envelope
         storage = self.operation_context.storage
@@ -365,11 +373,21 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         return parsed
 
     def _checkpoint_of_run(self, response_id: str, user_id: str | None) -> str | None:
-        """The checkpoint a completed run of `user_id` wrote (None: no such run, not completed, or another's)."""
+        """The checkpoint a completed run of `user_id` wrote (None: no such run, failed, cancelled, or another's).
+
+        Raises:
+            ResponseInProgress: the run is still queued or in progress (it has no checkpoint yet).
+        """
         try:
             run = self.runs.get(response_id, user_id)
         except ResponseNotFound:
             return None
+        if run is not None and not run.final:
+            raise ResponseInProgress(
+                f"Previous response with id {shown_id(response_id)} is still {run.status.replace('_', ' ')}; continue "
+                "from it once it has completed (GET /responses/{id} reads its status). Nothing was written.",
+                response_id=response_id,
+            )
         return run.checkpoint_id if run is not None and run.status in ("completed", "incomplete") else None
 
     def _run_action(self, parsed: ParsedRequest) -> dict[str, Any]:

@@ -196,6 +196,16 @@ def test_allowed_hosts_come_from_the_environment_and_a_url_or_port_is_a_configur
             load_settings(database_url="memory://", allowed_hosts=[wrong])
 
 
+@pytest.mark.parametrize("wrong", ["X-Forwarded User", "X-Forwarded-User:", " X-User", "X-User\n", "X-Üser"])
+def test_a_user_id_header_that_is_no_http_header_name_is_a_configuration_error_at_start_up(monkeypatch, wrong):
+    # Found by a new user: the server started, and no request could carry the header, so every caller was anonymous.
+    monkeypatch.setenv("AGENT_USER_ID_HEADER", wrong)
+    with pytest.raises(ConfigurationError, match=r"user_id_header: .* is not an HTTP header name"):
+        load_settings(database_url="memory://")
+    monkeypatch.setenv("AGENT_USER_ID_HEADER", "X-Forwarded-User")
+    assert load_settings(database_url="memory://").user_id_header == "X-Forwarded-User"
+
+
 def test_is_loopback_tells_the_addresses_that_serve_only_this_machine():
     from agent.serving.app import is_loopback
 

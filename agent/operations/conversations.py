@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from agent.errors import InvalidRequest, ResponseNotFound, shown_id
+from agent.errors import InvalidRequest, NotFound, ResponseNotFound, shown_id
 from agent.operations import branches
 from agent.operations.access import authorize
 from agent.storage import ThreadRecord, ThreadStorage, owned_by
@@ -183,6 +183,24 @@ def conversation_items(
     """
     state = branches.get_checkpoint_state(storage, conversation_id, None, user_id=user_id, alternatives=False)
     return page(_items(state.messages), after=after, limit=limit, order=order)
+
+
+def conversation_item(storage: ThreadStorage, conversation_id: str, item_id: str, *, user_id: str | None) -> dict[str, Any]:
+    """The item `item_id` of the head's messages, as `conversation_items` lists it.
+
+    Raises:
+        ThreadNotFound: unknown conversation, or another user's.
+        NotFound: no item of the head has that id (worded with the item and the conversation).
+    """
+    state = branches.get_checkpoint_state(storage, conversation_id, None, user_id=user_id, alternatives=False)
+    for item in _items(state.messages):
+        if item.get("id") == item_id:
+            return item
+    raise NotFound(
+        f"Item {shown_id(item_id)} was not found in conversation {shown_id(conversation_id)} (among the messages of its head).",
+        thread_id=conversation_id,
+        item_id=item_id,
+    )
 
 
 def added_items(state: CheckpointState) -> dict[str, Any]:

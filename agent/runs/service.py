@@ -20,7 +20,10 @@
   second cancel of the turn's task cannot stop: the task of a stream whose client left is cancelled again
   while it records (Starlette cancels the request's anyio cancel scope, whose `gather` of the turn's task
   passes the cancel on; `asyncio.shield` keeps the write going, not the coroutine awaiting it). Unrecorded,
-  the run read `in_progress` until its lease expired, then `failed`.
+  the run read `in_progress` until its lease expired, then `failed`. An end that cannot be written (the
+  database is down: the very fault the turn may have failed of) is written again by the keeper every
+  `CANCEL_POLL_SECONDS` until the database is back (`Runs.end_later`): left to its lease, a turn that failed
+  with StorageUnavailable read "the server running this turn stopped (its lease expired)", which was untrue.
 * **A cancelled run's own stream ends like a resumed one.** A cancel (`LocalRun.cancel`) cancels the turn's
   task, which would end its stream without a word; `Recorder.cancelled` turns that cancel into `RunCancelled`,
   so the stream the turn was started with ends with an `error` event (code `cancelled`) and `[DONE]`, as a
@@ -133,6 +136,8 @@ class Runs:
         self._closed = threading.Event()
         self._last_sweep = 0.0
         self.tasks: set[asyncio.Task] = set()  # tasks that outlive their request (runs, their ends), kept from the GC
+        #: Ends of runs that could not be written (`end_later`): response id -> the write, retried by the keeper.
+        self._unwritten_ends: dict[str, Callable[[], None]] = {}
         #: Set by `stop_all`: a turn cancelled from now on was stopped by the shutdown, not left by its client.
         self.stopping = False
 
@@ -178,8 +183,31 @@ class Runs:
             run.stop()
         return list(local)
 
+    def end_later(self, response_id: str, write: Callable[[], None]) -> None:
+        """Write the end of run `response_id` (`write`, a `RunStore.finish` whose first try failed) from the
+        keeper, every cycle until it succeeds or the process closes; then its lease is the last word."""
+        with self._lock:
+            self._unwritten_ends[response_id] = write
+            if self._keeper is None and not self._closed.is_set():
+                self._keeper = threading.Thread(target=self._keep, name="tt-run-keeper", daemon=True)
+                self._keeper.start()
+
+    def _write_ends(self) -> None:
+        with self._lock:
+            unwritten = dict(self._unwritten_ends)
+        for response_id, write in unwritten.items():
+            try:
+                write()
+            except Exception:  # noqa: BLE001 - still down: the next cycle tries again
+                continue
+            with self._lock:
+                self._unwritten_ends.pop(response_id, None)
+            self.woken(response_id)
+            logger.info("Recorded the end of run %s once the database answered again", response_id)
+
     def _keep(self) -> None:
         while not self._closed.wait(min(CANCEL_POLL_SECONDS, self.settings.lease_seconds / 3)):
+            self._write_ends()
             with self._lock:
                 local = dict(self._local)
             if not local:
@@ -479,17 +507,28 @@ class Recorder:
                 thread_id, checkpoint_id = self.thread_id, None
                 self.ops.failed(code, reason)
             await self._end(response_id, status, reason, code, thread_id, checkpoint_id)
-        except BaseException:  # noqa: BLE001 - the run then reads failed once its lease passes
-            logger.warning("Could not record the end of run %s", response_id, exc_info=True)
+        except BaseException:  # noqa: BLE001 - written again by the keeper (`Runs.end_later`), else its lease ends it
+            logger.warning("Could not record the end of run %s; retrying until the database answers", response_id,
+                           exc_info=True)  # fmt: skip
         finally:
             self.runs.detach(response_id)
 
     async def _end(self, response_id, status, reason, code, thread_id, checkpoint_id) -> None:  # type: ignore[no-untyped-def]
-        await self.flush()
+        with contextlib.suppress(Exception):  # the events not written yet go into the whole log below
+            await self.flush()
         async with self.lock:  # after any flush still running (a pending `_flush_later`)
             whole = encode(self.written, self.runs.keyring, whole=True) if self.seq else None
-            await self.in_io(lambda: self.runs.store.finish(response_id, status, reason=reason, code=code, thread_id=thread_id,
-                                                            checkpoint_id=checkpoint_id, whole=whole, last_seq=self.seq - 1))  # fmt: skip
+            last_seq = self.seq - 1
+
+            def write() -> None:
+                self.runs.store.finish(response_id, status, reason=reason, code=code, thread_id=thread_id,
+                                       checkpoint_id=checkpoint_id, whole=whole, last_seq=last_seq)  # fmt: skip
+
+            try:
+                await self.in_io(write)
+            except Exception:
+                self.runs.end_later(response_id, write)
+                raise
         self.runs.woken(response_id)
 
 

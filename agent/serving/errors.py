@@ -7,6 +7,7 @@
 | `ThreadNotFound`, `CheckpointNotFound`, `ResponseNotFound`, `MemoryNotFound` | 404 | `RESOURCE_DOES_NOT_EXIST` | `invalid_request_error` / `not_found` |
 | `ThreadBusy`, `LeaseExpired`, `TurnCancelled`, `UserBeingDeleted`, `ThreadExists`, `InterruptPending` | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `conflict` |
 | `RunCancelled` (a `TurnCancelled`: `POST /responses/{id}/cancel`) | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `cancelled` |
+| `ResponseInProgress` (a request's `previous_response_id` names an unfinished run) | 409 | `RESOURCE_CONFLICT` | `invalid_request_error` / `response_in_progress`, `param` `previous_response_id` |
 | `ServerBusy` (the turn admission's queue is full: `serving.admission`) | 429 | `REQUEST_LIMIT_EXCEEDED` | `requests` / `rate_limit_exceeded` |
 | `ServerStopping` (the server shut down before the turn finished: `serving.drain`) | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `server_shutdown` |
 | `StorageUnavailable`, `ModelError` | 503 | `TEMPORARILY_UNAVAILABLE` | `server_error` / `unavailable` |

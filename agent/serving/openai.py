@@ -14,9 +14,19 @@ Routes (what the `openai` client calls; shapes in `agent.operations.conversation
 | `POST /conversations/{id}` | `conversations.update(id, metadata=)` | replaces its metadata |
 | `DELETE /conversations/{id}` | `conversations.delete(id)` | deletes the thread, every checkpoint of it |
 | `GET /conversations/{id}/items` | `conversations.items.list(id, limit=, after=, order=)` | the head's messages, paged |
-| `POST /conversations/{id}/items` | `conversations.items.create(id, items=)` | `update_checkpoint_state` on the head |
+| `POST /conversations/{id}/items` | `conversations.items.create(id, items=)` | `update_checkpoint_state` on the head; a `function_call_output` must answer a call, as in a turn's input |
+| `GET /conversations/{id}/items/{item_id}` | `conversations.items.retrieve(item_id, conversation_id=id)` | one of the head's messages |
+| `DELETE /conversations/{id}/items/{item_id}` | `conversations.items.delete(item_id, conversation_id=id)` | `update_checkpoint_state(remove_message_ids=[item_id])` on the head |
 
-A conversation id is the thread id itself (see `agent.operations.conversations`).
+A conversation id is the thread id itself (see `agent.operations.conversations`), and a thread id may
+hold `/` (`custom_inputs.thread_id="team/alice-1"`). The `openai` client percent-encodes it
+(`team%2Falice-1`), but the ASGI server decodes the path before Starlette routes it, so a
+`{conversation_id}` parameter (one path segment) never matched such an id: every conversation route
+answered a bare 404. The routes take the id with Starlette's `path` converter instead, the routes
+with a suffix (`/items`, `/items/{item_id}`) first, so the suffix is the route's and the rest the id. Left
+ambiguous: an id whose last or last but one part is `items` (`team/items` reads as the items of `team`);
+such a thread is reached with `custom_inputs.thread_id`. Refusing `/` in thread ids was not this dialect's choice to make: ids are
+chosen through every API, and this one only reads them.
 
 **Who is calling.** GET and DELETE requests have no body, so the caller's
 user_id comes from the trusted header named by the `user_id_header` setting
@@ -179,49 +189,48 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             thread_id = str(uuid.uuid4())
             encoded_size("items", items)  # refuses lone surrogates, as turns do
             context.turns.update_state(
-                thread_id, None, to_langchain(items), user_id=user, new_thread=True, metadata=metadata or None
+                thread_id, None, to_langchain(items), user_id=user, new_thread=True, metadata=metadata or None,
+                answered_tool_results=True,  # an orphan function_call_output: refused, as in a turn's input
             )
             return ops.conversation_object(ops.get_conversation(storage, thread_id, user_id=user))
 
         return await answer(request, create)
 
-    @router.get("/conversations/{conversation_id}")
-    async def retrieve_conversation(conversation_id: str, request: Request) -> JSONResponse:
+    # The item routes come first: `{conversation_id:path}` also matches `<id>/items`, and Starlette takes the
+    # first route that matches (the module docstring says which ids this leaves ambiguous).
+    @router.get("/conversations/{conversation_id:path}/items/{item_id}")
+    async def retrieve_item(conversation_id: str, item_id: str, request: Request) -> JSONResponse:
+        """The item `item_id` of the head's messages."""
+
         def retrieve(user: str | None, body: dict) -> dict[str, Any]:
-            _query(request)
-            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
+            _query(request, allowed=("include",))
+            if request.query_params.getlist("include"):
+                raise InvalidRequest("include is not supported: no extra output data is available")
+            return ops.conversation_item(storage, conversation_id, item_id, user_id=user)
 
         return await answer(request, retrieve)
 
-    @router.post("/conversations/{conversation_id}")
-    async def update_conversation(conversation_id: str, request: Request) -> JSONResponse:
-        """Replace the conversation's metadata (OpenAI's rule: the whole map)."""
+    @router.delete("/conversations/{conversation_id:path}/items/{item_id}")
+    async def delete_item(conversation_id: str, item_id: str, request: Request) -> JSONResponse:
+        """Remove the item from the head: a new checkpoint without it (`update_checkpoint_state` with
+        `remove_message_ids`), which becomes the head; the conversation, as OpenAI answers."""
 
-        def update(user: str | None, body: dict) -> dict[str, Any]:
-            _query(request)
-            _fields(body, allowed=("metadata",), required=("metadata",))
-            agent.update_thread(conversation_id, metadata=_metadata(body["metadata"]), user_id=user)
-            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
-
-        return await answer(request, update)
-
-    @router.delete("/conversations/{conversation_id}")
-    async def delete_conversation(conversation_id: str, request: Request) -> JSONResponse:
         def delete(user: str | None, body: dict) -> dict[str, Any]:
             _query(request)
-            agent.delete_thread(conversation_id, user_id=user)
-            return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+            ops.conversation_item(storage, conversation_id, item_id, user_id=user)  # unknown: 404 naming it
+            agent.update_checkpoint_state(conversation_id, None, [], remove_message_ids=[item_id], user_id=user)
+            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
 
         return await answer(request, delete)
 
-    @router.get("/conversations/{conversation_id}/items")
+    @router.get("/conversations/{conversation_id:path}/items")
     async def list_items(conversation_id: str, request: Request) -> JSONResponse:
         """The head's messages as items, paged (`after`, `limit`, `order`; newest first by default)."""
         return await answer(
             request, lambda user, body: ops.conversation_items(storage, conversation_id, user_id=user, **_paging(request))
         )
 
-    @router.post("/conversations/{conversation_id}/items")
+    @router.post("/conversations/{conversation_id:path}/items")
     async def create_items(conversation_id: str, request: Request) -> JSONResponse:
         """Append `items` to the head: a new checkpoint (`update_checkpoint_state`), which becomes the head."""
 
@@ -234,11 +243,45 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
             if not items:
                 raise InvalidRequest("items must hold at least one item")
             ops.get_conversation(storage, conversation_id, user_id=user)  # unknown: 404, not a new thread
-            result = agent.update_checkpoint_state(conversation_id, None, items, user_id=user)
-            state = get_checkpoint_state(storage, conversation_id, result["checkpoint_id"], user_id=user, alternatives=False)
+            encoded_size("items", items)  # refuses lone surrogates, as turns do
+            # The state update with the turn's check of tool results: an output for a call the head does not
+            # wait on is refused (naming its call_id), as in a turn's input, not stored for a model that never sees it.
+            result = context.turns.update_state(
+                conversation_id, None, to_langchain(items), user_id=user, answered_tool_results=True
+            )
+            state = get_checkpoint_state(storage, conversation_id, result.checkpoint_id, user_id=user, alternatives=False)
             return ops.added_items(state)
 
         return await answer(request, add)
+
+    @router.get("/conversations/{conversation_id:path}")
+    async def retrieve_conversation(conversation_id: str, request: Request) -> JSONResponse:
+        def retrieve(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
+
+        return await answer(request, retrieve)
+
+    @router.post("/conversations/{conversation_id:path}")
+    async def update_conversation(conversation_id: str, request: Request) -> JSONResponse:
+        """Replace the conversation's metadata (OpenAI's rule: the whole map)."""
+
+        def update(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            _fields(body, allowed=("metadata",), required=("metadata",))
+            agent.update_thread(conversation_id, metadata=_metadata(body["metadata"]), user_id=user)
+            return ops.conversation_object(ops.get_conversation(storage, conversation_id, user_id=user))
+
+        return await answer(request, update)
+
+    @router.delete("/conversations/{conversation_id:path}")
+    async def delete_conversation(conversation_id: str, request: Request) -> JSONResponse:
+        def delete(user: str | None, body: dict) -> dict[str, Any]:
+            _query(request)
+            agent.delete_thread(conversation_id, user_id=user)
+            return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+        return await answer(request, delete)
 
     return router
 

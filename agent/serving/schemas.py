@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, Field, RootModel, TypeAdapter
 
 from agent.operations.conversations import DEFAULT_PAGE, MAX_PAGE
 
@@ -93,6 +93,7 @@ def routes() -> dict[tuple[str, str], RouteDoc]:
         Conversation,
         ConversationCreateParams,
         ConversationDeletedResource,
+        ConversationItem,
         ConversationItemList,
         ConversationUpdateParams,
     )
@@ -105,6 +106,9 @@ def routes() -> dict[tuple[str, str], RouteDoc]:
         """`POST /conversations/{id}/items`: the items to append (OpenAI's `items.create` body)."""
 
         items: list[ResponseInputItemParam] = Field(min_length=1, max_length=MAX_ITEMS_PER_CALL)
+
+    class ConversationItemAnswer(RootModel[ConversationItem]):  # a named schema: OpenAI's type is a bare union
+        """`GET /conversations/{id}/items/{item_id}`: one item (OpenAI's `ConversationItem`)."""
 
     turn = RouteDoc(ResponsesAgentResponse, ResponsesAgentRequest, stream=ResponsesAgentStreamEvent)
     return {
@@ -124,6 +128,8 @@ def routes() -> dict[tuple[str, str], RouteDoc]:
         ("delete", "/conversations/{conversation_id}"): RouteDoc(ConversationDeletedResource, openai=True),
         ("get", "/conversations/{conversation_id}/items"): RouteDoc(ConversationItemList, openai=True, paged=True, errors=(400, 404)),
         ("post", "/conversations/{conversation_id}/items"): RouteDoc(ConversationItemList, ConversationItemsBody, openai=True),
+        ("get", "/conversations/{conversation_id}/items/{item_id}"): RouteDoc(ConversationItemAnswer, openai=True, errors=(400, 404)),
+        ("delete", "/conversations/{conversation_id}/items/{item_id}"): RouteDoc(Conversation, openai=True),
     }  # fmt: skip
 
 

@@ -19,6 +19,8 @@ import uuid
 from types import SimpleNamespace
 
 import httpx
+import openai
+import psycopg
 import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
@@ -188,6 +190,27 @@ def test_a_background_turn_outlives_a_proxy_that_cuts_every_connection(replicas)
     assert deleted["kept"]["checkpoint_id"] == done["custom_outputs"]["checkpoint_id"]
     assert httpx.get(f"{replicas.b}/responses/{queued['id']}", headers=USER).status_code == 404
     assert httpx.get(f"{replicas.b}/responses/{done['custom_outputs']['response_id']}", headers=USER).status_code == 200
+
+
+def test_previous_response_id_of_an_unfinished_run_is_a_409_saying_so_and_writes_nothing(replicas):
+    # Found by a new user: it answered 404 previous_response_not_found, as if the response did not exist.
+    thread_id, _ = new_thread(replicas.a)
+    queued = httpx.post(f"{replicas.a}/responses", json={"input": "Plan a trip", "background": True,
+                        "conversation": thread_id}, headers=USER, timeout=30).json()  # fmt: skip
+    with psycopg.connect(replicas.env["AGENT_DATABASE_URL"]) as conn:
+        threads_before = conn.execute("SELECT count(*) FROM agent_threads").fetchone()[0]
+    with openai.OpenAI(base_url=replicas.b, api_key="unused", max_retries=0, default_headers=USER) as client:
+        with pytest.raises(openai.ConflictError) as refused:
+            client.responses.create(model="fake", input="And then?", previous_response_id=queued["id"])
+        error = refused.value
+        assert (error.code, error.param) == ("response_in_progress", "previous_response_id")
+        assert queued["id"] in error.message and "still" in error.message
+        # Once the run has completed, the same request continues from it.
+        assert wait_status(replicas.b, queued["id"], {"completed"}, timeout=30)["status"] == "completed"
+        later = client.responses.create(model="fake", input="And then?", previous_response_id=queued["id"])
+    assert later.custom_outputs["thread_id"] == thread_id
+    with psycopg.connect(replicas.env["AGENT_DATABASE_URL"]) as conn:
+        assert conn.execute("SELECT count(*) FROM agent_threads").fetchone()[0] == threads_before
 
 
 def test_cancel_from_another_replica_while_queued_and_while_running_writes_nothing(replicas):

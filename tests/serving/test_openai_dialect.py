@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+import uuid
 from types import SimpleNamespace
 
 import httpx
@@ -327,6 +328,23 @@ def test_an_output_for_a_call_nobody_made_is_a_400_naming_the_call(server):
     assert row_counts(server.url) == before
 
 
+def test_conversation_item_writes_refuse_an_output_for_a_call_nobody_made_naming_it_and_write_nothing(server):
+    # Found by a new user: items.create stored it (a result the model would never see); a turn refuses it.
+    client = server.alice
+    conversation = client.conversations.create(items=[{"role": "user", "content": "hi"}])
+    orphan = {"type": "function_call_output", "call_id": "call_nobody_made", "output": "42"}
+    before = row_counts(server.url)
+    with pytest.raises(openai.BadRequestError, match="call_id 'call_nobody_made' answers no tool call"):
+        client.conversations.items.create(conversation.id, items=[orphan])
+    with pytest.raises(openai.BadRequestError, match="call_id 'call_nobody_made' answers no tool call"):
+        client.conversations.create(items=[{"role": "user", "content": "hi"}, orphan])
+    assert row_counts(server.url) == before
+    # With its call, the same output is added.
+    call = {"type": "function_call", "call_id": "call_nobody_made", "name": "calculator", "arguments": '{"expression": "6*7"}'}
+    added = client.conversations.items.create(conversation.id, items=[call, orphan])
+    assert [item.type for item in added.data] == ["function_call", "function_call_output"]
+
+
 def test_conversation_routes_refuse_a_body_over_max_request_bytes_and_write_nothing(server):
     # Found by a new user: these routes stored a 5.9 MB item that a turn or an action refuses.
     client = server.alice
@@ -341,3 +359,42 @@ def test_conversation_routes_refuse_a_body_over_max_request_bytes_and_write_noth
     assert [item.content[0].text for item in client.conversations.items.list(conversation.id)] == ["small"]
     after = row_counts(server.url)
     assert after["agent_threads"] == before["agent_threads"] + 1  # the small conversation only
+
+
+def test_a_conversation_whose_id_holds_a_slash_is_reachable_on_every_conversation_route(server):
+    # Found by a new user: the client sends `team%2F...`, the path arrives decoded, and every route answered 404.
+    client = server.alice
+    thread_id = f"team/{uuid.uuid4().hex[:8]}"
+    client.responses.create(model=MODEL, input="Hi", extra_body={"custom_inputs": {"thread_id": thread_id}})
+
+    assert client.conversations.retrieve(thread_id).id == thread_id
+    assert client.conversations.update(thread_id, metadata={"team": "yes"}).metadata == {"team": "yes"}
+    added = client.conversations.items.create(thread_id, items=[{"role": "user", "content": "Later"}])
+    listed = client.conversations.items.list(thread_id, order="asc").data
+    assert [item.id for item in listed][-1] == added.data[-1].id
+    # Unencoded, the same conversation.
+    assert server.http.get(f"/conversations/{thread_id}", headers={HEADER: "alice"}).json()["id"] == thread_id
+    assert client.conversations.delete(thread_id).deleted
+    with pytest.raises(openai.NotFoundError, match=re.escape(thread_id)):
+        client.conversations.retrieve(thread_id)
+
+
+def test_conversation_items_retrieve_and_delete_name_an_unknown_item_and_its_conversation(server, local):
+    # Found by a new user: both answered a bare 404 "Not Found" (the routes did not exist).
+    client = server.alice
+    conversation = client.conversations.create(items=[{"role": "user", "content": "one"}, {"role": "user", "content": "two"}])
+    first, second = client.conversations.items.list(conversation.id, order="asc").data
+    assert client.conversations.items.retrieve(first.id, conversation_id=conversation.id).content[0].text == "one"
+
+    before = row_counts(server.url)
+    for call in (client.conversations.items.retrieve, client.conversations.items.delete):
+        with pytest.raises(openai.NotFoundError) as unknown:
+            call("msg_nobody_wrote", conversation_id=conversation.id)
+        assert "msg_nobody_wrote" in unknown.value.message and conversation.id in unknown.value.message
+    assert row_counts(server.url) == before
+
+    assert client.conversations.items.delete(first.id, conversation_id=conversation.id).id == conversation.id
+    assert [item.id for item in client.conversations.items.list(conversation.id).data] == [second.id]
+    # Another user's conversation answers as an unknown one, whatever the item.
+    with pytest.raises(openai.NotFoundError, match=re.escape(f"Thread {conversation.id!r} was not found")):
+        server.bob.conversations.items.retrieve(second.id, conversation_id=conversation.id)

@@ -23,9 +23,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socketserver
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +55,7 @@ from tests.helpers.reliability import (
     terminate_backends,
     user_texts,
 )
+from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.scenario import outputs, request, say, text_of
 from tests.helpers.servers import free_port, server_process
 
@@ -316,6 +319,30 @@ def test_a_missing_database_or_role_is_named_not_called_a_timeout(make_agent, pg
         assert says in caught.value.message and "timeout" not in caught.value.message
 
 
+@pytest.fixture
+def http_port():
+    """A local TCP port whose server is no Postgres server: it answers whatever it is sent with an HTTP 400."""
+
+    class Answer(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.recv(64)
+            self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Answer) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield server.server_address[1]
+        server.shutdown()
+
+
+def test_a_libpq_reason_holding_a_colon_is_told_whole(make_agent, pg_server_url, http_port):
+    # Found by a new user: sslmode=require against a server that is not Postgres said only "H" (libpq's
+    # "received invalid response to SSL negotiation: H", cut at its last colon).
+    url = psycopg.conninfo.make_conninfo(pg_server_url, host="127.0.0.1", port=http_port, sslmode="require")
+    with pytest.raises(StorageUnavailable) as caught:
+        make_agent(url)
+    assert "received invalid response to SSL negotiation: H;" in caught.value.message
+
+
 # --- the database unreachable (through the fault-injection proxy) ----------------------------------
 
 #: The connect timeout the fault tests configure (libpq's smallest), and the pool timeout they leave at 30 s.
@@ -411,6 +438,48 @@ def test_ready_answers_503_while_the_database_is_unreachable_and_health_stays_20
                 time.sleep(0.1)
             answer = http.post("/invocations", json=request("Where am I going?", thread_id=thread_id))
             assert answer.status_code == 200 and "SF" in text_of(answer.json())
+
+
+def test_a_background_run_failed_by_the_database_going_down_reads_storage_unavailable_not_lease_expired(
+    pg_proxy, fault_db, tmp_path
+):
+    # Found by a new user: the run's end could not be written while the database was down, and once it was back
+    # the run read "the server running this turn stopped (its lease expired)", which was untrue.
+    lease = 2.0
+    with openai_stub_server(latency_s=3.0) as model_url:
+        port = free_port()
+        env = {
+            "AGENT_DATABASE_URL": proxied(pg_proxy, fault_db),
+            "AGENT_MODEL": "fake",
+            "OPENAI_BASE_URL": model_url,
+            "OPENAI_API_KEY": "unused",
+            "AGENT_TRACING": "false",
+            "AGENT_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
+            "AGENT_LEASE_SECONDS": str(lease),
+        }
+        command = [sys.executable, "-m", "agent", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        with server_process(command, port=port, health_path="/health", env=env, cwd=tmp_path) as base_url:
+            with httpx.Client(base_url=base_url, timeout=HANG_TIMEOUT) as http:
+                run_id = http.post("/responses", json={"input": "Plan a trip", "background": True}).json()["id"]
+                deadline = time.monotonic() + HANG_TIMEOUT
+                while http.get(f"/responses/{run_id}").json()["status"] != "in_progress":
+                    assert time.monotonic() < deadline, "the run never started"
+                    time.sleep(0.1)
+                pg_proxy.stop()
+                time.sleep(3.0 + CONNECT_TIMEOUT + lease + 1.0)  # the model answers, the commit fails, the lease passes
+                pg_proxy.start()
+
+                deadline = time.monotonic() + HANG_TIMEOUT
+                while True:
+                    seen = http.get(f"/responses/{run_id}")
+                    run = seen.json() if seen.status_code == 200 else {}
+                    if run.get("custom_outputs", {}).get("code") == "unavailable" or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
+    assert run["status"] == "failed", run
+    assert run["custom_outputs"]["code"] == "unavailable", run["custom_outputs"]
+    assert "nothing was written" in run["error"]["message"] and "lease" not in run["error"]["message"]
+    assert_masked(run["error"]["message"])
 
 
 # --- connections cut while a turn runs --------------------------------------------------------------

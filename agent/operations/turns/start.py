@@ -218,7 +218,7 @@ def answering(begun: Start, args: TurnArgs) -> Start:
     return dataclasses.replace(begun, resume=resume, cancelled=cancelled)
 
 
-def check_tool_results(begun: Start, args: TurnArgs) -> None:
+def check_tool_results(begun: Start, args: TurnArgs, *, field: str = "input") -> None:
     """Refuse a turn whose input holds a tool result that answers no tool call waiting for one.
 
     The input's results stand right after their calls (`agent.messages.to_langchain` pairs them by
@@ -226,7 +226,11 @@ def check_tool_results(begun: Start, args: TurnArgs) -> None:
     end with. Anything else (a call nobody made, a call already answered, or one that later messages
     closed) would be stored for a model that never sees it: `agent.context.repair` leaves such a result
     out of the model's input. A state update (`update_checkpoint_state`, which does not run `begin`) may
-    still store one: that is an edit of the record, which the model-input repair copes with.
+    still store one: that is an edit of the record, which the model-input repair copes with; the
+    Conversations API's item writes, which add items as a turn's input would, call this too
+    (`updates.update_state(answered_tool_results=True)`).
+
+    `field` is the request field the messages came in (`items` for the Conversations API), for the message.
 
     Raises:
         InvalidRequest: naming the result's `call_id`; nothing is written (the turn has not run).
@@ -246,11 +250,11 @@ def check_tool_results(begun: Start, args: TurnArgs) -> None:
             if message.tool_call_id in calls:
                 reason = "that call has a result already, or messages after it left it without one"
             elif begun.loaded is None:
-                reason = "no function_call in the input has that call_id, and the thread is new"
+                reason = f"no function_call in the {field} has that call_id, and the thread is new"
             else:
-                reason = f"no function_call in the input or in checkpoint {begun.checkpoint_id!r} has that call_id"
+                reason = f"no function_call in the {field} or in checkpoint {begun.checkpoint_id!r} has that call_id"
             raise InvalidRequest(
-                f"input: the function_call_output for call_id {message.tool_call_id!r} answers no tool call "
+                f"{field}: the function_call_output for call_id {message.tool_call_id!r} answers no tool call "
                 f"waiting for a result ({reason}); send it with its function_call, or right after the call it "
                 "answers. Nothing was written.",
                 thread_id=args.thread_id,

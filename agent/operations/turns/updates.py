@@ -25,7 +25,7 @@ from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.commit import commit, result_of, update_as_answer
 from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.start import claim as claim_thread
-from agent.operations.turns.start import check_input_ids, plan_start, prepare
+from agent.operations.turns.start import check_input_ids, check_tool_results, plan_start, prepare
 from agent.state import CONTEXT_SUMMARY_CHANNEL
 from agent.types import TurnResult
 
@@ -47,6 +47,7 @@ def update_state(
     edit_message_id: str | None = None,
     new_thread: bool = False,
     metadata: Mapping[str, str] | None = None,
+    answered_tool_results: bool = False,
 ) -> TurnResult:
     """Write a new checkpoint whose parent is `checkpoint_id` (default: the head), with `messages` applied.
 
@@ -68,13 +69,17 @@ def update_state(
     items lost their ids; see `requests.ItemIdsRequest`).
     Replacing or removing a message the branch's context summary stands for
     retires the summary (`agent.context.summaries.edit_keeps_summary`).
+    `answered_tool_results`: refuse a tool result of `messages` that answers no tool call waiting for
+    one, as a turn does (`start.check_tool_results`); the Conversations API adds items the way a turn's
+    input would, while `update_checkpoint_state` stays an edit of the record and may store one.
 
     Raises:
         ThreadNotFound, CheckpointNotFound, ThreadBusy, StorageUnavailable: as for `run`.
         InvalidRequest: nothing to apply (no messages, no removals); `messages` hold two messages with
             one id (`start.check_input_ids`); the idempotency key was used for a different request; a
             `remove_message_ids` or `edit_message_id` id is not in the checkpoint, an edit changes the
-            message's role, or removing leaves no message.
+            message's role, or removing leaves no message; with `answered_tool_results`, a tool result
+            that answers no tool call waiting for one (naming its call_id).
     """
     if not messages and not remove_message_ids and not new_thread:
         raise InvalidRequest(
@@ -102,6 +107,8 @@ def update_state(
                 current, remove_message_ids, thread_id=thread_id, checkpoint_id=begun.checkpoint_id, adding=messages
             )
             begun = Start(begun.checkpoint_id, [*removed, *messages], begun.loaded)
+        if answered_tool_results:
+            check_tool_results(begun, args, field="items")
         turn, start, config = prepare(parts, claim, args, begun)
         if claim.record is None and not begun.messages:
             # A new thread and nothing to add (an empty conversation): its root is the whole thread.

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import select
 import threading
 import time
@@ -327,14 +328,23 @@ def rollback_quietly(conn: psycopg.Connection) -> None:
             pass
 
 
+#: The prefixes libpq puts before the reason of a failed connection attempt (its `conn->errorMessage`), e.g.
+#: `connection failed: connection to server at "db" (10.0.0.5), port 5432 failed: Connection refused`.
+_LIBPQ_ATTEMPT = re.compile(r"^(?:connection failed: )?(?:connection to server (?:at|on) .*? failed: )?")
+
+
 def server_reason(exc: BaseException) -> str:
     """The reason in a libpq connection error: the server's FATAL message (`database "x" does not exist`,
-    `password authentication failed …`) when there is one, else the end of its first line (`Connection refused`)."""
+    `password authentication failed …`) when there is one, else its first line without libpq's prefixes
+    (`Connection refused`, `received invalid response to SSL negotiation: H`).
+
+    Only the prefixes go: a reason may hold ": " itself (cutting at the last one left "H" of the line
+    above, a server that is no Postgres server answering sslmode=require)."""
     text = str(exc).strip()
     if "FATAL:" in text:
-        return text.rsplit("FATAL:", 1)[1].strip().splitlines()[0]
+        text = text.rsplit("FATAL:", 1)[1].strip()
     first = text.splitlines()[0] if text else ""
-    return first.rsplit(": ", 1)[-1].strip() or type(exc).__name__
+    return _LIBPQ_ATTEMPT.sub("", first, count=1).strip() or type(exc).__name__
 
 
 def first_line(exc: BaseException) -> str:
