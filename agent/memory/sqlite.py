@@ -105,6 +105,7 @@ class SqliteMemoryStore(SqliteStore):
         self.is_setup = True  # the storage's setup creates the tables
         self.search_kind = "semantic" if embeddings is not None else "keyword"
         self.vectors = self.vectors_decided = False  # ranked in the process (`index`): SQLite has no pgvector
+        self.parallel_reads = False  # one connection, under the saver's lock
         # `live_keys`' reuse (see above): the writes through this store, and each user's last listing with
         # the (connection, data_version, writes) it was read at and its earliest expiry.
         self._writes = 0
