@@ -7,7 +7,9 @@ LangGraph's SQLite vector search also computes every distance in SQL. A memory
 never changes once written (it is only inserted or deleted), so each process
 keeps the memories it has read, by user, and before every search asks the
 store for one thing: the keys of the user's live (not expired) memories
-(`MemoryStore.live_keys`, an index scan). Keys it does not hold are fetched;
+(`MemoryStore.live_keys`, an index scan; on SQLite the store answers from its
+last listing while `PRAGMA data_version` and its own writes say nothing
+changed, `sqlite`). Keys it does not hold are fetched;
 keys no longer listed are dropped. So a memory deleted or expired through any
 process is never returned, and a search costs one key listing plus the
 ranking in Python: keyword counts, or one matrix product for cosine

@@ -179,6 +179,7 @@ class PostgresMemoryStore(PostgresStore):
         self.search_kind = "semantic" if embeddings is not None else "keyword"
         self._vectors: bool | None = None  # decided by `setup`
         self._setup_lock = threading.Lock()
+        self.parallel_reads = True  # each read on a pooled connection of its own
 
     @property
     def vectors(self) -> bool:

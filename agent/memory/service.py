@@ -173,7 +173,7 @@ class Memories:
         """Start `recall`'s reads before the turn's claim: the user's memory listing, and the embedding of
         the query when the new messages alone decide it (they hold a user message; a regeneration searches
         with the start's history). `submit(fn, *args)` runs them on other threads (the runner's pool), so
-        they overlap the claim's round trip. None when `recall` would read nothing.
+        they overlap the claim's round trip. None when `recall` would read nothing, or nothing ahead.
         """
         if user_id is None or self.settings.max_memories_in_context == 0:
             return None
@@ -183,9 +183,13 @@ class Memories:
             if query.strip():
                 vector = submit(self._embed_ahead, user_id, query)  # `_rank` then finds it in the cache
         # With pgvector the search's statement also lists the keys, and the copy is made in its task: one
-        # task and one round trip fewer (a hand-off between threads costs about 0.25 ms of CPU here).
-        listing = None if vector is not None and self.store.vectors_decided else submit(self.index.current, prefix(user_id))
-        return Primed(listing, vector)
+        # task and one round trip fewer (a hand-off between threads costs about 0.25 ms of CPU here). On
+        # SQLite the listing would wait for the claim's lock anyway, and is kept while unchanged (`sqlite`):
+        # `recall` lists, without a hand-off.
+        listing = None
+        if self.store.parallel_reads and not (vector is not None and self.store.vectors_decided):
+            listing = submit(self.index.current, prefix(user_id))
+        return Primed(listing, vector) if listing is not None or vector is not None else None
 
     def _embed_ahead(self, user_id: str, query: str) -> Ahead | None:
         """Embed `query` (cached); with pgvector also rank the user's memories for it, so that the search

@@ -95,6 +95,9 @@ class MemoryStore(Protocol):
     vectors: bool
     #: `vectors` once setup has decided it, else None (reading it never sets up).
     vectors_decided: bool | None
+    #: Whether a read on another thread runs alongside the turn's claim (Postgres: a pooled connection each),
+    #: rather than waiting for it (SQLite: one connection under one lock), so starting it early gains time.
+    parallel_reads: bool
 
     def setup(self) -> None:
         """Set up the storage's tables and, on Postgres with a model, pgvector (once per process)."""

@@ -514,6 +514,30 @@ def test_memories_expire_after_memory_ttl_seconds_and_the_sweep_deletes_them(bac
     assert store_rows(backend_url, alice)["store"] == 0
 
 
+def test_on_sqlite_a_kept_key_listing_is_read_again_after_any_connection_changes_the_store(tmp_path, make_agent, alice):
+    url = f"sqlite:///{tmp_path / 'memories.sqlite'}"
+    agent, other = make_agent(url), make_agent(url)
+    say(agent, "Remember that I like green tea", user_id=alice)
+    listings = []
+    agent.operation_context.memories.store.storage.saver.conn.set_trace_callback(
+        lambda statement: listings.append(statement) if "group_concat" in statement else None
+    )
+    contents = lambda: [memory["content"] for memory in agent.list_memories(alice)]  # noqa: E731
+    assert contents() == ["I like green tea"]
+    assert contents() == ["I like green tea"]
+    assert len(listings) == 1  # nothing changed: the listing read first is reused
+
+    say(other, "Remember that I live in Porto", user_id=alice)  # another connection (as another process)
+    assert sorted(contents()) == ["I like green tea", "I live in Porto"]
+    [porto] = [m["memory_id"] for m in agent.list_memories(alice) if "Porto" in m["content"]]
+    agent.delete_memory(alice, porto)  # this connection's own write
+    assert contents() == ["I like green tea"]
+    with sqlite3.connect(tmp_path / "memories.sqlite") as conn:  # a write behind the agents' backs
+        conn.execute("DELETE FROM store WHERE prefix = ?", (prefix(alice),))
+    assert contents() == []
+    assert len(listings) == 4
+
+
 # -- the actions, and hostile input --------------------------------------------------------------------------
 def action(agent, name: str, **custom):
     return agent.predict(request(None, action=name, **custom)).custom_outputs
