@@ -71,6 +71,19 @@ and the SQL that reads summary fields parses the text (`sql.SUMMARY_FIELD`).
 SQLite keeps the object: its documents are JSON text already, where a string
 would only add escapes. Rows written before hold the object, and read as before.
 
+**Positional on Postgres.** The text is a JSON array, not an object: the
+fields every turn writes at fixed places (`POSITIONAL`: `[n, t, k, mi, mt, us,
+bu]`, null where a field is absent), then, when there is any, an object of the
+others (`REST_INDEX`). The values `next_nodes` `[]` and, beside
+`model_input_messages`, `summary_used` `false`, which nearly every turn
+writes, are left out of it and implied (an absent one is written as null
+there). A turn's summary text went from about 105 characters to about 57: the
+object spent its key names and quotes on every row. `as_text` writes the
+shorter of the two texts (a summary of few fields is shorter as an object),
+and the object when a field the array would hold is null (it could not tell it
+from an absent one); `as_object` reads every layout; the SQL that reads fields
+parses either (`sql.SUMMARY_FIELD`).
+
 **Encrypted previews.** With encryption at rest (`agent.encryption`), the
 fields that quote messages (`TEXT_FIELDS`) that a checkpoint stores are one
 sealed value, `sealed_previews` (the JSON list `[last_message,
@@ -155,10 +168,19 @@ def pack(summary: Mapping[str, Any], seal: Callable[[str], str] | None = None) -
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+#: The short names of the summary fields at fixed places of the positional text ("Positional on Postgres").
+POSITIONAL = ("n", "t", "k", "mi", "mt", "us", "bu")
+#: The place of the object of the other fields in the positional text.
+REST_INDEX = len(POSITIONAL)
+#: Values left out of the positional text's object, and implied when absent (`summary_used` only beside
+#: `model_input_messages`, which every turn's model input has).
+_IMPLIED = {SHORT_NAMES["next_nodes"]: [], SHORT_NAMES["summary_used"]: False}
+
+
 def as_text(metadata: Mapping[str, Any]) -> dict:
-    """`metadata` with its summary (`SUMMARY_KEY`) as one compact JSON text (see "As text on Postgres"), its
-    `ts` as microseconds since the epoch when that gives the same text back (`_ts_micros`); as it is when it
-    holds no summary object."""
+    """`metadata` with its summary (`SUMMARY_KEY`) as one compact JSON text (see "As text on Postgres" and
+    "Positional on Postgres"), its `ts` as microseconds since the epoch when that gives the same text back
+    (`_ts_micros`); as it is when it holds no summary object."""
     packed = metadata.get(SUMMARY_KEY)
     if not isinstance(packed, Mapping):
         return dict(metadata)
@@ -166,19 +188,50 @@ def as_text(metadata: Mapping[str, Any]) -> dict:
     micros = _ts_micros(packed.get(short))
     if micros is not None:
         packed = {**packed, short: micros}
-    return {**metadata, SUMMARY_KEY: json.dumps(packed, ensure_ascii=False, separators=(",", ":"))}
+    texts = (json.dumps(value, ensure_ascii=False, separators=(",", ":")) for value in (_positional(packed), packed))
+    return {**metadata, SUMMARY_KEY: min(texts, key=len)}
+
+
+def _positional(packed: Mapping[str, Any]) -> list | Mapping[str, Any]:
+    # The array of "Positional on Postgres"; `packed` itself when a null would be ambiguous.
+    if any(packed.get(short, 0) is None for short in (*POSITIONAL, *_IMPLIED)):
+        return packed
+    row: list[Any] = [packed.get(short) for short in POSITIONAL]
+    rest = {short: value for short, value in packed.items() if short not in POSITIONAL and short not in _IMPLIED}
+    for short, implied in _IMPLIED.items():
+        applies = short != SHORT_NAMES["summary_used"] or "mi" in packed
+        if short not in packed:
+            if applies:
+                rest[short] = None  # absent, where the value would be implied
+        elif not applies or packed[short] != implied or type(packed[short]) is not type(implied):
+            rest[short] = packed[short]
+    return [*row, rest] if rest else row
 
 
 def as_object(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`metadata` with a summary stored as text (`as_text`) as the object again; as it is otherwise."""
+    """`metadata` with a summary stored as text (`as_text`, either text) as the object again; as it is
+    otherwise."""
     packed = metadata.get(SUMMARY_KEY) if metadata else None
     if not isinstance(packed, str):
         return metadata
     packed = json.loads(packed)
+    if isinstance(packed, list):
+        packed = _from_positional(packed)
     short = SHORT_NAMES["ts"]
-    if isinstance(packed.get(short), int):
+    if type(packed.get(short)) is int:  # not a bool; LangGraph's `ts` is a string, never a number
         packed[short] = (_EPOCH + timedelta(microseconds=packed[short])).isoformat()
     return {**metadata, SUMMARY_KEY: packed}
+
+
+def _from_positional(row: list) -> dict:
+    packed = {short: value for short, value in zip(POSITIONAL, row) if value is not None}
+    rest = row[REST_INDEX] if len(row) > REST_INDEX else {}
+    for short, implied in _IMPLIED.items():
+        applies = short != SHORT_NAMES["summary_used"] or "mi" in packed
+        if short not in rest and applies:
+            packed[short] = list(implied) if isinstance(implied, list) else implied
+    packed.update((short, value) for short, value in rest.items() if not (short in _IMPLIED and value is None))
+    return packed
 
 
 def _ts_micros(ts: Any) -> int | None:

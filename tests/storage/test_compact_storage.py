@@ -19,6 +19,8 @@ import sqlite3
 
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, AIMessageChunk, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -309,3 +311,87 @@ def test_a_compacted_checkpoint_expands_to_what_was_put():
     other = {**checkpoint, "ts": "2026-12-06T04:13:23.000001+00:00"}
     assert expand_checkpoint(dict(compact_checkpoint(other, metadata)), checkpoint["id"], metadata) == other
     assert compact_checkpoint({**checkpoint, "s": 1}, metadata) == {**checkpoint, "s": 1}
+
+
+_SUMMARY_VALUES = {
+    "message_count": st.integers(0, 10**6),
+    "last_message": st.text(max_size=5),
+    "last_user_message": st.text(max_size=5),
+    "next_nodes": st.lists(st.sampled_from(["agent", "tools"]), max_size=2),
+    "ts": st.sampled_from(["2026-12-06T04:13:22.253992+00:00", "2026-12-06T05:13:22+01:00", "x"]),
+    "kept_messages": st.integers(0, 10**6),
+    "kept_trailing": st.integers(1, 9),
+    "model_input_messages": st.integers(0, 10**6),
+    "model_input_tokens": st.integers(0, 10**9),
+    "summary_used": st.booleans(),
+    "usage": st.fixed_dictionaries({"input_tokens": st.integers(0, 10**9), "output_tokens": st.integers(0, 10**9)}),
+    "branch_usage": st.fixed_dictionaries({"input_tokens": st.integers(0, 10**9), "output_tokens": st.integers(0, 10**9)}),
+    "recalled_memories": st.lists(st.text(max_size=3), max_size=2),
+}
+# Any subset of the fields; a value may also be null, an empty list, false or 0, the values the positional
+# text implies or cannot hold (but `ts` is never a number: LangGraph writes a string, and the text keeps a
+# UTC one as its microseconds).
+_SUMMARIES = st.dictionaries(
+    st.sampled_from(sorted(_SUMMARY_VALUES)),
+    st.none() | st.just([]) | st.just(False) | st.just(0),
+).map(lambda odd: {k: v for k, v in odd.items() if not (k == "ts" and type(v) is int)}).flatmap(
+    lambda odd: st.fixed_dictionaries(
+        {name: (st.just(value) if value is not None or name in ("kept_messages", "next_nodes") else _SUMMARY_VALUES[name])
+         for name, value in odd.items()},
+        optional={name: _SUMMARY_VALUES[name] for name in _SUMMARY_VALUES if name not in odd},
+    )
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(_SUMMARIES)
+def test_a_summary_stored_as_text_in_either_layout_reads_back_the_same_values_of_the_same_types(summary):
+    metadata = {"step": 1, **summaries.pack(summary)}
+    stored = summaries.as_text(metadata)
+    assert isinstance(stored[SUMMARY_KEY], str)
+    back = summaries.as_object(stored)
+    assert back == metadata
+    assert all(type(back[SUMMARY_KEY][k]) is type(v) for k, v in metadata[SUMMARY_KEY].items())
+
+
+def test_a_turns_summary_is_stored_positionally_and_shorter():
+    summary = {"message_count": 20, "next_nodes": [], "ts": "2026-12-06T04:13:22.253992+00:00", "kept_messages": 18,
+               "model_input_messages": 19, "model_input_tokens": 2254, "summary_used": False,
+               "usage": {"input_tokens": 2254, "output_tokens": 236}, "branch_usage": {"input_tokens": 12804, "output_tokens": 1392}}  # fmt: skip
+    packed = summaries.pack(summary)
+    stored = summaries.as_text(packed)[SUMMARY_KEY]
+    assert json.loads(stored) == [20, 1796530402253992, 18, 19, 2254, [2254, 236], [12804, 1392]]
+    assert len(stored) < len(json.dumps(packed[SUMMARY_KEY], separators=(",", ":"))) - 40
+    assert summaries.unpack({SUMMARY_KEY: stored}) == summary
+
+
+def test_postgres_reads_the_same_summary_fields_from_every_layout(pg_server_url):
+    """The SQL that reads summary fields (the tree, token usage, making a kept head a root) gives the same
+    values whether the summary is flat, an object, an object's text or the positional text."""
+    from agent.storage.postgres import sql
+
+    summary = {"message_count": 7, "next_nodes": [], "ts": "2026-12-06T04:13:22.253992+00:00", "kept_messages": 5,
+               "kept_trailing": 2, "model_input_messages": 6, "model_input_tokens": 40, "summary_used": False,
+               "usage": {"input_tokens": 40, "output_tokens": 9}, "branch_usage": {"input_tokens": 80, "output_tokens": 20}}  # fmt: skip
+    packed = summaries.pack(summary)
+    object_text = {SUMMARY_KEY: json.dumps(packed[SUMMARY_KEY])}
+    positional = summaries.as_text(packed)
+    assert positional[SUMMARY_KEY].startswith("[")
+    layouts = {"flat": dict(summary), "object": packed, "object text": object_text, "positional": positional}
+    fields = {
+        "n": sql.summary_field("message_count"), "k": sql.summary_field("kept_messages"),
+        "kt": sql.summary_field("kept_trailing"), "in": sql.summary_field("usage", index=0),
+        "out": sql.summary_field("usage", index=1),
+    }  # fmt: skip
+    select = ", ".join(f"({expression}) #>> '{{}}' AS {name}" for name, expression in fields.items())
+    with fresh_database(pg_server_url) as url, psycopg.connect(url, row_factory=dict_row) as conn:
+        conn.execute("CREATE TABLE checkpoints (thread_id TEXT, checkpoint_ns TEXT, checkpoint_id TEXT, parent_checkpoint_id TEXT, metadata JSONB)")
+        for name, metadata in layouts.items():
+            conn.execute("INSERT INTO checkpoints VALUES (%s, '', 'c1', 'c0', %s)", (name, Jsonb(metadata)))
+        read = {row.pop("thread_id"): row for row in conn.execute(f"SELECT thread_id, {select} FROM checkpoints").fetchall()}
+        assert all(values == {"n": "7", "k": "5", "kt": "2", "in": "40", "out": "9"} for values in read.values()), read
+        for name in layouts:
+            conn.execute(sql.MAKE_ROOT_SQL, {"thread_id": name, "head": "c1"})
+        rows = conn.execute("SELECT thread_id, parent_checkpoint_id, metadata FROM checkpoints").fetchall()
+        assert all(row["parent_checkpoint_id"] is None for row in rows)
+        assert all(summaries.unpack(row["metadata"]) == {**summary, "kept_messages": 0} for row in rows), rows

@@ -126,9 +126,11 @@ WHERE thread_id = %s AND checkpoint_ns = '' AND (%s::text IS NULL OR checkpoint_
 ORDER BY checkpoint_id DESC LIMIT %s
 """
 # A summary field of a checkpoint's metadata in any layout (`summaries`: under SUMMARY_KEY by its short
-# name, as an object or as JSON text, or flat in checkpoints written before); `{path}` is a jsonb path of text.
+# name, as an object, as JSON text of an object or of an array (`summaries`, "Positional on Postgres"), or
+# flat in checkpoints written before); `{place}` is the field's jsonb path in the array.
 SUMMARY_FIELD = (
-    "(CASE jsonb_typeof(metadata -> '{key}') WHEN 'string' THEN (metadata ->> '{key}')::jsonb #> '{{{short}}}' "
+    "(CASE jsonb_typeof(metadata -> '{key}') WHEN 'string' THEN (metadata ->> '{key}')::jsonb #> "
+    "(CASE WHEN left(metadata ->> '{key}', 1) = '[' THEN '{{{place}}}' ELSE '{{{short}}}' END)::text[] "
     "WHEN 'object' THEN metadata #> '{{{key},{short}}}' ELSE metadata #> '{{{long}}}' END)"
 )
 
@@ -136,9 +138,10 @@ SUMMARY_FIELD = (
 def summary_field(name: str, *, index: int | None = None) -> str:
     """SQL for one summary field (jsonb); `index` picks input (0) or output (1) tokens of a usage field."""
     short, long = summaries.SHORT_NAMES[name], name
+    place = str(summaries.POSITIONAL.index(short)) if short in summaries.POSITIONAL else f"{summaries.REST_INDEX},{short}"
     if index is not None:  # packed usages are [input, output]; flat ones {"input_tokens", "output_tokens"}
-        short, long = f"{short},{index}", f"{long},{('input_tokens', 'output_tokens')[index]}"
-    return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long)
+        short, long, place = f"{short},{index}", f"{long},{('input_tokens', 'output_tokens')[index]}", f"{place},{index}"
+    return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long, place=place)
 
 
 # The thread's tree from the metadata summaries, without reading messages or whole metadata documents.
@@ -315,7 +318,10 @@ SELECT count(*) FILTER (WHERE checkpoint_ns = '') AS removed FROM gone
 MAKE_ROOT_SQL = f"""
 UPDATE checkpoints SET parent_checkpoint_id = NULL, metadata = CASE jsonb_typeof(metadata -> '{summaries.SUMMARY_KEY}')
     WHEN 'string' THEN jsonb_set(metadata, '{{{summaries.SUMMARY_KEY}}}', to_jsonb(jsonb_set(
-        (metadata ->> '{summaries.SUMMARY_KEY}')::jsonb, '{{{summaries.SHORT_NAMES["kept_messages"]}}}', '0')::text))
+        (metadata ->> '{summaries.SUMMARY_KEY}')::jsonb,
+        (CASE WHEN left(metadata ->> '{summaries.SUMMARY_KEY}', 1) = '['
+              THEN '{{{summaries.POSITIONAL.index(summaries.SHORT_NAMES["kept_messages"])}}}'
+              ELSE '{{{summaries.SHORT_NAMES["kept_messages"]}}}' END)::text[], '0')::text))
     WHEN 'object'
     THEN jsonb_set(metadata, '{{{summaries.SUMMARY_KEY},{summaries.SHORT_NAMES["kept_messages"]}}}', '0')
     ELSE metadata || '{{"kept_messages": 0}}'::jsonb END
