@@ -10,9 +10,11 @@ reference design of `bench.storage` (the Databricks notebooks' `MessagesState`
 
 * **Storage by message size.** For user messages of `MESSAGE_SIZES` bytes
   (short, medium, long), one thread of `TURNS` turns with the offline model on
-  each design, on Postgres (every table of a scratch database with indexes and
-  TOAST, `pg_total_relation_size`, after the thread minus before it, each read
-  after a plain `VACUUM`: see `vacuumed_database_bytes`) and on a
+  this project (`REFERENCE_TURNS` on the reference design), on Postgres (every table of a scratch database with indexes and
+  TOAST, `pg_total_relation_size`, less the free space of the pages with room
+  for another row, after the thread minus before it, each read after a plain
+  `VACUUM`: see `vacuumed_database_bytes`; the pages allocated, free space
+  included, are in the figure's note) and on a
   SQLite file (its size after `VACUUM`, after minus before). The fixed cost of
   a turn is (bytes added - the UTF-8 bytes of the text of every message the
   thread holds) / turns: what a turn costs beyond what was said. Both designs
@@ -59,8 +61,15 @@ from bench.storage import _WORDS, Design, Project, Reference, database_bytes, me
 TITLE = "turn cost: fixed storage bytes per turn by message size, Postgres turn / in-memory turn"
 #: User message sizes in bytes (ASCII): short, medium and long chat turns.
 MESSAGE_SIZES = {"short": 200, "medium": 700, "long": 5000}
-#: Turns of each storage thread (a full run, and `--quick`).
-TURNS, QUICK_TURNS = 100, 3
+#: Turns of each storage thread of this project (a full run, and `--quick`). A thousand, because over fewer
+#: turns the figure measures pages rather than rows: with 100 turns an 8 kB page is 82 bytes a turn, and the
+#: B-tree indexes (the checkpoints' primary key and owner index, the blobs' key, the catalogue's) fit the
+#: thread's entries into pages the warm-up had already made, so they added nothing: 468 bytes a turn with
+#: 200-byte messages over 100 turns, 624 over 1,000 (this release, 2026-12-06).
+TURNS, QUICK_TURNS = 1000, 3
+#: Turns of the reference design's storage threads: it stores every message again in every checkpoint, so
+#: its bytes grow with the square of the turns, and 1,000 turns of 5 kB messages would be gigabytes.
+REFERENCE_TURNS = 100
 #: Turns of each latency thread, the window whose p50 is compared, and the rounds.
 LATENCY_TURNS, QUICK_LATENCY_TURNS = 60, 10
 WINDOW = 10
@@ -98,30 +107,73 @@ def warm_up(design: Design, size: int) -> None:
 
 
 # -- storage ------------------------------------------------------------------------------
-def vacuumed_database_bytes(url: str) -> int:
-    """`database_bytes` after a plain `VACUUM`: the dead row versions of the rows every turn updates (the
-    thread's record, its claim) become free space, and every table has its free-space and visibility
-    maps already, so neither autovacuum's timing nor those maps' first pages land in one design's figure."""
+# Every table's bytes (indexes, TOAST, maps: `DATABASE_BYTES_SQL`'s) less the free space its heap and its
+# TOAST heap hold in pages with room for another row, as the free-space map records it after a VACUUM
+# (pg_freespacemap). A heap row is at most about 2 kB (Postgres compresses or moves a longer one to
+# TOAST: TOAST_TUPLE_THRESHOLD), so a page with `REUSABLE_BYTES` free takes another row of any table here;
+# less than that can be the gap at the end of a full page, which rows do cost, and stays counted.
+REUSABLE_BYTES = 2048
+USED_BYTES_SQL = f"""
+SELECT coalesce(sum(pg_total_relation_size(c.oid)
+    - (SELECT coalesce(sum(f.avail) FILTER (WHERE f.avail >= {REUSABLE_BYTES}), 0) FROM pg_freespace(c.oid) f)
+    - CASE WHEN c.reltoastrelid <> 0
+           THEN (SELECT coalesce(sum(f.avail) FILTER (WHERE f.avail >= {REUSABLE_BYTES}), 0)
+                 FROM pg_freespace(c.reltoastrelid) f)
+           ELSE 0 END), 0)::bigint
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'm') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND n.nspname NOT LIKE 'pg_toast%'
+"""
+
+
+def vacuumed_database_bytes(url: str) -> tuple[int, int]:
+    """(used, allocated) bytes of every table of the database, after a plain `VACUUM`: allocated is
+    `database_bytes`, used is that less the free space the heaps hold (`USED_BYTES_SQL`).
+
+    After the VACUUM the dead row versions of the rows every turn updates (the thread's record, its claim)
+    are free space, and every table has its free-space and visibility maps already, so neither
+    autovacuum's timing nor those maps' first pages land in one design's figure.
+
+    Why used bytes are the figure: a table's pages fill from several places at once. Each connection
+    that inserts keeps its own target page (Postgres' relation extension), and the pool hands a
+    sequence of turns to its connections in turn, so a thread of 100 turns leaves up to one partly
+    filled page per connection in each table. Those pages are free space that later inserts fill (the
+    VACUUM records it), not bytes a turn stores, but at 100 turns each of them is 82 bytes a turn: three
+    identical runs of 200-byte messages measured 533, 697 and 943 allocated bytes a turn, and 459, 460
+    and 461 used.
+    """
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM")
-    return database_bytes(url)
+        used = int(conn.execute(USED_BYTES_SQL).fetchone()[0])
+    return used, database_bytes(url)
 
 
 def postgres_storage(server_url: str, design_name: str, turns: int) -> dict[str, dict[str, float]]:
     """For each message size, one thread on the design in one scratch database (bytes after - before)."""
     out = {}
     with scratch_database(server_url, "tt_bench_cost") as url:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_freespacemap")
         design = Reference.on_postgres(url, OfflineChatModel()) if design_name == "reference" else Project(url)
         try:
             for label, size in MESSAGE_SIZES.items():
                 print(f"  storage: {design_name}, {label} messages ({size} B), Postgres ...", flush=True)
                 warm_up(design, size)
-                before = vacuumed_database_bytes(url)
+                used_before, allocated_before = vacuumed_database_bytes(url)
                 _, raw = run_thread(design, size, turns, design_name)
-                added = vacuumed_database_bytes(url) - before
-                out[label] = {"bytes": added, "message_bytes": raw, "fixed_per_turn": (added - raw) / turns}
+                used_after, allocated_after = vacuumed_database_bytes(url)
+                added, allocated = used_after - used_before, allocated_after - allocated_before
+                out[label] = {
+                    "bytes": added,
+                    "allocated_bytes": allocated,
+                    "message_bytes": raw,
+                    "fixed_per_turn": (added - raw) / turns,
+                    "fixed_allocated_per_turn": (allocated - raw) / turns,
+                }
         finally:
             design.close()
     return out
@@ -161,11 +213,12 @@ def sqlite_storage(workdir: Path, design_name: str, size: int, turns: int) -> di
 def measure_storage(server_url: str, turns: int, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for design_name in ("project", "reference"):
-        for label, found in postgres_storage(server_url, design_name, turns).items():
-            out[f"{design_name}_postgres_{label}"] = found
+        design_turns = min(turns, REFERENCE_TURNS) if design_name == "reference" else turns
+        for label, found in postgres_storage(server_url, design_name, design_turns).items():
+            out[f"{design_name}_postgres_{label}"] = {**found, "turns": design_turns}
         for label, size in MESSAGE_SIZES.items():
             print(f"  storage: {design_name}, {label} messages ({size} B), SQLite ...", flush=True)
-            out[f"{design_name}_sqlite_{label}"] = sqlite_storage(workdir, design_name, size, turns)
+            out[f"{design_name}_sqlite_{label}"] = {**sqlite_storage(workdir, design_name, size, design_turns), "turns": design_turns}
     return out
 
 
@@ -286,8 +339,10 @@ def run(server_url: str, *, quick: bool = False) -> dict[str, Any]:
             values[f"fixed_{backend}_{label}"] = ours["fixed_per_turn"]
             notes[f"fixed_{backend}_{label}"] = (
                 f"{ours['bytes'] / ours['message_bytes']:.2f}x message bytes; reference {ref['fixed_per_turn']:.0f} B, "
-                f"{ref['bytes'] / ref['message_bytes']:.1f}x"
+                f"{ref['bytes'] / ref['message_bytes']:.1f}x ({ref['turns']} turns)"
             )
+            if "fixed_allocated_per_turn" in ours:
+                notes[f"fixed_{backend}_{label}"] += f"; pages allocated {ours['fixed_allocated_per_turn']:.0f} B"
     for mode, key in (("default", "postgres_vs_memory_default"), ("tracing_on", "postgres_vs_memory_traced"),
                       ("tracing_off", "postgres_vs_memory_untraced")):  # fmt: skip
         values[key] = max(latency[mode]["ratios"])
