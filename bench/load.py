@@ -11,7 +11,9 @@ happens. The model is the OpenAI-compatible stub (`tests.helpers.openai_stub`, o
 process for the whole run, reconfigured between phases): 2.0 s per reply,
 streamed as 4 chunks 0.5 s apart, the shape of a real LLM. Servers are real
 processes (`python -m agent serve`) with `AGENT_POOL_MAX_SIZE=10`, each in its
-own process group, stopped at the end of their phase. Servers with tracing on
+own process group, stopped at the end of their phase. (`--quick` shares them
+instead: one server per setting, on one database, until the run ends; see
+`Sizes.shared_servers`.) Servers with tracing on
 send their traces to an MLflow tracking server (`mlflow server` on a temporary
 SQLite store, one process for the whole run), as deployments do; phase 8's
 target is measured as a user runs `tt-agent serve` out of the box: tracing on,
@@ -150,8 +152,8 @@ QUICK = Sizes(
     growth_turns=20,
     chain_threads=3,
     chain_turns=4,
-    workers_turns=40,
-    workers_concurrency=8,
+    workers_turns=16,
+    workers_concurrency=4,
     tracking_server=False,
     shared_servers=True,
 )
