@@ -11,7 +11,9 @@ happens. The model is the OpenAI-compatible stub (`tests.helpers.openai_stub`, o
 process for the whole run, reconfigured between phases): 2.0 s per reply,
 streamed as 4 chunks 0.5 s apart, the shape of a real LLM. Servers are real
 processes (`python -m agent serve`) with `AGENT_POOL_MAX_SIZE=10`, each in its
-own process group, stopped at the end of their phase. Servers with tracing on
+own process group, stopped at the end of their phase. (`--quick` shares them
+instead: one server per setting, on one database, until the run ends; see
+`Sizes.shared_servers`.) Servers with tracing on
 send their traces to an MLflow tracking server (`mlflow server` on a temporary
 SQLite store, one process for the whole run), as deployments do; phase 8's
 target is measured as a user runs `tt-agent serve` out of the box: tracing on,
@@ -76,10 +78,10 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, closing, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -133,6 +135,13 @@ class Sizes:
     phase 8 measures a server sending it every trace, for reference. Without it (the quick run) phases 1-7
     trace into the default local store and phase 8 has no tracking-server reference: starting `mlflow
     server` was a third of the quick run's time, and tests/test_tracing.py covers that destination."""
+    shared_servers: bool = False
+    """Whether the phases share their servers (`LoadBenchmark.phase_servers`): one process per setting (tracing
+    at its default, tracing off, tracing into a SQLite file, `--workers 2`), all on one scratch database, each
+    started when a phase first needs it and stopped when the run ends. The full run gives each phase servers
+    and databases of its own, so that a figure measures its own servers only. The quick run is a smoke test of
+    the code, run by the test suite: without sharing it started 11 servers, each importing MLflow (seconds of
+    CPU each), and took about 2 minutes of one test worker; with it, 4."""
 
 
 #: The smoke test's sizes (tests/bench): enough for every figure to be computed, not to be trusted.
@@ -143,10 +152,28 @@ QUICK = Sizes(
     growth_turns=20,
     chain_threads=3,
     chain_turns=4,
-    workers_turns=40,
-    workers_concurrency=8,
+    workers_turns=16,
+    workers_concurrency=4,
     tracking_server=False,
+    shared_servers=True,
 )
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How a server is run, besides its name and database: `LoadBenchmark.server_spec`'s options."""
+
+    tracing: bool
+    traces: str | None = None
+    workers: int | None = None
+
+
+class PhaseServer(NamedTuple):
+    """A running server of a phase: its process, base URL, and the database it serves."""
+
+    process: ServerProcess
+    url: str
+    database: str
 
 
 def figures(sizes: Sizes) -> dict[str, report.Figure]:
@@ -238,6 +265,16 @@ class LoadBenchmark:
         self.values: dict[str, Any] = {}
         self.notes: dict[str, str] = {}
         self.failed: set[str] = set()
+        self.started: list[str] = []
+        """Names of the servers the run started, in order."""
+        # With `sizes.shared_servers`: the run's one database and its servers (by setting), kept until `close()`.
+        self._shared = ExitStack()
+        self._shared_database: str | None = None
+        self._shared_servers: dict[tuple, tuple[ServerProcess, str]] = {}
+
+    def close(self) -> None:
+        """Stop the shared servers and drop the shared database (nothing without `sizes.shared_servers`)."""
+        self._shared.close()
 
     # -- servers -----------------------------------------------------------------------------
     def server_spec(self, name: str, database_url: str, *, tracing: bool, workers: int | None = None,
@@ -275,7 +312,51 @@ class LoadBenchmark:
         return (name, args, env, f"{base_url}/health"), base_url
 
     def servers(self, specs):
+        self.started += [name for name, *_ in specs]
         return running_servers(specs, cwd=self.workdir, timeout=SERVER_STARTUP_TIMEOUT_S)
+
+    @contextmanager
+    def phase_servers(self, wanted: Mapping[str, tuple[str, Setting]]) -> Iterator[dict[str, PhaseServer]]:
+        """A phase's servers by name, each asked for as (database prefix, setting); yields them once all answer.
+
+        Each prefix is a scratch database of the phase (names with one prefix share it); the servers start
+        together, and are stopped and their databases dropped when the block ends. With `sizes.shared_servers`,
+        every server is on the run's one scratch database (`tt_load_shared`), and a setting that an earlier
+        phase started gets that server: new ones start now and stay up until `close()`.
+
+        Raises:
+            RuntimeError: a server exited or did not answer in time (`bench.processes.running_servers`).
+        """
+        if self.sizes.shared_servers:
+            yield self._shared_phase_servers(wanted)
+            return
+        with ExitStack() as stack:
+            databases: dict[str, str] = {}
+            for prefix, _ in wanted.values():
+                if prefix not in databases:
+                    databases[prefix] = stack.enter_context(self.scratch_database(prefix))
+            specs = {name: self.server_spec(name, databases[prefix], **asdict(setting))
+                     for name, (prefix, setting) in wanted.items()}  # fmt: skip
+            processes = stack.enter_context(self.servers([spec for spec, _ in specs.values()]))
+            yield {name: PhaseServer(process, url, databases[wanted[name][0]])
+                   for (name, (_, url)), process in zip(specs.items(), processes, strict=True)}  # fmt: skip
+
+    def _shared_phase_servers(self, wanted: Mapping[str, tuple[str, Setting]]) -> dict[str, PhaseServer]:
+        if self._shared_database is None:
+            self._shared_database = self._shared.enter_context(self.scratch_database("tt_load_shared"))
+        db = self._shared_database
+        keys = {name: self._setting_key(setting) for name, (_, setting) in wanted.items()}
+        missing = {key: name for name, key in keys.items() if key not in self._shared_servers}
+        specs = {key: self.server_spec(name, db, **asdict(wanted[name][1])) for key, name in missing.items()}
+        processes = self._shared.enter_context(self.servers([spec for spec, _ in specs.values()]))
+        for (key, (_, url)), process in zip(specs.items(), processes, strict=True):
+            self._shared_servers[key] = (process, url)
+        return {name: PhaseServer(*self._shared_servers[key], db) for name, key in keys.items()}
+
+    def _setting_key(self, setting: Setting) -> tuple:
+        """Settings that run the same server: `traces` resolved as `server_spec` does, no `--workers` is 1."""
+        traces = setting.traces or ("server" if self.tracking_uri else "default")
+        return setting.tracing, traces, setting.workers or 1
 
     def scratch_database(self, prefix: str):
         """`bench.databases.scratch_database` on the run's server, its name kept in `self.databases`."""
@@ -287,10 +368,8 @@ class LoadBenchmark:
     # -- phases 1-3, 5-7 ---------------------------------------------------------------------
     def serving_under_load(self) -> dict[str, Any]:
         self.model(MODEL_LATENCY_S)
-        with self.scratch_database("tt_load_serve") as db:
-            spec, base_url = self.server_spec("serve", db, tracing=self.load_tracing)
-            with self.servers([spec]):
-                out = asyncio.run(self._serve(base_url, dbname_of(db)))
+        with self.phase_servers({"serve": ("tt_load_serve", Setting(tracing=self.load_tracing))}) as servers:
+            out = asyncio.run(self._serve(servers["serve"].url, dbname_of(servers["serve"].database)))
         streamed, unstreamed, zero = out["streamed"], out["unstreamed"], out["zero_model_streamed"]
         reads, reads_unstreamed = out["history_during_streamed"], out["history_during_unstreamed"]
         self.values.update(
@@ -403,25 +482,18 @@ class LoadBenchmark:
     # -- phase 8 -----------------------------------------------------------------------------
     def tracing_cpu(self) -> dict[str, Any]:
         self.model(0.0)
-        with self.scratch_database("tt_load_traced") as traced_db, \
-                self.scratch_database("tt_load_untraced") as untraced_db, \
-                self.scratch_database("tt_load_remote") as remote_db, \
-                self.scratch_database("tt_load_local") as local_db:  # fmt: skip
-            traced_spec, traced_url = self.server_spec("traced", traced_db, tracing=True, traces="default")
-            untraced_spec, untraced_url = self.server_spec("untraced", untraced_db, tracing=False)
-            remote_spec, remote_url = self.server_spec("traced-server", remote_db, tracing=True, traces="server")
-            local_spec, local_url = self.server_spec("traced-local", local_db, tracing=True, traces="local")
-            specs = {"traced": (traced_spec, traced_url), "untraced": (untraced_spec, untraced_url),
-                     "traced_local": (local_spec, local_url)}  # fmt: skip
-            if self.tracking_uri:
-                specs["traced_server"] = (remote_spec, remote_url)
-            with self.servers([spec for spec, _ in specs.values()]) as processes:
-                print(f"  {self.sizes.cpu_turns} turns on a server tracing at its default, one without tracing, one "
-                      "writing every trace into its own SQLite file"
-                      f"{' and one sending every trace to a tracking server' if self.tracking_uri else ''} ...",
-                      flush=True)  # fmt: skip
-                servers = {name: (process, url) for (name, (_, url)), process in zip(specs.items(), processes)}
-                out = asyncio.run(self._cpu_rounds(servers))
+        wanted = {"traced": ("tt_load_traced", Setting(tracing=True, traces="default")),
+                  "untraced": ("tt_load_untraced", Setting(tracing=False)),
+                  "traced_local": ("tt_load_local", Setting(tracing=True, traces="local"))}  # fmt: skip
+        if self.tracking_uri:
+            wanted["traced_server"] = ("tt_load_remote", Setting(tracing=True, traces="server"))
+        with self.phase_servers(wanted) as started:
+            print(f"  {self.sizes.cpu_turns} turns on a server tracing at its default, one without tracing, one "
+                  "writing every trace into its own SQLite file"
+                  f"{' and one sending every trace to a tracking server' if self.tracking_uri else ''} ...",
+                  flush=True)  # fmt: skip
+            servers = {name: (server.process, server.url) for name, server in started.items()}
+            out = asyncio.run(self._cpu_rounds(servers))
         per_turn = {
             name: out[name]["cpu_s"] / out[name]["turns"]["requests"] if out[name]["turns"]["requests"] else None
             for name in servers
@@ -502,15 +574,21 @@ class LoadBenchmark:
     def chains(self) -> dict[str, Any]:
         configure_stub(self.stub_url, latency_s=CHAIN_MODEL_LATENCY_S, chunks=MODEL_CHUNKS)
         out: dict[str, Any] = {}
-        with self.scratch_database("tt_load_chains") as db:
-            specs = [self.server_spec(f"chains-{i}", db, tracing=False) for i in range(CHAIN_SERVERS)]
-            with self.servers([spec for spec, _ in specs]):
-                for strategy in ("reject", "enqueue"):
-                    print(f"  {CHAIN_SERVERS} servers, {strategy}: {self.sizes.chain_threads} threads of "
-                          f"{self.sizes.chain_turns} turns ...", flush=True)  # fmt: skip
-                    out[strategy] = asyncio.run(self._drive_chains([url for _, url in specs], strategy))
-            self._judge_chains(db, out)
+        wanted = {name: ("tt_load_chains", setting) for name, setting in self._chain_settings().items()}
+        with self.phase_servers(wanted) as servers:
+            for strategy in ("reject", "enqueue"):
+                print(f"  {CHAIN_SERVERS} processes, {strategy}: {self.sizes.chain_threads} threads of "
+                      f"{self.sizes.chain_turns} turns ...", flush=True)  # fmt: skip
+                out[strategy] = asyncio.run(self._drive_chains([server.url for server in servers.values()], strategy))
+            self._judge_chains(next(iter(servers.values())).database, out)
         return out
+
+    def _chain_settings(self) -> dict[str, Setting]:
+        """Phase 10's servers, CHAIN_SERVERS processes on one database."""
+        if not self.sizes.shared_servers:
+            return {f"chains-{i}": Setting(tracing=False) for i in range(CHAIN_SERVERS)}
+        # Shared servers are one per setting: the one without tracing, and the `--workers` one of phase 11.
+        return {"chains-0": Setting(tracing=False), "chains-1": Setting(tracing=False, workers=CHAIN_SERVERS - 1)}
 
     async def _drive_chains(self, base_urls: list[str], strategy: str) -> dict[str, Any]:
         rng = random.Random(strategy)
@@ -582,15 +660,13 @@ class LoadBenchmark:
             self.notes["workers_speedup"] = "not measurable: tt-agent serve has no --workers option"
             return {"measurable": False}
         self.model(0.0)
-        with self.scratch_database("tt_load_workers1") as db1, \
-                self.scratch_database("tt_load_workers2") as db2:  # fmt: skip
-            # Tracing off: on this machine the tracking server would share the two cores too, and the
-            # figure would measure it (traces cost it more CPU than the turn costs the agent).
-            spec1, url1 = self.server_spec("workers-1", db1, tracing=False, workers=1)
-            spec2, url2 = self.server_spec("workers-2", db2, tracing=False, workers=2)
-            with self.servers([spec1, spec2]) as (server1, server2):
-                print(f"  {self.sizes.workers_turns} turns on --workers 1 and on --workers 2 ...", flush=True)
-                out = asyncio.run(self._workers_rounds({1: (server1, url1), 2: (server2, url2)}))
+        # Tracing off: on this machine the tracking server would share the two cores too, and the
+        # figure would measure it (traces cost it more CPU than the turn costs the agent).
+        wanted = {f"workers-{n}": (f"tt_load_workers{n}", Setting(tracing=False, workers=n)) for n in (1, 2)}
+        with self.phase_servers(wanted) as servers:
+            print(f"  {self.sizes.workers_turns} turns on --workers 1 and on --workers 2 ...", flush=True)
+            by_workers = {n: (servers[f"workers-{n}"].process, servers[f"workers-{n}"].url) for n in (1, 2)}
+            out = asyncio.run(self._workers_rounds(by_workers))
         tps = {n: out[n]["turns"]["requests"] / out[n]["wall_s"] for n in (1, 2)}
         errors = out[1]["turns"]["errors"] + out[2]["turns"]["errors"]
         self.values.update(workers_speedup=tps[2] / tps[1], workers_1_turns_per_s=tps[1], workers_2_turns_per_s=tps[2])
@@ -704,8 +780,8 @@ def run(server_url: str, *, quick: bool = False, load_tracing: bool = True) -> d
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tt-load-") as tmp, \
             openai_stub_server(latency_s=MODEL_LATENCY_S, chunks=MODEL_CHUNKS) as stub_url, \
-            (tracking_server(Path(tmp)) if sizes.tracking_server else nullcontext()) as tracking_uri:  # fmt: skip
-        bench = LoadBenchmark(server_url, stub_url, Path(tmp), sizes, load_tracing, tracking_uri)
+            (tracking_server(Path(tmp)) if sizes.tracking_server else nullcontext()) as tracking_uri, \
+            closing(LoadBenchmark(server_url, stub_url, Path(tmp), sizes, load_tracing, tracking_uri)) as bench:  # fmt: skip
         measurements, broken = run_phases(
             bench,
             {
@@ -737,6 +813,7 @@ def run(server_url: str, *, quick: bool = False, load_tracing: bool = True) -> d
         measurements=measurements,
         broken_phases=broken,
         scratch_databases=bench.databases,
+        servers_started=bench.started,
         elapsed_seconds=time.perf_counter() - started,
         peak_rss_mb=report.peak_rss_mb(),
     )

@@ -1,9 +1,16 @@
 """A server stopped with SIGTERM lets its background runs finish (`serving.drain`), up to `shutdown_grace_seconds`;
 those still going then are stopped and read `failed` (code `server_shutdown`) at once, not after their lease.
 
-Each test starts `tt-agent serve` (one process, or `--workers 2`) on a fresh database (Postgres, or a SQLite
-file) with the OpenAI-compatible stub as its model, starts a background run, sends SIGTERM to the server,
-waits for it to exit, then starts a second server on the same database to read what the run left.
+Each test starts `tt-agent serve` (one process, or `--workers 2`) on its backend's database (Postgres, or a
+SQLite file) with the OpenAI-compatible stub as its model, starts a background run, sends SIGTERM to the
+server, waits for it to exit, then asks a second server on the same database what the run left.
+
+The second server, the reader, is the module's: one per backend, started once and running beside the servers
+the tests stop, as another replica of a deployment does (the database, and the stub, are the module's too;
+each test uses threads and runs of its own). A reader started after each stop cost the suite a server start
+per test, each importing MLflow. It reads only what the stopped server wrote: a run's end is recorded by the
+server that ran it, and a live run whose server vanished reads `lease_expired` only after its lease (15 s),
+which these tests would see as a failure.
 """
 
 from __future__ import annotations
@@ -30,19 +37,26 @@ USER = {"X-User": "alice"}
 LEASE_S = 15.0
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-def database(request, pg_server_url, tmp_path):
+@pytest.fixture(scope="module", params=["postgres", "sqlite"])
+def database(request, pg_server_url, tmp_path_factory):
     if request.param == "postgres":
         with fresh_database(pg_server_url) as url:
             yield url
     else:
-        yield f"sqlite:///{tmp_path / 'checkpoints.sqlite'}"
+        yield f"sqlite:///{tmp_path_factory.mktemp('graceful') / 'checkpoints.sqlite'}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def model_url():
     with openai_stub_server(chunks=4) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def reader(database, model_url, tmp_path_factory):
+    """The base URL of a server on `database` that outlives the tests' stopped servers (module docstring)."""
+    with serve(database, model_url, tmp_path_factory.mktemp("reader")) as server:
+        yield server.base_url
 
 
 def serve(database: str, model_url: str, cwd, *, workers: int = 1, grace: float | None = None):
@@ -96,16 +110,17 @@ def history_length(base: str, thread_id: str) -> int:
     return len(answer.json()["data"])
 
 
-# Each backend once, and both ways of serving (the drain is the same code on each backend's run store).
-@pytest.mark.parametrize(("database", "workers"), [("postgres", 2), ("sqlite", 1)], indirect=["database"])
-def test_sigterm_lets_a_running_background_run_complete_before_the_server_exits(database, model_url, tmp_path, workers):
+def test_sigterm_lets_a_running_background_run_complete_before_the_server_exits(database, model_url, reader, tmp_path):
+    # Each backend once, and both ways of serving (the drain is the same code on each backend's run store). Not a
+    # parameter of its own: a parameter beside the module's `database` would keep pytest from running each
+    # backend's tests together, and the module's reader would be started again for each group.
+    workers = 1 if database.startswith("sqlite") else 2
     configure_stub(model_url, latency_s=2.0)
     with serve(database, model_url, tmp_path, workers=workers) as server:
         response_id = start_background_run(server.base_url, {"input": "Tell me about Porto"})
         stop(server, within=LEASE_S)  # the default grace (25 s) is not needed: the run takes 2 s
         output = server.output()
-    with serve(database, model_url, tmp_path) as again:
-        run = get_run(again.base_url, response_id)
+    run = get_run(reader, response_id)
     assert run["status"] == "completed", run
     Response.model_validate(run)
     assert run["output"][-1]["content"][0]["text"]  # the model's answer, written
@@ -114,7 +129,7 @@ def test_sigterm_lets_a_running_background_run_complete_before_the_server_exits(
 
 
 def test_runs_still_going_or_queued_when_the_grace_period_ends_read_failed_at_once_and_leave_their_thread_free(
-    database, model_url, tmp_path
+    database, model_url, reader, tmp_path
 ):
     configure_stub(model_url, latency_s=0)
     with serve(database, model_url, tmp_path, grace=1.0) as server:
@@ -131,27 +146,26 @@ def test_runs_still_going_or_queued_when_the_grace_period_ends_read_failed_at_on
         assert get_run(server.base_url, waiting)["status"] == "queued"
         stop(server, within=LEASE_S)  # a run left to its lease would hold the thread that long
     configure_stub(model_url, latency_s=0)
-    with serve(database, model_url, tmp_path) as again:
-        for stopped in (response_id, waiting):
-            run = get_run(again.base_url, stopped)
-            # Its end was recorded by the server that stopped it: not lease_expired, which only its lease gives.
-            assert run["status"] == "failed", run
-            Response.model_validate(run)
-            assert run["custom_outputs"]["code"] == "server_shutdown", run
-            assert run["error"]["message"] == STOPPED_AT_SHUTDOWN
-            assert run["custom_outputs"]["written"] is False and run["custom_outputs"]["checkpoint_id"] is None
-        assert history_length(again.base_url, thread_id) == before  # nothing of the stopped turn
-        # The thread is free: a turn that refuses to wait for it runs.
-        body = {"input": "Again", "conversation": thread_id, "custom_inputs": {"multitask_strategy": "reject"}}
-        answer = httpx.post(f"{again.base_url}/responses", json=body, headers=USER, timeout=60)
-        assert answer.status_code == 200, answer.text
-        assert history_length(again.base_url, thread_id) == before + 2
+    for stopped in (response_id, waiting):
+        run = get_run(reader, stopped)
+        # Its end was recorded by the server that stopped it: not lease_expired, which only its lease gives.
+        assert run["status"] == "failed", run
+        Response.model_validate(run)
+        assert run["custom_outputs"]["code"] == "server_shutdown", run
+        assert run["error"]["message"] == STOPPED_AT_SHUTDOWN
+        assert run["custom_outputs"]["written"] is False and run["custom_outputs"]["checkpoint_id"] is None
+    assert history_length(reader, thread_id) == before  # nothing of the stopped turn
+    # The thread is free: a turn that refuses to wait for it runs.
+    body = {"input": "Again", "conversation": thread_id, "custom_inputs": {"multitask_strategy": "reject"}}
+    answer = httpx.post(f"{reader}/responses", json=body, headers=USER, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert history_length(reader, thread_id) == before + 2
 
 
 # One backend: what is tested is the stream's end; the run's record on both is the test above's.
 @pytest.mark.parametrize("database", ["postgres"], indirect=True)
 def test_an_open_stream_still_going_when_the_grace_period_ends_gets_an_error_event_and_its_run_reads_failed(
-    database, model_url, tmp_path
+    database, model_url, reader, tmp_path
 ):
     configure_stub(model_url, latency_s=20.0)
     with serve(database, model_url, tmp_path, grace=1.0) as server:
@@ -167,7 +181,5 @@ def test_an_open_stream_still_going_when_the_grace_period_ends_gets_an_error_eve
     error = json.loads(rest[-2])
     assert error["type"] == "error" and error["code"] == "server_shutdown", error
     response_id = json.loads(created[6:])["response"]["id"]
-    configure_stub(model_url, latency_s=0)
-    with serve(database, model_url, tmp_path) as again:
-        run = get_run(again.base_url, response_id)
+    run = get_run(reader, response_id)
     assert run["status"] == "failed" and run["custom_outputs"]["code"] == "server_shutdown", run
