@@ -395,3 +395,39 @@ def test_postgres_reads_the_same_summary_fields_from_every_layout(pg_server_url)
         rows = conn.execute("SELECT thread_id, parent_checkpoint_id, metadata FROM checkpoints").fetchall()
         assert all(row["parent_checkpoint_id"] is None for row in rows)
         assert all(summaries.unpack(row["metadata"]) == {**summary, "kept_messages": 0} for row in rows), rows
+
+
+def test_a_checkpoints_search_terms_are_stored_in_its_row_whether_it_is_compacted_or_kept_whole(pg_server_url):
+    """The terms ride to `agent_put_checkpoint` in the compact checkpoint (`TERMS_KEY`), which stores them in
+    `agent_terms` and not in the document; a checkpoint kept whole (a field named like a short name) keeps
+    every key it has, and gets its terms by a statement of its own."""
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    from agent.config import AgentSettings
+    from agent.storage import open_storage, search
+    from agent.storage.postgres.migrations import TERMS_KEY
+
+    with fresh_database(pg_server_url) as url:
+        storage = open_storage(url, AgentSettings(model="offline"))
+        try:
+            saver = storage.saver
+            config = {"configurable": {"thread_id": "terms", "checkpoint_ns": ""}}
+            root = {**empty_checkpoint(), "id": str(uuid6()), "channel_values": {"messages": [HumanMessage("a pelican", id="m1")]},
+                    "channel_versions": {"messages": saver.get_next_version(None, None)}}  # fmt: skip
+            first = saver.put(config, root, {"source": "input", "step": -1, "parents": {}}, dict(root["channel_versions"]))
+            whole = {**root, "id": str(uuid6()), "s": "a field named like a short name",
+                     "channel_values": {"messages": [HumanMessage("a pelican", id="m1"), HumanMessage("a cormorant", id="m2")]},
+                     "channel_versions": {"messages": saver.get_next_version(root["channel_versions"]["messages"], None)}}  # fmt: skip
+            second = saver.put(first, whole, {"source": "update", "step": 0, "parents": {}}, dict(whole["channel_versions"]))
+            with psycopg.connect(url, row_factory=dict_row) as conn:
+                rows = {row["checkpoint_id"]: row for row in conn.execute("SELECT checkpoint_id, checkpoint, agent_terms FROM checkpoints")}
+            compact, kept = rows[root["id"]], rows[whole["id"]]
+            assert REST_KEY in compact["checkpoint"] and TERMS_KEY not in compact["checkpoint"]
+            assert search.word_key("pelican") in compact["agent_terms"]
+            assert REST_KEY not in kept["checkpoint"] and kept["checkpoint"]["s"] == whole["s"]
+            assert kept["agent_terms"] == [search.word_key("cormorant")]  # only the word new to the branch
+            assert saver.get_tuple(second).checkpoint["s"] == whole["s"]
+        finally:
+            storage.close()
