@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 #: Imported once by the forkserver: what nearly every block imports first.
@@ -55,10 +56,13 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _run(source: str, filename: str, cwd: str, env: dict[str, str], stdout: str, stderr: str) -> None:
+def _run(
+    source: str, filename: str, cwd: str, env: dict[str, str], stdout: str, stderr: str,
+    stdin: str = os.devnull, args: tuple[str, ...] = (),
+) -> None:
     """The forked process: streams, environment and directory of the block, the block, then the interpreter's exit."""
     for fd, path, flags in (
-        (0, os.devnull, os.O_RDONLY),
+        (0, stdin, os.O_RDONLY),
         (1, stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
         (2, stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
     ):
@@ -71,7 +75,7 @@ def _run(source: str, filename: str, cwd: str, env: dict[str, str], stdout: str,
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    sys.argv = ["-c", filename]
+    sys.argv = ["-c", *args] if args else ["-c", filename]
     try:
         exec(compile(source, filename, "exec"), {"__name__": "__main__"})  # noqa: S102 - running the block is the test
         code = 0
@@ -106,3 +110,55 @@ def run_source(source: str, filename: str, *, cwd: Path, env: dict[str, str], ti
             raise subprocess.TimeoutExpired(["-c", filename], timeout)
         read = lambda path: path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""  # noqa: E731
         return subprocess.CompletedProcess(["-c", filename], process.exitcode, read(out), read(err))
+
+
+class PreloadedProcess:
+    """`python -c source *args` forked from the preloaded server, talking through named pipes: what
+    `subprocess.Popen(..., stdin=PIPE, stdout=PIPE, text=True)` gives, for the tests' interactive children
+    (`tests.helpers.reliability.Child`), each of which spent about 3 s of CPU importing the agent.
+
+    `stdin` (write and flush lines) and `stdout` (read lines until the process exits) are text streams;
+    `poll`, `wait`, `kill` and `returncode` are `Popen`'s. Its stderr goes to `stderr_path`.
+    """
+
+    def __init__(self, source: str, args: Sequence[str], *, cwd: Path, env: dict[str, str], stderr_path: str) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="tt-child-")
+        stdin_path, stdout_path = (os.path.join(self._folder.name, name) for name in ("stdin", "stdout"))
+        os.mkfifo(stdin_path, 0o600)
+        os.mkfifo(stdout_path, 0o600)
+        # Read and write: opening never waits for the child, and the child's reads never see an end.
+        self.stdin = open(os.open(stdin_path, os.O_RDWR), "w", encoding="utf-8")  # noqa: SIM115 - closed by `close`
+        self._stdout_path = stdout_path
+        self._process = _forkserver().Process(
+            target=_run, args=(source, "<child>", str(cwd), env, stdout_path, stderr_path, stdin_path, tuple(args))
+        )
+        self._process.start()
+        self.returncode: int | None = None
+
+    def lines(self) -> Iterator[str]:
+        """The lines the process prints, until it exits (opening waits until it opens its end)."""
+        with open(self._stdout_path, encoding="utf-8") as stdout:
+            yield from stdout
+
+    def poll(self) -> int | None:
+        self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(["-c", "<child>"], timeout or 0)
+        self.close()
+        return self.returncode
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def close(self) -> None:
+        self.stdin.close()
+        self._folder.cleanup()
+
+
+def start_source(source: str, args: Sequence[str], *, cwd: Path, env: dict[str, str], stderr_path: str) -> PreloadedProcess:
+    """Start `source` as `python -c source *args` would, forked from the preloaded server (see `PreloadedProcess`)."""
+    return PreloadedProcess(source, args, cwd=cwd, env=env, stderr_path=stderr_path)
