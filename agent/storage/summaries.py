@@ -68,8 +68,9 @@ bytes; the same fields as one JSON text (`as_text`, a jsonb string) take about
 characters). So the Postgres saver stores the summary as text, and turns it
 back into the object when it loads a row (`TurnPostgresSaver`); `unpack` reads either,
 and the SQL that reads summary fields parses the text (`sql.SUMMARY_FIELD`).
-SQLite keeps the object: its documents are JSON text already, where a string
-would only add escapes. Rows written before hold the object, and read as before.
+SQLite keeps a JSON value: its documents are JSON text already, where a
+string would only add escapes (the positional array itself, below:
+`as_positional`). Rows written before hold the object, and read as before.
 
 **Positional on Postgres.** The text is a JSON array, not an object: the
 fields every turn writes at fixed places (`POSITIONAL`: `[n, t, k, mi, mt, us,
@@ -208,13 +209,27 @@ def _positional(packed: Mapping[str, Any]) -> list | Mapping[str, Any]:
     return [*row, rest] if rest else row
 
 
+def as_positional(metadata: Mapping[str, Any]) -> dict:
+    """`metadata` with its summary object as the positional array itself, not as text (SQLite: its documents
+    are JSON already), `ts` as microseconds as in `as_text`, when that is shorter; as it is otherwise."""
+    packed = metadata.get(SUMMARY_KEY)
+    if not isinstance(packed, Mapping):
+        return dict(metadata)
+    short = SHORT_NAMES["ts"]
+    micros = _ts_micros(packed.get(short))
+    row = _positional({**packed, short: micros} if micros is not None else packed)
+    shorter = isinstance(row, list) and len(json.dumps(row, separators=(",", ":"))) < len(json.dumps(packed, separators=(",", ":")))
+    return {**metadata, SUMMARY_KEY: row} if shorter else dict(metadata)
+
+
 def as_object(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`metadata` with a summary stored as text (`as_text`, either text) as the object again; as it is
-    otherwise."""
+    """`metadata` with a summary stored as text (`as_text`, either text) or as the positional array
+    (`as_positional`) as the object again; as it is otherwise."""
     packed = metadata.get(SUMMARY_KEY) if metadata else None
-    if not isinstance(packed, str):
+    if not isinstance(packed, (str, list)):
         return metadata
-    packed = json.loads(packed)
+    if isinstance(packed, str):
+        packed = json.loads(packed)
     if isinstance(packed, list):
         packed = _from_positional(packed)
     short = SHORT_NAMES["ts"]
@@ -249,9 +264,9 @@ def _ts_micros(ts: Any) -> int | None:
 
 
 def is_packed(metadata: Mapping[str, Any] | None) -> bool:
-    """Whether `metadata` holds its summary under `SUMMARY_KEY`, as an object or as text (else it is the
-    older flat layout, or none)."""
-    return bool(metadata) and isinstance(metadata.get(SUMMARY_KEY), (Mapping, str))
+    """Whether `metadata` holds its summary under `SUMMARY_KEY`, as an object, as text or as the positional
+    array (else it is the older flat layout, or none)."""
+    return bool(metadata) and isinstance(metadata.get(SUMMARY_KEY), (Mapping, str, list))
 
 
 def unpack(metadata: Mapping[str, Any] | None) -> dict:

@@ -349,9 +349,10 @@ def test_a_summary_stored_as_text_in_either_layout_reads_back_the_same_values_of
     metadata = {"step": 1, **summaries.pack(summary)}
     stored = summaries.as_text(metadata)
     assert isinstance(stored[SUMMARY_KEY], str)
-    back = summaries.as_object(stored)
-    assert back == metadata
-    assert all(type(back[SUMMARY_KEY][k]) is type(v) for k, v in metadata[SUMMARY_KEY].items())
+    for kept in (stored, json.loads(json.dumps(summaries.as_positional(metadata)))):  # Postgres' text, SQLite's JSON
+        back = summaries.as_object(kept)
+        assert back == metadata
+        assert all(type(back[SUMMARY_KEY][k]) is type(v) for k, v in metadata[SUMMARY_KEY].items())
 
 
 def test_a_turns_summary_is_stored_positionally_and_shorter():
@@ -431,3 +432,33 @@ def test_a_checkpoints_search_terms_are_stored_in_its_row_whether_it_is_compacte
             assert saver.get_tuple(second).checkpoint["s"] == whole["s"]
         finally:
             storage.close()
+
+
+def test_sqlite_reads_the_same_summary_fields_from_every_layout(tmp_path):
+    """SQLite stores the positional array itself (`summaries.as_positional`); its SQL that reads summary
+    fields (the tree, token usage) gives the same values from the flat layout, the object and the array."""
+    from agent.storage.sqlite import sql as sqlite_sql
+
+    summary = {"message_count": 7, "next_nodes": [], "ts": "2026-12-06T04:13:22.253992+00:00", "kept_messages": 5,
+               "kept_trailing": 2, "model_input_messages": 6, "model_input_tokens": 40, "summary_used": False,
+               "usage": {"input_tokens": 40, "output_tokens": 9}, "branch_usage": {"input_tokens": 80, "output_tokens": 20}}  # fmt: skip
+    packed = summaries.pack(summary)
+    positional = summaries.as_positional(packed)
+    assert isinstance(positional[SUMMARY_KEY], list)
+    assert len(json.dumps(positional)) < len(json.dumps(packed)) - 50
+    layouts = {"flat": dict(summary), "object": packed, "positional": positional}
+    fields = {
+        "n": sqlite_sql.summary_field("message_count"), "k": sqlite_sql.summary_field("kept_messages"),
+        "kt": sqlite_sql.summary_field("kept_trailing"), "in": sqlite_sql.summary_field("usage", index=0),
+        "out": sqlite_sql.summary_field("usage", index=1),
+    }  # fmt: skip
+    conn = sqlite3.connect(tmp_path / "layouts.sqlite")
+    try:
+        conn.execute("CREATE TABLE checkpoints (thread_id TEXT, metadata BLOB)")
+        for name, metadata in layouts.items():  # SqliteSaver stores metadata as a JSON blob
+            conn.execute("INSERT INTO checkpoints VALUES (?, ?)", (name, json.dumps(metadata).encode()))
+        select = ", ".join(expression for expression in fields.values())
+        read = {row[0]: row[1:] for row in conn.execute(f"SELECT thread_id, {select} FROM checkpoints")}
+    finally:
+        conn.close()
+    assert read == {name: (7, 5, 2, 40, 9) for name in layouts}, read

@@ -31,8 +31,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from agent.storage import summaries
 from agent.storage.records import checkpoint_taken
 from agent.storage.saver import TurnSaverMixin
 from agent.storage.sqlite import branches, sql
@@ -115,15 +117,16 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
                 cur.close()
 
     def _backend_get_tuple(self, config):
-        return self._resolve_tuple(SqliteSaver.get_tuple(self, config))
+        return self._resolve_tuple(_summary_as_object(SqliteSaver.get_tuple(self, config)))
 
     def list(self, config, *, filter=None, before=None, limit=None):
         # SqliteSaver.list yields while holding `self.lock`; resolving a delta
         # may query, so read everything first.
         found = list(SqliteSaver.list(self, config, filter=filter, before=before, limit=limit))
-        return iter([self._resolve_tuple(tup) for tup in found])
+        return iter([self._resolve_tuple(_summary_as_object(tup)) for tup in found])
 
     def _backend_put(self, config, checkpoint, metadata, new_versions, terms):
+        metadata = summaries.as_positional(metadata)  # read back as the object (`_summary_as_object`)
         if config["configurable"].get("checkpoint_ns", ""):
             return SqliteSaver.put(self, config, checkpoint, metadata, new_versions)
         # Registered and written in one transaction: the running one (a commit), else one of its own. Used
@@ -161,3 +164,11 @@ class TurnSqliteSaver(TurnSaverMixin, SqliteSaver):
             checkpoint_id: self.serde.loads_typed((type_, blob))["channel_values"].get("messages")
             for checkpoint_id, type_, blob in rows
         }
+
+
+def _summary_as_object(tup: CheckpointTuple | None) -> CheckpointTuple | None:
+    """`tup` with a summary stored as the positional array (`summaries.as_positional`) as the object that was
+    put, as LangGraph's reads expect."""
+    if tup is None or not tup.metadata:
+        return tup
+    return tup._replace(metadata=summaries.as_object(tup.metadata))

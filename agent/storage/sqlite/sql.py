@@ -84,12 +84,13 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (thread_id) DO UPDATE SET head_checkpoint_id = excluded.head_checkpoint_id,
     message_count = excluded.message_count, updated_at = excluded.updated_at
 """
-# A summary field of a checkpoint's metadata in either layout (`summaries`: under SUMMARY_KEY by its short
-# name, or flat in checkpoints written before). SqliteSaver stores metadata as a JSON blob: a BLOB, which
+# A summary field of a checkpoint's metadata in any layout (`summaries`: under SUMMARY_KEY by its short
+# name or as the positional array, or flat in checkpoints written before). SqliteSaver stores metadata as a JSON blob: a BLOB, which
 # json_extract would read as binary JSONB, so it is cast to text.
 SUMMARY_FIELD = (
-    "(CASE WHEN json_type(CAST(metadata AS TEXT), '$.\"{key}\"') = 'object' "
-    "THEN json_extract(CAST(metadata AS TEXT), '$.\"{key}\".{short}') "
+    "(CASE json_type(CAST(metadata AS TEXT), '$.\"{key}\"') "
+    "WHEN 'object' THEN json_extract(CAST(metadata AS TEXT), '$.\"{key}\".{short}') "
+    "WHEN 'array' THEN json_extract(CAST(metadata AS TEXT), '$.\"{key}\"{place}') "
     "ELSE json_extract(CAST(metadata AS TEXT), '$.{long}') END)"
 )
 
@@ -97,9 +98,11 @@ SUMMARY_FIELD = (
 def summary_field(name: str, *, index: int | None = None) -> str:
     """SQL for one summary field; `index` picks input (0) or output (1) tokens of a usage field."""
     short, long = summaries.SHORT_NAMES[name], name
+    # In the positional array (`summaries.as_positional`): its place, or its key in the object at the end.
+    place = f"[{summaries.POSITIONAL.index(short)}]" if short in summaries.POSITIONAL else f"[{summaries.REST_INDEX}].{short}"
     if index is not None:  # packed usages are [input, output]; flat ones {"input_tokens", "output_tokens"}
-        short, long = f"{short}[{index}]", f"{long}.{('input_tokens', 'output_tokens')[index]}"
-    return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long)
+        short, long, place = f"{short}[{index}]", f"{long}.{('input_tokens', 'output_tokens')[index]}", f"{place}[{index}]"
+    return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long, place=place)
 
 
 CHECKPOINT_LINKS_SQL = f"""
