@@ -1,4 +1,5 @@
-"""The `tt-agent` command line, run for real in subprocesses (`python -m agent ...`).
+"""The `tt-agent` command line, run for real in separate processes (`python -m agent ...`, forked from a
+preloaded interpreter: see `run_cli`).
 
 Each test starts the CLI as a user would: a separate process, a fresh working
 directory, no OPENAI_* or AGENT_* variables (so the offline model and the
@@ -15,29 +16,33 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.preloaded import run_agent_cli
 from tests.helpers.scenario import TRIP
 
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 SHORT = 8  # characters of a checkpoint id the tables show (its end)
 
 
-def run_cli(*args: str, cwd: Path, stdin: str | None = None, env: dict[str, str] | None = None):
-    """Run `python -m agent *args` in `cwd` with a clean environment; returns the CompletedProcess."""
+def run_cli(
+    *args: str, cwd: Path, stdin: str | None = None, env: dict[str, str] | None = None, new_interpreter: bool = False
+):
+    """Run `python -m agent *args` in `cwd` with a clean environment; returns the CompletedProcess.
+
+    The process is forked from the preloaded server (`tests.helpers.preloaded.run_agent_cli`): a separate
+    process with its own environment, directory, arguments and streams, which does not import the agent
+    again. `new_interpreter` starts a new interpreter instead, for what happens at a fresh start (MLflow
+    sets up its logging when it is first imported); tests/cli/test_startup.py checks the imports themselves.
+    """
     clean = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("OPENAI_", "AGENT_", "MLFLOW_")) and k != "COLUMNS"
     }
     clean.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "agent", *args],
-        cwd=cwd,
-        env=clean,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    if new_interpreter:
+        command = [sys.executable, "-m", "agent", *args]
+        return subprocess.run(command, cwd=cwd, env=clean, input=stdin, capture_output=True, text=True, timeout=300)
+    return run_agent_cli(args, cwd=cwd, env=clean, stdin=stdin, timeout=300)
 
 
 def steps(stdout: str) -> dict[int, str]:

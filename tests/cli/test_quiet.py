@@ -27,7 +27,7 @@ MLFLOW_INFO = re.compile(r"\bINFO mlflow")
 
 
 def test_demo_with_tracing_prints_no_mlflow_info_line(tmp_path):
-    result = run_cli("demo", "--tracing", cwd=tmp_path)
+    result = run_cli("demo", "--tracing", cwd=tmp_path, new_interpreter=True)  # MLflow's logging, set up at import
     assert_clean_success(result)
     assert (tmp_path / ".agent" / "mlflow.db").is_file()  # tracing did run, with a new tracking store
     assert not MLFLOW_INFO.search(result.stdout + result.stderr), result.stderr
