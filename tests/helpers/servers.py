@@ -4,6 +4,12 @@
                         health_path="/health", env={"AGENT_DATABASE_URL": url}, cwd=tmp) as base_url:
         httpx.get(f"{base_url}/health")
 
+`python -m agent serve` (the agent's own server, `AGENT_SERVE`) is forked from the
+pytest worker's preloaded server (`tests.helpers.preloaded.start_agent`) instead of
+starting a new interpreter that imports MLflow, LangGraph and LangChain again
+(4 to 7 s of CPU a start); it behaves as the new process would. Any other command
+(`mlflow models serve`) runs as a new process.
+
 Also: `in_process_server(app)` serves an ASGI app with uvicorn in a thread of the
 test process (for apps built around a stand-in chat model), and
 `log_model_with_script(...)` runs `scripts/log_model.py` and returns the URI it printed.
@@ -29,6 +35,10 @@ import uvicorn
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.openai_stub import free_port
+from tests.helpers.preloaded import PreloadedServer, start_agent
+
+#: A server's process: a new one, or one forked from the preloaded server; both have `Popen`'s methods.
+Process = subprocess.Popen | PreloadedServer
 
 LOG_MODEL_SCRIPT = REPO_ROOT / "scripts" / "log_model.py"
 
@@ -72,7 +82,7 @@ class RunningServer:
     """A server process started by `running_server`: its URL, the process (to signal it), and its output so far."""
 
     base_url: str
-    process: subprocess.Popen
+    process: Process
     _output: Any
 
     def output(self, limit: int = 4000) -> str:
@@ -102,14 +112,7 @@ def running_server(
     base_url = f"http://127.0.0.1:{port}"
     # Output goes to a file, not a pipe nobody reads, so a chatty server never blocks.
     with tempfile.TemporaryFile() as output:
-        process = subprocess.Popen(
-            list(args),
-            cwd=cwd or REPO_ROOT,
-            env={**os.environ, **(env or {})},
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        process = _start(list(args), cwd=cwd or REPO_ROOT, env={**os.environ, **(env or {})}, output=output)
         try:
             _wait_until_healthy(process, base_url + health_path, startup_timeout, output)
             yield RunningServer(base_url, process, output)
@@ -117,7 +120,18 @@ def running_server(
             _stop(process)
 
 
-def _wait_until_healthy(process: subprocess.Popen, url: str, timeout: float, output: Any) -> None:
+#: The command line of the agent's own server, which `running_server` forks from the preloaded server.
+AGENT_SERVE = [sys.executable, "-m", "agent", "serve"]
+
+
+def _start(args: list[str], *, cwd: Path, env: dict[str, str], output: Any) -> Process:
+    # The module docstring says why `python -m agent serve` is forked; `start_agent` keeps what the tests rely on.
+    if args[: len(AGENT_SERVE)] == AGENT_SERVE:
+        return start_agent(args[3:], cwd=cwd, env=env, output=output.fileno())
+    return subprocess.Popen(args, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_until_healthy(process: Process, url: str, timeout: float, output: Any) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -136,7 +150,7 @@ def _tail(output: Any, limit: int = 4000) -> str:
     return output.read().decode(errors="replace")[-limit:]
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: Process) -> None:
     # The group id is the process's id (start_new_session); it holds only what this process started.
     for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
         try:

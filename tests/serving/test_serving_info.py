@@ -4,8 +4,6 @@ returns the agent's name, version, store kind (never its URL) and model name."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 import json
@@ -13,6 +11,7 @@ import json
 import pytest
 
 import agent
+from tests.helpers.preloaded import start_agent
 from tests.helpers.servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -25,10 +24,9 @@ def served(tmp_path):
     log = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "MLFLOW_", "OPENAI_"))}
     with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "agent", "serve", "--port", str(port)],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        # Forked from the worker's preloaded server (`tests.helpers.preloaded`): as `python -m agent serve` started
+        # with `env` as its whole environment, without importing MLflow and LangChain again.
+        process = start_agent(["serve", "--port", str(port)], cwd=tmp_path, env=env, output=out.fileno())
     try:
         deadline = time.monotonic() + 120
         while True:

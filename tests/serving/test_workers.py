@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import psycopg
 import pytest
 
 from tests.helpers.databases import dbname_of
+from tests.helpers.preloaded import start_agent
 from tests.helpers.scenario import request
 from tests.helpers.servers import free_port, server_process
 
@@ -164,13 +166,16 @@ def test_a_second_server_on_a_workers_port_fails_instead_of_sharing_it(served, t
     command = [sys.executable, "-m", "agent", "serve", "--port", port, "--workers", "2", "--model", "offline"]
     env = {**os.environ, "AGENT_TRACING": "false"}
     env.pop("AGENT_DATABASE_URL", None)  # an embedded SQLite file in tmp_path
-    second = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _, stderr = second.communicate(timeout=120)
-    finally:  # had it joined the port, its workers must not outlive the test
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(second.pid, signal.SIGKILL)
-        second.wait()
+    with tempfile.TemporaryFile() as output:
+        second = start_agent(command[3:], cwd=tmp_path, env=env, output=output.fileno())  # python -m agent, forked
+        try:
+            second.wait(timeout=120)
+        finally:  # had it joined the port, its workers must not outlive the test
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(second.pid, signal.SIGKILL)
+            second.wait()
+        output.seek(0)
+        stderr = output.read().decode(errors="replace")
     assert second.returncode == 3, stderr[-2000:]
     assert "address already in use" in stderr.lower()
     assert len(worker_pids(base)) == WORKERS
