@@ -46,7 +46,8 @@ Phases (all figures from one run; `--quick` shrinks every size for a smoke test)
    (`AGENT_TRACE_SAMPLE_RATIO=1`), run their rounds in between.
 9. In-process turn p50, last 10 over first 10 turns of a T-turn (200) thread,
    tracing on (the Python default) and off, each in a child process
-   (`bench.turn_growth`) so tracing settings do not leak.
+   (`bench.turn_growth`) so tracing settings do not leak. (`--quick` runs both
+   in this process instead, off then on: see `Sizes.growth_in_process`.)
 10. Three servers on one database; threads driven through all of them (each
     turn to a random server, 3 turns of a thread in flight at once, a 0.5 s
     model, each turn sent after a random 0-1 s pause), under `reject` and
@@ -142,6 +143,12 @@ class Sizes:
     and databases of its own, so that a figure measures its own servers only. The quick run is a smoke test of
     the code, run by the test suite: without sharing it started 11 servers, each importing MLflow (seconds of
     CPU each), and took about 2 minutes of one test worker; with it, 4."""
+    growth_in_process: bool = False
+    """Whether phase 9 measures in this process (`bench.turn_growth.measure`), tracing off and then on, the
+    last thing the run does, so that tracing left on reaches no other measurement. The full run starts a
+    child process for each, so that neither inherits the other's (or this process's) tracing state; in the
+    quick run those two interpreters, each importing the agent and one MLflow too, were most of the
+    phase's CPU (about 14 s), and the smoke test needs the measurement's code path, not that isolation."""
 
 
 #: The smoke test's sizes (tests/bench): enough for every figure to be computed, not to be trusted.
@@ -149,13 +156,14 @@ QUICK = Sizes(
     conversations=10,
     in_process_calls=15,
     cpu_turns=10,
-    growth_turns=20,
+    growth_turns=10,  # bench.turn_growth.WINDOW: the first window is the last one
     chain_threads=3,
     chain_turns=4,
     workers_turns=16,
     workers_concurrency=4,
     tracking_server=False,
     shared_servers=True,
+    growth_in_process=True,
 )
 
 
@@ -542,10 +550,11 @@ class LoadBenchmark:
     # -- phase 9 -----------------------------------------------------------------------------
     def turn_growth(self) -> dict[str, Any]:
         out = {}
-        for tracing in ("on", "off"):
+        here = self.sizes.growth_in_process
+        for tracing in ("off", "on") if here else ("on", "off"):  # here: tracing on last (`Sizes.growth_in_process`)
             print(f"  one thread of {self.sizes.growth_turns} in-process turns, tracing {tracing} ...", flush=True)
             with self.scratch_database(f"tt_load_growth_{tracing}") as db:
-                out[tracing] = self._growth_child(db, tracing)
+                out[tracing] = self._growth_here(db, tracing) if here else self._growth_child(db, tracing)
         self.values.update(
             traced_turn_growth=out["on"]["growth"],
             traced_turn_ms_first=out["on"]["turn_p50_ms_first"],
@@ -555,6 +564,15 @@ class LoadBenchmark:
             untraced_turn_ms_last=out["off"]["turn_p50_ms_last"],
         )
         return out
+
+    def _growth_here(self, database_url: str, tracing: str) -> dict[str, Any]:
+        from bench import turn_growth
+
+        if tracing == "on":  # where the child's MLFLOW_TRACKING_URI would point
+            import mlflow
+
+            mlflow.set_tracking_uri(f"sqlite:///{self.workdir / f'growth-{tracing}'}-mlflow.db")
+        return turn_growth.measure(database_url, self.sizes.growth_turns, tracing == "on")
 
     def _growth_child(self, database_url: str, tracing: str) -> dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}
