@@ -86,6 +86,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from agent.tracing import DEFAULT_TRACKING_DB
 from bench import report, traffic
 from bench.databases import DEFAULT_SERVER_URL, dbname_of, scratch_database, server_version
 from bench.processes import ServerProcess, running_servers
@@ -142,7 +143,10 @@ class Sizes:
     started when a phase first needs it and stopped when the run ends. The full run gives each phase servers
     and databases of its own, so that a figure measures its own servers only. The quick run is a smoke test of
     the code, run by the test suite: without sharing it started 11 servers, each importing MLflow (seconds of
-    CPU each), and took about 2 minutes of one test worker; with it, 4."""
+    CPU each), and took about 2 minutes of one test worker; with it, 4. What writes every trace into a SQLite
+    file (phase 8's "local" server, phase 9 with tracing on) writes it into the run's default store
+    (`.agent/mlflow.db` of the run's directory) when a server already made it, not into a new file each:
+    MLflow's migrations of a new store are seconds of CPU (`LoadBenchmark.trace_file`)."""
     growth_in_process: bool = False
     """Whether phase 9 measures in this process (`bench.turn_growth.measure`), tracing off and then on, the
     last thing the run does, so that tracing left on reaches no other measurement. The full run starts a
@@ -313,11 +317,20 @@ class LoadBenchmark:
         if traces == "server":
             env.update(MLFLOW_TRACKING_URI=self.tracking_uri, AGENT_TRACE_SAMPLE_RATIO="1")
         elif traces == "local":
-            env.update(MLFLOW_TRACKING_URI=f"sqlite:///{self.workdir / name}-mlflow.db", AGENT_TRACE_SAMPLE_RATIO="1")
+            env.update(MLFLOW_TRACKING_URI=f"sqlite:///{self.trace_file(name)}", AGENT_TRACE_SAMPLE_RATIO="1")
         else:
             env = {k: v for k, v in env.items() if not k.startswith("MLFLOW_")}
         base_url = f"http://127.0.0.1:{port}"
         return (name, args, env, f"{base_url}/health"), base_url
+
+    def trace_file(self, name: str) -> Path:
+        """The SQLite file a server or measurement `name` writes every trace into: one of its own, or with
+        `sizes.shared_servers` the run's default store once a server has made it (a store is only there once
+        it is whole: a server answers /health after making it)."""
+        default = self.workdir / DEFAULT_TRACKING_DB
+        if self.sizes.shared_servers and default.exists():
+            return default
+        return self.workdir / f"{name}-mlflow.db"
 
     def servers(self, specs):
         self.started += [name for name, *_ in specs]
@@ -568,11 +581,14 @@ class LoadBenchmark:
     def _growth_here(self, database_url: str, tracing: str) -> dict[str, Any]:
         from bench import turn_growth
 
-        if tracing == "on":  # where the child's MLFLOW_TRACKING_URI would point
+        if tracing == "on":  # what the child's MLFLOW_TRACKING_URI says
             import mlflow
 
-            mlflow.set_tracking_uri(f"sqlite:///{self.workdir / f'growth-{tracing}'}-mlflow.db")
-        return turn_growth.measure(database_url, self.sizes.growth_turns, tracing == "on")
+            mlflow.set_tracking_uri(f"sqlite:///{self.trace_file(f'growth-{tracing}')}")
+        found = turn_growth.measure(database_url, self.sizes.growth_turns, tracing == "on")
+        if tracing == "on":  # MLflow exports traces on a thread: done before the run's directory is removed
+            mlflow.flush_trace_async_logging()
+        return found
 
     def _growth_child(self, database_url: str, tracing: str) -> dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}
