@@ -46,7 +46,8 @@ Phases (all figures from one run; `--quick` shrinks every size for a smoke test)
    (`AGENT_TRACE_SAMPLE_RATIO=1`), run their rounds in between.
 9. In-process turn p50, last 10 over first 10 turns of a T-turn (200) thread,
    tracing on (the Python default) and off, each in a child process
-   (`bench.turn_growth`) so tracing settings do not leak.
+   (`bench.turn_growth`) so tracing settings do not leak. (`--quick` runs both
+   in this process instead, off then on: see `Sizes.growth_in_process`.)
 10. Three servers on one database; threads driven through all of them (each
     turn to a random server, 3 turns of a thread in flight at once, a 0.5 s
     model, each turn sent after a random 0-1 s pause), under `reject` and
@@ -85,6 +86,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from agent.tracing import DEFAULT_TRACKING_DB
 from bench import report, traffic
 from bench.databases import DEFAULT_SERVER_URL, dbname_of, scratch_database, server_version
 from bench.processes import ServerProcess, running_servers
@@ -141,7 +143,16 @@ class Sizes:
     started when a phase first needs it and stopped when the run ends. The full run gives each phase servers
     and databases of its own, so that a figure measures its own servers only. The quick run is a smoke test of
     the code, run by the test suite: without sharing it started 11 servers, each importing MLflow (seconds of
-    CPU each), and took about 2 minutes of one test worker; with it, 4."""
+    CPU each), and took about 2 minutes of one test worker; with it, 4. What writes every trace into a SQLite
+    file (phase 8's "local" server, phase 9 with tracing on) writes it into the run's default store
+    (`.agent/mlflow.db` of the run's directory) when a server already made it, not into a new file each:
+    MLflow's migrations of a new store are seconds of CPU (`LoadBenchmark.trace_file`)."""
+    growth_in_process: bool = False
+    """Whether phase 9 measures in this process (`bench.turn_growth.measure`), tracing off and then on, the
+    last thing the run does, so that tracing left on reaches no other measurement. The full run starts a
+    child process for each, so that neither inherits the other's (or this process's) tracing state; in the
+    quick run those two interpreters, each importing the agent and one MLflow too, were most of the
+    phase's CPU (about 14 s), and the smoke test needs the measurement's code path, not that isolation."""
 
 
 #: The smoke test's sizes (tests/bench): enough for every figure to be computed, not to be trusted.
@@ -149,13 +160,14 @@ QUICK = Sizes(
     conversations=10,
     in_process_calls=15,
     cpu_turns=10,
-    growth_turns=20,
+    growth_turns=10,  # bench.turn_growth.WINDOW: the first window is the last one
     chain_threads=3,
     chain_turns=4,
     workers_turns=16,
     workers_concurrency=4,
     tracking_server=False,
     shared_servers=True,
+    growth_in_process=True,
 )
 
 
@@ -305,11 +317,20 @@ class LoadBenchmark:
         if traces == "server":
             env.update(MLFLOW_TRACKING_URI=self.tracking_uri, AGENT_TRACE_SAMPLE_RATIO="1")
         elif traces == "local":
-            env.update(MLFLOW_TRACKING_URI=f"sqlite:///{self.workdir / name}-mlflow.db", AGENT_TRACE_SAMPLE_RATIO="1")
+            env.update(MLFLOW_TRACKING_URI=f"sqlite:///{self.trace_file(name)}", AGENT_TRACE_SAMPLE_RATIO="1")
         else:
             env = {k: v for k, v in env.items() if not k.startswith("MLFLOW_")}
         base_url = f"http://127.0.0.1:{port}"
         return (name, args, env, f"{base_url}/health"), base_url
+
+    def trace_file(self, name: str) -> Path:
+        """The SQLite file a server or measurement `name` writes every trace into: one of its own, or with
+        `sizes.shared_servers` the run's default store once a server has made it (a store is only there once
+        it is whole: a server answers /health after making it)."""
+        default = self.workdir / DEFAULT_TRACKING_DB
+        if self.sizes.shared_servers and default.exists():
+            return default
+        return self.workdir / f"{name}-mlflow.db"
 
     def servers(self, specs):
         self.started += [name for name, *_ in specs]
@@ -542,10 +563,11 @@ class LoadBenchmark:
     # -- phase 9 -----------------------------------------------------------------------------
     def turn_growth(self) -> dict[str, Any]:
         out = {}
-        for tracing in ("on", "off"):
+        here = self.sizes.growth_in_process
+        for tracing in ("off", "on") if here else ("on", "off"):  # here: tracing on last (`Sizes.growth_in_process`)
             print(f"  one thread of {self.sizes.growth_turns} in-process turns, tracing {tracing} ...", flush=True)
             with self.scratch_database(f"tt_load_growth_{tracing}") as db:
-                out[tracing] = self._growth_child(db, tracing)
+                out[tracing] = self._growth_here(db, tracing) if here else self._growth_child(db, tracing)
         self.values.update(
             traced_turn_growth=out["on"]["growth"],
             traced_turn_ms_first=out["on"]["turn_p50_ms_first"],
@@ -555,6 +577,18 @@ class LoadBenchmark:
             untraced_turn_ms_last=out["off"]["turn_p50_ms_last"],
         )
         return out
+
+    def _growth_here(self, database_url: str, tracing: str) -> dict[str, Any]:
+        from bench import turn_growth
+
+        if tracing == "on":  # what the child's MLFLOW_TRACKING_URI says
+            import mlflow
+
+            mlflow.set_tracking_uri(f"sqlite:///{self.trace_file(f'growth-{tracing}')}")
+        found = turn_growth.measure(database_url, self.sizes.growth_turns, tracing == "on")
+        if tracing == "on":  # MLflow exports traces on a thread: done before the run's directory is removed
+            mlflow.flush_trace_async_logging()
+        return found
 
     def _growth_child(self, database_url: str, tracing: str) -> dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}

@@ -81,7 +81,7 @@ class Sizes:
     warmup: int = 5
 
 
-QUICK = Sizes(turns=6, warmup=1)
+QUICK = Sizes(turns=3, warmup=1)
 
 WORDS = ("vegetarian", "Lisbon", "tea", "museum", "cycling", "jazz", "sister", "Porto", "trains", "sushi")
 

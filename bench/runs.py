@@ -4,7 +4,7 @@ Usage::
 
     python -m bench.runs [--quick] [--json out.json] [--database-url URL]
 
-(`scripts/bench.py` runs it with the other benchmarks.) `--quick` is 5 turns, a smoke test.
+(`scripts/bench.py` runs it with the other benchmarks.) `--quick` is 3 turns, a smoke test.
 
 An agent of this project on a fresh scratch Postgres database (`tt_bench_runs_<hex>`, dropped at the end),
 its model LangChain's `GenericFakeChatModel` answering `ANSWER_BYTES` bytes of words drawn at random from a
@@ -48,7 +48,7 @@ from agent.runs.log import decode
 from bench.databases import dbname_of, scratch_database, server_version
 
 TITLE = "resumable streams: kept event bytes vs turn text bytes, {turns} streamed turns on Postgres"
-TURNS, QUICK_TURNS = 100, 5
+TURNS, QUICK_TURNS = 100, 3
 #: The length of each answer, in bytes.
 ANSWER_BYTES = 2000
 #: The words answers are made of.

@@ -4,7 +4,7 @@ Usage::
 
     python -m bench.storage [--quick] [--turns N] [--json out.json] [--database-url URL]
 
-(`scripts/bench.py` runs it with the other benchmarks.) `--quick` is 12 turns, a smoke test.
+(`scripts/bench.py` runs it with the other benchmarks.) `--quick` is 12 turns and 4 conversations at once, a smoke test.
 
 The server comes from `--database-url`, else `AGENT_TEST_DATABASE_URL` (as the
 tests), else `postgresql://postgres@127.0.0.1:5432/postgres`. Each design gets
@@ -45,7 +45,8 @@ How it measures, and why:
   on the N-turn thread and on a new thread of `WINDOW` turns (the same
   messages), calls interleaved for the same reason.
 * Throughput: `CONCURRENT_CONVERSATIONS` threads of `THROUGHPUT_TURNS` turns at
-  once versus one, with a chat model that takes `SLOW_MODEL_MS`; errors are counted.
+  once versus one, with a chat model that takes `SLOW_MODEL_MS`; errors are counted
+  (`--quick`: `QUICK_CONCURRENT_CONVERSATIONS` of `QUICK_THROUGHPUT_TURNS`).
 
 All figures are ratios of times measured in this one run, so they compare
 designs, not machines; other load on the machine still adds noise (the report
@@ -96,9 +97,10 @@ HISTORY_LIMIT = 10
 HISTORY_REPETITIONS = 50
 #: The reference's history loop loads the whole thread; at N=200 one call takes seconds.
 REFERENCE_HISTORY_REPETITIONS_AT_N = 3
-#: Conversations run at once in the throughput figure, each doing `THROUGHPUT_TURNS` turns.
-CONCURRENT_CONVERSATIONS = 16
-THROUGHPUT_TURNS = 10
+#: Conversations run at once in the throughput figure, each doing `THROUGHPUT_TURNS` turns; `--quick`'s
+#: fewer and shorter (its 171 turns a design were most of the smoke test's CPU after the imports).
+CONCURRENT_CONVERSATIONS, QUICK_CONCURRENT_CONVERSATIONS = 16, 4
+THROUGHPUT_TURNS, QUICK_THROUGHPUT_TURNS = 10, 3
 #: How long the slow chat model of the throughput figure takes per call.
 SLOW_MODEL_MS = 100
 #: Turns of the warm-up thread each design runs before anything is timed.
@@ -391,13 +393,14 @@ def measure_sqlite(design: Design, turns: int) -> dict[str, float]:
     }
 
 
-def run_throughput(design: Design) -> dict[str, Any]:
-    """Turns per second of one conversation, and of `CONCURRENT_CONVERSATIONS` at once; `THROUGHPUT_TURNS` each."""
+def run_throughput(design: Design, conversations: int = CONCURRENT_CONVERSATIONS,
+                   turns: int = THROUGHPUT_TURNS) -> dict[str, Any]:  # fmt: skip
+    """Turns per second of one conversation, and of `conversations` at once; `turns` each."""
 
     def conversation() -> int:
         thread_id = new_thread_id("tput")
         errors = 0
-        for turn in range(1, THROUGHPUT_TURNS + 1):
+        for turn in range(1, turns + 1):
             try:
                 design.turn(thread_id, user_message(turn))
             except Exception as exc:  # counted and reported, never hidden
@@ -407,19 +410,20 @@ def run_throughput(design: Design) -> dict[str, Any]:
 
     design.turn(new_thread_id("tput-warmup"), user_message(1))
     single_seconds, single_errors = timed(conversation)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=CONCURRENT_CONVERSATIONS) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=conversations) as pool:
         start = time.perf_counter()
-        futures = [pool.submit(conversation) for _ in range(CONCURRENT_CONVERSATIONS)]
+        futures = [pool.submit(conversation) for _ in range(conversations)]
         concurrent_errors = sum(f.result() for f in futures)
         concurrent_seconds = time.perf_counter() - start
     return {
-        "throughput_single_tps": THROUGHPUT_TURNS / single_seconds,
-        "throughput_concurrent_tps": CONCURRENT_CONVERSATIONS * THROUGHPUT_TURNS / concurrent_seconds,
+        "throughput_single_tps": turns / single_seconds,
+        "throughput_concurrent_tps": conversations * turns / concurrent_seconds,
         "errors": single_errors + concurrent_errors,
     }
 
 
-def measure_reference(server_url: str, turns: int, workdir: Path) -> dict[str, Any]:
+def measure_reference(server_url: str, turns: int, workdir: Path, throughput: tuple[int, int]) -> dict[str, Any]:
+    """The reference design's measurements; `throughput` is `run_throughput`'s (conversations, turns)."""
     out: dict[str, Any] = {}
     with scratch_database(server_url, "tt_bench_ref") as url:
         out["database"] = dbname_of(url)
@@ -433,7 +437,7 @@ def measure_reference(server_url: str, turns: int, workdir: Path) -> dict[str, A
         print("  reference: throughput ...", flush=True)
         slow = Reference.on_postgres(url, OfflineChatModel(latency_ms=SLOW_MODEL_MS))
         try:
-            out.update(run_throughput(slow))
+            out.update(run_throughput(slow, *throughput))
         finally:
             slow.close()
     print("  reference: SQLite file ...", flush=True)
@@ -441,7 +445,8 @@ def measure_reference(server_url: str, turns: int, workdir: Path) -> dict[str, A
     return out
 
 
-def measure_project(server_url: str, turns: int, workdir: Path) -> dict[str, Any]:
+def measure_project(server_url: str, turns: int, workdir: Path, throughput: tuple[int, int]) -> dict[str, Any]:
+    """This project's measurements; `throughput` is `run_throughput`'s (conversations, turns)."""
     out: dict[str, Any] = {}
     with scratch_database(server_url, "tt_bench_ours") as url:
         out["database"] = dbname_of(url)
@@ -455,7 +460,7 @@ def measure_project(server_url: str, turns: int, workdir: Path) -> dict[str, Any
         print("  project: throughput ...", flush=True)
         slow = Project(url, model=OfflineChatModel(latency_ms=SLOW_MODEL_MS))
         try:
-            out.update(run_throughput(slow))
+            out.update(run_throughput(slow, *throughput))
         finally:
             slow.close()
     print("  project: SQLite file ...", flush=True)
@@ -464,8 +469,9 @@ def measure_project(server_url: str, turns: int, workdir: Path) -> dict[str, Any
 
 
 # -- figures ---------------------------------------------------------------------------------
-def figures() -> dict[str, report.Figure]:
-    """Every figure of the report (this project's value; the reference's goes in the note), in table order."""
+def figures(conversations: int = CONCURRENT_CONVERSATIONS) -> dict[str, report.Figure]:
+    """Every figure of the report (this project's value; the reference's goes in the note), in table order;
+    `conversations` is the throughput figure's."""
     ratio, speedup, ms = report.fixed(2), report.fixed(1, "x"), report.fixed(2, " ms")
     return {
         "storage_growth": report.Figure("storage growth / raw message bytes", "<= 3", lambda v: v <= 3, ratio),
@@ -474,7 +480,7 @@ def figures() -> dict[str, report.Figure]:
         "turn_latency_growth": report.Figure("turn p50, last 10 / first 10 turns", "<= 1.3", lambda v: v <= 1.3, ratio),
         "postgres_vs_memory": report.Figure("turn p50 at N, Postgres / in memory", "<= 1.5", lambda v: v <= 1.5, ratio),
         "concurrency_speedup": report.Figure(
-            f"throughput, {CONCURRENT_CONVERSATIONS} conversations / 1", ">= 8x, 0 errors", lambda v: v >= 8, speedup
+            f"throughput, {conversations} conversations / 1", ">= 8x, 0 errors", lambda v: v >= 8, speedup
         ),
         "history_ms_at_n": report.Figure("history(limit=10) p50 at N turns", fmt=ms),
         "turn_ms_first": report.Figure("Postgres turn p50, first 10 turns", fmt=ms),
@@ -504,7 +510,8 @@ def figures_of(m: dict[str, Any], reference_history_ms_at_n: float) -> dict[str,
 def run(server_url: str, *, quick: bool = False, turns: int | None = None) -> dict[str, Any]:
     """Measure both designs on the Postgres server of `server_url`; the report (`bench.report.build_report`).
 
-    `turns` (>= `WINDOW`) defaults to `TURNS`, or `QUICK_TURNS` with `quick`. Besides the figures the
+    `turns` (>= `WINDOW`) defaults to `TURNS`, or `QUICK_TURNS` with `quick`, which also runs the smaller
+    throughput figure (`QUICK_CONCURRENT_CONVERSATIONS` of `QUICK_THROUGHPUT_TURNS`). Besides the figures the
     report holds `reference_figures` (the same figures of the reference design), `measurements`
     (both designs' raw numbers), `errors` (of the concurrent conversations, per design) and `turns`.
     """
@@ -512,14 +519,16 @@ def run(server_url: str, *, quick: bool = False, turns: int | None = None) -> di
     if turns < WINDOW:
         raise ValueError(f"turns must be at least {WINDOW}")
     header = report.environment(server_version(server_url), PACKAGES)
+    conversations, throughput_turns = (QUICK_CONCURRENT_CONVERSATIONS, QUICK_THROUGHPUT_TURNS) if quick else (
+        CONCURRENT_CONVERSATIONS, THROUGHPUT_TURNS)  # fmt: skip
     print(f"storage benchmark: {turns} turns", flush=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tt-bench-") as tmp:
-        reference = measure_reference(server_url, turns, Path(tmp))
-        project = measure_project(server_url, turns, Path(tmp))
+        reference = measure_reference(server_url, turns, Path(tmp), (conversations, throughput_turns))
+        project = measure_project(server_url, turns, Path(tmp), (conversations, throughput_turns))
     ref_figures = figures_of(reference, reference["history_p50_ms_at_n"])
     our_figures = figures_of(project, reference["history_p50_ms_at_n"])
-    table = figures()
+    table = figures(conversations)
     notes = {key: f"reference {table[key].fmt(value)}" for key, value in ref_figures.items()}
     errors = {"reference": reference["errors"], "project": project["errors"]}
     if project["errors"]:
@@ -537,8 +546,8 @@ def run(server_url: str, *, quick: bool = False, turns: int | None = None) -> di
             "history_limit": HISTORY_LIMIT,
             "history_repetitions": HISTORY_REPETITIONS,
             "reference_history_repetitions_at_n": REFERENCE_HISTORY_REPETITIONS_AT_N,
-            "concurrent_conversations": CONCURRENT_CONVERSATIONS,
-            "throughput_turns": THROUGHPUT_TURNS,
+            "concurrent_conversations": conversations,
+            "throughput_turns": throughput_turns,
             "slow_model_ms": SLOW_MODEL_MS,
             "reference_pool": [REFERENCE_POOL_MIN, REFERENCE_POOL_MAX],
         },
@@ -591,7 +600,8 @@ PACKAGES = (
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_TURNS} turns: a smoke test")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_TURNS} turns, {QUICK_CONCURRENT_CONVERSATIONS} conversations at once: a smoke test")  # fmt: skip
     parser.add_argument("--turns", type=int, help=f"turns of the measured thread (>= {WINDOW}; default {TURNS})")
     parser.add_argument("--json", type=Path, help="also write every figure and measurement to this JSON file")
     parser.add_argument(

@@ -11,6 +11,8 @@ It runs as its own process because MLflow's tracing switch and sampling ratio
 are global to a process: a run with tracing on must not leave its
 hooks in a process that then measures tracing off. Traces go where
 `MLFLOW_TRACKING_URI` says (the load benchmark points it at a temporary file).
+(The load benchmark's quick run, a smoke test, calls `measure` in its own
+process instead, tracing off first: `bench.load.Sizes.growth_in_process`.)
 
 Fairness, as `scripts/bench.py` does it: after a warm-up thread, the last
 `WINDOW` turns of the long thread alternate with the first `WINDOW` turns of a

@@ -6,7 +6,8 @@ A thread of 200 turns with 20 one-turn branches (quick: 20 and 2) is written in 
 model and imported over HTTP (`import_thread`) into `tt-agent serve` (a real process, Postgres, the
 offline model). Debian's Chromium (Playwright, `tests.helpers.web`) then opens `/?thread=<id>` in a new
 browser context each sample (a cold cache: the page's scripts are fetched too) and the clock runs from
-the navigation to the moment the last message is visible and the tree has every checkpoint drawn.
+the navigation to the moment the last message is visible and the tree has every checkpoint drawn, after
+one render that warms the server's caches (not with `--quick`, whose one sample is a smoke test).
 
 Figures: that time (median of the samples); the bytes the page fetched on the wire (Playwright's
 `request.sizes()`: compressed bodies and headers), for the API alone (its requests: the state, the
@@ -127,7 +128,8 @@ def run(server_url: str, *, quick: bool) -> dict[str, Any]:
                 user_ids = [i for i, item in enumerate(state["messages"]) if item.get("role") == "user"]
                 last_id = state["messages"][user_ids[-1] + 1]["id"]  # the last answer, named by its first item
                 with launch_chromium() as browser:
-                    _one_render(browser, base_url, thread_id, last_id, nodes)  # warm-up: the server's caches
+                    if not quick:  # the quick run's one sample is not to be trusted anyway: a render less of CPU
+                        _one_render(browser, base_url, thread_id, last_id, nodes)  # warm-up: the server's caches
                     runs = [_one_render(browser, base_url, thread_id, last_id, nodes) for _ in range(sizes.samples)]
         samples = {"render_s": [r[0] for r in runs], "api_bytes": [r[1] for r in runs], "all_bytes": [r[2] for r in runs],
                    "checkpoints": nodes, "messages": len(state["messages"])}  # fmt: skip

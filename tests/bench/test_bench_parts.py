@@ -175,7 +175,7 @@ def check_streams(run: Run) -> None:
     result = run.report
     assert result["streams"] == streams.QUICK_STREAMS and result["targets_total"] == 3
     found = result["measurements"]
-    # No stream is lost: each of the 2 x 100 streams at once ended with its checkpoint id and no error
+    # No stream is lost: each of the 2 x QUICK_STREAMS streams at once ended with its checkpoint id and no error
     # event, and that checkpoint is its thread's head in the database (the turn was saved).
     assert [found[phase]["requests"] for phase in ("zero_model", "slow_model")] == [streams.QUICK_STREAMS] * 2
     assert found["zero_model"]["errors"] == found["slow_model"]["errors"] == 0
