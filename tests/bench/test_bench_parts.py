@@ -47,6 +47,7 @@ from bench import (
     web,
 )
 from tests.helpers import REPO_ROOT
+from tests.helpers.preloaded import run_source
 from tests.helpers.offline import AGENT_TOOL_SCHEMAS, offline_reply
 
 RUNNER = REPO_ROOT / "scripts" / "bench.py"
@@ -81,13 +82,15 @@ class Part:
     may_be_unmeasured: frozenset[str] = frozenset()
     """Figures that may be None in a quick run (what this machine cannot measure)."""
 
-    def command(self, out: Path, server_url: str) -> list[str]:
+    def source(self) -> str:
+        """What the part's process runs: `python scripts/bench.py` or `python -m bench.NAME`, as source."""
         if self.via_runner:
-            command = [sys.executable, str(RUNNER), "--quick", "--only", self.name]
-        else:
-            command = [sys.executable, "-m", f"bench.{self.name}", "--quick"]
-        command += ["--json", str(out)]
-        return command + (["--database-url", server_url] if self.takes_database else [])
+            return f"import runpy; runpy.run_path({str(RUNNER)!r}, run_name='__main__')"
+        return f"import runpy; runpy.run_module('bench.{self.name}', run_name='__main__', alter_sys=True)"
+
+    def arguments(self, out: Path, server_url: str) -> list[str]:
+        arguments = ["--quick", *(["--only", self.name] if self.via_runner else []), "--json", str(out)]
+        return arguments + (["--database-url", server_url] if self.takes_database else [])
 
 
 def databases_left(server_url: str, *, names: list[str] | None = None, like: str | None = None) -> list[tuple]:
@@ -372,13 +375,16 @@ _SLOW = {"branches", "catalogue", "context", "memory", "memory_eval", "startup",
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:
     before = frozenset(name for (name,) in databases_left(server_url, like="tt_%"))
-    done = subprocess.run(
-        part.command(out, server_url),
+    # Forked from the preloaded interpreter (`tests.helpers.preloaded`), as `python -m bench.NAME` would run
+    # but without importing the agent's stack again (about 3 s of CPU a part); what a part measures of new
+    # processes (start-up, servers) it starts itself, as new interpreters.
+    done = run_source(
+        part.source(),
+        f"<bench.{part.name}>",
         cwd=REPO_ROOT,
         env={**os.environ, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
         timeout=part.timeout,
+        args=part.arguments(out, server_url),
     )
     output = json.loads(out.read_text()) if out.exists() else {}
     result = output.get("parts", {}).get(part.name, {}) if part.via_runner else output
