@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +17,7 @@ from agent.config import load_settings, mask_url
 from agent.storage.postgres import PostgresThreadStorage
 from agent.storage.sqlite import SqliteThreadStorage
 from tests.helpers.openai_stub import free_port
+from tests.helpers.preloaded import run_agent_cli
 from tests.helpers.scenario import TRIP, outputs, say, text_of
 
 SECRET = "s3cret-pa55word"
@@ -125,10 +124,9 @@ def test_tt_agent_serve_masks_the_password_when_the_database_is_unreachable(tmp_
         "quoted": f"host=127.0.0.1 port={port} user=agent password='{SECRET} x' dbname=agentdb",
     }[form]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "MLFLOW_"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "agent", "serve", "--port", str(free_port()), "--database-url", url],
-        cwd=tmp_path, env={**env, "AGENT_POOL_TIMEOUT": "1", "AGENT_TRACING": "false"},
-        capture_output=True, text=True, timeout=120,
+    done = run_agent_cli(  # `python -m agent serve ...`, forked from the preloaded interpreter
+        ["serve", "--port", str(free_port()), "--database-url", url],
+        cwd=tmp_path, env={**env, "AGENT_POOL_TIMEOUT": "1", "AGENT_TRACING": "false"}, stdin=None, timeout=120,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert SECRET not in done.stdout + done.stderr
