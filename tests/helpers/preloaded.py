@@ -98,7 +98,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 def _run(
     source: str, filename: str, cwd: str, env: dict[str, str], stdout: str, stderr: str,
-    stdin: str = os.devnull, args: tuple[str, ...] = (),
+    stdin: str = os.devnull, args: tuple[str, ...] | None = None,
 ) -> None:
     """The forked process: streams, environment and directory of the block, the block, then the interpreter's exit."""
     fds = [os.open(stdin, os.O_RDONLY), os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)]
@@ -107,7 +107,7 @@ def _run(
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    sys.argv = ["-c", *args] if args else ["-c", filename]
+    sys.argv = ["-c", filename] if args is None else ["-c", *args]
     _exit_as_interpreter(lambda: exec(compile(source, filename, "exec"), {"__name__": "__main__"}))  # noqa: S102
 
 
@@ -167,12 +167,12 @@ def run_source(
     cwd: Path,
     env: dict[str, str],
     timeout: float,
-    args: Sequence[str] = (),
+    args: Sequence[str] | None = None,
     stdin: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run `source` (compiled with `filename`) in a process forked from the preloaded server; its exit code and output.
 
-    `args` become `sys.argv[1:]` (`python -c source *args`); `stdin` is the text the process reads
+    `args` become `sys.argv[1:]` (`python -c source *args`; None: `[filename]`, what a documentation block gets); `stdin` is the text the process reads
     (default: nothing, /dev/null). Returns a `CompletedProcess` (args `["-c", filename]`, text stdout
     and stderr) as `subprocess.run(..., input=stdin, capture_output=True, text=True)` would.
 
@@ -186,7 +186,7 @@ def run_source(
         process = _forkserver().Process(
             target=_run,
             args=(source, filename, str(cwd), env, str(out), str(err), str(given) if stdin is not None else os.devnull,
-                  tuple(args)),
+                  None if args is None else tuple(args)),
         )  # fmt: skip
         process.start()
         process.join(timeout)
