@@ -172,9 +172,10 @@ def run_source(
 ) -> subprocess.CompletedProcess:
     """Run `source` (compiled with `filename`) in a process forked from the preloaded server; its exit code and output.
 
-    `args` become `sys.argv[1:]` (`python -c source *args`; None: `[filename]`, what a documentation block gets); `stdin` is the text the process reads
-    (default: nothing, /dev/null). Returns a `CompletedProcess` (args `["-c", filename]`, text stdout
-    and stderr) as `subprocess.run(..., input=stdin, capture_output=True, text=True)` would.
+    `args` become `sys.argv[1:]` (`python -c source *args`; None: `[filename]`, what a documentation
+    block gets); `stdin` is the text the process reads (default: nothing, /dev/null). Returns a
+    `CompletedProcess` (args `["-c", filename]`, text stdout and stderr) as
+    `subprocess.run(..., input=stdin, capture_output=True, text=True)` would.
 
     Raises:
         subprocess.TimeoutExpired: the process ran longer than `timeout` seconds (it is killed).
@@ -198,7 +199,36 @@ def run_source(
         return subprocess.CompletedProcess(["-c", filename], process.exitcode, read(out), read(err))
 
 
-class PreloadedProcess:
+class _Forked:
+    """`Popen`'s process methods (`poll`, `wait`, `send_signal`, `terminate`, `kill`, `returncode`, `args`) over a
+    process forked from the preloaded server: a child of the forkserver, whose exit status comes from there."""
+
+    args: list[str]
+    returncode: int | None = None
+    _process: multiprocessing.process.BaseProcess
+
+    def poll(self) -> int | None:
+        self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: never signal a pid that may have been reused
+            os.kill(self._process.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class PreloadedProcess(_Forked):
     """`python -c source *args` forked from the preloaded server, talking through named pipes: what
     `subprocess.Popen(..., stdin=PIPE, stdout=PIPE, text=True)` gives, for the tests' interactive children
     (`tests.helpers.reliability.Child`), each of which spent about 3 s of CPU importing the agent.
@@ -219,26 +249,17 @@ class PreloadedProcess:
             target=_run, args=(source, "<child>", str(cwd), env, stdout_path, stderr_path, stdin_path, tuple(args))
         )
         self._process.start()
-        self.returncode: int | None = None
+        self.args = ["-c", "<child>", *args]
 
     def lines(self) -> Iterator[str]:
         """The lines the process prints, until it exits (opening waits until it opens its end)."""
         with open(self._stdout_path, encoding="utf-8") as stdout:
             yield from stdout
 
-    def poll(self) -> int | None:
-        self.returncode = self._process.exitcode
-        return self.returncode
-
     def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        if self.poll() is None:
-            raise subprocess.TimeoutExpired(["-c", "<child>"], timeout or 0)
+        code = super().wait(timeout)
         self.close()
-        return self.returncode
-
-    def kill(self) -> None:
-        self._process.kill()
+        return code
 
     def close(self) -> None:
         self.stdin.close()
@@ -332,7 +353,7 @@ def _reconfigure_imported(env: dict[str, str]) -> None:
         _configure_mlflow_loggers(root_module_name="mlflow")
 
 
-class PreloadedServer:
+class PreloadedServer(_Forked):
     """`python -m module *args` forked from the preloaded server (`start_agent`), in a session of its own:
     `args`, `pid`, `returncode`, `poll`, `wait`, `send_signal`, `terminate` and `kill` are those of
     `subprocess.Popen(..., start_new_session=True)`, so `os.killpg(server.pid, sig)` reaches what it started.
@@ -355,27 +376,6 @@ class PreloadedServer:
         finally:
             started.close()
         self.pid: int = self._process.pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        self.returncode = self._process.exitcode
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        if self.poll() is None:
-            raise subprocess.TimeoutExpired(self.args, timeout or 0)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # as Popen: never signal a pid that may have been reused
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def start_agent(args: Sequence[str], *, cwd: Path, env: dict[str, str], output: int) -> PreloadedServer:
