@@ -6,7 +6,9 @@ to it; what every part must do (exit 0, report every figure it declares, print t
 `targets met: X/Y` line, name no phase that could not run) is checked once, in
 `test_quick_bench_part_runs_and_reports_every_figure`. The storage part runs through the runner,
 `scripts/bench.py --only storage`, so the runner's own summary is checked on a real report; the
-others run alone, `python -m bench.<name> --quick`, as their docstrings say they can.
+others run alone, `python -m bench.<name> --quick`, as their docstrings say they can. Each runs in a
+process forked from the preloaded interpreter (`tests.helpers.preloaded.run_source`, the module or
+script by `runpy`), not a new interpreter: what a part measures of new processes, it starts itself.
 """
 
 from __future__ import annotations

@@ -266,8 +266,22 @@ class PreloadedProcess(_Forked):
         self._folder.cleanup()
 
 
-#: `python -m agent` as source: `runpy` sets `sys.argv[0]` to the module's file, as the interpreter does.
-AGENT_MAIN = "import runpy; runpy.run_module('agent', run_name='__main__', alter_sys=True)"
+#: `python -m agent` as source: `runpy` sets `sys.argv[0]` to the module's file, as the interpreter does; MLflow,
+#: imported by the preload, is first set to the level the command line sets before importing it
+#: (`_reconfigure_imported`), so the output has no MLflow INFO line a new interpreter would not print.
+AGENT_MAIN = (
+    "import os, runpy; from tests.helpers.preloaded import _reconfigure_imported; "
+    "_reconfigure_imported(dict(os.environ)); runpy.run_module('agent', run_name='__main__', alter_sys=True)"
+)
+
+
+def script_main(path: Path) -> str:
+    """`python PATH` as source, for a script that sets MLflow's level before importing it, as
+    `scripts/log_model.py` does (what `AGENT_MAIN` does for the command line)."""
+    return (
+        "import os, runpy; from tests.helpers.preloaded import _reconfigure_imported; "
+        f"_reconfigure_imported(dict(os.environ)); runpy.run_path({str(path)!r}, run_name='__main__')"
+    )
 
 
 def run_agent_cli(args: Sequence[str], *, cwd: Path, env: dict[str, str], stdin: str | None, timeout: float) -> subprocess.CompletedProcess:
@@ -342,8 +356,10 @@ def _reconfigure_imported(env: dict[str, str]) -> None:
     """Redo what the preloaded modules did at import from the environment, with the process's own.
 
     MLflow sets its loggers' level from MLFLOW_LOGGING_LEVEL when imported (`mlflow/__init__.py`), which the
-    preload did in the pytest worker's environment; `agent.cli.main` sets that variable (WARNING unless set)
-    before anything imports MLflow, so a new `python -m agent` process has MLflow at that level.
+    preload did in the pytest worker's environment; `agent.cli.main` and `scripts/log_model.py` set that
+    variable (WARNING unless set) before anything imports MLflow, so a new `python -m agent` process has
+    MLflow at that level. For the agent's command line and that script only (`start_agent`, `AGENT_MAIN`,
+    `script_main`): a documentation block, like `python -c`, gets MLflow's own default.
     """
     from mlflow.environment_variables import MLFLOW_CONFIGURE_LOGGING
     from mlflow.utils.logging_utils import _configure_mlflow_loggers

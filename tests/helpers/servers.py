@@ -35,7 +35,7 @@ import uvicorn
 
 from tests.helpers import REPO_ROOT
 from tests.helpers.openai_stub import free_port
-from tests.helpers.preloaded import PreloadedServer, run_source, start_agent
+from tests.helpers.preloaded import PreloadedServer, run_source, script_main, start_agent
 
 #: A server's process: a new one, or one forked from the preloaded server; both have `Popen`'s methods.
 Process = subprocess.Popen | PreloadedServer
@@ -202,8 +202,8 @@ def log_model_with_script(cwd: Path, env: Mapping[str, str | None], *args: str) 
         child_env.pop(key, None)
     # `python scripts/log_model.py *args`, forked from the preloaded interpreter (it imports MLflow and the agent);
     # what the script prints in a new interpreter (MLflow's logging) is tests/cli/test_quiet.py's.
-    source = f"import runpy; runpy.run_path({str(LOG_MODEL_SCRIPT)!r}, run_name='__main__')"
-    done = run_source(source, str(LOG_MODEL_SCRIPT), cwd=cwd, env=child_env, timeout=300, args=list(args))
+    done = run_source(script_main(LOG_MODEL_SCRIPT), str(LOG_MODEL_SCRIPT), cwd=cwd, env=child_env, timeout=300,
+                      args=list(args))  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"log_model.py failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return done.stdout.strip().splitlines()[-1]
