@@ -185,12 +185,16 @@ def as_text(metadata: Mapping[str, Any]) -> dict:
     packed = metadata.get(SUMMARY_KEY)
     if not isinstance(packed, Mapping):
         return dict(metadata)
-    short = SHORT_NAMES["ts"]
-    micros = _ts_micros(packed.get(short))
-    if micros is not None:
-        packed = {**packed, short: micros}
+    packed = _with_ts_micros(packed)
     texts = (json.dumps(value, ensure_ascii=False, separators=(",", ":")) for value in (_positional(packed), packed))
     return {**metadata, SUMMARY_KEY: min(texts, key=len)}
+
+
+def _with_ts_micros(packed: Mapping[str, Any]) -> Mapping[str, Any]:
+    # `packed` with `ts` as microseconds since the epoch, when that gives the same text back (`_ts_micros`).
+    short = SHORT_NAMES["ts"]
+    micros = _ts_micros(packed.get(short))
+    return packed if micros is None else {**packed, short: micros}
 
 
 def _positional(packed: Mapping[str, Any]) -> list | Mapping[str, Any]:
@@ -215,9 +219,7 @@ def as_positional(metadata: Mapping[str, Any]) -> dict:
     packed = metadata.get(SUMMARY_KEY)
     if not isinstance(packed, Mapping):
         return dict(metadata)
-    short = SHORT_NAMES["ts"]
-    micros = _ts_micros(packed.get(short))
-    row = _positional({**packed, short: micros} if micros is not None else packed)
+    row = _positional(_with_ts_micros(packed))
     shorter = isinstance(row, list) and len(json.dumps(row, separators=(",", ":"))) < len(json.dumps(packed, separators=(",", ":")))
     return {**metadata, SUMMARY_KEY: row} if shorter else dict(metadata)
 
