@@ -43,6 +43,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from agent.storage import staging
+
 #: The key of the earlier layout (messages stored as LangChain objects), still read.
 DELTA_KEY = "__tt_messages_delta__"
 #: The key of the compact layout written now; its value is the base checkpoint id.
@@ -258,7 +260,11 @@ class MessageList(list):
 
 
 class MessageCache:
-    """A bounded LRU of resolved message lists (and their ids when known), keyed by checkpoint id. Thread-safe."""
+    """A bounded LRU of resolved message lists (and their ids when known), keyed by checkpoint id. Thread-safe.
+
+    Inside a write transaction (`staging.scope`) entries are held back until it commits, and that
+    transaction's lookups see them first.
+    """
 
     def __init__(self, maxsize: int) -> None:
         self._maxsize = maxsize
@@ -266,6 +272,9 @@ class MessageCache:
         self._lock = threading.Lock()
 
     def _entry(self, checkpoint_id: str) -> tuple[Messages, MessageIds | None] | None:
+        staged = staging.current()
+        if staged is not None and (held := staged.get(self, checkpoint_id)) is not None:
+            return held
         with self._lock:
             found = self._items.get(checkpoint_id)
             if found is not None:
@@ -284,10 +293,19 @@ class MessageCache:
     def put(self, checkpoint_id: str, messages: Sequence[Any]) -> None:
         if self._maxsize == 0:
             return
-        ids = messages.ids if isinstance(messages, MessageList) else None
+        entry = (tuple(messages), messages.ids if isinstance(messages, MessageList) else None)
+        staged = staging.current()
+        if staged is not None:
+            staged.put(self, checkpoint_id, entry)
+        else:
+            self.publish({checkpoint_id: entry})
+
+    def publish(self, entries: dict[str, tuple[Messages, MessageIds | None]]) -> None:
+        """Store `entries` (checkpoint id -> entry, oldest first), as `put` does outside a transaction."""
         with self._lock:
-            self._items[checkpoint_id] = (tuple(messages), ids)
-            self._items.move_to_end(checkpoint_id)
+            for checkpoint_id, entry in entries.items():
+                self._items[checkpoint_id] = entry
+                self._items.move_to_end(checkpoint_id)
             while len(self._items) > self._maxsize:
                 self._items.popitem(last=False)
 

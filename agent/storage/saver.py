@@ -70,7 +70,7 @@ from typing import Any
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, copy_checkpoint
 
 from agent.encryption import Keyring
-from agent.storage import deltas, search, summaries
+from agent.storage import deltas, search, staging, summaries
 from agent.storage.encrypted import KeyringSerializer
 from agent.storage.records import Turn
 from agent.storage.saver_threads import SaverThreadOperations
@@ -289,6 +289,14 @@ class TurnSaverMixin(SaverThreadOperations):
 
     # -- shared write / read paths -----------------------------------------
     def _write_checkpoint(self, config, checkpoint, metadata, new_versions, turn: Turn | None):
+        # Its cache entries wait for the write to land: the commit of the storage's transaction that runs it
+        # (whose scope this joins), else this write's own statements (`staging`).
+        with staging.scope() as staged:
+            written = self._put_checkpoint(config, checkpoint, metadata, new_versions, turn)
+            staged.publish()
+            return written
+
+    def _put_checkpoint(self, config, checkpoint, metadata, new_versions, turn: Turn | None):
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
         checkpoint_ns = configurable.get("checkpoint_ns", "")

@@ -82,7 +82,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.storage import deltas
+from agent.storage import deltas, staging
 
 #: At most this many words of a query are used.
 MAX_TERMS = 16
@@ -139,9 +139,9 @@ class KeySets:
 
     The rows of a checkpoint's path hold every key of its message list: a row holds the keys of the new
     messages that the inherited ones lack, and what removes ancestors rewrites the checkpoints it keeps
-    with every key of their list (`rewritten_keys`). A checkpoint's list never changes, so an entry
-    never goes stale; a miss (or an edit, which inherits only part of its parent's list) reads the
-    inherited messages' words again."""
+    with every key of their list (`rewritten_keys`). A committed checkpoint's list never changes, so an
+    entry never goes stale (a write transaction's entries wait for its commit: `staging`); a miss (or an
+    edit, which inherits only part of its parent's list) reads the inherited messages' words again."""
 
     def __init__(self, maxsize: int = 256) -> None:
         self._maxsize = maxsize
@@ -151,8 +151,13 @@ class KeySets:
     def row(self, checkpoint_id: str, parent_id: str | None, messages: Sequence[Any], kept: int) -> list[int]:
         """The row (`new_keys`) of checkpoint `checkpoint_id` whose message list is `messages`, of which
         the first `kept` are its parent's (`deltas.encode`); remembers the list's keys."""
-        with self._lock:
-            cached = self._entries.get(parent_id) if parent_id is not None else None
+        staged = staging.current()
+        cached = None
+        if parent_id is not None:
+            cached = staged.get(self, parent_id) if staged is not None else None
+            if cached is None:
+                with self._lock:
+                    cached = self._entries.get(parent_id)
         if kept == 0:
             inherited: frozenset[int] = frozenset()
         elif cached is not None and cached[0] == kept:
@@ -160,12 +165,21 @@ class KeySets:
         else:
             inherited = frozenset(message_keys(messages[:kept]))
         row = new_keys(messages[kept:], inherited)
+        entry = (len(messages), inherited.union(row) if row else inherited)
+        if staged is not None:
+            staged.put(self, checkpoint_id, entry)
+        else:
+            self.publish({checkpoint_id: entry})
+        return row
+
+    def publish(self, entries: dict[str, tuple[int, frozenset[int]]]) -> None:
+        """Remember `entries` (checkpoint id -> (list length, keys), oldest first): `staging.Publishes`."""
         with self._lock:
-            self._entries[checkpoint_id] = (len(messages), inherited.union(row) if row else inherited)
-            self._entries.move_to_end(checkpoint_id)
+            for checkpoint_id, entry in entries.items():
+                self._entries[checkpoint_id] = entry
+                self._entries.move_to_end(checkpoint_id)
             while len(self._entries) > self._maxsize:
                 self._entries.popitem(last=False)
-        return row
 
 
 def thread_rows(stored: Mapping[str, Any]) -> list[tuple[str, list[int]]]:

@@ -17,6 +17,7 @@ primary key of `agent_checkpoint_ids`).
 from __future__ import annotations
 
 import copy
+import json
 import sqlite3
 import threading
 import uuid
@@ -189,6 +190,37 @@ def test_a_raw_saver_put_of_another_threads_checkpoint_id_is_refused_and_writes_
     again = {"configurable": {"thread_id": answer["thread_id"], "checkpoint_ns": "", "checkpoint_id": parent}}
     saver.put(again, taken.checkpoint, taken.metadata, {})
     assert agent.storage.thread_of_checkpoint(answer["checkpoint_id"]) == answer["thread_id"]
+
+
+def test_a_refused_import_of_another_users_checkpoint_ids_leaves_nothing_behind_not_even_in_memory(url, make_agent):
+    # The import names Alice's checkpoints with Bob's words; the database refuses it at the commit. Nothing
+    # of it may stay in the process's caches either: Alice's reads, a fork of her thread (which copies what
+    # it reads) and the search rows of her next turn (whose inherited words come from the cache) must all be
+    # hers, in this process and in a new one.
+    agent = make_agent(url)
+    answer = outputs(say(agent, "original words of alice", user_id="alice"))
+    thread_id = answer["thread_id"]
+    document = agent.export_thread(thread_id, user_id="alice")
+    tampered = json.loads(json.dumps(renamed(document, "bobs-copy")).replace("original words", "zebra words"))
+    with pytest.raises(ThreadExists):
+        agent.import_thread(tampered, user_id="bob")
+
+    def texts(reader, thread: str) -> list[str]:
+        return [m["content"][0]["text"] for m in reader.get_checkpoint_state(thread, user_id="alice")["messages"]]
+
+    assert "original words of alice" in texts(agent, thread_id)
+    assert not any("zebra" in text for text in texts(agent, thread_id))
+    assert agent.get_checkpoint_history(thread_id, user_id="alice", limit=1)[0]["last_user_message"] == (
+        "original words of alice"
+    )
+    fork = agent.fork_thread(thread_id, user_id="alice")["thread_id"]
+    say(agent, "a zebra at last", thread_id=thread_id, user_id="alice")
+    assert {hit["thread_id"] for hit in agent.search_threads("zebra", user_id="alice")} == {thread_id}
+    fresh = make_agent(url)
+    assert not any("zebra" in text for text in texts(fresh, fork))
+    assert "original words of alice" in texts(fresh, fork)
+    assert agent.storage.thread_of_checkpoint(answer["checkpoint_id"]) == thread_id
+    assert thread_rows(url, "bobs-copy")["checkpoints"] == 0
 
 
 # -- the migration -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 
 from agent.config import AgentSettings
 from agent.errors import AgentError, LeaseExpired, StorageUnavailable
+from agent.storage import staging
 from agent.storage.base import ThreadStorage
 from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
 from agent.storage.postgres import checkpoint_ids, indexes, schema, sql
@@ -250,17 +251,21 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         for attempt in (1, 2):
             with self._faults("commit the turn", thread_id):
                 conn = self.connections.checkout_live()
+            staged = staging.Staged()  # the scope's below: published only once the commit landed
             try:
-                batch = StatementBatch(conn)
-                batch.execute(sql.END_CLAIM_SQL, (thread_id, claim.token))
-                tx = PostgresTx(batch, self.saver)
-                with running(batch):
-                    apply(tx)
-                turn = tx.committed_turn()
-                if turn is None or turn.thread_id != thread_id:
-                    batch.commit()
-                    return
-                xmin = batch.commit(returning=(sql.HEAD_XMIN_SQL, (thread_id, turn.new_head)))
+                with staging.scope() as staged:
+                    batch = StatementBatch(conn)
+                    batch.execute(sql.END_CLAIM_SQL, (thread_id, claim.token))
+                    tx = PostgresTx(batch, self.saver)
+                    with running(batch):
+                        apply(tx)
+                    turn = tx.committed_turn()
+                    if turn is None or turn.thread_id != thread_id:
+                        batch.commit()
+                        staged.publish()
+                        return
+                    xmin = batch.commit(returning=(sql.HEAD_XMIN_SQL, (thread_id, turn.new_head)))
+                    staged.publish()
                 self._know_head(turn, xmin)
                 return
             except psycopg.Error as exc:
@@ -283,6 +288,7 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                 self.connections.suspect_down = True
                 landed = self._commit_landed(claim)
                 if landed:
+                    staged.publish()
                     return
                 if landed is False and attempt == 1:
                     self.pool.check()
@@ -387,9 +393,10 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
 
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()
-        with self._faults("write to the database"), self.connection() as conn:
+        with self._faults("write to the database"), self.connection() as conn, staging.scope() as staged:
             batch = StatementBatch(conn)
             with running(batch):
                 result = apply(PostgresTx(batch, self.saver))
             batch.commit()
+            staged.publish()
             return result

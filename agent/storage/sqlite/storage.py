@@ -19,7 +19,7 @@ from typing import Any
 
 from agent.config import AgentSettings
 from agent.errors import LeaseExpired, StorageUnavailable
-from agent.storage import search, summaries
+from agent.storage import search, staging, summaries
 from agent.storage.base import ThreadStorage
 from agent.storage.claims import Claim, ClaimAttempt, ClaimKeeper, UserClaim
 from agent.storage.records import (
@@ -162,14 +162,16 @@ class SqliteThreadStorage(ThreadStorage):
 
     def _commit(self, claim: Claim, apply: Callable[[Tx], None]) -> None:
         try:
-            with self._errors(), self.saver.transaction() as cur:
-                if cur.execute(sql.RELEASE_CLAIM_SQL, (claim.thread_id, claim.token)).rowcount != 1:
-                    raise LeaseExpired(
-                        f"The turn's claim on thread {claim.thread_id!r} expired and another turn took the thread; "
-                        "nothing was written.",
-                        thread_id=claim.thread_id,
-                    )
-                apply(SqliteTx(cur, self.saver))
+            with staging.scope() as staged:
+                with self._errors(), self.saver.transaction() as cur:
+                    if cur.execute(sql.RELEASE_CLAIM_SQL, (claim.thread_id, claim.token)).rowcount != 1:
+                        raise LeaseExpired(
+                            f"The turn's claim on thread {claim.thread_id!r} expired and another turn took the "
+                            "thread; nothing was written.",
+                            thread_id=claim.thread_id,
+                        )
+                    apply(SqliteTx(cur, self.saver))
+                staged.publish()
         except sqlite3.IntegrityError as exc:
             if "agent_idempotency" not in str(exc):
                 raise
@@ -269,8 +271,11 @@ class SqliteThreadStorage(ThreadStorage):
 
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()
-        with self._errors(), self.saver.transaction() as cur:
-            return apply(SqliteTx(cur, self.saver))
+        with staging.scope() as staged:
+            with self._errors(), self.saver.transaction() as cur:
+                result = apply(SqliteTx(cur, self.saver))
+            staged.publish()
+            return result
 
     @contextmanager
     def cursor(self, *, write: bool = True) -> Iterator[sqlite3.Cursor]:
