@@ -68,7 +68,9 @@ def build_graph() -> StateGraph:
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", RunnableLambda(agent_node, afunc=aagent_node, name="agent"))
-    builder.add_node("tools", ToolNode(TOOLS))
+    # handle_tool_errors: a tool that raises answers the model with the error; LangGraph's default
+    # re-raises it, which fails the whole turn (an interrupt() still stops the turn either way).
+    builder.add_node("tools", ToolNode(TOOLS, handle_tool_errors=True))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition, ["tools", END])
     builder.add_edge("tools", "agent")

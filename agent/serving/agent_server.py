@@ -84,6 +84,7 @@ from mlflow.pyfunc import ResponsesAgent
 from mlflow.tracing.constant import SpanAttributeKey
 from mlflow.genai.agent_server.validator import ResponsesAgentValidator
 from mlflow.types.responses import ResponsesAgentRequest, ResponsesAgentResponse, ResponsesAgentStreamEvent
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.gzip import GZipMiddleware
@@ -156,8 +157,17 @@ class _KeepItemIds(ResponsesAgentValidator):
     taking `input` as a string (one user message)."""
 
     def validate_and_convert_request(self, data: dict[str, Any]) -> ResponsesAgentRequest:
-        data = with_string_input(data) if isinstance(data, dict) else data
-        self.validate_pydantic(ResponsesAgentRequest, data)
+        if not isinstance(data, dict):
+            self.validate_pydantic(ResponsesAgentRequest, data)
+            return keeping_item_ids(data)
+        data = with_string_input(data)
+        try:
+            ResponsesAgentRequest(**data)
+        except Exception as exc:
+            # MLflow's `validate_pydantic` puts pydantic's whole text in the 400 (newlines, validator names,
+            # documentation links); this is the one line `predict` gives (`agent.errors.validation_problems`).
+            reason = validation_problems(exc.errors(include_url=False)) if isinstance(exc, ValidationError) else str(exc)
+            raise ValueError(f"Invalid data for ResponsesAgentRequest: {reason}") from None
         return keeping_item_ids(data)
 
 

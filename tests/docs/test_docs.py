@@ -147,6 +147,29 @@ def test_the_configuration_page_has_a_row_for_every_setting():
     assert sorted(set(AgentSettings.model_fields) - rows) == []
 
 
+def test_the_python_api_page_has_a_row_for_every_custom_inputs_key_and_every_action():
+    from agent.dialect import OPENAI_CUSTOM_KEYS
+    from agent.operations.registry import ACTIONS
+    from agent.operations.turn_options import TURN_KEYS
+    from agent.requests import ENVELOPE_KEYS
+
+    page = (REPO_ROOT / "docs" / "python-api.md").read_text(encoding="utf-8")
+    keys_table = page[page.index("**`custom_inputs`**") : page.index("**Actions**")]
+    actions_table = page[page.index("**Actions**") : page.index("**`custom_outputs`**")]
+
+    def first_cells(table: str) -> set[str]:
+        # A row's first cell may name several (`title`, `ttl_seconds`).
+        return {name for cell in re.findall(r"^\| ([^|]+) \|", table, re.MULTILINE) for name in re.findall(r"`(\w+)`", cell)}
+
+    # The keys `agent.requests.parse_request` accepts: the envelope's, a turn's, the OpenAI dialect's and each action's.
+    accepted = set(ENVELOPE_KEYS) | set(TURN_KEYS) | set(OPENAI_CUSTOM_KEYS)
+    accepted |= {key for operation in ACTIONS.values() for key in operation.keys}
+    keys = first_cells(keys_table)
+    assert (sorted(accepted - keys), sorted(keys - accepted)) == ([], [])
+    actions = first_cells(actions_table) - {"Action"}
+    assert (sorted(set(ACTIONS) - actions), sorted(actions - set(ACTIONS))) == ([], [])
+
+
 # -- the harness itself -----------------------------------------------------------------------------
 def test_the_block_finder_reads_languages_requirements_and_indented_fences():
     text = "\n".join(

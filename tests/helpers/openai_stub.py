@@ -61,13 +61,15 @@ vector. Texts that share words are therefore closer (cosine) than unrelated
 texts, and the same text always gets the same vector. Usage counts
 ceil(characters / 4) tokens per input.
 
-It uses only the standard library, so the process starts in a fraction of a second.
+It uses only the standard library, so the process starts in a fraction of a second, and it imports
+nothing of the repository, so it runs as a file from any directory.
 
     with openai_stub_server(latency_s=2, chunks=4) as base_url:
         ChatOpenAI(base_url=base_url, api_key="test", model="fake").invoke("hi")
         configure_stub(base_url, latency_s=0)
 
-Run alone, from the repository root: `python -m tests.helpers.openai_stub --port 8123 --latency-s 2 --chunks 4`.
+Run alone: `python tests/helpers/openai_stub.py --port 8123 --latency-s 2 --chunks 4` (from the repository
+root, `python -m tests.helpers.openai_stub` is the same).
 """
 
 from __future__ import annotations
@@ -90,10 +92,9 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
-
-from tests.helpers import REPO_ROOT
 
 MODEL_ID = "fake"
 EMBEDDING_MODEL_ID = "fake-embed"
@@ -655,14 +656,15 @@ def openai_stub_server(
     """
     port = free_port()
     base_url = f"http://127.0.0.1:{port}/v1"
-    command = [sys.executable, "-m", "tests.helpers.openai_stub", "--port", str(port), "--latency-s", str(latency_s)]
+    # Run by path, as a reader would run it: the child needs neither the repository root as cwd nor `tests` importable.
+    command = [sys.executable, str(Path(__file__).resolve()), "--port", str(port), "--latency-s", str(latency_s)]
     if chunks is not None:
         command += ["--chunks", str(chunks)]
     if max_context_tokens is not None:
         command += ["--max-context-tokens", str(max_context_tokens)]
     # stderr goes to a file, not a pipe nobody reads, so a chatty child can never block on a full pipe.
     with tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
             _wait_until_ready(process, base_url, startup_timeout, stderr)
             yield base_url

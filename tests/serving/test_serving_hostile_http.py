@@ -91,6 +91,17 @@ def test_more_input_items_than_max_input_items_is_a_400(http, path, stream):
     assert answered.status_code == 200 and answered.json()["custom_outputs"]["checkpoint_id"]
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("items", [[{"role": "user"}], [42], [{"type": "function_call", "name": "x"}]], ids=["no content", "a number", "no call_id"])
+def test_a_malformed_input_item_is_a_400_whose_message_is_one_line_naming_the_item(http, path, stream, items):
+    body = assert_error_body(http.post(path, json={"input": items, "stream": stream}), 400, "INVALID_PARAMETER_VALUE")
+    message = body["message"]
+    # As `predict` words it (tests/test_errors.py): no pydantic validator names, documentation links or newlines.
+    assert "\n" not in message and "pydantic.dev" not in message and "function-after" not in message
+    assert "input.0" in message
+
+
 # --- nesting ---------------------------------------------------------------------------------------
 
 

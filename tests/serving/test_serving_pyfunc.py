@@ -131,3 +131,11 @@ def test_loaded_model_raises_the_agent_errors(loaded):
         loaded.predict(request(action="rewind", thread_id=ids["thread_id"]))
     with pytest.raises(ThreadNotFound):
         list(loaded.predict_stream(request("hi", thread_id=f"missing-{uuid.uuid4()}", checkpoint_id=ids["after_turn1"])))
+
+
+def test_loaded_model_refuses_a_string_input_that_the_in_process_agent_takes(loaded):
+    # MLflow enforces the ResponsesAgent signature (`input`: an array) before the agent reads the request,
+    # and sets that signature itself, so docs/python-api.md says where a string `input` works and where not.
+    with pytest.raises(mlflow.exceptions.MlflowException, match="Failed to enforce schema"):
+        loaded.predict({"input": "I'm headed to SF!"})
+    assert "SF" in text_of(loaded.get_raw_model().predict({"input": "I'm headed to SF!"}))
