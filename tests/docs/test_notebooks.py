@@ -18,7 +18,7 @@ from nbclient import NotebookClient
 
 from tests.helpers.servers import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.longest]  # ten kernels: over a minute of one worker
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
 KERNEL_NAME = "timetravel-agent-tests"
