@@ -18,9 +18,9 @@ time). Under loadgroup this plugin moves the units that start processes (the gro
 marked `slow`) before the in-process tests, and before those the few units marked `longest` (each
 a minute or more of one worker), keeping the collection order within each kind: the long units
 start first, and the short ones fill the workers at the end instead of one long test ending the
-run alone. Collection order alone is not enough: tests/web/ comes last, and its module (a minute of
-one worker, its tests held together by their server) started when the other workers had nearly
-finished, leaving one worker alone for the run's last 40 s.
+run alone. (Until 2026-12-07 the sort ran on the controller only, where it changes nothing: the
+workers' collection, in pytest's order, was scheduled, and tests/web/'s module, a minute of one
+worker, started when the others had nearly finished and ran alone for the run's last 40 s.)
 """
 
 from __future__ import annotations
@@ -56,9 +56,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None and (group := module_group(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    if config.getoption("dist", "no") == "loadgroup":
+    if _loadgroup(config):
         # A stable sort: within each kind, pytest's order (which keeps a module's fixtures together) stays.
         items.sort(key=lambda item: (item.get_closest_marker("longest") is None, not starts_processes(item)))
+
+
+def _loadgroup(config: pytest.Config) -> bool:
+    # The order that counts is the workers': the controller schedules the collection they send. xdist sets a
+    # worker's `dist` to "no" and keeps what it was in `loadgroup` (xdist/remote.py), so `dist` alone left
+    # the workers' order as collected.
+    return config.getoption("dist", "no") == "loadgroup" or getattr(config.option, "loadgroup", False)
 
 
 def starts_processes(item: pytest.Item) -> bool:
