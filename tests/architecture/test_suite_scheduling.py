@@ -35,7 +35,21 @@ MODULE = textwrap.dedent(
 
     @pytest.mark.parametrize("n", range(6))
     def test_in_process(n):
-        pass
+        with open(os.environ["RUNS"], "a") as out:
+            out.write(json.dumps([__name__ + ".in_process", os.environ.get("PYTEST_XDIST_WORKER")]) + "\\n")
+    """
+)
+
+#: Collected last, run first: the longest unit of the suite.
+LONGEST = textwrap.dedent(
+    """
+    import json, os
+    import pytest
+
+    @pytest.mark.longest
+    def test_longest():
+        with open(os.environ["RUNS"], "a") as out:
+            out.write(json.dumps([__name__, os.environ.get("PYTEST_XDIST_WORKER")]) + "\\n")
     """
 )
 
@@ -46,6 +60,7 @@ def test_a_module_with_a_module_fixture_runs_on_one_worker_and_sets_it_up_once(t
     (suite / "conftest.py").write_text('pytest_plugins = ["tests.helpers.scheduling"]\n')
     for name in ("test_first", "test_second"):
         (suite / f"{name}.py").write_text(MODULE)
+    (suite / "test_zlast.py").write_text(LONGEST)
     setups, runs = tmp_path / "setups.jsonl", tmp_path / "runs.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "SETUPS": str(setups), "RUNS": str(runs)}
     done = subprocess.run(
@@ -59,4 +74,10 @@ def test_a_module_with_a_module_fixture_runs_on_one_worker_and_sets_it_up_once(t
     assert sorted(module for module, _ in set_up) == ["test_first", "test_second"]  # once each
     for module, worker in set_up:
         assert {w for m, w in ran if m == module} == {worker}  # all of its tests on that worker
-    assert len(ran) == 12
+    assert len(ran) == 25
+    # The order the workers send is the order xdist deals out: the `longest` unit, then the modules that
+    # start a server, then the in-process tests (each worker's first test tells, two workers for three kinds).
+    first = {}
+    for module, worker in ran:
+        first.setdefault(worker, module)
+    assert "test_zlast" in first.values() and not any(m.endswith(".in_process") for m in first.values()), ran

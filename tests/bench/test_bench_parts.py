@@ -373,6 +373,12 @@ PARTS = [
 
 # The storage part is the quick one; the others start servers and databases for minutes.
 _SLOW = {"branches", "catalogue", "context", "memory", "memory_eval", "startup", "load", "web", "turn_cost", "streams", "users"}
+# The load part's quick run is the suite's longest single test (about 1.5 minutes of one worker).
+_LONGEST = {"load"}
+
+
+def _marks(name: str) -> list[pytest.MarkDecorator]:
+    return [mark for mark, names in ((pytest.mark.slow, _SLOW), (pytest.mark.longest, _LONGEST)) if name in names]
 
 
 def run_part(part: Part, server_url: str, out: Path) -> Run:
@@ -394,7 +400,7 @@ def run_part(part: Part, server_url: str, out: Path) -> Run:
 
 
 @pytest.mark.parametrize(
-    "part", [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in _SLOW else []) for p in PARTS]
+    "part", [pytest.param(p, id=p.name, marks=_marks(p.name)) for p in PARTS]
 )
 def test_quick_bench_part_runs_and_reports_every_figure(part: Part, pg_server_url, tmp_path):
     run = run_part(part, pg_server_url, tmp_path / f"{part.name}.json")

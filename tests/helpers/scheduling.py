@@ -15,9 +15,12 @@ without `--dist loadgroup` the marks change nothing.
 The order: xdist hands out the units in collection order (`scripts/test.sh` passes
 `--no-loadscope-reorder`: xdist's own reordering sorts by number of tests, which says nothing about
 time). Under loadgroup this plugin moves the units that start processes (the groups, and the tests
-marked `slow`) before the in-process tests, keeping the collection order within each kind: the
-long units start first, and the short ones fill the workers at the end instead of one long test
-ending the run alone.
+marked `slow`) before the in-process tests, and before those the few units marked `longest` (each
+a minute or more of one worker), keeping the collection order within each kind: the long units
+start first, and the short ones fill the workers at the end instead of one long test ending the
+run alone. (Until 2026-12-07 the sort ran on the controller only, where it changes nothing: the
+workers' collection, in pytest's order, was scheduled, and tests/web/'s module, a minute of one
+worker, started when the others had nearly finished and ran alone for the run's last 40 s.)
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def module_group(item: pytest.Item) -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist declares the mark itself; without xdist (`-p no:xdist`), --strict-markers needs it declared.
     config.addinivalue_line("markers", "xdist_group(name): run the tests of one group on one pytest-xdist worker")
+    config.addinivalue_line(
+        "markers", "longest: one of the suite's longest units (a minute or more of one worker); scheduled first"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -50,9 +56,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None and (group := module_group(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    if config.getoption("dist", "no") == "loadgroup":
+    if _loadgroup(config):
         # A stable sort: within each kind, pytest's order (which keeps a module's fixtures together) stays.
-        items.sort(key=lambda item: not starts_processes(item))
+        items.sort(key=lambda item: (item.get_closest_marker("longest") is None, not starts_processes(item)))
+
+
+def _loadgroup(config: pytest.Config) -> bool:
+    # The order that counts is the workers': the controller schedules the collection they send. xdist sets a
+    # worker's `dist` to "no" and keeps what it was in `loadgroup` (xdist/remote.py), so `dist` alone left
+    # the workers' order as collected.
+    return config.getoption("dist", "no") == "loadgroup" or getattr(config.option, "loadgroup", False)
 
 
 def starts_processes(item: pytest.Item) -> bool:

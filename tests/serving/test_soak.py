@@ -119,6 +119,7 @@ def test_a_blob_no_checkpoint_names_is_an_orphan(soak_db, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.longest  # about 50 s of one worker: the soak runs for 0.6 minutes
 def test_a_short_soak_loses_and_duplicates_nothing():
     try:
         postgres_bindir()

@@ -31,6 +31,9 @@ from tests.helpers.openai_stub import configure_stub, openai_stub_server
 from tests.helpers.servers import REPO_ROOT, free_port, server_process
 from tests.helpers.web import CHROMIUM, launch_chromium, settled, two_hundred_turn_document
 
+# About a minute of one worker (its tests share the module's server): scheduled among the first units.
+pytestmark = pytest.mark.longest
+
 HEADER = "X-Forwarded-User"
 
 
