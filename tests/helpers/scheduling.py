@@ -18,7 +18,7 @@ time). Under loadgroup this plugin moves the units that start processes (the gro
 marked `slow`) before the in-process tests, and before those the few units marked `longest` (each
 a minute or more of one worker), keeping the collection order within each kind: the long units
 start first, and the short ones fill the workers at the end instead of one long test ending the
-run alone. (Until 2026-12-07 the sort ran on the controller only, where it changes nothing: the
+run alone. (Until 2026-12-06 the sort ran on the controller only, where it changes nothing: the
 workers' collection, in pytest's order, was scheduled, and tests/web/'s module, a minute of one
 worker, started when the others had nearly finished and ran alone for the run's last 40 s.)
 """
