@@ -203,18 +203,25 @@ def plan_start(parts: TurnParts, claim: Claim, args: TurnArgs) -> Start:
     else:
         plan = plan_edit(tree, chain, messages, args.edit_message_id, args.messages)
     if plan.checkpoint_id == start:
-        return answering(Start(start, plan.messages, claim.start), args)
+        return answering(Start(start, plan.messages, claim.start), args, replacing=True)
     loaded = storage.get_checkpoint(thread_id, plan.checkpoint_id)
     if loaded is None:  # the thread was deleted meanwhile
         raise checkpoint_not_found(thread_id, plan.checkpoint_id)
-    return answering(Start(plan.checkpoint_id, plan.messages, loaded), args)
+    return answering(Start(plan.checkpoint_id, plan.messages, loaded), args, replacing=True)
 
 
-def answering(begun: Start, args: TurnArgs) -> Start:
-    """`begun` with what the turn does about the interrupts its start waits on (`interrupts.answer`)."""
+def answering(begun: Start, args: TurnArgs, *, replacing: bool = False) -> Start:
+    """`begun` with what the turn does about the interrupts its start waits on (`interrupts.answer`).
+
+    `replacing`: an edit or a regeneration, which sends again, in place of a user message already stored
+    after the start, what the turn it replaces sent. Interrupts pending at the start were left unanswered
+    by that message's turn (`cancel_interrupts`), so they are again, without being asked for once more
+    (a regenerate sends no message to ask it with); the result names them (`cancelled_interrupts`).
+    """
     pending = pending_interrupts(begun.loaded)
     thread_id = begun.loaded.config["configurable"]["thread_id"] if begun.loaded is not None else args.thread_id
-    resume, cancelled = answer(pending, args.resume, args.cancel_interrupts, thread_id, begun.checkpoint_id)
+    cancel = args.cancel_interrupts or replacing
+    resume, cancelled = answer(pending, args.resume, cancel, thread_id, begun.checkpoint_id)
     return dataclasses.replace(begun, resume=resume, cancelled=cancelled)
 
 
