@@ -21,7 +21,9 @@ IETF draft "The Idempotency-Key HTTP Header Field":
 * **At the claim.** Requests with one key sent at the same moment can all pass
   the lookup before the first one's claim records the key; a claim that then
   finds the thread busy looks the key up again and waits in the same way
-  (`Idempotency.claim_or_result`), instead of answering `ThreadBusy`.
+  (`Idempotency.claim_or_result`), instead of answering `ThreadBusy`. Whatever
+  its strategy: a keyed claim tries without waiting first (`turns.start.claim`),
+  so a duplicate never stops, joins or queues behind the first request.
 * **In the commit**, the result (`{"output": [...], "custom_outputs": {...}}`)
   is stored under (user, key) in the same transaction as the turn
   (`Tx.store_response`). Two requests with one key that both found nothing

@@ -235,6 +235,50 @@ def test_a_duplicate_whose_lookup_ran_before_the_originals_claim_waits_for_it_in
     assert model.calls[0] == 2  # "start" and the original
 
 
+@pytest.mark.parametrize("strategy", ["enqueue", "interrupt", "rollback", "steer"])
+def test_a_duplicate_never_stops_joins_or_queues_behind_the_original_whatever_its_strategy(
+    backend_url, make_agent, strategy
+):
+    # Served, 4 identical requests at once under `interrupt` each stopped the one before (the first client got
+    # 409 under `rollback`), and under `enqueue` or `steer` the model ran once per duplicate.
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)
+    thread_id = outputs(say(agent, "start"))["thread_id"]
+    hide_lookups(agent)
+    body = request("block: once", thread_id=thread_id, idempotency_key=f"dup-{strategy}", multitask_strategy=strategy)
+    with ThreadPoolExecutor(2) as pool:
+        original = pool.submit(send, agent, body)
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            duplicate = pool.submit(send, agent, body, "apredict")
+            time.sleep(0.3)
+            assert not duplicate.done(), "the duplicate should wait for the original"
+        finally:
+            model.gate.set()
+        first, _, _ = original.result(timeout=HANG_TIMEOUT)
+        again, _, _ = duplicate.result(timeout=HANG_TIMEOUT)
+    # Under steer the original ran as a turn of its own (`steer: "new_turn"`, which the stored result leaves out).
+    assert first.get("steer") in (None, "new_turn") and again == {k: v for k, v in first.items() if k != "steer"}
+    assert user_texts(head_messages(agent, thread_id)) == ["start", "block: once"]
+    assert model.calls[0] == 2  # "start" and the original
+
+
+def test_a_request_with_a_key_still_interrupts_another_turn(backend_url, make_agent):
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)
+    thread_id = outputs(say(agent, "start"))["thread_id"]
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(send, agent, request("block: long", thread_id=thread_id))
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            newer = outputs(agent.predict(request("now this", thread_id=thread_id, idempotency_key="newer",
+                                                  multitask_strategy="interrupt")))  # fmt: skip
+        finally:
+            model.gate.set()
+        interrupted, _, _ = running.result(timeout=HANG_TIMEOUT)
+    assert newer["parent_checkpoint_id"] == interrupted["checkpoint_id"]  # it stopped the turn, then ran after it
+
+
 def test_requests_with_one_key_sent_at_once_all_get_the_first_ones_result(backend_url, make_agent):
     model = gated_model()
     agent = make_agent(backend_url, model=model)
