@@ -70,15 +70,20 @@ ThreadTtlStrategy = Literal["delete", "keep_latest"]
 class AgentSettings(BaseSettings):
     """All knobs of one agent. Defaults are visible here; durations are in seconds, sizes in bytes."""
 
-    model_config = SettingsConfigDict(env_prefix="AGENT_", extra="forbid", arbitrary_types_allowed=True)
+    # env_ignore_empty: an empty AGENT_* variable is an unset one, for every setting (`AGENT_MODEL= tt-agent serve`,
+    # or a compose file's `AGENT_MODEL: ${AGENT_MODEL}` when the shell has none), as most tools read them.
+    model_config = SettingsConfigDict(
+        env_prefix="AGENT_", extra="forbid", arbitrary_types_allowed=True, env_ignore_empty=True
+    )
 
     # -- what to run -------------------------------------------------------------------------
     database_url: str = ""
     """`postgresql://…` (or a libpq `key=value` string), `sqlite:///path`, or `memory://`.
     Empty: `sqlite:///.agent/checkpoints.sqlite` in the current directory. A SQLite path is made
     absolute when the settings are built."""
-    model: str = ""
-    """`"offline"` or an OpenAI-compatible model name. Empty: offline unless an OpenAI key or base URL is set."""
+    model: str | None = None
+    """`"offline"` or an OpenAI-compatible model name. None (unset): offline unless an OpenAI key or base URL is
+    set. An empty or blank name is refused: it names no model, and would have meant the default silently."""
 
     # -- Postgres connections (psycopg_pool.ConnectionPool) ------------------------------------
     # A turn uses a connection only for its two short transactions (claim, commit),
@@ -261,6 +266,16 @@ class AgentSettings(BaseSettings):
                     raise ValueError(
                         f"{origin!r} is not an origin: write scheme://host[:port], without a path or a trailing slash, or *"
                     )
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(
+                f"{value!r} names no model: leave model (AGENT_MODEL) unset for the default (offline, or an OpenAI model when "
+                "OPENAI_API_KEY or OPENAI_BASE_URL is set), or name one (\"offline\", \"gpt-4o-mini\")"
+            )
         return value
 
     @model_validator(mode="after")

@@ -25,7 +25,12 @@ the same answer: `resume = {approval_request_id: {"approve": ..., "reason": ...}
 
 Each action adds its own keys (for example `limit` and `before` for
 `get_checkpoint_history`). Any other key is refused, so a misspelt
-`thread_id` cannot silently start a new conversation.
+`thread_id` cannot silently start a new conversation. So are `thread_id` and
+`checkpoint_id` sent to an action that does not act on them (`list_threads`
+with a `thread_id`, `get_checkpoint_history` with a `checkpoint_id`: page with
+`before` instead), which would otherwise answer about something else than was
+asked; the policy keys (`multitask_strategy`, `idempotency_key`) are ignored
+by the actions they do not apply to.
 
 **The OpenAI dialect** (the Responses API's own top-level fields: `previous_response_id`,
 `conversation`, `instructions`, `store`, `metadata`, a string `input`) is read by `agent.dialect`.
@@ -226,12 +231,43 @@ def parse_request(
     )
     if operation is None:
         return ParsedRequest(operation=None, envelope=envelope, args=parse_turn_options(envelope, custom))
+    _refuse_unused_targets(operation, custom)
     if operation.needs_thread and envelope.thread_id is None:
         raise InvalidRequest(f"The {name} action needs custom_inputs.thread_id")
     if operation.needs_user and envelope.user_id is None:
         raise InvalidRequest(f"The {name} action needs a user_id")
     return ParsedRequest(operation=operation, envelope=envelope, args=from_request(operation, envelope, custom, settings))
 
+
+
+#: The envelope keys that say what to act on, and the source (`operation.Source`) of an action that takes them.
+TARGET_KEYS = (("thread_id", "thread"), ("checkpoint_id", "checkpoint"))
+
+#: What to send instead of a target key the action does not take, where there is something.
+_INSTEAD = {
+    ("get_checkpoint_history", "checkpoint_id"): "; to list the checkpoints older than one, send before",
+    ("list_threads", "thread_id"): "; to list the threads after one, send before (a thread id or a cursor)",
+    ("compare_checkpoints", "checkpoint_id"): "; send checkpoint_a and checkpoint_b",
+    ("list_memories", "checkpoint_id"): "; to read the memories as they were at a checkpoint, send as_of_checkpoint",
+}
+
+
+def _refuse_unused_targets(operation: Operation, custom: Mapping[str, Any]) -> None:
+    """Refuse `custom_inputs.thread_id` or `checkpoint_id` sent to an action that does not act on it.
+
+    Ignored, they answered about something else than was asked: `get_checkpoint_history` with a
+    `checkpoint_id` listed the whole history, `list_threads` with a `thread_id` every thread. The
+    policy keys (`multitask_strategy`, `idempotency_key`) stay ignored where they do not apply: a
+    client may send them with every request (the `Idempotency-Key` header), and they do not change
+    what the answer is about.
+    """
+    sources = {f.metadata["source"] for f in operation.fields}
+    for key, source in TARGET_KEYS:
+        if key in custom and source not in sources and key not in operation.keys:
+            raise InvalidRequest(
+                f"The {operation.name} action takes no {key}; nothing was read or written"
+                f"{_INSTEAD.get((operation.name, key), '')}."
+            )
 
 
 def check_request_size(raw: Any, settings: AgentSettings, *, hint: str = "") -> None:

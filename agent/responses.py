@@ -57,6 +57,7 @@ from agent.errors import (
     shown_id,
 )
 from agent.mlflow_errors import as_mlflow_exception
+from agent.operations.access import check_start
 from agent.operations.conversations import thread_of_response
 from agent.operations.history import head
 from agent.operations.render import STATE, with_state
@@ -286,6 +287,9 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         parsed = await context.in_io(self._resolved, parsed)  # an unknown previous_response_id answers now
         if not parsed.is_turn:
             raise InvalidRequest("background applies to turns only")
+        envelope = parsed.envelope
+        if envelope.thread_id is not None:  # an unknown thread or checkpoint answers now, with no run recorded
+            await context.in_io(check_start, context.storage, envelope.thread_id, envelope.checkpoint_id, envelope.user_id)
         response_id = await context.in_io(self.runs.queue, parsed)
 
         # Under `tt-agent serve` the run takes its request's place under the admission bound, and waits for it

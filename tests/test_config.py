@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from agent import ConfigurationError, StorageUnavailable, create_agent
-from agent.config import load_settings, mask_url
+from agent.config import DEFAULT_OPENAI_MODEL, AgentSettings, load_settings, mask_url
 from agent.storage.postgres import PostgresThreadStorage
 from agent.storage.sqlite import SqliteThreadStorage
 from tests.helpers.openai_stub import free_port
@@ -235,6 +235,26 @@ def test_memory_url_from_the_environment_keeps_nothing_on_disk(tmp_path, monkeyp
         ids = outputs(say(agent, TRIP[1]))
         assert len(agent.get_checkpoint_history(ids["thread_id"])) == 2  # the root and the turn
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("model", ["", "   "])
+def test_an_empty_or_blank_model_name_is_a_configuration_error_not_the_offline_model(tmp_path, model):
+    # A new-user trial's create_agent(model="") ran the offline model silently, while "   " was refused.
+    with pytest.raises(ConfigurationError, match="names no model"):
+        create_agent(f"sqlite:///{tmp_path / 'never.sqlite'}", model=model, tracing=False)
+    assert not (tmp_path / "never.sqlite").exists()
+
+
+def test_an_empty_agent_variable_is_an_unset_one_and_a_blank_model_is_refused(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-used")
+    monkeypatch.setenv("AGENT_MODEL", "")
+    monkeypatch.setenv("AGENT_POOL_MAX_SIZE", "")
+    settings = load_settings()
+    # As if neither were set: the key selects the OpenAI default, and the pool its default size.
+    assert settings.model == DEFAULT_OPENAI_MODEL and settings.pool_max_size == AgentSettings().pool_max_size
+    monkeypatch.setenv("AGENT_MODEL", "  ")
+    with pytest.raises(ConfigurationError, match="AGENT_MODEL"):
+        load_settings()
 
 
 def test_arguments_win_over_the_environment(tmp_path, monkeypatch):

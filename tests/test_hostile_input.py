@@ -346,6 +346,27 @@ def test_a_misspelt_turn_key_is_refused_with_every_key_a_turn_accepts():
     assert set(known) == ENVELOPE_KEYS | TURN_KEYS | {"previous_response_id", "instructions", "store", "background"}
 
 
+def test_a_thread_or_checkpoint_id_an_action_does_not_act_on_is_refused_naming_the_key(agent, backend_url):
+    # A new-user trial got the whole history for a checkpoint_id, and every thread for a thread_id.
+    thread_id = outputs(say(agent, "hi"))["thread_id"]
+    for custom, key, instead in (
+        ({"action": "get_checkpoint_history", "thread_id": thread_id, "checkpoint_id": "abc"}, "checkpoint_id", "before"),
+        ({"action": "list_threads", "thread_id": thread_id}, "thread_id", "before"),
+        ({"action": "get_head", "thread_id": thread_id, "checkpoint_id": "abc"}, "checkpoint_id", None),
+        ({"action": "search_threads", "query": "hi", "thread_id": thread_id}, "thread_id", None),
+    ):
+        refusal = refused(agent, backend_url, {"input": [], "custom_inputs": custom})
+        assert f"takes no {key}" in str(refusal) and custom["action"] in str(refusal)
+        assert instead is None or f"send {instead}" in str(refusal)
+    # The actions that act on them still take them; the policy keys stay ignored where they do not apply.
+    history = agent.predict({"input": [], "custom_inputs": {"action": "get_checkpoint_history", "thread_id": thread_id,
+                                                             "idempotency_key": "k", "multitask_strategy": "enqueue"}})  # fmt: skip
+    head = history.custom_outputs["history"][0]["checkpoint_id"]
+    state = agent.predict({"input": [], "custom_inputs": {"action": "get_checkpoint_state", "thread_id": thread_id,
+                                                           "checkpoint_id": head}})  # fmt: skip
+    assert state.custom_outputs["checkpoint_id"] == head
+
+
 @pytest.mark.parametrize("limit", [True, False, "5", -1, 0, 1001, 2.5, None, [5], {"n": 5}])
 def test_history_limit_of_the_wrong_type_or_range_is_refused(agent, backend_url, limit):
     thread_id = outputs(say(agent, "hi"))["thread_id"]

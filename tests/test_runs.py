@@ -12,9 +12,10 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
-from agent.errors import ResponseNotFound
+from agent.errors import CheckpointNotFound, ResponseNotFound, ThreadNotFound
 from agent.runs.log import DELTA_OVERHEAD
 from agent.serving import run_views
+from tests.helpers.reliability import FailingChatModel, all_rows
 
 EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 #: Bytes a run's log may take beyond its text and its deltas' lengths (ids, custom_outputs).
@@ -266,6 +267,45 @@ def test_background_and_cancel_answers_name_the_thread_and_the_steer_outcome_as_
         "code": "cancelled", "reason": cancelled["custom_outputs"]["reason"], "written": False,
     }  # fmt: skip
     assert run_views.retrieve(agent, waiting.id, None)["custom_outputs"] == cancelled["custom_outputs"]
+
+
+def run_rows(url: str) -> int:
+    """The run records of the database (`agent_runs`)."""
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            return conn.execute("SELECT count(*) FROM agent_runs").fetchone()[0]
+    import sqlite3
+
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        return conn.execute("SELECT count(*) FROM agent_runs").fetchone()[0]
+
+
+def test_a_background_turn_from_an_unknown_checkpoint_or_thread_is_refused_at_once_and_records_no_run(
+    backend_url, make_agent
+):
+    # A new-user trial got `queued` (a run record written) and a run that failed later, with `server_error`.
+    agent = make_agent(backend_url)
+    thread_id = outputs_of(agent.predict({"input": "Hi", "custom_inputs": {"user_id": "alice"}}))["thread_id"]
+    runs, rows = run_rows(backend_url), all_rows(backend_url)
+    refused = (
+        ({"thread_id": thread_id, "checkpoint_id": "abc", "user_id": "alice"}, CheckpointNotFound),
+        ({"thread_id": thread_id, "user_id": "mallory"}, ThreadNotFound),  # another user's thread
+        ({"thread_id": "no-such-thread", "checkpoint_id": "abc"}, ThreadNotFound),
+    )
+    for custom, error in refused:
+        with pytest.raises(error):
+            agent.predict({"input": "Again", "custom_inputs": {**custom, "background": True}})
+    assert run_rows(backend_url) == runs and all_rows(backend_url) == rows
+
+
+def test_a_failed_background_run_answers_its_own_code_in_error_and_custom_outputs(tmp_path, make_agent):
+    agent = make_agent(f"sqlite:///{tmp_path / 'checkpoints.sqlite'}", model=FailingChatModel(failures=[1]))
+    queued = agent.predict({"input": "Hi", "custom_inputs": {"background": True}})
+    assert ended(agent, queued.id).status == "failed"
+    failed = run_views.retrieve(agent, queued.id, None)
+    assert failed["error"]["code"] == failed["custom_outputs"]["code"] == "unavailable"  # the model failed
 
 
 @pytest.mark.parametrize("table", ["agent_runs", "agent_run_events"])

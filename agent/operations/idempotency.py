@@ -18,6 +18,12 @@ IETF draft "The Idempotency-Key HTTP Header Field":
   (its claim carries it, so this works across processes) is waited for, up
   to `enqueue_timeout`, and its result returned; a failed original stored
   nothing, so the retry runs.
+* **At the claim.** Requests with one key sent at the same moment can all pass
+  the lookup before the first one's claim records the key; a claim that then
+  finds the thread busy looks the key up again and waits in the same way
+  (`Idempotency.claim_or_result`), instead of answering `ThreadBusy`. Whatever
+  its strategy: a keyed claim tries without waiting first (`turns.start.claim`),
+  so a duplicate never stops, joins or queues behind the first request.
 * **In the commit**, the result (`{"output": [...], "custom_outputs": {...}}`)
   is stored under (user, key) in the same transaction as the turn
   (`Tx.store_response`). Two requests with one key that both found nothing
@@ -37,7 +43,7 @@ import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.messages import BaseMessage
 
@@ -49,6 +55,9 @@ from agent.types import StoredResponse
 
 #: How often (at most) this process deletes expired idempotency rows, in seconds.
 SWEEP_SECONDS = 60.0
+
+#: What a claim returns (`Idempotency.claim_or_result`).
+T = TypeVar("T")
 
 #: The scope of requests without a user_id.
 ANONYMOUS = ""
@@ -112,28 +121,89 @@ class Idempotency:
             StorageUnavailable: the database failed.
         """
         self._maybe_sweep()
-        deadline = time.monotonic() + self.settings.enqueue_timeout
-        delay = 0.01
-        while True:
-            state = self.storage.find_idempotent(user_id or ANONYMOUS, key, claim_key(user_id, key))
-            done, stored = self._decide(state, key, request_hash, deadline)
-            if done:
-                return stored
-            time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.2)
+        return self._wait(user_id, key, request_hash)[0]
 
     async def alookup(
         self, user_id: str | None, key: str, request_hash: str, in_io: Callable[..., Awaitable[Any]]
     ) -> StoredResponse | None:
         """`lookup` for the event loop: database calls through `in_io`, waits without holding a thread."""
         await in_io(self._maybe_sweep)
+        return (await self._await(user_id, key, request_hash, in_io))[0]
+
+    def claim_or_result(
+        self, claim: Callable[[], T], user_id: str | None, key: str | None, request_hash: str | None
+    ) -> T | StoredResponse:
+        """`claim()`, or, when it finds the thread busy with the first request of `key`, that request's result.
+
+        Requests with one key sent at the same moment may all look the key up before the first one's claim
+        records it; the others' claims then find the thread busy. Each looks the key up again and waits for
+        the turn that runs with it (as `lookup` does): its stored result is returned; if it failed (nothing
+        stored), the claim is tried again. A thread busy with a turn that does not carry the key is
+        `ThreadBusy`, as without a key.
+
+        Raises:
+            ThreadBusy: as `claim()`, or the key's turn ran longer than `enqueue_timeout`.
+            InvalidRequest: the key was used for a different request.
+            StorageUnavailable: the database failed.
+        """
+        while True:
+            try:
+                return claim()
+            except ThreadBusy:
+                if key is None or request_hash is None:
+                    raise
+                stored, ran = self._wait(user_id, key, request_hash)
+                if stored is not None:
+                    return stored
+                if not ran:
+                    raise
+
+    async def aclaim_or_result(
+        self,
+        claim: Callable[[], Awaitable[T]],
+        user_id: str | None,
+        key: str | None,
+        request_hash: str | None,
+        in_io: Callable[..., Awaitable[Any]],
+    ) -> T | StoredResponse:
+        """`claim_or_result` for the event loop: database calls through `in_io`, waits without holding a thread."""
+        while True:
+            try:
+                return await claim()
+            except ThreadBusy:
+                if key is None or request_hash is None:
+                    raise
+                stored, ran = await self._await(user_id, key, request_hash, in_io)
+                if stored is not None:
+                    return stored
+                if not ran:
+                    raise
+
+    def _wait(self, user_id: str | None, key: str, request_hash: str) -> tuple[StoredResponse | None, bool]:
+        """The stored result (None: there is none), and whether a turn ran with the key meanwhile."""
         deadline = time.monotonic() + self.settings.enqueue_timeout
-        delay = 0.01
+        delay, ran = 0.01, False
+        while True:
+            state = self.storage.find_idempotent(user_id or ANONYMOUS, key, claim_key(user_id, key))
+            done, stored = self._decide(state, key, request_hash, deadline)
+            if done:
+                return stored, ran
+            ran = True
+            time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.2)
+
+    async def _await(
+        self, user_id: str | None, key: str, request_hash: str, in_io: Callable[..., Awaitable[Any]]
+    ) -> tuple[StoredResponse | None, bool]:
+        """`_wait` on the event loop."""
+        deadline = time.monotonic() + self.settings.enqueue_timeout
+        delay, ran = 0.01, False
         while True:
             state = await in_io(self.storage.find_idempotent, user_id or ANONYMOUS, key, claim_key(user_id, key))
             done, stored = self._decide(state, key, request_hash, deadline)
             if done:
-                return stored
+                return stored, ran
+            ran = True
             await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             delay = min(delay * 2, 0.2)
 

@@ -25,6 +25,13 @@ A new message without either is refused (`InterruptPending`), so that nobody
 answers an approval question by accident. Every refusal here happens before
 the run, so nothing is written.
 
+An edit or a regeneration that starts at a checkpoint with pending interrupts
+replaces a user message that was already sent past them (with
+`cancel_interrupts`): it leaves them unanswered again without being asked to,
+as re-running that turn in LangGraph (new input at the checkpoint) drops the
+pending tasks again, and names them in `cancelled_interrupts`
+(`turns.start.answering`).
+
 Time travel needs nothing special: a checkpoint before the interrupt has none
 pending (a turn from there reruns to it), and an interrupted checkpoint can be
 resumed again from the history, which makes a sibling branch.

@@ -143,10 +143,17 @@ async def amerge(turns: TurnRunner, args: MergeArgs, *, stream_tokens: bool) -> 
             return
     handoff = ClaimHandoff()
     try:
-        claim = await in_io(claim_for, parts, args.thread_id, turn_args, handoff)
+        claimed = await parts.idempotency.aclaim_or_result(
+            lambda: in_io(claim_for, parts, args.thread_id, turn_args, handoff),
+            args.user_id, args.idempotency_key, args.request_hash, in_io,
+        )  # fmt: skip
     except BaseException:
         await handoff.abandon_and_release(in_io, parts)  # cancelled while the claim waited: nothing is held
         raise
+    if isinstance(claimed, StoredResponse):  # the first request with the key held the thread
+        yield claimed
+        return
+    claim = claimed
     done = False
     try:
         plan = await in_io(_plan, parts, claim, args)

@@ -16,8 +16,10 @@ import asyncio
 import json
 import sqlite3
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import psycopg
@@ -30,6 +32,7 @@ from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.reliability import (
     HANG_TIMEOUT,
     FailingChatModel,
+    GatedChatModel,
     all_rows,
     fresh_database,
     gated_model,
@@ -172,6 +175,154 @@ def test_a_retry_while_the_original_still_runs_waits_for_it_and_returns_its_resu
     assert model.calls[0] == 2
 
 
+class FailingGatedModel(GatedChatModel):
+    """A `GatedChatModel` whose next `failures[0]` held calls raise once the gate opens."""
+
+    failures: Any = None  # Any, not list: pydantic would copy a list
+
+    def _fail(self) -> None:
+        if self.failures[0] > 0:
+            self.failures[0] -= 1
+            raise RuntimeError("the chat model is down (injected)")
+
+    def _wait(self) -> None:
+        super()._wait()
+        self._fail()
+
+    async def _await(self) -> None:
+        await super()._await()
+        self._fail()
+
+
+def hide_lookups(agent) -> None:
+    """Make the lookup before the claim find nothing, as it does when it runs before the first request's claim
+    records the key (requests sent at the same moment)."""
+    idempotency = agent.operation_context.turns.idempotency
+    idempotency.lookup = lambda user_id, key, request_hash: None
+
+    async def no_stored_result(user_id, key, request_hash, in_io):
+        return None
+
+    idempotency.alookup = no_stored_result  # `predict` runs the async turn body, which looks up with alookup
+
+
+@pytest.mark.parametrize("path", ["predict", "apredict_stream"])
+def test_a_duplicate_whose_lookup_ran_before_the_originals_claim_waits_for_it_instead_of_busy(
+    backend_url, make_agent, path
+):
+    # A new-user trial sent 4 identical requests at once: one got 409 "busy" at once, as its claim found the
+    # thread held by the first request of its key.
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)  # multitask_strategy "reject"
+    thread_id = outputs(say(agent, "start"))["thread_id"]
+    hide_lookups(agent)
+    body = request("block: at the same moment", thread_id=thread_id, idempotency_key="dup-1")
+
+    with ThreadPoolExecutor(2) as pool:
+        original = pool.submit(send, agent, body)
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            duplicate = pool.submit(send, agent, body, path)
+            time.sleep(0.3)
+            assert not duplicate.done(), "the duplicate should wait for the original"
+        finally:
+            model.gate.set()
+        first, _, first_text = original.result(timeout=HANG_TIMEOUT)
+        again, _, again_text = duplicate.result(timeout=HANG_TIMEOUT)
+
+    assert again == first and (again_text or first_text) == first_text
+    assert user_texts(head_messages(agent, thread_id)) == ["start", "block: at the same moment"]
+    assert model.calls[0] == 2  # "start" and the original
+
+
+@pytest.mark.parametrize("strategy", ["enqueue", "interrupt", "rollback", "steer"])
+def test_a_duplicate_never_stops_joins_or_queues_behind_the_original_whatever_its_strategy(
+    backend_url, make_agent, strategy
+):
+    # Served, 4 identical requests at once under `interrupt` each stopped the one before (the first client got
+    # 409 under `rollback`), and under `enqueue` or `steer` the model ran once per duplicate.
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)
+    thread_id = outputs(say(agent, "start"))["thread_id"]
+    hide_lookups(agent)
+    body = request("block: once", thread_id=thread_id, idempotency_key=f"dup-{strategy}", multitask_strategy=strategy)
+    with ThreadPoolExecutor(2) as pool:
+        original = pool.submit(send, agent, body)
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            duplicate = pool.submit(send, agent, body, "apredict")
+            time.sleep(0.3)
+            assert not duplicate.done(), "the duplicate should wait for the original"
+        finally:
+            model.gate.set()
+        first, _, _ = original.result(timeout=HANG_TIMEOUT)
+        again, _, _ = duplicate.result(timeout=HANG_TIMEOUT)
+    # Under steer the original ran as a turn of its own (`steer: "new_turn"`, which the stored result leaves out).
+    assert first.get("steer") in (None, "new_turn") and again == {k: v for k, v in first.items() if k != "steer"}
+    assert user_texts(head_messages(agent, thread_id)) == ["start", "block: once"]
+    assert model.calls[0] == 2  # "start" and the original
+
+
+def test_a_request_with_a_key_still_interrupts_another_turn(backend_url, make_agent):
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)
+    thread_id = outputs(say(agent, "start"))["thread_id"]
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(send, agent, request("block: long", thread_id=thread_id))
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            newer = outputs(agent.predict(request("now this", thread_id=thread_id, idempotency_key="newer",
+                                                  multitask_strategy="interrupt")))  # fmt: skip
+        finally:
+            model.gate.set()
+        interrupted, _, _ = running.result(timeout=HANG_TIMEOUT)
+    assert newer["parent_checkpoint_id"] == interrupted["checkpoint_id"]  # it stopped the turn, then ran after it
+
+
+def test_requests_with_one_key_sent_at_once_all_get_the_first_ones_result(backend_url, make_agent):
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)
+    thread_id = outputs(say(agent, "start"))["thread_id"]
+    body = request("block: four at once", thread_id=thread_id, idempotency_key="dup-4")
+    with ThreadPoolExecutor(4) as pool:
+        runs = [pool.submit(send, agent, body) for _ in range(4)]
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            time.sleep(0.3)  # the others looked the key up, or claimed, meanwhile
+        finally:
+            model.gate.set()
+        results = [run.result(timeout=HANG_TIMEOUT)[0] for run in runs]
+    assert all(result == results[0] for result in results)
+    assert user_texts(head_messages(agent, thread_id)) == ["start", "block: four at once"]
+
+
+def test_a_duplicate_waiting_at_the_claim_runs_when_the_original_fails(backend_url, make_agent):
+    failures = [0]
+    model = FailingGatedModel(
+        gate=threading.Event(), entered=threading.Event(), calls=[0], arrivals=threading.Semaphore(0), failures=failures
+    )
+    agent = make_agent(backend_url, model=model)
+    thread_id = outputs(say(agent, "start"))["thread_id"]
+    hide_lookups(agent)
+    body = request("block: flaky", thread_id=thread_id, idempotency_key="dup-failed")
+    with ThreadPoolExecutor(2) as pool:
+        original = pool.submit(send, agent, body)
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            duplicate = pool.submit(send, agent, body, "apredict")
+            time.sleep(0.3)
+            assert not duplicate.done()
+            # The original fails: it stored nothing, so the duplicate claims the thread and runs.
+            failures[0] = 1
+        finally:
+            model.gate.set()
+        with pytest.raises(ModelError):
+            original.result(timeout=HANG_TIMEOUT)
+        ran, _, _ = duplicate.result(timeout=HANG_TIMEOUT)
+    assert user_texts(head_messages(agent, thread_id)) == ["start", "block: flaky"]
+    assert stored_keys(backend_url)[0][1:3] == ("dup-failed", thread_id) and ran["thread_id"] == thread_id
+
+
 def test_a_retry_of_a_failed_request_runs_and_its_own_retry_gets_its_result(backend_url, make_agent):
     failures = [0]
     agent = make_agent(backend_url, model=FailingChatModel(failures=failures))
@@ -244,13 +395,7 @@ def test_two_requests_with_one_key_that_both_run_commit_once(backend_url, make_a
     # the key's primary key lets only one commit, and the other answers with its result.
     model = gated_model()
     agent = make_agent(backend_url, model=model)
-    idempotency = agent.operation_context.turns.idempotency
-    idempotency.lookup = lambda user_id, key, request_hash: None
-
-    async def no_stored_result(user_id, key, request_hash, in_io):
-        return None
-
-    idempotency.alookup = no_stored_result  # `predict` runs the async turn body, which looks up with alookup
+    hide_lookups(agent)
     body = request("block: at once", idempotency_key="race-1", user_id="alice")
     with ThreadPoolExecutor(2) as pool:
         runs = [pool.submit(send, agent, body) for _ in range(2)]

@@ -148,6 +148,27 @@ def test_cancel_interrupts_sends_the_message_and_names_what_it_left(approvals):
     assert approvals.get_checkpoint_history(custom["thread_id"], limit=1)[0]["next_nodes"] == []
 
 
+def test_a_regenerate_or_edit_of_a_message_sent_past_a_question_leaves_it_unanswered_again(approvals):
+    # A new-user trial's regenerate after a cancel_interrupts turn got InterruptPending, telling it to "send the
+    # message with cancel_interrupts": a regenerate sends no message, and the message it reruns was sent so.
+    asked = approvals.predict(request(BOOK))
+    custom = outputs(asked)
+    thread_id, waiting, [question] = custom["thread_id"], custom["checkpoint_id"], custom["interrupts"]
+    moved_on = outputs(approvals.predict(request("Actually, no trip.", thread_id=thread_id, cancel_interrupts=True)))
+
+    again = approvals.predict(request(None, thread_id=thread_id, regenerate=True))
+    assert outputs(again)["parent_checkpoint_id"] == moved_on["parent_checkpoint_id"] == waiting  # a sibling answer
+    assert outputs(again)["cancelled_interrupts"] == [question["id"]] and "Actually, no trip." in text_of(again)
+    sent = next(m for m in approvals.get_checkpoint_state(thread_id)["messages"] if m.get("role") == "user"
+                and "no trip" in json.dumps(m["content"]))  # fmt: skip
+    edited = approvals.predict(request("No trip at all.", thread_id=thread_id, edit_message_id=sent["id"]))
+    assert outputs(edited)["parent_checkpoint_id"] == waiting and outputs(edited)["cancelled_interrupts"] == [question["id"]]
+    # The question still waits at its checkpoint; a new message there still has to say what to do about it.
+    with pytest.raises(InterruptPending, match="cancel_interrupts"):
+        approvals.predict(request("hello", thread_id=thread_id, checkpoint_id=waiting))
+    assert "booked Tokyo" in text_of(approvals.predict(request(None, thread_id=thread_id, checkpoint_id=waiting, resume="yes")))
+
+
 def test_time_travel_through_an_interrupt(approvals):
     asked = approvals.predict(request(BOOK))
     custom = outputs(asked)

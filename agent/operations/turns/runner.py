@@ -20,6 +20,8 @@ The two paths differ only in where they wait:
 * **The idempotency lookup** before the claim may wait for a turn that runs
   with the same key right now: `run` waits in the caller's thread, as the
   caller of a sync call expects, and `arun` awaits without holding a thread.
+  A claim that finds the thread busy with the first request of the key waits
+  for it too (`Idempotency.claim_or_result`), on the turn's loop.
 
 State updates (`update_state`, `updates.py`) stay synchronous: they stream
 nothing and call no model, so they are storage work from end to end, and the
@@ -59,7 +61,7 @@ from agent.operations.turns.start import (
 )
 from agent.operations.turns.updates import update_state
 from agent.storage import ThreadStorage
-from agent.types import NewMessages, TurnResult, TurnStarted
+from agent.types import NewMessages, StoredResponse, TurnResult, TurnStarted
 
 if TYPE_CHECKING:
     from agent.context.window import ContextWindow
@@ -185,13 +187,23 @@ class TurnRunner:
             args = dataclasses.replace(args, messages=steer.with_ids(args.messages))
         primed = self._prime_recall(args)
         handoff = ClaimHandoff()
+        thread_id = args.thread_id or str(uuid.uuid4())
         try:
-            claim, begun = await self.in_io(begin, parts, args.thread_id or str(uuid.uuid4()), args, handoff)
+            claimed = await parts.idempotency.aclaim_or_result(
+                lambda: self.in_io(begin, parts, thread_id, args, handoff),
+                args.user_id, args.idempotency_key, args.request_hash, self.in_io,
+            )  # fmt: skip
         except BaseException:
             if primed is not None:
                 primed.cancel()
             await handoff.abandon_and_release(self.in_io, parts)  # cancelled while the claim waited
             raise
+        if isinstance(claimed, StoredResponse):  # the first request with the key held the thread
+            if primed is not None:
+                primed.cancel()
+            yield claimed
+            return
+        claim, begun = claimed
         done = False
         try:
             if claim.steered_into is not None:  # its messages were offered to the turn that ran: did it take them?

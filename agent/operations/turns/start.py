@@ -24,11 +24,11 @@ from langgraph.graph.message import add_messages
 
 from agent.config import AgentSettings
 from agent.context import TURN_CONTEXT_KEY, TurnContext
-from agent.errors import InvalidRequest, TurnCancelled, shown_id
+from agent.errors import InvalidRequest, ThreadBusy, TurnCancelled, shown_id
 from agent.models.pairing import pairing_walk
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.edits import plan_edit, plan_regenerate
-from agent.operations.idempotency import claim_key
+from agent.operations.idempotency import ANONYMOUS, claim_key
 from agent.operations.interrupts import answer, pending_interrupts
 from agent.operations.tree import fill_kept, read_tree
 from agent.operations.turns import steer
@@ -130,18 +130,38 @@ def claim(parts: TurnParts, thread_id: str, args: TurnArgs, abandoned: threading
     """Claim `thread_id` for the turn `args` asks for, by its strategy (`ThreadStorage.claim` raises); the wait
     ends when `abandoned` is set.
 
-    A `steer` turn whose messages can join another turn offers them to the running one (`steer`)."""
+    A `steer` turn whose messages can join another turn offers them to the running one (`steer`).
+
+    A request with an idempotency key tries first without waiting (`reject`): when the thread is busy with
+    the first request of its key (or that one just committed), the claim raises `ThreadBusy`, for
+    `Idempotency.claim_or_result` to wait for that request's result. Under its own strategy it would stop
+    the first request (`interrupt`, `rollback`), join it (`steer`), or queue behind it and call the model
+    once more (`enqueue`). A thread busy with another turn is then claimed under the request's strategy.
+    """
     strategy = strategy_of(parts, args)
-    return parts.storage.claim(
-        thread_id,
-        user_id=args.user_id,
-        checkpoint_id=args.checkpoint_id,
-        strategy=strategy,
-        timeout=parts.settings.enqueue_timeout,
-        idempotency_key=None if args.idempotency_key is None else claim_key(args.user_id, args.idempotency_key),
-        steer=steer.offer(parts, args) if strategy == "steer" and steer.can_join(args) else None,
-        abandoned=abandoned,
-    )
+    key = None if args.idempotency_key is None else claim_key(args.user_id, args.idempotency_key)
+
+    def claim_by(strategy: str) -> Claim:
+        return parts.storage.claim(
+            thread_id,
+            user_id=args.user_id,
+            checkpoint_id=args.checkpoint_id,
+            strategy=strategy,  # type: ignore[arg-type]
+            timeout=parts.settings.enqueue_timeout,
+            idempotency_key=key,
+            steer=steer.offer(parts, args) if strategy == "steer" and steer.can_join(args) else None,
+            abandoned=abandoned,
+        )
+
+    if key is None or strategy == "reject":
+        return claim_by(strategy)
+    try:
+        return claim_by("reject")
+    except ThreadBusy:
+        state = parts.storage.find_idempotent(args.user_id or ANONYMOUS, args.idempotency_key, key)
+        if state.response is not None or state.running_thread_id is not None:
+            raise
+    return claim_by(strategy)
 
 
 def claim_for(parts: TurnParts, thread_id: str, args: TurnArgs, handoff: ClaimHandoff) -> Claim:
@@ -203,18 +223,25 @@ def plan_start(parts: TurnParts, claim: Claim, args: TurnArgs) -> Start:
     else:
         plan = plan_edit(tree, chain, messages, args.edit_message_id, args.messages)
     if plan.checkpoint_id == start:
-        return answering(Start(start, plan.messages, claim.start), args)
+        return answering(Start(start, plan.messages, claim.start), args, replacing=True)
     loaded = storage.get_checkpoint(thread_id, plan.checkpoint_id)
     if loaded is None:  # the thread was deleted meanwhile
         raise checkpoint_not_found(thread_id, plan.checkpoint_id)
-    return answering(Start(plan.checkpoint_id, plan.messages, loaded), args)
+    return answering(Start(plan.checkpoint_id, plan.messages, loaded), args, replacing=True)
 
 
-def answering(begun: Start, args: TurnArgs) -> Start:
-    """`begun` with what the turn does about the interrupts its start waits on (`interrupts.answer`)."""
+def answering(begun: Start, args: TurnArgs, *, replacing: bool = False) -> Start:
+    """`begun` with what the turn does about the interrupts its start waits on (`interrupts.answer`).
+
+    `replacing`: an edit or a regeneration, which sends again, in place of a user message already stored
+    after the start, what the turn it replaces sent. Interrupts pending at the start were left unanswered
+    by that message's turn (`cancel_interrupts`), so they are again, without being asked for once more
+    (a regenerate sends no message to ask it with); the result names them (`cancelled_interrupts`).
+    """
     pending = pending_interrupts(begun.loaded)
     thread_id = begun.loaded.config["configurable"]["thread_id"] if begun.loaded is not None else args.thread_id
-    resume, cancelled = answer(pending, args.resume, args.cancel_interrupts, thread_id, begun.checkpoint_id)
+    cancel = args.cancel_interrupts or replacing
+    resume, cancelled = answer(pending, args.resume, cancel, thread_id, begun.checkpoint_id)
     return dataclasses.replace(begun, resume=resume, cancelled=cancelled)
 
 

@@ -27,7 +27,7 @@ from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.start import claim as claim_thread
 from agent.operations.turns.start import check_input_ids, check_tool_results, plan_start, prepare
 from agent.state import CONTEXT_SUMMARY_CHANNEL
-from agent.types import TurnResult
+from agent.types import StoredResponse, TurnResult
 
 #: The Responses API role of each LangChain message type, for errors.
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
@@ -93,7 +93,11 @@ def update_state(
         if stored is not None:
             return result_of(stored)
     storage = parts.storage
-    claim = claim_thread(parts, thread_id, args)
+    claim = parts.idempotency.claim_or_result(
+        lambda: claim_thread(parts, thread_id, args), user_id, idempotency_key, request_hash
+    )
+    if isinstance(claim, StoredResponse):  # the first request with the key held the thread
+        return result_of(claim)
     try:
         if not (new_thread and claim.record is None):
             authorize(claim.record, thread_id, user_id)
