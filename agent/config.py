@@ -101,6 +101,14 @@ class AgentSettings(BaseSettings):
     StorageUnavailable, nothing written. Postgres: `statement_timeout` on every connection; SQLite: the
     wait for another process's write lock, and each read or transaction's run time. 0: no limit.
     Setup's migrations and index builds are not limited."""
+    reply_timeout: float = Field(default=5.0, gt=0)
+    """Seconds the agent waits for Postgres to answer on an open connection beyond what `statement_timeout_ms`
+    lets a statement run. A database that stops answering without closing its connections (a network
+    partition, a frozen host, proxy or pooler) fails each read, claim and commit with StorageUnavailable
+    after `statement_timeout_ms` + this (35 s by default), its connection closed, and `/ready` answers
+    503 within `connect_timeout` + this. Also libpq's `tcp_user_timeout` and TCP keepalive idle time, so a
+    vanished peer breaks even idle connections. `statement_timeout_ms` 0 leaves statements unbounded here
+    too (`/ready`'s check excepted), as are setup's migrations and index builds."""
     prepare_threshold: int | None = None
     """psycopg's `prepare_threshold`: None (default) never prepares statements, which transaction-mode
     poolers such as PgBouncer require; an integer prepares a statement after that many runs."""

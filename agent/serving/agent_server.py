@@ -424,8 +424,15 @@ def build_app(agent: LangGraphResponsesAgent) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        """200 when the database answers, 503 otherwise (for load balancers' readiness probes)."""
-        up = await agent.operation_context.in_io(agent.storage.ready)
+        """200 when the database answers, 503 otherwise (for load balancers' readiness probes), within
+        `connect_timeout` + `reply_timeout`."""
+        # The storage bounds each round trip; this bounds the whole check (a checkout waiting on a full pool),
+        # leaving its thread to end on its own.
+        bound = agent.settings.connect_timeout + agent.settings.reply_timeout
+        try:
+            up = await asyncio.wait_for(agent.operation_context.in_io(agent.storage.ready), bound)
+        except TimeoutError:
+            up = False
         return JSONResponse({"status": "ready" if up else "database unreachable"}, status_code=200 if up else 503)
 
     return app

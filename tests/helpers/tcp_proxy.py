@@ -8,6 +8,7 @@ connections or make it hang, without touching the real server (which other tests
         proxy.start()     # reachable again, on the same port
         proxy.blackhole() # like a network partition: connects and queries hang
         proxy.cut()       # open connections die, new ones work
+        proxy.stall()     # open connections stop moving data (a frozen peer); new ones work
 
 Modes (one at a time; each control returns once it has taken effect):
     forwarding   (after start and `start()`) every connection is piped to the target.
@@ -17,12 +18,16 @@ Modes (one at a time; each control returns once it has taken effect):
                  answered, so a connect attempt hangs until the client's timeout; open
                  connections stop moving data too. `start()` resumes them (the partition heals):
                  nothing is lost, TCP flow control held it back.
-`cut()` aborts every open connection and keeps the mode.
+`cut()` aborts every open connection and keeps the mode. `stall()` stops the connections open now
+from moving data, both ways, and keeps the mode for new ones: what a client sees of a peer whose
+kernel still acknowledges (a stopped proxy or server process) on the connections it already has,
+while a new connection (the client asking, after a timeout, what became of its write) gets through.
+`start()` resumes them.
 
 Why a process and a control port: the proxy must keep working while the test process is
 blocked in a synchronous driver call (a hanging connect, a query on a dead connection), so it
 cannot share the test's thread or its GIL-bound event loop. Controls are lines on a second
-local port (`stop`, `start`, `blackhole`, `cut`, `status`), answered with `ok ...`; the
+local port (`stop`, `start`, `blackhole`, `cut`, `stall`, `status`), answered with `ok ...`; the
 process prints `listening <port> control <port>` on stdout when it is ready. It uses only the
 standard library (asyncio streams), so it starts in a fraction of a second.
 
@@ -49,7 +54,7 @@ from urllib.parse import quote, urlencode
 from tests.helpers import REPO_ROOT
 
 CHUNK = 64 * 1024
-COMMANDS = ("stop", "start", "blackhole", "cut", "status")
+COMMANDS = ("stop", "start", "blackhole", "cut", "stall", "status")
 
 
 # ---- the proxy process -------------------------------------------------------------------------
@@ -67,6 +72,8 @@ class ProxyServer:
         self.forwarding.set()
         # Every open client and upstream writer, so stop/cut can abort them.
         self.writers: set[asyncio.StreamWriter] = set()
+        # Per open connection, set while it may move data; stall clears the ones open at the time.
+        self.gates: set[asyncio.Event] = set()
         self.clients = 0
 
     async def listen(self) -> None:
@@ -98,11 +105,16 @@ class ProxyServer:
         elif name == "start":
             await self.listen()
             self.forwarding.set()
+            for gate in self.gates:
+                gate.set()
         elif name == "blackhole":
             await self.listen()
             self.forwarding.clear()
         elif name == "cut":
             await self.cut()
+        elif name == "stall":
+            for gate in self.gates:
+                gate.clear()
         elif name != "status":
             return f"error unknown command {name!r}; known: {' '.join(COMMANDS)}"
         mode = "stopped" if self.server is None else "forwarding" if self.forwarding.is_set() else "blackholed"
@@ -111,6 +123,9 @@ class ProxyServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.clients += 1
         self.writers.add(writer)
+        gate = asyncio.Event()
+        gate.set()
+        self.gates.add(gate)
         upstream_writer = None
         try:
             await self.forwarding.wait()
@@ -120,22 +135,26 @@ class ProxyServer:
             self.writers.add(upstream_writer)
             if writer not in self.writers:
                 return
-            await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+            await asyncio.gather(
+                self._pipe(reader, upstream_writer, gate), self._pipe(upstream_reader, writer, gate)
+            )
         except OSError:
             pass  # the target refused, or a side reset: the client sees its connection close
         finally:
             self.clients -= 1
+            self.gates.discard(gate)
             for w in (writer, upstream_writer):
                 if w is not None:
                     self.writers.discard(w)
                     _abort(w)
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: asyncio.Event) -> None:
         while True:
             data = await reader.read(CHUNK)
             if not data:
                 break
-            await self.forwarding.wait()
+            while not (self.forwarding.is_set() and gate.is_set()):
+                await (gate.wait() if self.forwarding.is_set() else self.forwarding.wait())
             if writer not in self.writers:
                 break
             writer.write(data)
@@ -232,6 +251,10 @@ class Proxy:
     def cut(self) -> str:
         """Abort every open connection; keep listening in the current mode."""
         return self._send("cut")
+
+    def stall(self) -> str:
+        """Stop the connections open now from moving data (held, not lost); new ones are served as the mode says."""
+        return self._send("stall")
 
     def status(self) -> str:
         """`ok mode=<forwarding|stopped|blackholed> clients=<open client connections>`."""

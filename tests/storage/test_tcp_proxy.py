@@ -99,3 +99,27 @@ def test_blackhole_stalls_open_connections_until_start(pg_proxy, pg_url):
         pg_proxy.start()
         worker.join(HANG_TIMEOUT)
         assert result == [42]
+
+
+def test_stall_holds_open_connections_and_serves_new_ones_until_start(pg_proxy, pg_url):
+    url = pg_proxy.url_for(pg_url)
+    with psycopg.connect(url, connect_timeout=5, autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        pg_proxy.stall()
+        outcome: list[BaseException | int] = []
+
+        def query() -> None:
+            try:
+                outcome.append(conn.execute("SELECT 41 + 1").fetchone()[0])
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                outcome.append(exc)
+
+        worker = threading.Thread(target=query, daemon=True)
+        worker.start()
+        worker.join(1.0)
+        assert worker.is_alive() and not outcome, "a query on a stalled connection was answered"
+        assert _backend_pid(url) > 0  # a new connection is served meanwhile
+
+        pg_proxy.start()
+        worker.join(HANG_TIMEOUT)
+        assert outcome == [42]  # held, not lost

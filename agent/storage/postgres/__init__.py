@@ -7,7 +7,8 @@ constant), `checkpoint_ids` (the unique index that makes a checkpoint id name on
 thread), `indexes` (indexes built `CONCURRENTLY` after setup's transaction),
 `batch` (the commit's statements in one round trip), `known_heads` (the heads this
 process committed, so its next claim on a thread need not read them back), `connections`
-(the pool, credentials, and faults as `StorageUnavailable`), `saver`
+(the pool, credentials, and faults as `StorageUnavailable`), `round_trips` (the deadline on
+every wait for the server, and TCP keepalives), `saver`
 (`TurnPostgresSaver`), `transaction` (`PostgresTx`), `reads` and `storage`
 (`PostgresThreadStorage`).
 
@@ -77,6 +78,10 @@ Design notes:
   unknown. (The commit used to spend a round trip on the fencing check alone
   to know this; 0.1 ms of every turn.)
   An unreachable server fails after `connect_timeout`, not `pool_timeout`.
+  A server that stops answering on open connections fails each round trip after
+  `statement_timeout_ms` + `reply_timeout` (`round_trips`); a commit that went
+  unanswered is settled by taking its claim back on a new connection, so that
+  it fails its fencing check if the network delivers it later.
   Missing privileges and a read-only server are found by the claim, before
   the model is called.
 * **Managed credentials.** With a `credential_provider`, the pool's connection

@@ -10,6 +10,10 @@ Why the pool needs more than `psycopg_pool` gives it (see "Faults" and
   connection has nothing to read; one the server ended holds its FATAL message
   or end of file. `checkout_live` polls for that (one `poll()` call), so a
   commit is never sent on a connection a restart or a killed backend left.
+* **No round trip waits forever.** Connections are `round_trips.DeadlineConnection`s with libpq's TCP
+  keepalives and `tcp_user_timeout` (`round_trips` says why both): a database that stops answering
+  fails the request with `NoReply` (as `StorageUnavailable`) after `statement_timeout_ms` +
+  `reply_timeout`, and marks the server suspect, so the next checkout first checks that it answers.
 * **The reason in the error.** A missing database or role is not a timeout:
   `unreachable` says what the last attempt to connect said.
 * **Managed credentials.** With a `credential_provider` the pool's connection
@@ -40,6 +44,14 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.config import AgentSettings, mask_url
 from agent.errors import StorageUnavailable
+from agent.storage.postgres.round_trips import (
+    DeadlineConnection,
+    NoReply,
+    bounded,
+    round_trip_deadline,
+    tcp_liveness,
+    with_deadline,
+)
 
 #: Errors after which the server rolled the transaction back and running it again is safe.
 ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -89,7 +101,10 @@ class PostgresConnections:
             "row_factory": dict_row,
             "connect_timeout": max(2, math.ceil(settings.connect_timeout)),
             "options": with_statement_timeout(conninfo, settings.statement_timeout_ms),
+            **tcp_liveness(conninfo, settings.reply_timeout),
         }
+        #: How long a round trip on one of these connections may wait for its answer (`round_trips`).
+        self.deadline = round_trip_deadline(settings.statement_timeout_ms, settings.reply_timeout)
         self._credential: Callable[[], str] | None = None
         kwargs: Any = base_kwargs
         if settings.credential_provider is not None:
@@ -101,6 +116,8 @@ class PostgresConnections:
         self.pool = ConnectionPool(
             conninfo,
             kwargs=kwargs,
+            connection_class=DeadlineConnection,
+            configure=self._configure,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
             timeout=settings.pool_timeout,
@@ -112,9 +129,14 @@ class PostgresConnections:
         self.suspect_down = False
         self._connect_error: str | None = None
 
+    def _configure(self, conn: DeadlineConnection) -> None:
+        """The pool's hook for each new connection: its round trips get the pool's deadline."""
+        with_deadline(conn, self.deadline)
+
     def connect(self, *, unlimited: bool = False) -> psycopg.Connection:
-        """A new connection outside the pool, with the pool's settings (bounded by `connect_timeout`); with
-        `unlimited`, without `statement_timeout_ms` (for setup's index builds, which take as long as the table).
+        """A new connection outside the pool, with the pool's settings (bounded by `connect_timeout`, its round
+        trips by the pool's deadline); with `unlimited`, without `statement_timeout_ms` nor a deadline (for
+        setup's index builds, which take as long as the table).
 
         Raises:
             psycopg.OperationalError: the server cannot be reached, or refused the connection.
@@ -124,7 +146,7 @@ class PostgresConnections:
             kwargs["options"] = with_statement_timeout(self.conninfo, 0)
         if self._credential is not None:
             kwargs["password"] = self._credential()
-        return psycopg.connect(self.conninfo, **kwargs)
+        return with_deadline(DeadlineConnection.connect(self.conninfo, **kwargs), None if unlimited else self.deadline)
 
     def reachable(self) -> bool:
         """Whether a new connection can be opened now (one attempt, bounded by connect_timeout; a second one
@@ -178,6 +200,9 @@ class PostgresConnections:
         conn = self.checkout()
         try:
             yield conn
+        except NoReply:
+            self.suspect_down = True  # the next checkout first checks that the server answers at all
+            raise
         finally:
             self.checkin(conn)
 
@@ -224,7 +249,8 @@ class PostgresConnections:
         """After a connection was found dead: drop the idle ones the same fault ended, and check the server
         answers before the next checkout."""
         self.suspect_down = True
-        self.pool.check()
+        with bounded(self.settings.reply_timeout):  # an empty query each: no statement to wait for
+            self.pool.check()
 
     def close(self) -> None:
         self.pool.close()

@@ -29,6 +29,7 @@ from agent.storage.postgres.batch import StatementBatch, running, running_batch
 from agent.storage.postgres.connections import ROLLED_BACK, SCHEMA_MISSING, PostgresConnections, first_line
 from agent.storage.postgres.known_heads import KnownHead, KnownHeads, fresh
 from agent.storage.postgres.reads import PostgresReads, prefixed
+from agent.storage.postgres.round_trips import NoReply, bounded, unbounded
 from agent.storage.postgres.saver import TurnPostgresSaver
 from agent.storage.postgres.transaction import PostgresTx, to_record
 from agent.storage.records import IdempotencyKeyTaken, Turn
@@ -70,10 +71,12 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                 self.pool.open(wait=False)
                 with self.connection() as conn:
                     if schema.missing_tables(conn) or not schema.migrations_current(conn):
-                        try:
-                            schema.migrate(conn, where=self.masked)
-                        except ROLLED_BACK:  # chosen as a deadlock's victim by turns running meanwhile
-                            schema.migrate(conn, where=self.masked)
+                        # No deadline: the migrations' transaction lifts statement_timeout too (`round_trips`).
+                        with unbounded():
+                            try:
+                                schema.migrate(conn, where=self.masked)
+                            except ROLLED_BACK:  # chosen as a deadlock's victim by turns running meanwhile
+                                schema.migrate(conn, where=self.masked)
                         missing = schema.missing_tables(conn)
                         if missing:
                             raise StorageUnavailable(f"Could not create the tables {missing} in {self.masked}.")
@@ -102,9 +105,12 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                 return not schema.missing_tables(conn)
 
     def ready(self) -> bool:
-        """Whether the database answers a query now (for readiness probes). Never raises."""
+        """Whether the database answers a query now, within `reply_timeout` (a check needs no statement time;
+        for readiness probes). Never raises."""
         try:
-            self._run("check the database", lambda conn: conn.execute(sql.READY_SQL).fetchone())
+            self.setup()  # outside the check's deadline: migrations take as long as they take
+            with bounded(self.settings.reply_timeout):
+                self._run("check the database", lambda conn: conn.execute(sql.READY_SQL).fetchone())
         except AgentError:
             return False
         return True
@@ -168,6 +174,10 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                         # A deadlock or serialization failure (with a concurrent setup's DDL): rolled back, retry.
                         if attempt == 2:
                             raise
+                    except NoReply:
+                        # No retry: another connection to a server that does not answer would wait as long.
+                        self.connections.suspect_down = True
+                        raise
                     except psycopg.OperationalError:
                         if attempt == 2 or not conn.closed:
                             raise
@@ -286,11 +296,14 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
                     with self._faults("commit the turn", thread_id):
                         raise
                 self.connections.suspect_down = True
-                landed = self._commit_landed(claim)
+                # An unanswered commit may still be delivered later: its claim is taken back, so that it
+                # never lands (`round_trips`), and it is not sent again.
+                unanswered = isinstance(exc, NoReply)
+                landed = self._commit_landed(claim, take_back=unanswered)
                 if landed:
                     staged.publish()
                     return
-                if landed is False and attempt == 1:
+                if landed is False and attempt == 1 and not unanswered:
                     self.pool.check()
                     continue  # nothing was written and the claim is still ours: commit again
                 outcome = (
@@ -318,13 +331,18 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
         if tup is not None:
             self.known_heads.put(turn.thread_id, KnownHead(turn.new_head, xmin, tup))
 
-    def _commit_landed(self, claim: Claim) -> bool | None:
+    def _commit_landed(self, claim: Claim, *, take_back: bool = False) -> bool | None:
         """After a commit's connection failed: True if it committed, False if not, None if that cannot be known.
+        With `take_back` (the commit went unanswered, and may still arrive), False also means it never will:
+        the claim was released first (dropped, for a new thread), so the commit's fencing check fails.
 
         Asks on a new connection of its own: the pool's idle connections may be as dead as the one that failed.
         """
+        release = sql.DROP_CLAIM_SQL if claim.record is None else sql.RELEASE_CLAIM_SQL
         try:
             with self.connections.connect() as conn:
+                if take_back and conn.execute(release, (claim.thread_id, claim.token)).rowcount == 1:
+                    return False
                 row = conn.execute(sql.CLAIM_STATE_SQL, (claim.thread_id,)).fetchone()
         except psycopg.Error:
             return None
