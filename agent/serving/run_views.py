@@ -44,15 +44,15 @@ def retrieve(agent: Any, response_id: str, user_id: str | None) -> dict[str, Any
 
 def status_object(agent: Any, run: Run) -> dict[str, Any]:
     """A run that has no checkpoint (yet) as a Responses API object: `output` empty, `status` the run's, `error`
-    for a failed one (the run's code, `server_error` when it has none, and the reason as message), `custom_outputs` with `response_id`,
+    for a failed one (OpenAI's `server_error` code, the reason as message), `custom_outputs` with `response_id`,
     `background` and `thread_id` (null: a new thread, not written), and for a failed or cancelled one the run's own
     `code` and `reason`, `checkpoint_id: null` and `written: false` (nothing of the turn is stored)."""
     fields = response_object([], run.response_id, run.status, parsed=None, model=agent.settings.model)
     fields.update({key: value for key, value in run.request.items()})
     if run.status == "failed":
-        # The run's own code (`not_found`, `unavailable`, `lease_expired`...), as its stream's `error` event
-        # and `custom_outputs.code` say: one failure answers with one code.
-        fields["error"] = {"code": run.code or "server_error", "message": run.reason or "The turn failed."}
+        # OpenAI's Response allows only its own error codes here (an OpenAI client's model refuses another);
+        # the run's own code (`not_found`, `unavailable`, `lease_expired`...) is `custom_outputs.code`.
+        fields["error"] = {"code": "server_error", "message": run.reason or "The turn failed."}
     custom: dict[str, Any] = {"response_id": run.response_id, "background": run.background, "thread_id": run.thread_id}
     if run.status in ("failed", "cancelled"):
         custom.update({"checkpoint_id": None, "code": run.code, "reason": run.reason, "written": False})
