@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from agent.errors import StorageUnavailable
+from agent.storage.postgres.batch import running_batch
 from tests.helpers.reliability import HANG_TIMEOUT, fresh_database, gated_model, head_messages, user_texts
 from tests.helpers.scenario import outputs, request, say, text_of
 from tests.helpers.servers import free_port, server_process
@@ -175,3 +176,47 @@ def test_connections_carry_tcp_liveness_and_a_url_keeps_its_own(pg_proxy, own_db
         parameters = conn.info.get_parameters()
     assert parameters["tcp_user_timeout"] == "1000" and parameters["keepalives"] == "1"
     assert parameters["keepalives_idle"] == "77"
+
+
+def title_of(url: str, thread_id: str) -> str | None:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT title FROM agent_threads WHERE thread_id = %s", (thread_id,)).fetchone()[0]
+
+
+def test_a_batch_of_statements_each_within_its_limit_is_not_cut_by_the_deadline(own_db, make_agent):
+    # The server limits each statement of a batch (one query) to statement_timeout_ms: four of 0.7 s take
+    # 2.8 s, over one statement's deadline (2 s) and within the batch's, so the write goes through.
+    agent = make_agent(own_db, **LIMITS)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+
+    def slow_rename(tx) -> None:
+        batch = running_batch()
+        for _ in range(4):
+            batch.execute("SELECT pg_sleep(0.7)")
+        batch.execute("UPDATE agent_threads SET title = 'renamed' WHERE thread_id = %s", (thread_id,))
+
+    agent.storage.transaction(slow_rename)
+    assert title_of(own_db, thread_id) == "renamed"
+
+
+def test_an_unanswered_commit_of_a_write_without_a_claim_is_told_unknown_and_cannot_land_later(
+    pg_proxy, own_db, make_agent
+):
+    # A write outside a turn (a title, a prune, a deletion) has no claim to take back: its session is ended
+    # on a new connection, so the COMMIT the silent network holds cannot land after the caller was told.
+    agent = make_agent(pg_proxy.url_for(own_db), **LIMITS)
+    thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
+    before = title_of(own_db, thread_id)
+
+    def rename_in_silence(tx) -> None:
+        running_batch().execute("UPDATE agent_threads SET title = 'renamed' WHERE thread_id = %s", (thread_id,))
+        pg_proxy.stall()  # the connection carrying this transaction goes silent; a new one gets through
+
+    error, elapsed = timed(lambda: agent.storage.transaction(rename_in_silence))
+    assert isinstance(error, StorageUnavailable), error
+    assert "whether the change was saved is not known (it cannot be saved later)" in error.message
+    assert "nothing was written" not in error.message
+    assert elapsed < 3 * ROUND_TRIP + LIMITS["connect_timeout"] + SLACK
+    pg_proxy.start()  # the held COMMIT is delivered now, to a session that is gone
+    time.sleep(0.5)
+    assert title_of(own_db, thread_id) == before != "renamed"

@@ -37,6 +37,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from agent.storage.postgres.round_trips import carrying
+
 #: Pending SQL (characters) after which the batch is sent before more is added.
 FLUSH_BYTES = 1 << 20
 
@@ -47,8 +49,13 @@ class StatementBatch:
     """Write statements of one transaction on `conn`, bound client-side and sent in as few round trips as
     the reads among them allow. `conn` must be in autocommit mode (the batch sends its own `BEGIN`)."""
 
-    def __init__(self, conn: psycopg.Connection) -> None:
+    def __init__(self, conn: psycopg.Connection, *, long_statements: bool = False) -> None:
+        """`long_statements`: its statements may each run up to `statement_timeout_ms` (a prune's or a
+        deletion's deletes), so a round trip's deadline grows with the statements it carries
+        (`round_trips.carrying`); else a round trip has one statement's deadline (a turn's commit: single-row
+        statements, whose claim keeps other writers of the thread away)."""
         self._conn = conn
+        self._long_statements = long_statements
         self._binder = psycopg.ClientCursor(conn)
         self._pending: list[str] = ["BEGIN"]
         self._size = 0
@@ -105,8 +112,10 @@ class StatementBatch:
         if not self._pending:
             return None
         sql = ";\n".join(self._pending)
+        statements = len(self._pending)
         self._pending, self._size = [], 0
-        return self._conn.execute(sql, prepare=False)
+        with carrying(statements if self._long_statements else 1):  # the server limits each statement
+            return self._conn.execute(sql, prepare=False)
 
 
 # The batch of the write transaction running on this thread (a commit, `PostgresThreadStorage.transaction`).

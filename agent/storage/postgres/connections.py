@@ -131,7 +131,7 @@ class PostgresConnections:
 
     def _configure(self, conn: DeadlineConnection) -> None:
         """The pool's hook for each new connection: its round trips get the pool's deadline."""
-        with_deadline(conn, self.deadline)
+        with_deadline(conn, self.deadline, self.settings.statement_timeout_ms / 1000)
 
     def connect(self, *, unlimited: bool = False) -> psycopg.Connection:
         """A new connection outside the pool, with the pool's settings (bounded by `connect_timeout`, its round
@@ -146,7 +146,10 @@ class PostgresConnections:
             kwargs["options"] = with_statement_timeout(self.conninfo, 0)
         if self._credential is not None:
             kwargs["password"] = self._credential()
-        return with_deadline(DeadlineConnection.connect(self.conninfo, **kwargs), None if unlimited else self.deadline)
+        conn = DeadlineConnection.connect(self.conninfo, **kwargs)
+        if unlimited:
+            return with_deadline(conn, None)
+        return with_deadline(conn, self.deadline, self.settings.statement_timeout_ms / 1000)
 
     def reachable(self) -> bool:
         """Whether a new connection can be opened now (one attempt, bounded by connect_timeout; a second one

@@ -21,7 +21,13 @@ Two layers, the kernel's first:
   pipeline sync goes through. The deadline of a pooled connection is
   `statement_timeout_ms` + `reply_timeout`: the server ends a statement after
   `statement_timeout_ms` and says so, so an answer that has not come
-  `reply_timeout` later will not come. Past it the connection is closed
+  `reply_timeout` later will not come. A round trip that carries several
+  statements whose each may run that long (a `StatementBatch` of a prune's or a
+  deletion's deletes, sent as one query) gets `statement_timeout_ms` more for
+  each after the first (`carrying`): the server's limit is per statement. A
+  turn's commit does not: its statements are single rows of a thread its claim
+  keeps other writers away from, and a commit cut short is settled by taking
+  the claim back. Past it the connection is closed
   (its protocol state is mid-query: it cannot be reused) and `NoReply` is
   raised, a `psycopg.OperationalError`, which `connections.faults` words as
   `StorageUnavailable`. No cancel request is sent: it would travel the same
@@ -57,6 +63,8 @@ from psycopg import errors
 
 #: A block's deadline in seconds (`bounded`); `math.inf` for none (`unbounded`); None: each connection's own.
 _OVERRIDE: ContextVar[float | None] = ContextVar("tt_round_trip_deadline", default=None)
+#: How many statements the block's round trips carry (`carrying`): a batch of several, sent as one query.
+_STATEMENTS: ContextVar[int] = ContextVar("tt_round_trip_statements", default=1)
 
 #: psycopg's interval between checks for KeyboardInterrupt while it waits (`psycopg.connection._WAIT_INTERVAL`).
 WAIT_INTERVAL = 0.1
@@ -71,10 +79,15 @@ class DeadlineConnection(psycopg.Connection):
     closing the connection and raising `NoReply`. Set `deadline` after connecting (`with_deadline`)."""
 
     deadline: float | None = None
+    #: The server's limit on one statement, seconds (`statement_timeout_ms`): what each further statement of
+    #: a round trip adds to `deadline` (`carrying`).
+    statement_seconds: float = 0.0
 
     def wait(self, gen: Any, interval: float = WAIT_INTERVAL, timeout: float | None = None) -> Any:
         if timeout is None:  # psycopg's own timed waits (LISTEN's notifies) keep theirs
-            timeout = _OVERRIDE.get() or self.deadline
+            timeout = _OVERRIDE.get()
+            if timeout is None and self.deadline is not None:
+                timeout = self.deadline + (_STATEMENTS.get() - 1) * self.statement_seconds
             if timeout == math.inf:
                 timeout = None
         try:
@@ -87,9 +100,11 @@ class DeadlineConnection(psycopg.Connection):
             ) from None
 
 
-def with_deadline(conn: DeadlineConnection, deadline: float | None) -> DeadlineConnection:
-    """`conn`, its round trips bounded by `deadline` seconds (None: no bound)."""
+def with_deadline(conn: DeadlineConnection, deadline: float | None, statement_seconds: float = 0.0) -> DeadlineConnection:
+    """`conn`, its round trips bounded by `deadline` seconds (None: no bound), and by `statement_seconds` more
+    for each further statement a round trip carries (`carrying`)."""
     conn.deadline = deadline
+    conn.statement_seconds = statement_seconds
     return conn
 
 
@@ -107,6 +122,18 @@ def bounded(seconds: float) -> Iterator[None]:
         yield
     finally:
         _OVERRIDE.reset(token)
+
+
+@contextmanager
+def carrying(statements: int) -> Iterator[None]:
+    """Round trips of the block send `statements` statements as one query (`batch.StatementBatch`): the server
+    limits each of them to `statement_timeout_ms`, so the deadline grows by that much for each after the first
+    (a prune of a long thread is several long deletes in one round trip, each within its limit)."""
+    token = _STATEMENTS.set(max(1, statements))
+    try:
+        yield
+    finally:
+        _STATEMENTS.reset(token)
 
 
 @contextmanager

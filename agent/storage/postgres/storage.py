@@ -412,9 +412,37 @@ class PostgresThreadStorage(PostgresReads, ThreadStorage):
     def transaction(self, apply: Callable[[Tx], Any]) -> Any:
         self.setup()
         with self._faults("write to the database"), self.connection() as conn, staging.scope() as staged:
-            batch = StatementBatch(conn)
+            session = conn.info.backend_pid
+            batch = StatementBatch(conn, long_statements=True)
             with running(batch):
                 result = apply(PostgresTx(batch, self.saver))
-            batch.commit()
+            try:
+                batch.commit()
+            except psycopg.OperationalError as exc:
+                if isinstance(exc, psycopg.errors.QueryCanceled):
+                    raise  # statement_timeout_ms: the server rolled the transaction back and said so
+                raise self._unknown_commit(session, exc) from None
             staged.publish()
             return result
+
+    def _unknown_commit(self, session: int, exc: psycopg.OperationalError) -> StorageUnavailable:
+        """The error of a write transaction (`transaction`) whose `COMMIT` was sent and never answered (`NoReply`)
+        or whose connection was lost meanwhile: the server may or may not have committed it. Its session
+        (backend pid `session`) is ended first on a new connection, so that a `COMMIT` a silent network still
+        holds cannot land after the caller was told; a turn's commit is settled by its claim instead (`_commit`).
+        """
+        self.connections.suspect_down = True
+        try:
+            with self.connections.connect() as other:
+                # No row: the session is gone already. False: it did not end within reply_timeout.
+                ended = other.execute(
+                    "SELECT pg_terminate_backend(pid, %s) AS ended FROM pg_stat_activity WHERE pid = %s",
+                    (max(1, round(self.settings.reply_timeout * 1000)), session),
+                ).fetchone()
+            later = "it cannot be saved later" if ended is None or ended["ended"] else "it may still be saved later"
+        except psycopg.Error:
+            later = "the database could not be asked, so it may still be saved later"
+        return StorageUnavailable(
+            f"Lost the connection to {self.connections.masked} while committing: {first_line(exc)}; whether the "
+            f"change was saved is not known ({later}): read it back before retrying."
+        )
