@@ -138,14 +138,17 @@ class Idempotency:
         Requests with one key sent at the same moment may all look the key up before the first one's claim
         records it; the others' claims then find the thread busy. Each looks the key up again and waits for
         the turn that runs with it (as `lookup` does): its stored result is returned; if it failed (nothing
-        stored), the claim is tried again. A thread busy with a turn that does not carry the key is
-        `ThreadBusy`, as without a key.
+        stored), the claim is tried again. It is also tried again, once, when the first look finds no turn
+        with the key: the first request may have failed between the claim's `ThreadBusy` and that look, and
+        left the thread free. A thread busy with a turn that does not carry the key is `ThreadBusy`, as
+        without a key.
 
         Raises:
             ThreadBusy: as `claim()`, or the key's turn ran longer than `enqueue_timeout`.
             InvalidRequest: the key was used for a different request.
             StorageUnavailable: the database failed.
         """
+        retried = False
         while True:
             try:
                 return claim()
@@ -156,7 +159,9 @@ class Idempotency:
                 if stored is not None:
                     return stored
                 if not ran:
-                    raise
+                    if retried:
+                        raise
+                    retried = True
 
     async def aclaim_or_result(
         self,
@@ -167,6 +172,7 @@ class Idempotency:
         in_io: Callable[..., Awaitable[Any]],
     ) -> T | StoredResponse:
         """`claim_or_result` for the event loop: database calls through `in_io`, waits without holding a thread."""
+        retried = False
         while True:
             try:
                 return await claim()
@@ -177,7 +183,9 @@ class Idempotency:
                 if stored is not None:
                     return stored
                 if not ran:
-                    raise
+                    if retried:
+                        raise
+                    retried = True
 
     def _wait(self, user_id: str | None, key: str, request_hash: str) -> tuple[StoredResponse | None, bool]:
         """The stored result (None: there is none), and whether a turn ran with the key meanwhile."""
