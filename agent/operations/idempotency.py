@@ -23,7 +23,13 @@ IETF draft "The Idempotency-Key HTTP Header Field":
   finds the thread busy looks the key up again and waits in the same way
   (`Idempotency.claim_or_result`), instead of answering `ThreadBusy`. Whatever
   its strategy: a keyed claim tries without waiting first (`turns.start.claim`),
-  so a duplicate never stops, joins or queues behind the first request.
+  so a duplicate does not stop, join or queue behind the first request once
+  that one holds the thread. Not before: while a turn without the key holds
+  the thread, requests with one key sent at once can all find no turn running
+  with it (a claim records its key only once granted) and claim by their
+  strategy (`enqueue`, `interrupt`, `rollback`), so the model is called for
+  each and a later one's request to stop can reach the first. The commit still
+  stores exactly one result (below).
 * **In the commit**, the result (`{"output": [...], "custom_outputs": {...}}`)
   is stored under (user, key) in the same transaction as the turn
   (`Tx.store_response`). Two requests with one key that both found nothing
