@@ -259,11 +259,12 @@ def _refuse_unused_targets(operation: Operation, custom: Mapping[str, Any]) -> N
     `checkpoint_id` listed the whole history, `list_threads` with a `thread_id` every thread. The
     policy keys (`multitask_strategy`, `idempotency_key`) stay ignored where they do not apply: a
     client may send them with every request (the `Idempotency-Key` header), and they do not change
-    what the answer is about.
+    what the answer is about. A key sent as null is absent, as `before`, `idempotency_key` and a turn's
+    `thread_id` are: a client that serializes a fixed shape sends every key, with null where it has none.
     """
     sources = {f.metadata["source"] for f in operation.fields}
     for key, source in TARGET_KEYS:
-        if key in custom and source not in sources and key not in operation.keys:
+        if custom.get(key) is not None and source not in sources and key not in operation.keys:
             raise InvalidRequest(
                 f"The {operation.name} action takes no {key}; nothing was read or written"
                 f"{_INSTEAD.get((operation.name, key), '')}."

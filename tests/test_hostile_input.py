@@ -367,6 +367,19 @@ def test_a_thread_or_checkpoint_id_an_action_does_not_act_on_is_refused_naming_t
     assert state.custom_outputs["checkpoint_id"] == head
 
 
+
+def test_a_null_thread_or_checkpoint_id_is_absent_for_an_action_that_does_not_act_on_it(agent):
+    # A client that serializes a fixed shape sends every key, with null where it has none.
+    thread_id = outputs(say(agent, "hi"))["thread_id"]
+    second = say(agent, "and again", thread_id=thread_id)
+    history = agent.predict({"input": [], "custom_inputs": {"action": "get_checkpoint_history", "thread_id": thread_id,
+                                                             "checkpoint_id": None}}).custom_outputs["history"]  # fmt: skip
+    assert history[0]["checkpoint_id"] == outputs(second)["checkpoint_id"] and len(history) > 2
+    threads = agent.predict({"input": [], "custom_inputs": {"action": "list_threads", "thread_id": None,
+                                                             "checkpoint_id": None}}).custom_outputs["threads"]  # fmt: skip
+    assert thread_id in [thread["thread_id"] for thread in threads]
+
+
 @pytest.mark.parametrize("limit", [True, False, "5", -1, 0, 1001, 2.5, None, [5], {"n": 5}])
 def test_history_limit_of_the_wrong_type_or_range_is_refused(agent, backend_url, limit):
     thread_id = outputs(say(agent, "hi"))["thread_id"]

@@ -23,7 +23,13 @@ IETF draft "The Idempotency-Key HTTP Header Field":
   finds the thread busy looks the key up again and waits in the same way
   (`Idempotency.claim_or_result`), instead of answering `ThreadBusy`. Whatever
   its strategy: a keyed claim tries without waiting first (`turns.start.claim`),
-  so a duplicate never stops, joins or queues behind the first request.
+  so a duplicate does not stop, join or queue behind the first request once
+  that one holds the thread. Not before: while a turn without the key holds
+  the thread, requests with one key sent at once can all find no turn running
+  with it (a claim records its key only once granted) and claim by their
+  strategy (`enqueue`, `interrupt`, `rollback`), so the model is called for
+  each and a later one's request to stop can reach the first. The commit still
+  stores exactly one result (below).
 * **In the commit**, the result (`{"output": [...], "custom_outputs": {...}}`)
   is stored under (user, key) in the same transaction as the turn
   (`Tx.store_response`). Two requests with one key that both found nothing
@@ -138,14 +144,17 @@ class Idempotency:
         Requests with one key sent at the same moment may all look the key up before the first one's claim
         records it; the others' claims then find the thread busy. Each looks the key up again and waits for
         the turn that runs with it (as `lookup` does): its stored result is returned; if it failed (nothing
-        stored), the claim is tried again. A thread busy with a turn that does not carry the key is
-        `ThreadBusy`, as without a key.
+        stored), the claim is tried again. It is also tried again, once, when the first look finds no turn
+        with the key: the first request may have failed between the claim's `ThreadBusy` and that look, and
+        left the thread free. A thread busy with a turn that does not carry the key is `ThreadBusy`, as
+        without a key.
 
         Raises:
             ThreadBusy: as `claim()`, or the key's turn ran longer than `enqueue_timeout`.
             InvalidRequest: the key was used for a different request.
             StorageUnavailable: the database failed.
         """
+        retried = False
         while True:
             try:
                 return claim()
@@ -156,7 +165,9 @@ class Idempotency:
                 if stored is not None:
                     return stored
                 if not ran:
-                    raise
+                    if retried:
+                        raise
+                    retried = True
 
     async def aclaim_or_result(
         self,
@@ -167,6 +178,7 @@ class Idempotency:
         in_io: Callable[..., Awaitable[Any]],
     ) -> T | StoredResponse:
         """`claim_or_result` for the event loop: database calls through `in_io`, waits without holding a thread."""
+        retried = False
         while True:
             try:
                 return await claim()
@@ -177,7 +189,9 @@ class Idempotency:
                 if stored is not None:
                     return stored
                 if not ran:
-                    raise
+                    if retried:
+                        raise
+                    retried = True
 
     def _wait(self, user_id: str | None, key: str, request_hash: str) -> tuple[StoredResponse | None, bool]:
         """The stored result (None: there is none), and whether a turn ran with the key meanwhile."""

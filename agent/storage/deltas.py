@@ -267,7 +267,8 @@ class MessageCache:
     """
 
     def __init__(self, maxsize: int) -> None:
-        self._maxsize = maxsize
+        #: The most entries kept (`staging.Publishes`).
+        self.capacity = maxsize
         self._items: OrderedDict[str, tuple[Messages, MessageIds | None]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -291,7 +292,7 @@ class MessageCache:
         return MessageList(*found) if found is not None else None
 
     def put(self, checkpoint_id: str, messages: Sequence[Any]) -> None:
-        if self._maxsize == 0:
+        if self.capacity == 0:
             return
         entry = (tuple(messages), messages.ids if isinstance(messages, MessageList) else None)
         staged = staging.current()
@@ -306,7 +307,7 @@ class MessageCache:
             for checkpoint_id, entry in entries.items():
                 self._items[checkpoint_id] = entry
                 self._items.move_to_end(checkpoint_id)
-            while len(self._items) > self._maxsize:
+            while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
     def clear(self) -> None:

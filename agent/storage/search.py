@@ -144,7 +144,8 @@ class KeySets:
     edit, which inherits only part of its parent's list) reads the inherited messages' words again."""
 
     def __init__(self, maxsize: int = 256) -> None:
-        self._maxsize = maxsize
+        #: The most entries kept (`staging.Publishes`).
+        self.capacity = maxsize
         self._entries: OrderedDict[str, tuple[int, frozenset[int]]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -178,7 +179,7 @@ class KeySets:
             for checkpoint_id, entry in entries.items():
                 self._entries[checkpoint_id] = entry
                 self._entries.move_to_end(checkpoint_id)
-            while len(self._entries) > self._maxsize:
+            while len(self._entries) > self.capacity:
                 self._entries.popitem(last=False)
 
 

@@ -16,7 +16,12 @@ So the storage's write transactions (`ThreadStorage.commit`, `transaction`)
 run inside `scope()`. Inside it every cache `put` goes to the scope (reads
 inside the transaction see their own writes there first: an import resolves a
 checkpoint's parent written a moment before), and the storage calls
-`Staged.publish` once its `COMMIT` succeeded. A scope left without it is
+`Staged.publish` once its `COMMIT` succeeded. A scope holds no more entries
+for a cache than the cache itself keeps (`Publishes.capacity`), dropping its
+oldest: `publish` would evict them anyway, and a large import would otherwise
+hold a message list per checkpoint until its commit. A lookup in the
+transaction that misses a dropped entry reads the rows instead, which is
+correct: the transaction reads its own writes. A scope left without `publish` is
 dropped with everything it held. Outside a scope an entry goes straight to its
 cache: only reads of committed rows and writes that already committed
 (LangGraph's own `put`, in autocommit) put entries there.
@@ -36,6 +41,9 @@ from typing import Any, Protocol
 class Publishes(Protocol):
     """A cache whose entries a scope can hold back: `publish` stores them as its own `put` would."""
 
+    #: The most entries the cache keeps; a scope holds no more than that for it.
+    capacity: int
+
     def publish(self, entries: dict[str, Any]) -> None: ...
 
 
@@ -46,10 +54,13 @@ class Staged:
         self._entries: dict[int, tuple[Publishes, dict[str, Any]]] = {}
 
     def put(self, cache: Publishes, key: str, value: Any) -> None:
-        """Hold `value` for `cache` under `key` until `publish` (a later put of the key replaces it)."""
+        """Hold `value` for `cache` under `key` until `publish` (a later put of the key replaces it); beyond
+        `cache.capacity` entries, the oldest is dropped."""
         entries = self._entries.setdefault(id(cache), (cache, {}))[1]
         entries.pop(key, None)  # a replaced entry counts as the most recent one
         entries[key] = value
+        while len(entries) > cache.capacity:
+            del entries[next(iter(entries))]
 
     def get(self, cache: Publishes, key: str) -> Any | None:
         """What this transaction put for `cache` under `key`, or None."""

@@ -26,7 +26,9 @@ import psycopg
 import pytest
 
 from agent.config import load_settings
-from agent.errors import InvalidRequest, ModelError
+from agent.errors import InvalidRequest, ModelError, ThreadBusy
+from agent.operations.idempotency import Idempotency
+from agent.storage.base import IdempotencyState
 from tests.helpers.error_bodies import assert_error_body
 from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.reliability import (
@@ -321,6 +323,47 @@ def test_a_duplicate_waiting_at_the_claim_runs_when_the_original_fails(backend_u
         ran, _, _ = duplicate.result(timeout=HANG_TIMEOUT)
     assert user_texts(head_messages(agent, thread_id)) == ["start", "block: flaky"]
     assert stored_keys(backend_url)[0][1:3] == ("dup-failed", thread_id) and ran["thread_id"] == thread_id
+
+
+class KeyNotRunning:
+    """Storage whose lookup finds no result and no turn with the key: the first request of the key failed
+    (and released the thread) between the duplicate's `ThreadBusy` and its first look."""
+
+    def find_idempotent(self, user_id, key, claim_key):
+        return IdempotencyState()
+
+
+@pytest.mark.parametrize("path", ["claim_or_result", "aclaim_or_result"])
+@pytest.mark.parametrize("busy_again", [False, True], ids=["free", "busy-again"])
+def test_a_duplicate_whose_original_failed_before_its_first_look_claims_again_once(path, busy_again):
+    # Found in review: the duplicate answered 409 "busy" although the thread was free. The window is a few
+    # milliseconds between two round trips, so the storage stands in for the race.
+    idempotency = Idempotency(KeyNotRunning(), load_settings(database_url="memory://"))
+    attempts = []
+
+    def claim():
+        attempts.append(len(attempts))
+        if len(attempts) == 1 or busy_again:
+            raise ThreadBusy("The thread is busy (stand-in).", thread_id="t")
+        return "claimed"
+
+    async def aclaim():
+        return claim()
+
+    async def in_io(function, *args):
+        return function(*args)
+
+    def claim_or_result():
+        if path == "claim_or_result":
+            return idempotency.claim_or_result(claim, None, "k", "hash")
+        return asyncio.run(idempotency.aclaim_or_result(aclaim, None, "k", "hash", in_io))
+
+    if busy_again:  # another turn holds the thread: busy, as without a key, after one more try
+        with pytest.raises(ThreadBusy):
+            claim_or_result()
+    else:
+        assert claim_or_result() == "claimed"
+    assert len(attempts) == 2
 
 
 def test_a_retry_of_a_failed_request_runs_and_its_own_retry_gets_its_result(backend_url, make_agent):
