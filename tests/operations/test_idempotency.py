@@ -28,7 +28,6 @@ import pytest
 from agent.config import load_settings
 from agent.errors import InvalidRequest, ModelError, ThreadBusy
 from agent.operations.idempotency import Idempotency
-from agent.storage.base import IdempotencyState
 from tests.helpers.error_bodies import assert_error_body
 from tests.helpers.openai_stub import openai_stub_server
 from tests.helpers.reliability import (
@@ -325,20 +324,15 @@ def test_a_duplicate_waiting_at_the_claim_runs_when_the_original_fails(backend_u
     assert stored_keys(backend_url)[0][1:3] == ("dup-failed", thread_id) and ran["thread_id"] == thread_id
 
 
-class KeyNotRunning:
-    """Storage whose lookup finds no result and no turn with the key: the first request of the key failed
-    (and released the thread) between the duplicate's `ThreadBusy` and its first look."""
-
-    def find_idempotent(self, user_id, key, claim_key):
-        return IdempotencyState()
-
-
 @pytest.mark.parametrize("path", ["claim_or_result", "aclaim_or_result"])
 @pytest.mark.parametrize("busy_again", [False, True], ids=["free", "busy-again"])
-def test_a_duplicate_whose_original_failed_before_its_first_look_claims_again_once(path, busy_again):
+def test_a_duplicate_whose_original_failed_before_its_first_look_claims_again_once(backend_url, make_agent, path, busy_again):
     # Found in review: the duplicate answered 409 "busy" although the thread was free. The window is a few
-    # milliseconds between two round trips, so the storage stands in for the race.
-    idempotency = Idempotency(KeyNotRunning(), load_settings(database_url="memory://"))
+    # milliseconds between two round trips, so the claim stands in for it: refused once (the original held
+    # the thread), while the real storage holds no result and no turn with the key (the original failed and
+    # released the thread before the duplicate's first look).
+    agent = make_agent(backend_url)
+    idempotency = Idempotency(agent.storage, agent.settings)
     attempts = []
 
     def claim():
