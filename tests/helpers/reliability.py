@@ -365,3 +365,8 @@ def release_together(children: Sequence[Child], phases: int = 1) -> list[list[li
     finally:
         for child in children:
             child.kill()
+
+
+def history_ids(agent, thread_id: str) -> list[str]:
+    """The thread's checkpoint ids, newest first (up to 100)."""
+    return [h["checkpoint_id"] for h in agent.get_checkpoint_history(thread_id, limit=100)]

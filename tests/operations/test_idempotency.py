@@ -38,6 +38,7 @@ from tests.helpers.reliability import (
     fresh_database,
     gated_model,
     head_messages,
+    history_ids,
     is_postgres,
     sqlite_path,
     user_texts,
@@ -75,10 +76,6 @@ def send(agent, body: dict, path: str = "predict") -> tuple[dict, list[dict], st
     items = [e.item for e in events if e.type == "response.output_item.done"]
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     return events[-1].custom_outputs, items, deltas
-
-
-def history_ids(agent, thread_id: str) -> list[str]:
-    return [h["checkpoint_id"] for h in agent.get_checkpoint_history(thread_id, limit=100)]
 
 
 def stored_keys(url: str) -> list[tuple]:

@@ -36,16 +36,13 @@ from tests.helpers.reliability import (
     fresh_database,
     gated_model,
     head_messages,
+    history_ids,
     user_texts,
 )
 from tests.helpers.scenario import outputs, request, say
 
 #: A short lease, so that the tests see it run out.
 LEASE = 2.0
-
-
-def history_ids(agent, thread_id: str) -> list[str]:
-    return [h["checkpoint_id"] for h in agent.get_checkpoint_history(thread_id, limit=100)]
 
 
 def wait_until(condition, what: str) -> None:

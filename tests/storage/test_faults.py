@@ -49,6 +49,7 @@ from tests.helpers.reliability import (
     fresh_database,
     gated_model,
     head_messages,
+    history_ids,
     is_postgres,
     release_together,
     sqlite_path,
@@ -64,17 +65,6 @@ from tests.helpers.servers import free_port, server_process
 RESTART_OPT_OUT = "AGENT_TEST_RESTART_POSTGRES"
 
 
-@pytest.fixture
-def fault_db(pg_server_url):
-    """A database of its own, so killing its connections touches no other test."""
-    with fresh_database(pg_server_url) as url:
-        yield url
-
-
-def history_ids(agent, thread_id: str) -> list[str]:
-    return [h["checkpoint_id"] for h in agent.get_checkpoint_history(thread_id, limit=100)]
-
-
 def eventually(call, attempts: int = 2):
     """`call()`, retried once after a StorageUnavailable (the "clear error, then success" outcome)."""
     for attempt in range(attempts):
@@ -88,17 +78,17 @@ def eventually(call, attempts: int = 2):
 # --- connections killed -----------------------------------------------------------------------
 
 
-def test_killed_connections_between_turns_the_next_request_succeeds(pg_server_url, fault_db, make_agent):
-    agent = make_agent(fault_db, pool_min_size=4)
+def test_killed_connections_between_turns_the_next_request_succeeds(pg_server_url, own_db, make_agent):
+    agent = make_agent(own_db, pool_min_size=4)
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     say(agent, "And then to LA.", thread_id=thread_id)
 
-    assert terminate_backends(pg_server_url, dbname_of(fault_db)) >= 1
+    assert terminate_backends(pg_server_url, dbname_of(own_db)) >= 1
     # A turn is retried on a fresh connection: nothing was sent yet, so it is safe.
     answer = say(agent, "Where am I going?", thread_id=thread_id)
     assert "SF" in text_of(answer) and "LA" in text_of(answer)
 
-    assert terminate_backends(pg_server_url, dbname_of(fault_db)) >= 1
+    assert terminate_backends(pg_server_url, dbname_of(own_db)) >= 1
     # Reads are retried the same way.
     assert len(agent.get_checkpoint_history(thread_id)) == 4  # the root and three turns
     assert agent.storage.get_thread(thread_id).user_id is None
@@ -106,23 +96,23 @@ def test_killed_connections_between_turns_the_next_request_succeeds(pg_server_ur
 
 @pytest.mark.parametrize("start", ["branch", "regenerate"])
 def test_connections_killed_when_a_turn_away_from_the_head_reads_the_head_a_clear_error_and_nothing_written(
-    pg_server_url, fault_db, make_agent, monkeypatch, start
+    pg_server_url, own_db, make_agent, monkeypatch, start
 ):
     """A turn that starts away from the head (a branch, an edit, a regeneration) reads the head while it
     runs: LangGraph asks for the latest checkpoint to tell a branch from a continuation
     (`checkpoint_superseded`). That read failing is `StorageUnavailable`, never the driver's error (a 500
     over HTTP). Found by the chaos soak."""
-    agent = make_agent(fault_db)
+    agent = make_agent(own_db)
     first = outputs(say(agent, "I'm headed to SF!"))
     thread_id = first["thread_id"]
     say(agent, "And then to LA.", thread_id=thread_id)
-    before, rows = history_ids(agent, thread_id), all_rows(fault_db)
+    before, rows = history_ids(agent, thread_id), all_rows(own_db)
     read_head = PostgresSaver.get_tuple
     killed = []
 
     def kill_then_read(saver, config):
         if not killed and saver.active_turn(thread_id) is not None:  # the read inside the turn's run
-            killed.append(terminate_backends(pg_server_url, dbname_of(fault_db)))
+            killed.append(terminate_backends(pg_server_url, dbname_of(own_db)))
         return read_head(saver, config)
 
     def send():
@@ -136,16 +126,16 @@ def test_connections_killed_when_a_turn_away_from_the_head_reads_the_head_a_clea
     assert killed and killed[0] >= 1
     assert "nothing was written" in failed.value.message
     monkeypatch.undo()
-    assert history_ids(agent, thread_id) == before and all_rows(fault_db) == rows
+    assert history_ids(agent, thread_id) == before and all_rows(own_db) == rows
     assert send()["parent_checkpoint_id"] == first["checkpoint_id"]  # a sibling of the second turn, either way
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["predict", "predict_stream"])
 def test_connections_killed_while_the_model_runs_the_turn_commits_on_a_fresh_connection(
-    pg_server_url, fault_db, make_agent, stream
+    pg_server_url, own_db, make_agent, stream
 ):
     model = gated_model()
-    agent = make_agent(fault_db, model=model, pool_min_size=2)
+    agent = make_agent(own_db, model=model, pool_min_size=2)
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     before = history_ids(agent, thread_id)
 
@@ -158,7 +148,7 @@ def test_connections_killed_while_the_model_runs_the_turn_commits_on_a_fresh_con
         assert model.entered.wait(HANG_TIMEOUT)
         try:
             # No connection is held while the model runs, but the pool's idle ones all die.
-            assert terminate_backends(pg_server_url, dbname_of(fault_db)) >= 1
+            assert terminate_backends(pg_server_url, dbname_of(own_db)) >= 1
         finally:
             model.gate.set()
         landed = in_flight.result(timeout=HANG_TIMEOUT)
@@ -175,7 +165,7 @@ def test_connections_killed_while_the_model_runs_the_turn_commits_on_a_fresh_con
     os.environ.get(RESTART_OPT_OUT) == "0",
     reason=f"{RESTART_OPT_OUT}=0: this run may not restart the Postgres server",
 )
-def test_postgres_restart_the_next_request_succeeds(pg_server_url, fault_db, make_agent):
+def test_postgres_restart_the_next_request_succeeds(pg_server_url, own_db, make_agent):
     """Restarts the local test server (it runs in the suite; AGENT_TEST_RESTART_POSTGRES=0 opts out,
     e.g. when others share the server). Needs the local cluster's pg_ctlcluster, as scripts/test.sh does."""
     ctl, clusters = shutil.which("pg_ctlcluster"), shutil.which("pg_lsclusters")
@@ -188,7 +178,7 @@ def test_postgres_restart_the_next_request_succeeds(pg_server_url, fault_db, mak
     (version, name) = next(
         (fields[0], fields[1]) for fields in (line.split() for line in listing.splitlines()) if fields[2] == str(port)
     )
-    agent = make_agent(fault_db)
+    agent = make_agent(own_db)
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
 
     subprocess.run([ctl, "--skip-systemctl-redirect", version, name, "restart"], check=True, timeout=120)
@@ -275,11 +265,11 @@ agent.close()
 
 
 @pytest.mark.slow
-def test_setup_from_two_processes_at_once_on_an_empty_database(fault_db):
-    (results,) = release_together([Child(CHILD_SETUP, fault_db) for _ in range(2)])
+def test_setup_from_two_processes_at_once_on_an_empty_database(own_db):
+    (results,) = release_together([Child(CHILD_SETUP, own_db) for _ in range(2)])
     assert all(len(r) == 1 for r in results)
 
-    with psycopg.connect(fault_db) as conn:
+    with psycopg.connect(own_db) as conn:
         tables = [row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
         langgraph_versions = [row[0] for row in conn.execute("SELECT v FROM checkpoint_migrations ORDER BY v")]
         agent_versions = [row[0] for row in conn.execute("SELECT v FROM agent_migrations ORDER BY v")]
@@ -295,8 +285,8 @@ def test_setup_from_two_processes_at_once_on_an_empty_database(fault_db):
     assert threads == 2
 
 
-def test_setup_with_a_pool_of_one_connection(fault_db, make_agent):
-    agent = make_agent(fault_db, pool_min_size=1, pool_max_size=1, pool_timeout=5)
+def test_setup_with_a_pool_of_one_connection(own_db, make_agent):
+    agent = make_agent(own_db, pool_min_size=1, pool_max_size=1, pool_timeout=5)
     thread_id = outputs(say(agent, "hi"))["thread_id"]
     assert len(agent.get_checkpoint_history(thread_id)) == 2
 
@@ -372,8 +362,8 @@ def timed(call) -> tuple[BaseException | None, float]:
 
 
 @pytest.mark.parametrize("fault", ["stopped", "blackholed"])
-def test_an_unreachable_database_fails_create_agent_within_the_connect_timeout(pg_proxy, fault_db, make_agent, fault):
-    url = proxied(pg_proxy, fault_db)
+def test_an_unreachable_database_fails_create_agent_within_the_connect_timeout(pg_proxy, own_db, make_agent, fault):
+    url = proxied(pg_proxy, own_db)
     pg_proxy.stop() if fault == "stopped" else pg_proxy.blackhole()
 
     error, elapsed = timed(lambda: make_agent(url, connect_timeout=CONNECT_TIMEOUT, pool_timeout=POOL_TIMEOUT))
@@ -387,10 +377,10 @@ def test_an_unreachable_database_fails_create_agent_within_the_connect_timeout(p
 
 
 def test_a_turn_fails_within_the_connect_timeout_while_the_database_is_down_and_works_after(
-    pg_proxy, fault_db, make_agent
+    pg_proxy, own_db, make_agent
 ):
     model = gated_model()
-    url = proxied(pg_proxy, fault_db)
+    url = proxied(pg_proxy, own_db)
     agent = make_agent(url, model=model, connect_timeout=CONNECT_TIMEOUT, pool_timeout=POOL_TIMEOUT)
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     calls = model.calls[0]
@@ -409,10 +399,10 @@ def test_a_turn_fails_within_the_connect_timeout_while_the_database_is_down_and_
 
 
 @pytest.mark.slow
-def test_ready_answers_503_while_the_database_is_unreachable_and_health_stays_200(pg_proxy, fault_db, tmp_path):
+def test_ready_answers_503_while_the_database_is_unreachable_and_health_stays_200(pg_proxy, own_db, tmp_path):
     port = free_port()
     env = {
-        "AGENT_DATABASE_URL": proxied(pg_proxy, fault_db),
+        "AGENT_DATABASE_URL": proxied(pg_proxy, own_db),
         "AGENT_MODEL": "offline",
         "AGENT_TRACING": "false",
         "AGENT_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
@@ -441,7 +431,7 @@ def test_ready_answers_503_while_the_database_is_unreachable_and_health_stays_20
 
 
 def test_a_background_run_failed_by_the_database_going_down_reads_storage_unavailable_not_lease_expired(
-    pg_proxy, fault_db, tmp_path
+    pg_proxy, own_db, tmp_path
 ):
     # Found by a new user: the run's end could not be written while the database was down, and once it was back
     # the run read "the server running this turn stopped (its lease expired)", which was untrue.
@@ -449,7 +439,7 @@ def test_a_background_run_failed_by_the_database_going_down_reads_storage_unavai
     with openai_stub_server(latency_s=3.0) as model_url:
         port = free_port()
         env = {
-            "AGENT_DATABASE_URL": proxied(pg_proxy, fault_db),
+            "AGENT_DATABASE_URL": proxied(pg_proxy, own_db),
             "AGENT_MODEL": "fake",
             "OPENAI_BASE_URL": model_url,
             "OPENAI_API_KEY": "unused",
@@ -485,9 +475,9 @@ def test_a_background_run_failed_by_the_database_going_down_reads_storage_unavai
 # --- connections cut while a turn runs --------------------------------------------------------------
 
 
-def test_connections_cut_while_the_model_runs_the_turn_commits_on_a_fresh_connection(pg_proxy, fault_db, make_agent):
+def test_connections_cut_while_the_model_runs_the_turn_commits_on_a_fresh_connection(pg_proxy, own_db, make_agent):
     model = gated_model()
-    agent = make_agent(proxied(pg_proxy, fault_db), model=model, connect_timeout=CONNECT_TIMEOUT)
+    agent = make_agent(proxied(pg_proxy, own_db), model=model, connect_timeout=CONNECT_TIMEOUT)
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     before = history_ids(agent, thread_id)
 
@@ -505,10 +495,10 @@ def test_connections_cut_while_the_model_runs_the_turn_commits_on_a_fresh_connec
 
 
 def test_the_database_down_at_commit_time_writes_nothing_says_so_and_frees_the_thread_when_back(
-    pg_proxy, fault_db, make_agent
+    pg_proxy, own_db, make_agent
 ):
     model = gated_model()
-    url = proxied(pg_proxy, fault_db)
+    url = proxied(pg_proxy, own_db)
     # enqueue_timeout < lease_seconds: the retry below gets the thread only if the failed turn's
     # claim is released once the database is back, not when its lease runs out.
     agent = make_agent(url, model=model, connect_timeout=CONNECT_TIMEOUT, multitask_strategy="enqueue", enqueue_timeout=5)
@@ -549,8 +539,8 @@ class CutDuringCommit:
         self.original(turn)
 
 
-def test_a_connection_cut_in_the_middle_of_the_commit_is_settled_by_asking_the_database(pg_proxy, fault_db, make_agent):
-    agent = make_agent(proxied(pg_proxy, fault_db), connect_timeout=CONNECT_TIMEOUT)
+def test_a_connection_cut_in_the_middle_of_the_commit_is_settled_by_asking_the_database(pg_proxy, own_db, make_agent):
+    agent = make_agent(proxied(pg_proxy, own_db), connect_timeout=CONNECT_TIMEOUT)
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     before = history_ids(agent, thread_id)
     injected = CutDuringCommit(agent.storage.saver, pg_proxy.cut)
@@ -563,8 +553,8 @@ def test_a_connection_cut_in_the_middle_of_the_commit_is_settled_by_asking_the_d
     assert user_texts(head_messages(agent, thread_id)) == ["I'm headed to SF!", "then Tokyo"]
 
 
-def test_an_outcome_is_called_unknown_only_when_the_database_cannot_be_asked(pg_proxy, fault_db, make_agent):
-    agent = make_agent(proxied(pg_proxy, fault_db), connect_timeout=CONNECT_TIMEOUT)
+def test_an_outcome_is_called_unknown_only_when_the_database_cannot_be_asked(pg_proxy, own_db, make_agent):
+    agent = make_agent(proxied(pg_proxy, own_db), connect_timeout=CONNECT_TIMEOUT)
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     CutDuringCommit(agent.storage.saver, pg_proxy.stop)
 
@@ -594,23 +584,23 @@ def test_commit_landed_tells_a_committed_turn_from_one_that_was_not(pg_url, make
 
 
 @pytest.fixture
-def limited_role(request, pg_server_url, fault_db, make_agent):
-    """A login role on `fault_db` (set up first) that may do everything a turn does except INSERT into
+def limited_role(request, pg_server_url, own_db, make_agent):
+    """A login role on `own_db` (set up first) that may do everything a turn does except INSERT into
     `checkpoints` (or into the table the test's indirect parameter names); yields its URL. The role is
     dropped afterwards (roles are server-wide)."""
     table = getattr(request, "param", "checkpoints")
-    make_agent(fault_db).close()
+    make_agent(own_db).close()
     role = f"tt_limited_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(fault_db, autocommit=True) as conn:
+    with psycopg.connect(own_db, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("REVOKE INSERT ON {} FROM {}").format(sql.Identifier(table), sql.Identifier(role)))
-    info = psycopg.conninfo.conninfo_to_dict(fault_db)
+    info = psycopg.conninfo.conninfo_to_dict(own_db)
     try:
-        yield psycopg.conninfo.make_conninfo(fault_db, user=role, dbname=info["dbname"])
+        yield psycopg.conninfo.make_conninfo(own_db, user=role, dbname=info["dbname"])
     finally:
-        with psycopg.connect(fault_db, autocommit=True) as conn:
+        with psycopg.connect(own_db, autocommit=True) as conn:
             conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s AND datname = %s",
                 (role, info["dbname"]),
@@ -620,34 +610,34 @@ def limited_role(request, pg_server_url, fault_db, make_agent):
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
-def test_a_role_without_insert_on_checkpoints_is_refused_before_the_model_is_called(limited_role, fault_db, make_agent):
+def test_a_role_without_insert_on_checkpoints_is_refused_before_the_model_is_called(limited_role, own_db, make_agent):
     model = gated_model()
     agent = make_agent(limited_role, model=model)  # setup only reads when the schema is current
-    rows = all_rows(fault_db)
+    rows = all_rows(own_db)
     with pytest.raises(StorageUnavailable) as refused:
         say(agent, "hello")
     assert "INSERT on checkpoints" in refused.value.message and "model was not called" in refused.value.message
     assert model.calls[0] == 0
-    assert all_rows(fault_db) == rows
+    assert all_rows(own_db) == rows
 
 
 @pytest.mark.parametrize("limited_role", ["agent_run_events"], indirect=True)
-def test_a_role_without_insert_on_the_run_events_is_refused_before_the_model_is_called(limited_role, fault_db, make_agent):
+def test_a_role_without_insert_on_the_run_events_is_refused_before_the_model_is_called(limited_role, own_db, make_agent):
     # A streamed turn records its events as it runs: without the privilege it would fail mid-stream.
     model = gated_model()
     agent = make_agent(limited_role, model=model)
-    rows = all_rows(fault_db)
+    rows = all_rows(own_db)
     with pytest.raises(StorageUnavailable) as refused:
         list(agent.predict_stream(request("hello")))
     assert "INSERT on agent_run_events" in refused.value.message and "model was not called" in refused.value.message
     assert model.calls[0] == 0
-    assert all_rows(fault_db) == rows
+    assert all_rows(own_db) == rows
 
 
-def test_the_privilege_check_covers_every_table_the_agent_writes(fault_db, make_agent):
-    make_agent(fault_db).close()
+def test_the_privilege_check_covers_every_table_the_agent_writes(own_db, make_agent):
+    make_agent(own_db).close()
     role = f"tt_none_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(fault_db, autocommit=True) as conn:
+    with psycopg.connect(own_db, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
         try:
             with conn.transaction(force_rollback=True):
@@ -660,21 +650,21 @@ def test_the_privilege_check_covers_every_table_the_agent_writes(fault_db, make_
     assert missing == [f"{privilege} on {table}" for table in written for privilege in ("INSERT", "UPDATE")]
 
 
-def test_a_read_only_database_is_refused_before_the_model_is_called_and_still_reads(fault_db, make_agent):
-    writer = make_agent(fault_db)
+def test_a_read_only_database_is_refused_before_the_model_is_called_and_still_reads(own_db, make_agent):
+    writer = make_agent(own_db)
     thread_id = outputs(say(writer, "I'm headed to SF!"))["thread_id"]
-    rows = all_rows(fault_db)
-    with psycopg.connect(fault_db, autocommit=True) as conn:  # as after a failover to a replica
-        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(sql.Identifier(dbname_of(fault_db))))
+    rows = all_rows(own_db)
+    with psycopg.connect(own_db, autocommit=True) as conn:  # as after a failover to a replica
+        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(sql.Identifier(dbname_of(own_db))))
 
     model = gated_model()
-    agent = make_agent(fault_db, model=model)  # new connections: read-only
+    agent = make_agent(own_db, model=model)  # new connections: read-only
     for attempt in (lambda: say(agent, "hello"), lambda: say(agent, "Where am I going?", thread_id=thread_id)):
         with pytest.raises(StorageUnavailable) as refused:
             attempt()
         assert "read-only" in refused.value.message and "nothing was written" in refused.value.message
     assert model.calls[0] == 0
-    assert all_rows(fault_db) == rows
+    assert all_rows(own_db) == rows
     assert len(agent.get_checkpoint_history(thread_id)) == 2
 
 

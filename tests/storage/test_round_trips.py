@@ -19,7 +19,13 @@ import pytest
 
 from agent.errors import StorageUnavailable
 from agent.storage.postgres.batch import running_batch
-from tests.helpers.reliability import HANG_TIMEOUT, fresh_database, gated_model, head_messages, user_texts
+from tests.helpers.reliability import (
+    HANG_TIMEOUT,
+    gated_model,
+    head_messages,
+    history_ids,
+    user_texts,
+)
 from tests.helpers.scenario import outputs, request, say, text_of
 from tests.helpers.servers import free_port, server_process
 
@@ -28,16 +34,6 @@ LIMITS = {"statement_timeout_ms": 1000, "reply_timeout": 1.0, "connect_timeout":
 ROUND_TRIP = LIMITS["statement_timeout_ms"] / 1000 + LIMITS["reply_timeout"]
 #: Slack over a bound on a busy shared machine; a hang would run to HANG_TIMEOUT.
 SLACK = 5.0
-
-
-@pytest.fixture
-def own_db(pg_server_url):
-    with fresh_database(pg_server_url) as url:
-        yield url
-
-
-def history_ids(agent, thread_id: str) -> list[str]:
-    return [h["checkpoint_id"] for h in agent.get_checkpoint_history(thread_id, limit=100)]
 
 
 def timed(call) -> tuple[BaseException | None, float]:
