@@ -68,7 +68,8 @@ def run(path: Path, kernel_name: str, cwd: Path) -> list[str]:
 
 def assert_named(outputs: list[str], store: str) -> None:
     """The store the notebook wrote to is the one it printed."""
-    assert any(f"store: {store}" in text for text in outputs), outputs
+    printed = [line for text in outputs for line in text.splitlines() if "store:" in line]
+    assert any(f"store: {store}" in text for text in outputs), (printed, outputs)
 
 
 def assert_own_agent_kept_its_interrupts(outputs: list[str], database_url: str) -> None:
