@@ -14,6 +14,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -370,3 +371,13 @@ def release_together(children: Sequence[Child], phases: int = 1) -> list[list[li
 def history_ids(agent, thread_id: str) -> list[str]:
     """The thread's checkpoint ids, newest first (up to 100)."""
     return [h["checkpoint_id"] for h in agent.get_checkpoint_history(thread_id, limit=100)]
+
+
+def timed(call) -> tuple[BaseException | None, float]:
+    """Run `call()`: (what it raised, or None; the seconds it took)."""
+    started = time.monotonic()
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - returned to the test
+        return exc, time.monotonic() - started
+    return None, time.monotonic() - started

@@ -147,6 +147,21 @@ def test_a_reply_holding_a_nul_character_is_stored_and_returned_to_a_retry(backe
     assert history_ids(agent, outputs(first)["thread_id"]) == history  # the retry wrote nothing
 
 
+def sent_twice(agent, model, body: dict, path: str) -> tuple[tuple, tuple]:
+    """`body` sent, and once its model call is held (`gated_model`), sent again by `path`; checks that the
+    second waits for the first; both results (`send`'s), once the model call is let go."""
+    with ThreadPoolExecutor(2) as pool:
+        original = pool.submit(send, agent, body)
+        try:
+            assert model.entered.wait(HANG_TIMEOUT)
+            second = pool.submit(send, agent, body, path)
+            time.sleep(0.3)
+            assert not second.done(), "the second request should wait for the first"
+        finally:
+            model.gate.set()
+        return original.result(timeout=HANG_TIMEOUT), second.result(timeout=HANG_TIMEOUT)
+
+
 @pytest.mark.parametrize("path", ["predict", "apredict"])
 def test_a_retry_while_the_original_still_runs_waits_for_it_and_returns_its_result(backend_url, make_agent, path):
     model = gated_model()
@@ -154,17 +169,7 @@ def test_a_retry_while_the_original_still_runs_waits_for_it_and_returns_its_resu
     thread_id = outputs(say(agent, "start"))["thread_id"]
     body = request("block: slow answer", thread_id=thread_id, idempotency_key="slow-1")
 
-    with ThreadPoolExecutor(2) as pool:
-        original = pool.submit(send, agent, body)
-        try:
-            assert model.entered.wait(HANG_TIMEOUT)
-            retry = pool.submit(send, agent, body, path)
-            time.sleep(0.3)
-            assert not retry.done(), "the retry should wait for the original"
-        finally:
-            model.gate.set()
-        first, _, first_text = original.result(timeout=HANG_TIMEOUT)
-        again, _, again_text = retry.result(timeout=HANG_TIMEOUT)
+    (first, _, first_text), (again, _, again_text) = sent_twice(agent, model, body, path)
 
     assert again == first and again_text == first_text
     assert user_texts(head_messages(agent, thread_id)) == ["start", "block: slow answer"]  # written once
@@ -216,17 +221,7 @@ def test_a_duplicate_whose_lookup_ran_before_the_originals_claim_waits_for_it_in
     hide_lookups(agent)
     body = request("block: at the same moment", thread_id=thread_id, idempotency_key="dup-1")
 
-    with ThreadPoolExecutor(2) as pool:
-        original = pool.submit(send, agent, body)
-        try:
-            assert model.entered.wait(HANG_TIMEOUT)
-            duplicate = pool.submit(send, agent, body, path)
-            time.sleep(0.3)
-            assert not duplicate.done(), "the duplicate should wait for the original"
-        finally:
-            model.gate.set()
-        first, _, first_text = original.result(timeout=HANG_TIMEOUT)
-        again, _, again_text = duplicate.result(timeout=HANG_TIMEOUT)
+    (first, _, first_text), (again, _, again_text) = sent_twice(agent, model, body, path)
 
     assert again == first and (again_text or first_text) == first_text
     assert user_texts(head_messages(agent, thread_id)) == ["start", "block: at the same moment"]
@@ -244,17 +239,7 @@ def test_a_duplicate_never_stops_joins_or_queues_behind_the_original_whatever_it
     thread_id = outputs(say(agent, "start"))["thread_id"]
     hide_lookups(agent)
     body = request("block: once", thread_id=thread_id, idempotency_key=f"dup-{strategy}", multitask_strategy=strategy)
-    with ThreadPoolExecutor(2) as pool:
-        original = pool.submit(send, agent, body)
-        try:
-            assert model.entered.wait(HANG_TIMEOUT)
-            duplicate = pool.submit(send, agent, body, "apredict")
-            time.sleep(0.3)
-            assert not duplicate.done(), "the duplicate should wait for the original"
-        finally:
-            model.gate.set()
-        first, _, _ = original.result(timeout=HANG_TIMEOUT)
-        again, _, _ = duplicate.result(timeout=HANG_TIMEOUT)
+    (first, _, _), (again, _, _) = sent_twice(agent, model, body, "apredict")
     # Under steer the original ran as a turn of its own (`steer: "new_turn"`, which the stored result leaves out).
     assert first.get("steer") in (None, "new_turn") and again == {k: v for k, v in first.items() if k != "steer"}
     assert user_texts(head_messages(agent, thread_id)) == ["start", "block: once"]

@@ -54,6 +54,7 @@ from tests.helpers.reliability import (
     release_together,
     sqlite_path,
     terminate_backends,
+    timed,
     user_texts,
 )
 from tests.helpers.openai_stub import openai_stub_server
@@ -350,15 +351,6 @@ def proxied(pg_proxy, url: str) -> str:
 
 def assert_masked(message: str) -> None:
     assert SECRET not in message and "***" in message
-
-
-def timed(call) -> tuple[BaseException | None, float]:
-    started = time.monotonic()
-    try:
-        call()
-    except BaseException as exc:  # noqa: BLE001 - returned to the test
-        return exc, time.monotonic() - started
-    return None, time.monotonic() - started
 
 
 @pytest.mark.parametrize("fault", ["stopped", "blackholed"])

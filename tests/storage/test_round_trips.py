@@ -24,6 +24,7 @@ from tests.helpers.reliability import (
     gated_model,
     head_messages,
     history_ids,
+    timed,
     user_texts,
 )
 from tests.helpers.scenario import outputs, request, say, text_of
@@ -34,15 +35,6 @@ LIMITS = {"statement_timeout_ms": 1000, "reply_timeout": 1.0, "connect_timeout":
 ROUND_TRIP = LIMITS["statement_timeout_ms"] / 1000 + LIMITS["reply_timeout"]
 #: Slack over a bound on a busy shared machine; a hang would run to HANG_TIMEOUT.
 SLACK = 5.0
-
-
-def timed(call) -> tuple[BaseException | None, float]:
-    started = time.monotonic()
-    try:
-        call()
-    except BaseException as exc:  # noqa: BLE001 - returned to the test
-        return exc, time.monotonic() - started
-    return None, time.monotonic() - started
 
 
 def test_a_silent_database_fails_the_turn_and_reads_within_the_deadline_and_the_agent_recovers(
