@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -26,6 +27,7 @@ from agent.models import OfflineChatModel
 from tests.helpers import REPO_ROOT
 from tests.helpers.offline import without_input_note
 from tests.helpers.preloaded import start_source
+from tests.helpers.scenario import say
 from tests.helpers.databases import dbname_of, fresh_database, with_dbname  # noqa: F401 - used by the tests
 
 #: The tables that hold a thread's rows, per backend (each has a `thread_id` column).
@@ -381,3 +383,16 @@ def timed(call) -> tuple[BaseException | None, float]:
     except BaseException as exc:  # noqa: BLE001 - returned to the test
         return exc, time.monotonic() - started
     return None, time.monotonic() - started
+
+
+def turn_with_fault(agent, model, fault, text: str, **custom_inputs):
+    """A turn of `text` whose model call (a `gated_model`'s) is held while `fault()` runs, then let go: the
+    turn's response, or what it raised."""
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(say, agent, text, **custom_inputs)
+        assert model.entered.wait(HANG_TIMEOUT)
+        try:
+            fault()
+        finally:
+            model.gate.set()
+        return in_flight.result(timeout=HANG_TIMEOUT)

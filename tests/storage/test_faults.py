@@ -55,6 +55,7 @@ from tests.helpers.reliability import (
     sqlite_path,
     terminate_backends,
     timed,
+    turn_with_fault,
     user_texts,
 )
 from tests.helpers.openai_stub import openai_stub_server
@@ -473,14 +474,8 @@ def test_connections_cut_while_the_model_runs_the_turn_commits_on_a_fresh_connec
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     before = history_ids(agent, thread_id)
 
-    with ThreadPoolExecutor(1) as pool:
-        in_flight = pool.submit(say, agent, "block: then Tokyo", thread_id=thread_id)
-        assert model.entered.wait(HANG_TIMEOUT)
-        try:
-            pg_proxy.cut()  # every open connection dies; new ones work
-        finally:
-            model.gate.set()
-        landed = outputs(in_flight.result(timeout=HANG_TIMEOUT))
+    # Every open connection dies while the model runs; new ones work.
+    landed = outputs(turn_with_fault(agent, model, pg_proxy.cut, "block: then Tokyo", thread_id=thread_id))
 
     assert landed["parent_checkpoint_id"] == before[0]
     assert history_ids(agent, thread_id) == [landed["checkpoint_id"], *before]
@@ -497,15 +492,8 @@ def test_the_database_down_at_commit_time_writes_nothing_says_so_and_frees_the_t
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     before = history_ids(agent, thread_id)
 
-    with ThreadPoolExecutor(1) as pool:
-        in_flight = pool.submit(say, agent, "block: then Tokyo", thread_id=thread_id)
-        assert model.entered.wait(HANG_TIMEOUT)
-        try:
-            pg_proxy.stop()
-        finally:
-            model.gate.set()
-        with pytest.raises(StorageUnavailable) as lost:
-            in_flight.result(timeout=HANG_TIMEOUT)
+    with pytest.raises(StorageUnavailable) as lost:
+        turn_with_fault(agent, model, pg_proxy.stop, "block: then Tokyo", thread_id=thread_id)
     assert "nothing was written" in lost.value.message and "retried" in lost.value.message
     assert "could not be asked" not in lost.value.message
     assert_masked(lost.value.message)

@@ -25,6 +25,7 @@ from tests.helpers.reliability import (
     head_messages,
     history_ids,
     timed,
+    turn_with_fault,
     user_texts,
 )
 from tests.helpers.scenario import outputs, request, say, text_of
@@ -76,15 +77,9 @@ def test_an_unanswered_commit_is_taken_back_so_that_it_never_lands_and_the_retry
     thread_id = outputs(say(agent, "I'm headed to SF!"))["thread_id"]
     before = history_ids(agent, thread_id)
 
-    with ThreadPoolExecutor(1) as pool:
-        in_flight = pool.submit(say, agent, "block: then Tokyo", thread_id=thread_id)
-        assert model.entered.wait(HANG_TIMEOUT)
-        try:
-            pg_proxy.stall()  # the pool's connections go silent; a new one gets through
-        finally:
-            model.gate.set()
-        with pytest.raises(StorageUnavailable) as lost:
-            in_flight.result(timeout=HANG_TIMEOUT)
+    # The pool's connections go silent while the model runs; a new one gets through.
+    with pytest.raises(StorageUnavailable) as lost:
+        turn_with_fault(agent, model, pg_proxy.stall, "block: then Tokyo", thread_id=thread_id)
     assert "did not answer within" in lost.value.message
     assert "nothing was written; the request can be retried" in lost.value.message
     assert "could not be asked" not in lost.value.message
