@@ -44,7 +44,8 @@ Phases (all figures from one run; `--quick` shrinks every size for a smoke test)
    ratio: the local store). For reference, a server sending every trace to the
    tracking server, and one writing every trace into its own SQLite file
    (`AGENT_TRACE_SAMPLE_RATIO=1`), run their rounds in between.
-9. In-process turn p50, last 10 over first 10 turns of a T-turn (200) thread,
+9. In-process turn p50, last 40 over first 40 turns of a T-turn (200) thread
+   (`bench.turn_growth.WINDOW`),
    tracing on (the Python default) and off, each in a child process
    (`bench.turn_growth`) so tracing settings do not leak. (`--quick` runs both
    in this process instead, off then on: see `Sizes.growth_in_process`.)
@@ -90,6 +91,7 @@ from agent.tracing import DEFAULT_TRACKING_DB
 from bench import report, traffic
 from bench.databases import DEFAULT_SERVER_URL, dbname_of, scratch_database, server_version
 from bench.processes import ServerProcess, running_servers
+from bench.turn_growth import WINDOW as GROWTH_WINDOW
 from tests.helpers.openai_stub import configure_stub, free_port, openai_stub_server
 
 #: The model of the load phases: seconds per reply and streamed chunks.
@@ -160,7 +162,7 @@ QUICK = Sizes(
     conversations=10,
     in_process_calls=15,
     cpu_turns=10,
-    growth_turns=10,  # bench.turn_growth.WINDOW: the first window is the last one
+    growth_turns=10,  # fewer than bench.turn_growth.WINDOW: both windows are every turn
     chain_threads=3,
     chain_turns=4,
     workers_turns=16,
@@ -211,7 +213,8 @@ def figures(sizes: Sizes) -> dict[str, report.Figure]:
         "tracing_cpu_ratio": report.Figure("server CPU per turn, tracing at its default (local store) / off", "<= 2",
                                            lambda v: v <= 2, ratio),  # fmt: skip
         "traced_turn_growth": report.Figure(
-            f"in-process turn p50 with tracing, last 10 / first 10 of {sizes.growth_turns} turns",
+            f"in-process turn p50 with tracing, last {GROWTH_WINDOW} / first {GROWTH_WINDOW} of "
+            f"{sizes.growth_turns} turns",
             "<= 1.3",
             lambda v: v <= 1.3,
             ratio,
@@ -243,14 +246,16 @@ def figures(sizes: Sizes) -> dict[str, report.Figure]:
                                                       fmt=report.fixed(1, " ms")),  # fmt: skip
         "tracing_local_cpu_ratio": report.Figure("server CPU per turn, every turn into its own SQLite file / off",
                                                  fmt=ratio),  # fmt: skip
-        "traced_turn_ms_first": report.Figure("in-process turn p50 with tracing, first 10 turns",
+        "traced_turn_ms_first": report.Figure(f"in-process turn p50 with tracing, first {GROWTH_WINDOW} turns",
                                               fmt=report.fixed(1, " ms")),  # fmt: skip
-        "traced_turn_ms_last": report.Figure("in-process turn p50 with tracing, last 10 turns",
+        "traced_turn_ms_last": report.Figure(f"in-process turn p50 with tracing, last {GROWTH_WINDOW} turns",
                                              fmt=report.fixed(1, " ms")),  # fmt: skip
-        "untraced_turn_growth": report.Figure("in-process turn p50 without tracing, last 10 / first 10", fmt=ratio),
-        "untraced_turn_ms_first": report.Figure("in-process turn p50 without tracing, first 10 turns",
+        "untraced_turn_growth": report.Figure(
+            f"in-process turn p50 without tracing, last {GROWTH_WINDOW} / first {GROWTH_WINDOW}", fmt=ratio
+        ),
+        "untraced_turn_ms_first": report.Figure(f"in-process turn p50 without tracing, first {GROWTH_WINDOW} turns",
                                                 fmt=report.fixed(1, " ms")),  # fmt: skip
-        "untraced_turn_ms_last": report.Figure("in-process turn p50 without tracing, last 10 turns",
+        "untraced_turn_ms_last": report.Figure(f"in-process turn p50 without tracing, last {GROWTH_WINDOW} turns",
                                                fmt=report.fixed(1, " ms")),  # fmt: skip
         "workers_1_turns_per_s": report.Figure("--workers 1, turns/s with a 0 s model", fmt=report.fixed(1)),
         "workers_2_turns_per_s": report.Figure("--workers 2, turns/s with a 0 s model", fmt=report.fixed(1)),
