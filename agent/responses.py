@@ -67,7 +67,7 @@ from agent.requests import ParsedRequest, asks_for_turn, keeping_item_ids, parse
 from agent.response_events import StreamEvents, action_events, custom_outputs, response, response_object
 from agent.runs import Runs
 from agent.runs.places import keep_request_place
-from agent.runs.service import LocalRun
+from agent.runs.service import RECORD_ENDS_SECONDS, LocalRun
 from agent.tracing import scrub_trace_inputs, tag_trace
 from agent.messages import to_output_items
 from agent.types import NewMessages, StoredResponse, TurnResult
@@ -168,8 +168,17 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
 
     def close(self) -> None:
         """Stop this agent's run service (`runs`: lease renewal, cancel checks, the sweep of old runs) when it
-        was started, then close the agent as `Agent.close` does (its pools and store). Idempotent."""
+        was started, then close the agent as `Agent.close` does (its pools and store). Idempotent.
+
+        A `background` run of this agent still going is stopped first, as a server's shutdown stops one
+        (`Runs.stop_all`): nothing of it is written, its thread is free at once, and it reads `failed` with code
+        `server_shutdown`; `close` waits (at most `RECORD_ENDS_SECONDS`) until that end is recorded. Before, the
+        run's end could not be recorded once the storage threads were gone, and it read `in_progress` until its
+        lease expired, with a traceback in the log.
+        """
         if "runs" in self.__dict__:
+            if self.runs.local_ids():
+                self.runs.stop_and_wait(RECORD_ENDS_SECONDS)
             self.runs.close()
         super().close()
 

@@ -15,7 +15,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from agent.errors import CheckpointNotFound, ResponseNotFound, ThreadNotFound
 from agent.runs.log import DELTA_OVERHEAD
 from agent.serving import run_views
-from tests.helpers.reliability import FailingChatModel, all_rows
+from tests.helpers.reliability import FailingChatModel, all_rows, gated_model
 
 EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 #: Bytes a run's log may take beyond its text and its deltas' lengths (ids, custom_outputs).
@@ -95,6 +95,29 @@ def test_predict_with_custom_inputs_background_answers_queued_and_the_turn_compl
     # Its id continues from its checkpoint, as the checkpoint's own id does.
     follow_up = agent.predict({"input": "And then?", "previous_response_id": queued.id})
     assert follow_up.custom_outputs["parent_checkpoint_id"] == run.checkpoint_id
+
+
+def test_closing_the_agent_stops_its_background_run_and_records_its_end_before_it_returns(backend_url, make_agent, caplog):
+    # Before, `close` shut the storage threads while the run went on: its end could not be recorded (a traceback in
+    # the log), and it read in_progress until its lease expired.
+    model = gated_model()
+    agent = make_agent(backend_url, model=model)
+    queued = agent.predict({"input": "Hi, block", "custom_inputs": {"background": True, "thread_id": "t-closed"}})
+    assert model.entered.wait(20)  # the run is inside the model
+    try:
+        agent.close()
+    finally:
+        model.gate.set()
+    reader = make_agent(backend_url)
+    run = reader.runs.get(queued.id, None)
+    assert (run.status, run.code, run.checkpoint_id) == ("failed", "server_shutdown", None)
+    assert "nothing was written" in run.reason
+    with pytest.raises(ThreadNotFound):  # nothing was written
+        reader.get_checkpoint_history("t-closed")
+    # and the thread is free at once, not after the run's lease:
+    done = reader.predict({"input": "Hi", "custom_inputs": {"thread_id": "t-closed", "multitask_strategy": "reject"}})
+    assert done.custom_outputs["thread_id"] == "t-closed"
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
 
 
 def test_a_streamed_turns_stored_events_are_sealed_when_encryption_is_on(make_agent, tmp_path):

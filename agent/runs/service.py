@@ -67,8 +67,12 @@ SWEEP_EVERY_SECONDS = 60.0
 CANCELLED_WHILE_RUNNING = "Cancelled (POST /responses/{id}/cancel) while it ran; nothing was written."
 #: The message of the cancel `LocalRun.cancel` sends its run's task (`run_cancelled` tells it from any other).
 RUN_CANCEL_MESSAGE = "run cancelled: POST /responses/{id}/cancel"
-#: Why a run its server stopped at shutdown, before it finished, reads failed (`Runs.stop_all`).
-STOPPED_AT_SHUTDOWN = "The server stopped before the turn finished (shutdown); nothing was written."
+#: How long runs stopped at shutdown (a server's grace period over, an in-process agent's `close`) may take to
+#: record their ends, in seconds.
+RECORD_ENDS_SECONDS = 3.0
+#: Why a run stopped at shutdown, before it finished, reads failed (`Runs.stop_all`): its server stopped, or
+#: its in-process agent was closed.
+STOPPED_AT_SHUTDOWN = "The agent stopped (shutdown) before the turn finished; nothing was written."
 #: The code of such a run's end (its status's `code`, its streams' `error` event).
 SHUTDOWN_CODE = "server_shutdown"
 #: The message of the cancel `LocalRun.stop` sends its run's task.
@@ -182,6 +186,18 @@ class Runs:
                     logger.warning("Could not record the end of queued run %s", response_id, exc_info=True)
             run.stop()
         return list(local)
+
+    def stop_and_wait(self, seconds: float) -> list[str]:
+        """`stop_all`, then wait up to `seconds` until the stopped runs' tasks have recorded their ends (they
+        write them on the agent's storage threads, so the agent must not close before). For an in-process
+        agent's `close`; blocking, never raises. Returns the response ids stopped."""
+        stopped = self.stop_all()
+        deadline = time.monotonic() + seconds
+        # A run leaves `_local` once its end is recorded (`Recorder._ended`); its task runs on another thread's
+        # loop (a sync `predict`'s run: a loop thread of its own), so this thread polls.
+        while set(stopped) & set(self.local_ids()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return stopped
 
     def end_later(self, response_id: str, write: Callable[[], None]) -> None:
         """Write the end of run `response_id` (`write`, a `RunStore.finish` whose first try failed) from the

@@ -13,7 +13,7 @@ chains uvicorn's signal handler to learn when the signal came. Open connections 
 and recorded before uvicorn cancels what is left of the connections). Until the deadline the process's
 runs, running and queued, go on. At it, those still going are stopped the way a cancel stops them
 (`Runs.stop_all`): nothing written, the thread's claim or queue place given up, and they read `failed`
-("The server stopped before the turn finished (shutdown)") at once instead of after their lease.
+("The agent stopped (shutdown) before the turn finished") at once instead of after their lease.
 
 Each `--workers` worker drains its own runs: uvicorn's supervisor sends every worker SIGTERM and waits for
 it, and each worker runs this same lifespan exit.
@@ -35,10 +35,10 @@ import threading
 import time
 from typing import Any
 
+from agent.runs.service import RECORD_ENDS_SECONDS
+
 logger = logging.getLogger(__name__)
 
-#: How long the stopped runs may take to record their ends, after the grace period, in seconds.
-RECORD_ENDS_SECONDS = 3.0
 #: How much later than the grace period uvicorn cancels the connections still open (`serving.app`), in
 #: seconds: the runs of their streams are stopped, and recorded as stopped by the shutdown, first.
 CONNECTIONS_MARGIN_SECONDS = 1.0
