@@ -77,7 +77,9 @@ def import_thread(context: OperationContext, args: ImportArgs) -> dict[str, Any]
     document = args.document
     if is_sealed_document(document):
         document = checks.document("document", open_document(document, context.storage.keyring))
-    record = transfer.import_thread(context.storage, document, user_id=args.user_id, thread_id=args.thread_id)
+    record = transfer.import_thread(
+        context.storage, document, user_id=args.user_id, thread_id=args.thread_id, graph=context.graph
+    )
     return catalogue.thread_dict(record)
 
 

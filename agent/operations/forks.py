@@ -28,6 +28,7 @@ from agent.errors import InvalidRequest, ThreadBusy, ThreadNotFound
 from agent.operations import checks
 from agent.operations.access import authorize
 from agent.operations.branches import messages_of
+from agent.operations.copied_writes import copied_writes, writes_by_task
 from agent.operations.operation import Operation, param
 from agent.operations.render import render_state
 from agent.operations.tree import read_tree
@@ -37,6 +38,7 @@ from agent.types import ForkResult
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.base import CheckpointTuple
+    from langgraph.graph.state import CompiledStateGraph
 
     from agent.operations.context import OperationContext
 
@@ -48,10 +50,13 @@ def fork_thread(
     *,
     new_thread_id: str | None,
     user_id: str | None,
+    graph: CompiledStateGraph | None = None,
 ) -> ForkResult:
     """A new thread, owned by `user_id`, whose history is the ancestor chain of `checkpoint_id` (default: the head).
 
-    See the module docstring for how it is written.
+    See the module docstring for how it is written. `graph`: the graph the thread runs, which names the tasks
+    of the copies' pending writes (`copied_writes`: a question the source waits on can be answered by the id
+    the fork lists); None copies them as they are.
 
     Raises:
         ThreadNotFound: unknown thread, or not the caller's.
@@ -74,7 +79,7 @@ def fork_thread(
             raise in_use
         copies = _copies(storage, thread_id, chain)
         turn = Turn(thread_id=new_id)
-        new_ids = _write_copies(storage, turn, copies)
+        new_ids = _write_copies(storage, turn, copies, graph)
         head_count = len(messages_of(copies[-1]))
 
         def apply(tx) -> None:
@@ -106,7 +111,9 @@ def _copies(storage: ThreadStorage, thread_id: str, chain: Sequence[str]) -> lis
     return [found[c] for c in chain]
 
 
-def _write_copies(storage: ThreadStorage, turn: Turn, copies: Sequence[CheckpointTuple]) -> list[str]:
+def _write_copies(
+    storage: ThreadStorage, turn: Turn, copies: Sequence[CheckpointTuple], graph: CompiledStateGraph | None
+) -> list[str]:
     from langgraph.checkpoint.base.id import uuid6  # here: importing this module must not load LangGraph
 
     """Buffer a copy of each checkpoint in `turn`'s (new) thread, each the child of the previous; their new ids."""
@@ -126,18 +133,10 @@ def _write_copies(storage: ThreadStorage, turn: Turn, copies: Sequence[Checkpoin
             # Every channel's value is written anew: the new thread has no blobs to point at.
             saver.put({"configurable": configurable}, checkpoint, dict(source.metadata), dict(checkpoint["channel_versions"]))
             written = {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": "", "checkpoint_id": new_id}}
-            for task_id, writes in _writes_by_task(source.pending_writes or ()).items():
-                saver.put_writes(written, writes, task_id)
+            for (task_id, path), writes in writes_by_task(copied_writes(graph, source, checkpoint)).items():
+                saver.put_writes(written, writes, task_id, path)
             new_ids.append(new_id)
     return new_ids
-
-
-def _writes_by_task(pending: Sequence[tuple]) -> dict[str, list[tuple[str, Any]]]:
-    grouped: dict[str, list[tuple[str, Any]]] = {}
-    for task_id, channel, value in pending:
-        grouped.setdefault(task_id, []).append((channel, value))
-    return grouped
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,7 +163,8 @@ def fork(context: OperationContext, args: ForkArgs) -> ForkResult:
     `ThreadNotFound`, `CheckpointNotFound`.
     """
     result = fork_thread(
-        context.storage, args.thread_id, args.checkpoint_id, new_thread_id=args.new_thread_id, user_id=args.user_id
+        context.storage, args.thread_id, args.checkpoint_id, new_thread_id=args.new_thread_id, user_id=args.user_id,
+        graph=context.graph,
     )
     if checks.STATE not in args.include:
         return result

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 #: The pending-writes channel where LangGraph keeps a task's interrupts.
 INTERRUPT_CHANNEL = "__interrupt__"
+#: The channel of a task's answers so far (LangGraph's `RESUME`): written when its `interrupt()` takes one.
+RESUME_CHANNEL = "__resume__"
 #: What LangGraph takes for an interrupt id in a resume mapping (`pregel._utils.is_xxh3_128_hexdigest`).
 _INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -64,7 +66,7 @@ def pending_interrupts(checkpoint: CheckpointTuple | None) -> list[PendingInterr
     found: list[PendingInterrupt] = []
     for _task_id, channel, value in checkpoint.pending_writes or ():
         if channel == INTERRUPT_CHANNEL:
-            found.extend(PendingInterrupt(item.id, item.value) for item in _as_list(value))
+            found.extend(PendingInterrupt(item.id, item.value) for item in as_list(value))
     return found
 
 
@@ -76,7 +78,7 @@ def stopped_at(interrupts: Iterable[Any], writes: Sequence[tuple]) -> list[Pendi
         node = _node_of(task_path)
         for channel, value in task_writes:
             if channel == INTERRUPT_CHANNEL and node is not None:
-                nodes.update((item.id, node) for item in _as_list(value))
+                nodes.update((item.id, node) for item in as_list(value))
     seen: set[str] = set()
     out: list[PendingInterrupt] = []
     for item in interrupts:
@@ -161,7 +163,8 @@ def _is_by_id(value: Any) -> bool:
     return isinstance(value, Mapping) and bool(value) and all(isinstance(k, str) and _INTERRUPT_ID.fullmatch(k) for k in value)
 
 
-def _as_list(value: Any) -> list[Any]:
+def as_list(value: Any) -> list[Any]:
+    """A write's value to the interrupt channel as a list of LangGraph `Interrupt`s (it holds one or a sequence)."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 

@@ -276,3 +276,79 @@ def test_null_empty_and_partial_answers_are_refused_with_nothing_written(backend
     with pytest.raises(InvalidRequest, match="answer all of them in one resume"):
         two.predict(request(None, thread_id=custom["thread_id"], resume={first: "Ritz"}))
     assert head_and_count(two, custom["thread_id"]) == (custom["checkpoint_id"], 2)
+
+
+def two_questions_in_one_node_graph() -> StateGraph:
+    """One node that asks twice (LangGraph's "multiple interrupts in a single node")."""
+
+    def plan(state: MessagesState) -> dict:
+        city, day = interrupt("city?"), interrupt("day?")
+        return {"messages": [AIMessage(f"plan: {city} on {day}", id=f"plan-{city}-{day}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("plan", plan)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", END)
+    return builder
+
+
+def question_ids(agent, thread_id: str) -> list[str]:
+    return [q["id"] for q in agent.get_checkpoint_state(thread_id).get("interrupts", ())]
+
+
+def test_a_fork_or_a_copy_waiting_at_a_question_takes_the_answer_by_the_id_it_lists(approvals):
+    # The copies' checkpoints have new ids, from which LangGraph derives its tasks' and questions' ids: copied
+    # as they were, their writes named tasks the graph never runs, and a resume by the listed id was asked
+    # again under a new id, with nothing written (a success without a checkpoint_id).
+    asked = outputs(approvals.predict(request(BOOK)))
+    fork = approvals.fork_thread(asked["thread_id"], asked["checkpoint_id"])["thread_id"]
+    copy = approvals.import_thread(approvals.export_thread(asked["thread_id"]), thread_id="copy-of-asked")["thread_id"]
+    for thread_id in (fork, copy):
+        [question] = question_ids(approvals, thread_id)
+        # LangGraph itself sees the question the copy lists, as it does on the original thread.
+        state = approvals.graph.get_state({"configurable": {"thread_id": thread_id}})
+        assert [i.id for i in state.interrupts] == [question]
+        done = outputs(approvals.predict(request(None, thread_id=thread_id, resume={question: "yes"})))
+        assert done["checkpoint_id"] is not None and not done.get("interrupts")
+        assert "booked Tokyo" in json.dumps(approvals.get_checkpoint_state(thread_id)["messages"])
+    # The original still waits, with its own id.
+    assert question_ids(approvals, asked["thread_id"]) == [asked["interrupts"][0]["id"]]
+
+
+def test_a_node_that_asks_twice_keeps_the_first_answer_and_the_first_question_can_be_answered_again(
+    backend_url, make_agent
+):
+    agent = make_agent(backend_url, graph=two_questions_in_one_node_graph())
+    first = outputs(agent.predict(request("plan my day")))
+    thread_id, waiting_city = first["thread_id"], first["checkpoint_id"]
+    # The answer to the first question, and the second question, are a new checkpoint (before: nothing was
+    # written, and the second question could not be answered).
+    second = outputs(agent.predict(request(None, thread_id=thread_id, resume="Lisbon")))
+    assert second["checkpoint_id"] not in (None, waiting_city) and second["parent_checkpoint_id"] == waiting_city
+    [day] = second["interrupts"]
+    assert day["value"] == "day?" and day["node"] == "plan"
+    assert question_ids(agent, thread_id) == [day["id"]]
+    assert [i.id for i in agent.graph.get_state({"configurable": {"thread_id": thread_id}}).interrupts] == [day["id"]]
+    done = outputs(agent.predict(request(None, thread_id=thread_id, resume={day["id"]: "Sunday"})))
+    assert "plan: Lisbon on Sunday" in json.dumps(agent.get_checkpoint_state(thread_id)["messages"][-1])
+    assert done["parent_checkpoint_id"] == second["checkpoint_id"]
+    # The checkpoint that asked for the city is as it was: answered again, it is a sibling branch.
+    assert question_ids(agent, thread_id) == []
+    again = outputs(agent.predict(request(None, thread_id=thread_id, checkpoint_id=waiting_city, resume="Porto")))
+    assert again["parent_checkpoint_id"] == waiting_city and again["interrupts"][0]["value"] == "day?"
+    outputs(agent.predict(request(None, thread_id=thread_id, resume="Monday")))
+    assert "plan: Porto on Monday" in json.dumps(agent.get_checkpoint_state(thread_id)["messages"][-1])
+
+
+def test_an_answer_no_task_takes_is_refused_with_nothing_written(approvals):
+    # Writes copied without their graph (as a fork made them before) name tasks the graph never runs: the
+    # answer is refused instead of being dropped under a success.
+    from agent.operations.forks import fork_thread
+
+    asked = outputs(approvals.predict(request(BOOK)))
+    fork = fork_thread(approvals.storage, asked["thread_id"], asked["checkpoint_id"], new_thread_id=None, user_id=None)
+    [question] = question_ids(approvals, fork.thread_id)
+    history = approvals.get_checkpoint_history(fork.thread_id)
+    with pytest.raises(InvalidRequest, match="did not take the answer"):
+        approvals.predict(request(None, thread_id=fork.thread_id, resume={question: "yes"}))
+    assert approvals.get_checkpoint_history(fork.thread_id) == history

@@ -12,9 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import ThreadExists, ThreadNotFound, shown_id
+from agent.operations.copied_writes import copied_writes, writes_by_task
 from agent.operations.transfer.document import (
     DERIVED_METADATA,
     MESSAGE_TYPES,
@@ -29,16 +31,26 @@ from agent.storage import BranchRecord, ThreadRecord, ThreadStorage, Turn
 from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary
 from agent.validation import check_id
 
+if TYPE_CHECKING:
+    from langgraph.graph.state import CompiledStateGraph
+
 
 def import_thread(
-    storage: ThreadStorage, document: Any, *, user_id: str | None, thread_id: str | None
+    storage: ThreadStorage,
+    document: Any,
+    *,
+    user_id: str | None,
+    thread_id: str | None,
+    graph: CompiledStateGraph | None = None,
 ) -> ThreadRecord:
     """Restore a document as a thread owned by `user_id`, under its own thread id or `thread_id`.
 
     Under the document's id, checkpoint ids, parents, timestamps, metadata and
     messages are kept; under another `thread_id` the checkpoint ids are renewed
     (see `agent.operations.transfer`). Title, metadata, `forked_from` and the head are
-    restored. Written in one commit; an import that fails writes nothing.
+    restored. Written in one commit; an import that fails writes nothing. `graph`: the graph the thread runs,
+    which names the tasks of a renewed checkpoint's pending writes (`copied_writes`: a question the document
+    waits on can be answered by the id the copy lists); None keeps them as the document has them.
 
     Returns:
         The thread's record (the existing one when the same content was imported before).
@@ -51,8 +63,9 @@ def import_thread(
     """
     restored = parse_document(document)
     target = check_id("thread_id", thread_id) or restored.document.thread.thread_id
+    renamed_from: dict[str, str] = {}  # a renewed checkpoint id -> the document's
     if target != restored.document.thread.thread_id:
-        restored = _renewed(restored, target)
+        restored, renamed_from = _renewed(restored, target)
     in_use = ThreadExists(
         f"Thread {target!r} already exists with other content (or belongs to another user); import under another "
         "thread_id. Nothing was written.",
@@ -69,7 +82,7 @@ def import_thread(
                 return claim.record
             raise in_use
         try:
-            _write(storage, claim, restored, user_id=user_id)
+            _write(storage, claim, restored, user_id=user_id, graph=graph, renamed_from=renamed_from)
         except ThreadExists as exc:
             # The commit's: another thread holds one of the checkpoint ids (a primary key decides, even
             # for two imports racing; see `agent.storage.postgres.schema`, "Checkpoint ids").
@@ -88,7 +101,17 @@ def import_thread(
     return record
 
 
-def _write(storage: ThreadStorage, claim: Any, restored: Restored, *, user_id: str | None) -> None:
+def _write(
+    storage: ThreadStorage,
+    claim: Any,
+    restored: Restored,
+    *,
+    user_id: str | None,
+    graph: CompiledStateGraph | None,
+    renamed_from: Mapping[str, str],
+) -> None:
+    from langgraph.checkpoint.base import CheckpointTuple  # here: importing this module must not load LangGraph
+
     saver = storage.saver
     thread = restored.document.thread
     turn = Turn(thread_id=claim.thread_id)
@@ -123,12 +146,20 @@ def _write(storage: ThreadStorage, claim: Any, restored: Restored, *, user_id: s
             # Every channel's value is written anew, as fork_thread does: the new thread has no blobs to point at.
             saver.put({"configurable": configurable}, state, metadata, dict(checkpoint.channel_versions))
             address = {"configurable": {"thread_id": turn.thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint.checkpoint_id}}
-            by_task: dict[str, list[tuple[str, Any]]] = {}
-            for write in checkpoint.pending_writes:
-                decoded = decode_value(write.value, "", WRITE_MESSAGE_TYPES, update=True)
-                by_task.setdefault(write.task_id, []).append((write.channel, decoded))
-            for task_id, writes in by_task.items():
-                saver.put_writes(address, writes, task_id)
+            writes = [
+                (write.task_id, write.channel, decode_value(write.value, "", WRITE_MESSAGE_TYPES, update=True))
+                for write in checkpoint.pending_writes
+            ]
+            old_id = renamed_from.get(checkpoint.checkpoint_id)
+            if old_id is not None and writes:
+                original = CheckpointTuple(
+                    {"configurable": {**address["configurable"], "checkpoint_id": old_id}}, {**state, "id": old_id}, metadata
+                )
+                copied = copied_writes(graph, original, state, writes)
+            else:
+                copied = [(*write, "") for write in writes]
+            for (task_id, path), task_writes in writes_by_task(copied).items():
+                saver.put_writes(address, task_writes, task_id, path)
     head_count = len(restored.messages.get(thread.checkpoint_id, ()))
 
     def apply(tx) -> None:
@@ -162,8 +193,9 @@ def _turn_report(checkpoint: CheckpointDoc) -> dict[str, Any] | None:
     }
 
 
-def _renewed(restored: Restored, thread_id: str) -> Restored:
-    """The document as a copy under `thread_id`: every checkpoint id renewed (see `agent.operations.transfer`)."""
+def _renewed(restored: Restored, thread_id: str) -> tuple[Restored, dict[str, str]]:
+    """The document as a copy under `thread_id`: every checkpoint id renewed (see `agent.operations.transfer`);
+    and each new id's old one."""
     mapping: dict[str, str] = {}
     previous = -1
     for old in sorted(c.checkpoint_id for c in restored.order):
@@ -183,12 +215,13 @@ def _renewed(restored: Restored, thread_id: str) -> Restored:
     thread = document.thread.model_copy(update={"thread_id": thread_id, "checkpoint_id": mapping[document.thread.checkpoint_id]})
     checkpoints = [renew(c) for c in document.checkpoints]
     branches = [b.model_copy(update={"checkpoint_id": mapping[b.checkpoint_id]}) for b in document.branches]
-    return Restored(
+    renewed = Restored(
         document.model_copy(update={"thread": thread, "checkpoints": checkpoints, "branches": branches}),
         tuple(renew(c) for c in restored.order),
         {mapping[old]: values for old, values in restored.values.items()},
         {mapping[old]: messages for old, messages in restored.messages.items()},
     )
+    return renewed, {new: old for old, new in mapping.items()}
 
 
 def _same_content(storage: ThreadStorage, record: ThreadRecord, restored: Restored) -> bool:

@@ -13,19 +13,23 @@ storage thread pool.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import uuid
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from langchain_core.messages import BaseMessage
+from langgraph.checkpoint.base.id import uuid6
 from langgraph.errors import InvalidUpdateError
 from langgraph.graph import START
 
-from agent.errors import LeaseExpired, TurnCancelled
+from agent.errors import InvalidRequest, LeaseExpired, TurnCancelled
 from agent.messages import to_output_items
+from agent.operations.copied_writes import copied_writes, writes_by_task
+from agent.operations.interrupts import INTERRUPT_CHANNEL, RESUME_CHANNEL, as_list, stopped_at
 from agent.operations.thread_values import default_title
-from agent.operations.interrupts import stopped_at
 from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.progress import Progress
@@ -63,12 +67,60 @@ def finish(
         if claim.cancel == "interrupt":
             keep_interrupted(parts, turn, start, begun.messages, progress)
             status = "interrupted"
+    asked = progress.interrupts
+    if begun.resume is not None and not turn.puts and status == "completed":
+        renamed = answered_in_place(parts, turn, start)
+        asked = [dataclasses.replace(item, id=renamed.get(item.id, item.id)) for item in asked]
     turn.name_head()  # the id its response was announced with (`TurnStarted`)
-    waiting = tuple(stopped_at(progress.interrupts, turn.writes)) if status == "completed" else ()
+    waiting = tuple(stopped_at(asked, turn.writes)) if status == "completed" else ()
     result = TurnResult(
         claim.thread_id, turn.new_head, start, status, interrupts=waiting, cancelled_interrupts=begun.cancelled
     )
     return commit(parts, claim, turn, args, result, to_output_items(progress.produced))
+
+
+def answered_in_place(parts: TurnParts, turn: Turn, start: str) -> dict[str, str]:
+    """A resumed turn that wrote no checkpoint: its task took the answer and asked its next question in the same
+    step (a node with two `interrupt()` calls), and LangGraph put both writes (the answer, the new question) on
+    the start checkpoint. They go on a copy of the start instead, its child and the new head, so the start
+    stays as it was (its question can be answered again, as a sibling branch; written on it, they were lost:
+    a turn with no checkpoint wrote nothing). The copy's writes are keyed by its own tasks
+    (`copied_writes`). Returns each question's id at the start -> its id at the copy.
+
+    Raises:
+        InvalidRequest: no task took the answer (LangGraph asked the same question again): nothing is written.
+    """
+    writes = [(task_id, channel, value) for _config, task_writes, task_id, _path in turn.writes for channel, value in task_writes]
+    if not any(channel == RESUME_CHANNEL for _task, channel, _value in writes):
+        raise InvalidRequest(
+            f"The graph did not take the answer (custom_inputs.resume) at checkpoint {start!r} of thread "
+            f"{turn.thread_id!r}: no task waiting there asked that question. Nothing was written.",
+            thread_id=turn.thread_id,
+            checkpoint_id=start,
+        )
+    source = turn.loaded[start]
+    merged = [w for w in source.pending_writes or () if not any(_replaces(new, w) for new in writes)] + writes
+    copy = {**source.checkpoint, "id": turn.head_id or str(uuid6(clock_seq=source.metadata.get("step", -1))),
+            "ts": datetime.now(timezone.utc).isoformat()}  # fmt: skip
+    carried = copied_writes(parts.graph, source._replace(pending_writes=merged), copy)
+    renamed = {}
+    for (old_task, channel, before), (_, _, after, _) in zip(merged, carried, strict=True):
+        if channel == INTERRUPT_CHANNEL:
+            renamed.update((a.id, b.id) for a, b in zip(as_list(before), as_list(after), strict=True))
+    turn.writes = []
+    saver = parts.storage.saver
+    address = {"thread_id": turn.thread_id, "checkpoint_ns": ""}
+    with saver.buffering(turn):
+        saver.put({"configurable": {**address, "checkpoint_id": start}}, copy, dict(source.metadata), {})
+        for (task_id, path), task_writes in writes_by_task(carried).items():
+            saver.put_writes({"configurable": {**address, "checkpoint_id": copy["id"]}}, task_writes, task_id, path)
+    return renamed
+
+
+def _replaces(new: tuple, stored: tuple) -> bool:
+    # As LangGraph's savers upsert: a task's write to a special channel (its question, its answers) replaces
+    # the one stored (`WRITES_IDX_MAP`); other writes are kept (a task's outputs are written once).
+    return new[0] == stored[0] and new[1] == stored[1] and new[1] in (INTERRUPT_CHANNEL, RESUME_CHANNEL)
 
 
 def commit(
