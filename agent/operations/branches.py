@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 from agent.operations import branch_view, checks
 from agent.operations.access import authorize, checkpoint_not_found
 from agent.operations.alternatives import with_alternatives
-from agent.operations.interrupts import pending_interrupts
+from agent.operations.interrupts import pending_interrupts, stopped_at
 from agent.operations.operation import Operation, param
 from agent.operations.tree import ThreadTree, fill_kept, places_of, read_tree
 from agent.storage import ThreadStorage
 from agent.storage.deltas import common_prefix
-from agent.types import BranchSummary, CheckpointDiff, CheckpointState, CheckpointSummary, HeadMove
+from agent.types import BranchSummary, CheckpointDiff, CheckpointState, CheckpointSummary, HeadMove, PendingInterrupt
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.base import CheckpointTuple
@@ -93,8 +93,7 @@ def get_checkpoint_state(
     else:
         places = places[offset:]
     summary = _summary(thread_id, found, record.head_checkpoint_id)
-    waiting = summary.next_nodes[0] if len(summary.next_nodes) == 1 else None
-    interrupts = tuple(replace(i, node=waiting) for i in pending_interrupts(found))
+    interrupts = _waiting_interrupts(storage, thread_id, target, found, summary)
     return CheckpointState(
         summary,
         messages[offset:],
@@ -118,6 +117,25 @@ def _context_summary(found: CheckpointTuple, summary: CheckpointSummary) -> str 
     value = found.checkpoint["channel_values"].get(CONTEXT_SUMMARY_CHANNEL)
     text = value.get("text") if isinstance(value, Mapping) else None
     return text if isinstance(text, str) and text else None
+
+
+def _waiting_interrupts(
+    storage: ThreadStorage, thread_id: str, checkpoint_id: str, found: CheckpointTuple, summary: CheckpointSummary
+) -> tuple[PendingInterrupt, ...]:
+    """The checkpoint's pending interrupts, each with the node that waits on it, as the turn that stopped there
+    named them (`interrupts.stopped_at`): the one node waiting when there is one (no read); when several wait
+    (parallel nodes that each called `interrupt()`), the node of the task whose pending write holds it, from
+    its stored task path (`ThreadStorage.task_paths`, one query); None when the path is not stored (a write
+    copied without it)."""
+    pending = pending_interrupts(found)
+    if not pending:
+        return ()
+    if len(summary.next_nodes) == 1:
+        return tuple(replace(interrupt, node=summary.next_nodes[0]) for interrupt in pending)
+    paths = storage.task_paths(thread_id, checkpoint_id)
+    # In the shape of the saver's buffered writes that `stopped_at` reads at a turn's end.
+    writes = [(None, [(channel, value)], task_id, paths.get(task_id)) for task_id, channel, value in found.pending_writes]
+    return tuple(stopped_at(pending, writes))
 
 
 def list_branches(

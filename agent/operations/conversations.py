@@ -15,7 +15,9 @@ line of responses with a current end. So:
   prefix would have made every id exist twice. Its items are the head's messages.
 * **The items of a response** are the messages of its checkpoint that the turn
   wrote (those that first appeared in it, per the thread's tree), after the
-  turn's last user message: what the model and its tools produced. Its input
+  turn's last user message: what the model and its tools produced, then the
+  questions the turn stopped at (`interrupt()`) as `mcp_approval_request` items,
+  as its answer had them. Its input
   items are everything before them, the turn's own input included: the whole
   context that led to the response.
 * **Ownership** is the agent's one rule (`access`): another user's response or
@@ -100,7 +102,8 @@ def response_object(
 
     Out: `id`, `object` ("response"), `created_at` (Unix seconds), `status` ("completed", or
     "incomplete" for a turn another one interrupted), `model`, `output` (the turn's items, oldest
-    first), `previous_response_id` (the checkpoint the turn started from; None for a thread's first
+    first, then an `mcp_approval_request` item for each `interrupt()` the turn stopped at, as its answer
+    had them), `previous_response_id` (the checkpoint the turn started from; None for a thread's first
     turn), `conversation` (`{"id": thread_id}`), `metadata` (the thread's), `tools`, `tool_choice` and
     `parallel_tool_calls` (`agent.dialect.RESPONSE_SETTINGS`) and `custom_outputs` (`thread_id`,
     `checkpoint_id`, `parent_checkpoint_id`, `response_id`).
@@ -123,7 +126,9 @@ def response_object(
         "created_at": _epoch(summary.timestamp),
         "status": "incomplete" if summary.extra.get("interrupted") else "completed",
         "model": model,
-        "output": to_output_items(produced),
+        # The turn's answer as it was sent: its messages, then the questions it stopped at (`interrupt()`),
+        # each the same `mcp_approval_request` item (`PendingInterrupt.as_item`).
+        "output": [*to_output_items(produced), *(interrupt.as_item() for interrupt in state.interrupts)],
         "previous_response_id": response_id(parent) if parent is not None and before else None,
         "conversation": {"id": record.thread_id},
         "metadata": dict(record.metadata),

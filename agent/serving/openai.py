@@ -4,7 +4,7 @@ Routes (what the `openai` client calls; shapes in `agent.operations.conversation
 
 | route | `openai` client | does |
 |---|---|---|
-| `GET /responses/{id}` | `responses.retrieve(id)` | the response at checkpoint `id` (`resp_<checkpoint_id>`): that turn's output items; a run's status while it is queued or runs, or why it failed (`run_views`) |
+| `GET /responses/{id}` | `responses.retrieve(id)` | the response at checkpoint `id` (`resp_<checkpoint_id>`): that turn's output items (its questions' `mcp_approval_request` items included); a run's status while it is queued or runs, or why it failed (`run_views`) |
 | `GET /responses/{id}?stream=true&starting_after=N` | `responses.retrieve(id, stream=True, starting_after=N)` | its events after N, then live to its end, from any replica (`agent.runs`) |
 | `POST /responses/{id}/cancel` | `responses.cancel(id)` | stops a queued or running turn from any replica, nothing written |
 | `DELETE /responses/{id}` | `responses.delete(id)` | deletes its stored run record (status, events); its checkpoint stays (`run_views`) |

@@ -151,6 +151,13 @@ class ThreadStorage(TurnProtocol):
         """Those of `checkpoint_ids` that are checkpoints of the thread, messages resolved, oldest first (one query)."""
 
     @abstractmethod
+    def task_paths(self, thread_id: str, checkpoint_id: str) -> dict[str, str]:
+        """The LangGraph task path of each task with a pending write on the checkpoint (root namespace), by
+        task id (`"~__pregel_pull, <node>"` for a node's task; `""` for a write stored without one); `{}` for a
+        checkpoint with none. One query that reads no value: a `CheckpointTuple`'s `pending_writes` leave the
+        paths out."""
+
+    @abstractmethod
     def list_checkpoints(
         self, thread_id: str, *, limit: int | None, before: str | None, previews: bool = True
     ) -> list[dict]:

@@ -18,6 +18,7 @@ from langgraph.types import interrupt
 from agent import InterruptPending, InvalidRequest, ThreadNotFound
 from agent.graph import call_model
 from agent.models import OfflineChatModel
+from agent.operations.conversations import response_object
 from tests.helpers.scenario import outputs, request, text_of
 
 BOOK = 'use book_trip {"destination": "Tokyo"}'
@@ -210,6 +211,20 @@ def test_several_pending_interrupts_are_answered_by_id(backend_url, make_agent):
     )
     texts = sorted(m["content"][0]["text"] for m in agent.get_checkpoint_state(custom["thread_id"])["messages"][1:])
     assert texts == ["flight: LH 400", "hotel: Ritz"]
+
+
+def test_the_checkpoint_state_and_the_fetched_response_name_the_node_of_each_of_several_questions(backend_url, make_agent):
+    agent = make_agent(backend_url, graph=two_questions_graph())
+    asked = agent.predict(request("plan it"))
+    custom = outputs(asked)
+    assert sorted((q["value"], q["node"]) for q in custom["interrupts"]) == [("flight?", "flight"), ("hotel?", "hotel")]
+    # A client that reloads sees each question with its node, as the turn's answer gave it.
+    assert agent.get_checkpoint_state(custom["thread_id"])["interrupts"] == custom["interrupts"]
+    fetched = response_object(agent.storage, asked.id, user_id=None, model="offline")
+    assert fetched["output"] == [item.model_dump(exclude_none=True) for item in asked.output]
+    assert [(item["type"], item["name"]) for item in fetched["output"]] == [
+        ("mcp_approval_request", q["node"]) for q in custom["interrupts"]
+    ]
 
 
 def test_a_resume_with_an_idempotency_key_is_answered_once(approvals):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -154,6 +155,27 @@ def test_openai_client_gets_typed_errors_for_answers_that_cannot_apply(server):
     with pytest.raises(openai.ConflictError, match="waits for an answer"):
         create(server, "Where am I going?", thread_id=thread_id, user_id=OWNER)
     assert head(server, thread_id) == waiting
+
+
+def test_a_fetched_response_carries_the_question_as_the_answer_did(server):
+    # Anonymous: this server reads no user header, so GET /responses/{id} is an anonymous caller's.
+    asked = create(server, BOOK_TOKYO)
+    fetched = server.openai.responses.retrieve(asked.id)
+    assert [item.model_dump() for item in fetched.output] == [item.model_dump() for item in asked.output]
+    assert [item.type for item in fetched.output] == ["function_call", "mcp_approval_request"]
+
+    queued = server.openai.responses.create(model="timetravel-agent", input=BOOK_TOKYO, background=True)
+    done = server.openai.responses.retrieve(queued.id)
+    for _ in range(200):
+        if done.status not in ("queued", "in_progress"):
+            break
+        time.sleep(0.05)
+        done = server.openai.responses.retrieve(queued.id)
+    [interrupt] = done.custom_outputs["interrupts"]
+    assert [item.type for item in done.output] == ["function_call", "mcp_approval_request"]
+    assert_approval_request(done.output[-1].model_dump(), interrupt)
+    by_checkpoint = server.openai.responses.retrieve(done.custom_outputs["response_id"])
+    assert [item.model_dump() for item in by_checkpoint.output] == [item.model_dump() for item in done.output]
 
 
 # -- /invocations ---------------------------------------------------------------------------------------

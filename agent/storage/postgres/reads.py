@@ -75,6 +75,10 @@ class PostgresReads:
     def fill_previews(self, thread_id: str, rows: list[dict]) -> list[dict]:
         return self.saver.agent_rows(thread_id, rows)  # its read raises StorageUnavailable on a fault
 
+    def task_paths(self, thread_id: str, checkpoint_id: str) -> dict[str, str]:
+        rows = self._read(thread_id, sql.TASK_PATHS_SQL, (thread_id, checkpoint_id))
+        return {row["task_id"]: row["task_path"] for row in rows}
+
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         return [CheckpointLink(**row) for row in self._read(thread_id, sql.CHECKPOINT_LINKS_SQL, (thread_id,))]
 

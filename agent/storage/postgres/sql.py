@@ -144,6 +144,11 @@ def summary_field(name: str, *, index: int | None = None) -> str:
     return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long, place=place)
 
 
+# The task path of each task with a pending write on a checkpoint (`ThreadStorage.task_paths`): no value read.
+TASK_PATHS_SQL = """
+SELECT DISTINCT task_id, task_path FROM checkpoint_writes
+WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s
+"""
 # The thread's tree from the metadata summaries, without reading messages or whole metadata documents.
 CHECKPOINT_LINKS_SQL = f"""
 SELECT checkpoint_id, parent_checkpoint_id, COALESCE(({summary_field("message_count")} #>> '{{}}')::int, 0) AS message_count,

@@ -105,6 +105,10 @@ def summary_field(name: str, *, index: int | None = None) -> str:
     return SUMMARY_FIELD.format(key=summaries.SUMMARY_KEY, short=short, long=long, place=place)
 
 
+# The task path of each task with a pending write on a checkpoint (`ThreadStorage.task_paths`): no value read.
+TASK_PATHS_SQL = """
+SELECT DISTINCT task_id, task_path FROM writes WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
+"""
 CHECKPOINT_LINKS_SQL = f"""
 SELECT checkpoint_id, parent_checkpoint_id, {summary_field("message_count")}, {summary_field("kept_messages")},
     {summary_field("kept_trailing")}

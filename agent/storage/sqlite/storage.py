@@ -337,6 +337,9 @@ class SqliteThreadStorage(ThreadStorage):
     def fill_previews(self, thread_id: str, rows: list[dict]) -> list[dict]:
         return self._repairing(lambda: self.saver.agent_rows(thread_id, rows))
 
+    def task_paths(self, thread_id: str, checkpoint_id: str) -> dict[str, str]:
+        return dict(self._read(lambda cur: cur.execute(sql.TASK_PATHS_SQL, (thread_id, checkpoint_id)).fetchall()))
+
     def checkpoint_links(self, thread_id: str) -> list[CheckpointLink]:
         rows = self._read(lambda cur: cur.execute(sql.CHECKPOINT_LINKS_SQL, (thread_id,)).fetchall())
         return [CheckpointLink(cid, parent, count or 0, kept, trailing or 0) for cid, parent, count, kept, trailing in rows]
