@@ -367,3 +367,16 @@ def test_an_answer_no_task_takes_is_refused_with_nothing_written(approvals):
     with pytest.raises(InvalidRequest, match="did not take the answer"):
         approvals.predict(request(None, thread_id=fork.thread_id, resume={question: "yes"}))
     assert approvals.get_checkpoint_history(fork.thread_id) == history
+
+
+def test_a_fork_of_two_waiting_nodes_names_each_and_takes_both_answers_by_its_ids(backend_url, make_agent):
+    agent = make_agent(backend_url, graph=two_questions_graph())
+    thread_id = outputs(agent.predict(request("go")))["thread_id"]
+    fork = agent.fork_thread(thread_id)["thread_id"]
+    questions = agent.get_checkpoint_state(fork)["interrupts"]
+    assert sorted(q["node"] for q in questions) == ["flight", "hotel"]  # the copies' writes keep their task paths
+    assert not {q["id"] for q in questions} & set(question_ids(agent, thread_id))  # ids of the fork's own tasks
+    done = outputs(agent.predict(request(None, thread_id=fork, resume={q["id"]: f"{q['node']} ok" for q in questions})))
+    assert done["checkpoint_id"] is not None and not done.get("interrupts")
+    texts = json.dumps(agent.get_checkpoint_state(fork)["messages"])
+    assert "hotel: hotel ok" in texts and "flight: flight ok" in texts
