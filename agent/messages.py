@@ -171,6 +171,10 @@ def _check_item(index: int, item: Any) -> None:
             raise InvalidRequest(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}")
         content = item.get("content")
         if isinstance(content, str):
+            if not content and role == "user":
+                # As an empty list of parts is: a user message with no text is a mistake, not a turn (OpenAI
+                # refuses it too); an assistant's or a system's may be empty in a replayed conversation.
+                raise InvalidRequest(f"{where}.content is empty: a user message needs some text")
             return
         if not isinstance(content, list) or not content:
             raise InvalidRequest(f"{where}.content must be a string or a non-empty list of text parts")

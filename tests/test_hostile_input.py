@@ -288,6 +288,7 @@ def test_ids_with_sql_metacharacters_are_plain_ids(agent, backend_url, raw_id):
         {"role": "user", "content": [{"type": "input_image", "image_url": "http://example.invalid/x.png"}]},
         {"role": "user", "content": 5},
         {"role": "user"},
+        {"role": "user", "content": ""},  # as `input: ""`; an empty list of parts was refused already
         {"type": "function_call", "name": "calculator", "arguments": "{}"},
         {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": {"expression": "1"}},
         {"type": "function_call_output", "call_id": "c1"},
@@ -298,6 +299,8 @@ def test_ids_with_sql_metacharacters_are_plain_ids(agent, backend_url, raw_id):
 )
 def test_unknown_or_malformed_items_are_refused(agent, backend_url, item):
     refused(agent, backend_url, {"input": [item]})
+    if item == {"role": "user", "content": ""}:
+        refused(agent, backend_url, {"input": ""})
     refused(agent, backend_url, {"input": [{"role": "user", "content": "hi"}, item]}, stream=True)
     with pytest.raises(InvalidRequest):
         parse({"input": [item]}, max_request_bytes=1_000_000)
