@@ -29,6 +29,7 @@ graph's choice.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,6 +48,7 @@ from agent.context.tokens import approximate_counter
 from agent.context.window import ContextWindow
 from agent.errors import ConfigurationError, ModelError
 from agent.state import CONTEXT_SUMMARY_CHANNEL, AgentState, append_messages
+from agent.storage.next_nodes import next_nodes
 from agent.tools import TOOLS
 from agent.tracing import model_call_span
 
@@ -93,9 +95,9 @@ def compile_graph(builder: StateGraph, saver) -> CompiledStateGraph:
             f"(Annotated[list[AnyMessage], add_messages]); it is a {type(channel).__name__}."
         )
     graph = builder.compile(checkpointer=saver)
-    # The saver summarizes `next_nodes` when it writes a checkpoint; it needs
-    # to know which channels trigger which node.
-    saver.node_triggers = {name: list(node.triggers) for name, node in graph.nodes.items()}
+    # The saver summarizes `next_nodes` when it writes a checkpoint, with LangGraph's own rule over the
+    # graph's nodes and channels.
+    saver.next_nodes = functools.partial(next_nodes, graph)
     return graph
 
 

@@ -65,7 +65,7 @@ import random
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, copy_checkpoint
 
@@ -75,6 +75,9 @@ from agent.storage.encrypted import KeyringSerializer
 from agent.storage.records import Turn
 from agent.storage.saver_threads import SaverThreadOperations
 from agent.storage.summaries import TURN_REPORT_KEY, model_input_summary, summarize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 #: Digits of the counter in the short channel versions this saver wrote before `compact_version`
@@ -151,8 +154,10 @@ class TurnSaverMixin(SaverThreadOperations):
         self.message_cache = deltas.MessageCache(message_cache_size)
         #: The search keys of recent checkpoints' message lists (`search.KeySets`).
         self.search_keys = search.KeySets()
-        #: Node name -> trigger channels; set by the graph once it is compiled.
-        self.node_triggers: dict[str, list[str]] = {}
+        #: What a checkpoint waits to run, `(checkpoint, *, step, checkpoint_ns) -> node names`: set by
+        #: `agent.graph.compile_graph` (`agent.storage.next_nodes` of its graph). None: the saver is a plain
+        #: checkpointer, and the summary's `next_nodes` is [].
+        self.next_nodes: Callable[..., list[str]] | None = None
 
     # -- turns -------------------------------------------------------------
     @contextmanager
@@ -314,7 +319,13 @@ class TurnSaverMixin(SaverThreadOperations):
         parent_summary = summaries.unpack(self._parent_metadata(config, parent_id, turn)) if parent_id else None
         summary = {
             **summarize(
-                messages if listed else [], checkpoint, self.node_triggers, kept_messages=kept, kept_trailing=trailing
+                messages if listed else [],
+                checkpoint,
+                self.next_nodes(checkpoint, step=metadata.get("step", -1), checkpoint_ns=checkpoint_ns)
+                if self.next_nodes is not None
+                else [],
+                kept_messages=kept,
+                kept_trailing=trailing,
             ),
             **model_input_summary(configurable.get(TURN_REPORT_KEY), parent_id, parent_summary),
         }

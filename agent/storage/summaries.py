@@ -455,7 +455,7 @@ def message_text(message: BaseMessage | None) -> str:
 def summarize(
     messages: Sequence[BaseMessage],
     checkpoint: Mapping[str, Any],
-    node_triggers: Mapping[str, Sequence[str]],
+    next_nodes: Sequence[str],
     *,
     kept_messages: int = 0,
     kept_trailing: int = 0,
@@ -464,27 +464,13 @@ def summarize(
 
     `kept_messages`: how many leading messages the checkpoint shares with its parent; `kept_trailing`: how
     many of the rest, at the end, are its parent's too (an in-place replacement, `deltas.kept_trailing`),
-    stored only when not 0, as nearly every checkpoint has none.
-
-    `next_nodes` applies LangGraph's trigger rule to the checkpoint alone: a
-    node runs next when one of its trigger channels holds a value whose version
-    is newer than the one the node last saw.
+    stored only when not 0, as nearly every checkpoint has none. `next_nodes`: the nodes the checkpoint
+    waits to run, as LangGraph names them (`agent.storage.next_nodes`).
     """
-    values = checkpoint.get("channel_values", {})
-    versions = checkpoint.get("channel_versions", {})
-    seen = checkpoint.get("versions_seen", {})
-    next_nodes = [
-        node
-        for node, triggers in node_triggers.items()
-        if any(
-            channel in values and _newer(versions.get(channel), seen.get(node, {}).get(channel))
-            for channel in triggers
-        )
-    ]
     return {
         "message_count": len(messages),
         **previews(messages),
-        "next_nodes": next_nodes,
+        "next_nodes": list(next_nodes),
         "ts": checkpoint.get("ts"),
         "kept_messages": kept_messages,
     } | ({"kept_trailing": kept_trailing} if kept_trailing else {})
@@ -558,16 +544,3 @@ def replayed_report(metadata: Mapping[str, Any], start: str) -> dict | None:
 def _clip(text: str) -> str:
     # Postgres jsonb refuses NUL, and LangGraph would strip it anyway.
     return text[:LAST_MESSAGE_CHARS].replace("\x00", "")
-
-
-def _newer(version: Any, seen: Any) -> bool:
-    if version is None:
-        return False
-    if seen is None:
-        return True
-    # LangGraph's versions are zero-padded strings or numbers (`langgraph.checkpoint.base.V`), which compare
-    # in order among their own kind; a saver's caller may mix them, and then the text form decides.
-    try:
-        return version > seen
-    except TypeError:
-        return str(version) > str(seen)

@@ -1,11 +1,20 @@
 """Checkpoint history (`get_checkpoint_history` and the `get_checkpoint_history` action), on Postgres and SQLite:
 the entry fields, newest-first order across branches, `limit`, paging with `before`, and `next_nodes`
-agreeing with LangGraph's own `get_state(...).next`."""
+agreeing with LangGraph's own `get_state(...).next` (for the built-in graph, and for graphs with a join edge
+or `Send`s)."""
 
 from __future__ import annotations
 
+import operator
 from datetime import datetime, timedelta
+from typing import Annotated
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Send, interrupt
+
+from agent.graph import call_model
+from agent.models import OfflineChatModel
 from tests.helpers.scenario import TRIP, outputs, request, run_trip, say, text_of
 
 ENTRY_FIELDS = {
@@ -232,6 +241,83 @@ def test_next_nodes_equal_langgraph_next_for_every_checkpoint(agent):
     assert len(history) == 9  # the root, seven, and the update
     for entry in history:
         assert entry["next_nodes"] == list(state_of(agent, thread_id, entry["checkpoint_id"]).next)
+
+
+class ForkJoinState(MessagesState):
+    answers: Annotated[list[str], operator.add]
+
+
+def fork_join_graph(*, ask: bool = False, send: bool = False) -> StateGraph:
+    """`agent`, then `left` and `right` in one superstep, then `gate` once both are done (a join edge,
+    `add_edge(["left", "right"], "gate")`, which LangGraph runs through a barrier channel); with `ask`,
+    `left` and `right` each ask a question (`interrupt`); with `send`, `agent` sends two tasks to `left`
+    instead (`Send`), and `gate` follows `left` alone."""
+    model = OfflineChatModel()
+
+    def agent_node(state: ForkJoinState, config: RunnableConfig) -> dict:
+        return call_model(model, state, config)
+
+    def branch(name: str):
+        def node(state: ForkJoinState) -> dict:
+            return {"answers": [str(interrupt(f"{name}?")) if ask else name]}
+
+        return node
+
+    builder = StateGraph(ForkJoinState)
+    builder.add_node("agent", agent_node)
+    builder.add_node("left", branch("left"))
+    builder.add_node("right", branch("right"))
+    builder.add_node("gate", lambda state: {"answers": ["gate"]})
+    builder.add_edge(START, "agent")
+    if send:
+        builder.add_conditional_edges("agent", lambda state: [Send("left", state), Send("left", state)], ["left"])
+        builder.add_edge("left", "gate")
+    else:
+        builder.add_edge("agent", "left")
+        builder.add_edge("agent", "right")
+        builder.add_edge(["left", "right"], "gate")
+    builder.add_edge("gate", END)
+    return builder
+
+
+def assert_next_nodes_are_langgraph_next(agent, thread_id: str) -> None:
+    history = full_history(agent, thread_id)
+    assert [(e["checkpoint_id"], e["next_nodes"]) for e in history] == [
+        (e["checkpoint_id"], list(state_of(agent, thread_id, e["checkpoint_id"]).next)) for e in history
+    ]
+    head = agent.get_checkpoint_state(thread_id)
+    assert head["next_nodes"] == list(agent.graph.get_state({"configurable": {"thread_id": thread_id}}).next)
+
+
+def test_a_finished_turn_of_a_graph_with_a_join_edge_waits_for_nothing(backend_url, make_agent):
+    # LangGraph's barrier channel moves its version when `gate` consumes it, so a rule that only compares
+    # versions listed `gate` as waiting on every finished turn.
+    agent = make_agent(backend_url, graph=fork_join_graph())
+    thread_id = outputs(say(agent, "hello"))["thread_id"]
+    say(agent, "again", thread_id=thread_id)
+    assert agent.get_checkpoint_state(thread_id)["next_nodes"] == []
+    assert_next_nodes_are_langgraph_next(agent, thread_id)
+
+
+def test_answering_two_parallel_questions_before_a_join_leaves_nothing_waiting(backend_url, make_agent):
+    agent = make_agent(backend_url, graph=fork_join_graph(ask=True))
+    asked = outputs(say(agent, "hello"))
+    thread_id = asked["thread_id"]
+    assert agent.get_checkpoint_state(thread_id)["next_nodes"] == ["left", "right"]
+    answers = {question["id"]: question["value"].replace("?", "!") for question in asked["interrupts"]}
+    agent.predict(request(None, thread_id=thread_id, resume=answers))
+    assert agent.graph.get_state({"configurable": {"thread_id": thread_id}}).values["answers"][-1] == "gate"
+    assert agent.get_checkpoint_state(thread_id)["next_nodes"] == []
+    assert_next_nodes_are_langgraph_next(agent, thread_id)
+    say(agent, "next", thread_id=thread_id)  # asks both questions again
+    assert_next_nodes_are_langgraph_next(agent, thread_id)
+
+
+def test_tasks_sent_to_a_node_are_listed_as_waiting(backend_url, make_agent):
+    agent = make_agent(backend_url, graph=fork_join_graph(ask=True, send=True))
+    thread_id = outputs(say(agent, "hello"))["thread_id"]
+    assert agent.get_checkpoint_state(thread_id)["next_nodes"] == ["left", "left"]
+    assert_next_nodes_are_langgraph_next(agent, thread_id)
 
 
 def test_assistant_tool_call_without_result_has_tools_next(agent):
