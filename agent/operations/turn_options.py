@@ -6,6 +6,7 @@ parses these options with the envelope, and `TurnRunner` runs the turn.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -94,6 +95,7 @@ def parse_turn_options(envelope: Envelope, custom: Mapping[str, Any]) -> TurnOpt
                 "resume needs the thread whose interrupt it answers: custom_inputs.thread_id, conversation, "
                 "or previous_response_id"
             )
+        _check_json_answer(custom["resume"])
         return TurnOptions(resume=Resume(custom["resume"]), max_context_tokens=_budget(custom), include=include)
     edit_message_id = check_id("edit_message_id", custom.get("edit_message_id"))
     regenerate_message_id = check_id("regenerate_message_id", custom.get("regenerate_message_id"))
@@ -135,3 +137,27 @@ def _budget(custom: Mapping[str, Any]) -> int | None:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise InvalidRequest(f"max_context_tokens must be a positive integer, got {budget!r}")
     return budget
+
+
+def _check_json_answer(value: Any) -> None:
+    """Refuse a `resume` that is not a JSON value (a set, bytes, NaN, an object with keys that are not strings):
+    over HTTP it cannot be anything else, and an answer is stored with its checkpoint and exported with it."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"resume must be a JSON value ({exc}); nothing was written") from None
+    if _non_string_keys(value):
+        raise InvalidRequest("resume must be a JSON value: an object's keys are strings; nothing was written")
+
+
+def _non_string_keys(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            if any(not isinstance(key, str) for key in item):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False

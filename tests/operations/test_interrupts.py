@@ -380,3 +380,14 @@ def test_a_fork_of_two_waiting_nodes_names_each_and_takes_both_answers_by_its_id
     assert done["checkpoint_id"] is not None and not done.get("interrupts")
     texts = json.dumps(agent.get_checkpoint_state(fork)["messages"])
     assert "hotel: hotel ok" in texts and "flight: flight ok" in texts
+
+
+@pytest.mark.parametrize("answer", [{"yes"}, b"yes", float("nan"), {1: "yes"}, [{"ok": float("inf")}]])
+def test_an_answer_that_is_not_a_json_value_is_refused_with_nothing_written(approvals, answer):
+    # Over HTTP it cannot be anything else; from Python it reached the graph and was stored (and then could
+    # not be exported).
+    asked = outputs(approvals.predict(request(BOOK)))
+    before = head_and_count(approvals, asked["thread_id"])
+    with pytest.raises(InvalidRequest, match="resume must be a JSON value"):
+        approvals.predict(request(None, thread_id=asked["thread_id"], resume=answer))
+    assert head_and_count(approvals, asked["thread_id"]) == before
