@@ -9,7 +9,8 @@ was `InvalidRequest` (a 400) and wrote nothing, or every operation on the
 imported thread works: its state, history, branches, usage, export (and the
 export imports again), a turn with the offline model, and a retention sweep
 (`delete` or `keep_latest`) that removes it. Nothing else: no other
-exception, now or later.
+exception, now or later. A `set` value (a join edge's barrier, in a graph of one's own)
+in the built-in graph's channels and writes imports and works everywhere after too.
 
 One database per backend for the module (the examples share it; each imports
 under a new thread id, so the copies get their own checkpoint ids).
@@ -231,3 +232,24 @@ def test_a_pending_write_whose_task_id_holds_a_backslash_reads_back_and_runs(age
     for entry in history:  # the import gives the copy new checkpoint ids: read every one
         assert keep.get_checkpoint_state(thread_id, entry["checkpoint_id"], user_id="u")["checkpoint_id"] == entry["checkpoint_id"]
     _every_operation(keep, keep, thread_id)
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+@pytest.mark.parametrize("sweeper", ["delete", "keep"])
+def test_sets_in_the_built_in_graphs_channels_and_writes_import_and_work_everywhere_after(agents, backend, sweeper):
+    # A `set` value (a join edge's barrier in a graph of one's own) may name any channel: the agent's
+    # own state (`context_summary`, a trigger channel) then holds a set where it writes other values.
+    delete, keep, base = agents[backend]
+    agent = keep if sweeper == "keep" else delete
+    document = copy.deepcopy(base)
+    for checkpoint in document["checkpoints"]:
+        for channel in ("context_summary", "branch:to:agent"):
+            if "messages" in checkpoint["channel_versions"]:
+                checkpoint["channel_versions"][channel] = checkpoint["channel_versions"]["messages"]
+                checkpoint["channel_values"][channel] = {"type": "set", "value": [1, "a", None, False, 2.5]}
+        for write in checkpoint.get("pending_writes", []):
+            write["channel"] = "context_summary"
+            write["value"] = {"type": "set", "value": ["x"]}
+    thread_id = str(uuid.uuid4())
+    agent.import_thread(document, user_id="u", thread_id=thread_id)
+    _every_operation(agent, keep, thread_id)

@@ -20,12 +20,26 @@ A channel value is one of:
   by the message of `add` with its id; then the other messages of `add`;
 * `{"type": "messages", "value": [messages]}`: a whole list (the first one of a branch, or a
   list the rule above cannot express);
-* `{"type": "interrupts", "value": [{"id", "value"}]}` or `{"type": "json", "value": ...}`: a
-  whole value.
+* `{"type": "interrupts", "value": [{"id", "value"}]}`, `{"type": "set", "value": [items]}` or
+  `{"type": "json", "value": ...}`: a whole value. A `set` is a Python set of JSON scalars
+  (strings, numbers, booleans, null), listed sorted (by their JSON text) with no item twice, and
+  read back as a `set`: the barrier channel of a join edge (`add_edge(["a", "b"], "c")`,
+  LangGraph's `NamedBarrierValue`) stores the names of the nodes it has seen as one, and adds to
+  it on the next step, so a list in its place would break the thread's next turn.
 
 Version 1 (still read, no longer written) has the same fields, with every value whole (no
 `unchanged` or `message_changes`), `updated_channels` and `pending_writes` always present, and
 the derived summary fields in each checkpoint's metadata.
+
+`set` was added to version 2 without a new version number: a document without a set is what it
+was, byte for byte, and every reader of version 2 still reads it; only a thread holding a set (a
+graph with a join edge) has one, and such a thread could not be exported before. A reader from
+before the addition refuses such a document whole, with nothing written, naming the value
+(`checkpoints.N.channel_values.<channel>.type: Input should be 'messages', ... or 'json'`):
+the models are closed, so it never reads a set as something else. Bumping the version would have
+made every new export unreadable to those readers for the sake of threads they cannot hold
+anyway. Readers accept `set` in version 1 documents too (it is a whole value; no version 1
+writer wrote one).
 
 Why this shape:
 
@@ -34,9 +48,11 @@ Why this shape:
   (`agent.state`), with the channel versions LangGraph uses to decide what
   runs next. Messages are LangChain's own dict form (`messages_to_dict`), which
   keeps ids, tool calls, `response_metadata` and usage; a graph's pending
-  `interrupt()`s (in pending writes) are `{"id", "value"}` pairs; every other
-  value must be plain JSON (the agent's state is; a user graph whose state holds
-  other values cannot be exported, and `export_thread` says which channel). Nothing is pickled or loaded by class
+  `interrupt()`s (in pending writes) are `{"id", "value"}` pairs; a set of
+  JSON scalars (a join edge's barrier) is a `set`; every other value must be
+  plain JSON (the agent's state is; a user graph whose state holds other values,
+  such as a frozenset, a set of tuples, or the `(set, bool)` pair of a join into
+  a `defer=True` node, cannot be exported, and `export_thread` says which channel). Nothing is pickled or loaded by class
   path: `messages_from_dict` only builds the four message classes a thread
   stores, so a document from a stranger cannot instantiate anything else.
 * **Linear in the thread.** Version 1 held each checkpoint's whole message list,

@@ -51,11 +51,13 @@ class _Model(BaseModel):
 
 class ChannelValue(_Model):
     """One channel's value: `messages` (a list of LangChain message dicts), `interrupts` (a graph's pending
-    LangGraph `Interrupt`s: `[{"id", "value"}]`, the value plain JSON) or `json` (plain JSON); in version 2
-    also `message_changes` (a `MessageChanges` to the parent's message list) or `unchanged` (the parent's
-    value of the channel, as it is; no `value`). See `agent.operations.transfer`."""
+    LangGraph `Interrupt`s: `[{"id", "value"}]`, the value plain JSON), `set` (a Python set of JSON
+    scalars, such as the node names a join edge's barrier channel has seen: a list, sorted, no item twice)
+    or `json` (plain JSON); in version 2 also `message_changes` (a `MessageChanges` to the parent's
+    message list) or `unchanged` (the parent's value of the channel, as it is; no `value`). See
+    `agent.operations.transfer`."""
 
-    type: Literal["messages", "message_changes", "unchanged", "interrupts", "json"]
+    type: Literal["messages", "message_changes", "unchanged", "interrupts", "set", "json"]
     value: Any = None
 
     @model_validator(mode="after")

@@ -5,7 +5,8 @@ deltas), and written as what it changes in its parent (version 2): each
 channel is `unchanged`, `message_changes` to the parent's message list
 (`transfer.changes`), or the whole value in a form the document can hold:
 messages as LangChain dicts, a graph's pending interrupts as `{"id", "value"}`
-pairs, anything else as plain JSON, or the export fails naming the channel.
+pairs, a set (a join edge's barrier channel) as its sorted items, anything else
+as plain JSON, or the export fails naming the channel.
 The summary fields the saver derives again on import (`DERIVED_METADATA`) are
 left out of the metadata, as are empty `pending_writes` and a null
 `updated_channels` (their defaults). LangChain and LangGraph are imported
@@ -171,7 +172,23 @@ def encode_value(channel: str, value: Any, checkpoint_id: str) -> dict[str, Any]
     if items and all(isinstance(item, Interrupt) for item in items):
         where = f"an interrupt of checkpoint {checkpoint_id!r}"
         return {"type": "interrupts", "value": [{"id": i.id, "value": _json(i.value, where)} for i in items]}
-    return {"type": "json", "value": _json(value, f"channel {channel!r} of checkpoint {checkpoint_id!r}")}
+    where = f"channel {channel!r} of checkpoint {checkpoint_id!r}"
+    if type(value) is set:  # exactly: a subclass (or a frozenset) would not come back as what was stored
+        return {"type": "set", "value": _set_items(value, where)}
+    return {"type": "json", "value": _json(value, where)}
+
+
+def _set_items(value: set[Any], what: str) -> list[Any]:
+    """A set's items as a sorted list (sets have no order, and the string hash changes with every
+    process: sorted, equal sets export as equal text, which `ChannelEncoder` and a repeated import
+    compare). LangGraph's barrier channel (`NamedBarrierValue`, a join edge) holds node names."""
+    if not all(item is None or isinstance(item, (str, int, float)) for item in value):
+        shown = sorted({type(item).__name__ for item in value if item is not None and not isinstance(item, (str, int, float))})
+        raise AgentError(
+            f"Cannot export {what}: a set is exported when its items are strings, numbers, booleans or null, "
+            f"and it holds {', '.join(shown)}."
+        )
+    return sorted(_json(list(value), what), key=lambda item: json.dumps(item))
 
 
 def _json(value: Any, what: str) -> Any:

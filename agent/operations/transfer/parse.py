@@ -130,8 +130,8 @@ def _resolved(checkpoint: CheckpointDoc, parent: dict[str, Any] | None, version:
             if parent is None or channel not in parent:
                 raise invalid(f"{where} has type {value.type!r}, but its parent checkpoint has no value for the channel")
             before = parent[channel]
-            if value.type == "unchanged":  # the parent's value; a list is copied, so no two checkpoints share one
-                out[channel] = list(before) if isinstance(before, list) else before
+            if value.type == "unchanged":  # the parent's value; a list or set is copied, so no two checkpoints share one
+                out[channel] = list(before) if isinstance(before, list) else set(before) if isinstance(before, set) else before
             else:
                 out[channel] = _changed_messages(before, value.value, where)
         elif channel == MESSAGES and value.type != "messages":
@@ -216,7 +216,7 @@ def load_messages(
 def decode_value(
     value: ChannelValue, where: str, types: frozenset[str] = MESSAGE_TYPES, *, update: bool = False
 ) -> Any:
-    """A whole value (`messages`, `interrupts`, `json`) decoded; a change type (`_resolved` applies
+    """A whole value (`messages`, `interrupts`, `set`, `json`) decoded; a change type (`_resolved` applies
     those) is refused here, so a pending write is always a whole value. `update`: a pending write's
     (`load_messages`)."""
     if value.type in CHANGE_TYPES:
@@ -225,6 +225,8 @@ def decode_value(
         return load_messages(value.value, where, types, update=update)
     if value.type == "interrupts":
         return _load_interrupts(value.value, where)
+    if value.type == "set":
+        return _load_set(value.value, where)
     try:
         json.dumps(value.value, allow_nan=False)
     except (TypeError, ValueError):
@@ -245,6 +247,17 @@ def _load_interrupts(value: Any, where: str) -> list[Any]:
     except (TypeError, ValueError):
         raise invalid(f"{where}: an interrupt's value must be plain JSON") from None
     return [Interrupt(value=item["value"], id=item["id"]) for item in value]
+
+
+def _load_set(value: Any, where: str) -> set[Any]:
+    """A `set` value as the Python set it was (a join edge's barrier channel needs one: LangGraph adds to
+    it); its items JSON scalars, none twice (as Python compares them: 1, 1.0 and true are one item)."""
+    if not isinstance(value, list) or not all(item is None or isinstance(item, (str, int, float)) for item in value):
+        raise invalid(f"{where} must be a list of strings, numbers, booleans or null (the items of a set)")
+    items = set(value)
+    if len(items) != len(value):
+        raise invalid(f"{where}: a set holds each item once, and the list has an item twice")
+    return items
 
 
 def _checkpoint_id(name: str, value: str) -> None:
