@@ -104,6 +104,8 @@ def _tasks(graph: CompiledStateGraph, tup: CheckpointTuple) -> Sequence[Any]:
     """The tasks LangGraph runs next from `tup` (`StateSnapshot.tasks`), computed by its own `get_state`."""
     from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
 
+    # Without a parent: `get_state` may walk ancestors (a delta channel's history), which this saver has none of.
+    tup = tup._replace(parent_config=None)
     config = {"configurable": {**tup.config["configurable"], CONFIG_KEY_CHECKPOINTER: _holding()(tup)}}
     return graph.get_state(config).tasks
 
@@ -132,7 +134,8 @@ def _holding() -> type:
             super().__init__()
             self.tup = tup
 
-        def get_tuple(self, config: Any) -> CheckpointTuple:
-            return self.tup
+        def get_tuple(self, config: Any) -> CheckpointTuple | None:
+            wanted = config["configurable"].get("checkpoint_id")
+            return self.tup if wanted in (None, self.tup.config["configurable"]["checkpoint_id"]) else None
 
     return Holding

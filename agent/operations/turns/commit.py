@@ -81,15 +81,27 @@ def finish(
 
 def answered_in_place(parts: TurnParts, turn: Turn, start: str) -> dict[str, str]:
     """A resumed turn that wrote no checkpoint: its task took the answer and asked its next question in the same
-    step (a node with two `interrupt()` calls), and LangGraph put both writes (the answer, the new question) on
-    the start checkpoint. They go on a copy of the start instead, its child and the new head, so the start
-    stays as it was (its question can be answered again, as a sibling branch; written on it, they were lost:
-    a turn with no checkpoint wrote nothing). The copy's writes are keyed by its own tasks
-    (`copied_writes`). Returns each question's id at the start -> its id at the copy.
+    step (a node with two `interrupt()` calls), and LangGraph put its writes (the answers, the new questions, the
+    outputs of tasks of the step that finished) on the start checkpoint. They go on a copy of the start instead,
+    its child and the new head, so the start stays as it was (its question can be answered again, as a sibling
+    branch; written on it, they were lost: a turn with no checkpoint wrote nothing). The copy's writes are
+    keyed by its own tasks (`copied_writes`). Returns each question's id at the start -> its id at the copy.
+
+    The start is read again from storage: the one the run loaded, LangGraph advanced in place (its channel
+    versions), and a copy of that named channel versions no value was stored under.
 
     Raises:
-        InvalidRequest: no task took the answer (LangGraph asked the same question again): nothing is written.
+        InvalidRequest: no task took the answer (LangGraph asked the same question again), or a subgraph asked
+            again (its own checkpoints live in a namespace named by its task, which a copy renames: not
+            supported): nothing is written.
     """
+    if any(config["configurable"].get("checkpoint_ns", "") for config, *_ in turn.writes):
+        raise InvalidRequest(
+            f"A subgraph asked another question after taking the answer at checkpoint {start!r} of thread "
+            f"{turn.thread_id!r}; a subgraph that asks again in one step is not supported yet. Nothing was written.",
+            thread_id=turn.thread_id,
+            checkpoint_id=start,
+        )
     writes = [(task_id, channel, value) for _config, task_writes, task_id, _path in turn.writes for channel, value in task_writes]
     if not any(channel == RESUME_CHANNEL for _task, channel, _value in writes):
         raise InvalidRequest(
@@ -98,18 +110,18 @@ def answered_in_place(parts: TurnParts, turn: Turn, start: str) -> dict[str, str
             thread_id=turn.thread_id,
             checkpoint_id=start,
         )
-    source = turn.loaded[start]
-    merged = [w for w in source.pending_writes or () if not any(_replaces(new, w) for new in writes)] + writes
+    address = {"thread_id": turn.thread_id, "checkpoint_ns": ""}
+    source = parts.storage.saver.get_tuple({"configurable": {**address, "checkpoint_id": start}})
+    merged = [w for w in source.pending_writes or () if not _superseded(w, writes)] + writes
     copy = {**source.checkpoint, "id": turn.head_id or str(uuid6(clock_seq=source.metadata.get("step", -1))),
             "ts": datetime.now(timezone.utc).isoformat()}  # fmt: skip
     carried = copied_writes(parts.graph, source._replace(pending_writes=merged), copy)
     renamed = {}
-    for (old_task, channel, before), (_, _, after, _) in zip(merged, carried, strict=True):
+    for (_, channel, before), (_, _, after, _) in zip(merged, carried, strict=True):
         if channel == INTERRUPT_CHANNEL:
             renamed.update((a.id, b.id) for a, b in zip(as_list(before), as_list(after), strict=True))
     turn.writes = []
     saver = parts.storage.saver
-    address = {"thread_id": turn.thread_id, "checkpoint_ns": ""}
     with saver.buffering(turn):
         saver.put({"configurable": {**address, "checkpoint_id": start}}, copy, dict(source.metadata), {})
         for (task_id, path), task_writes in writes_by_task(carried).items():
@@ -117,10 +129,12 @@ def answered_in_place(parts: TurnParts, turn: Turn, start: str) -> dict[str, str
     return renamed
 
 
-def _replaces(new: tuple, stored: tuple) -> bool:
-    # As LangGraph's savers upsert: a task's write to a special channel (its question, its answers) replaces
-    # the one stored (`WRITES_IDX_MAP`); other writes are kept (a task's outputs are written once).
-    return new[0] == stored[0] and new[1] == stored[1] and new[1] in (INTERRUPT_CHANNEL, RESUME_CHANNEL)
+def _superseded(stored: tuple, new: list[tuple]) -> bool:
+    """Whether the turn's `new` writes replace `stored`, a write of the start: a task that wrote this turn asked
+    its question again (a new one) or finished, so its stored question goes; its answers so far are written again
+    whole (LangGraph's savers upsert a task's question and answers: `WRITES_IDX_MAP`). Other writes stay."""
+    task, channel = stored[0], stored[1]
+    return channel in (INTERRUPT_CHANNEL, RESUME_CHANNEL) and any(write[0] == task for write in new)
 
 
 def commit(
