@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import operator
+import threading
+import time
 from typing import Annotated
 
 import pytest
@@ -18,6 +20,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
 
 from agent import InterruptPending, InvalidRequest, ThreadNotFound
+from agent.errors import TurnCancelled
 from agent.graph import call_model
 from agent.models import OfflineChatModel
 from agent.operations.conversations import response_object
@@ -450,6 +453,90 @@ def test_a_subgraph_that_asks_again_after_an_answer_is_refused_with_nothing_writ
     agent = make_agent(backend_url, graph=builder)
     thread_id = outputs(agent.predict(request("hi")))["thread_id"]
     before = head_and_count(agent, thread_id)
-    with pytest.raises(InvalidRequest, match="subgraph that asks again"):
+    with pytest.raises(InvalidRequest, match="subgraph that asks again within one turn"):
         agent.predict(request(None, thread_id=thread_id, resume="S0"))
     assert head_and_count(agent, thread_id) == before
+
+
+def test_a_subgraph_that_asks_in_a_later_step_of_its_own_is_refused_and_its_start_stays_as_it_was(backend_url, make_agent):
+    # The subgraph writes a checkpoint of its own namespace between its two questions: that checkpoint became the
+    # thread's head (which no read then found) and the start's question was replaced in place.
+    def asker(name: str):
+        def node(state: MessagesState) -> dict:
+            return {"messages": [AIMessage(f"{name}: {interrupt(name + '?')}", id=f"m-{name}")]}
+
+        return node
+
+    sub = StateGraph(MessagesState)
+    sub.add_node("s1", asker("s1"))
+    sub.add_node("s2", asker("s2"))
+    sub.add_edge(START, "s1")
+    sub.add_edge("s1", "s2")
+    sub.add_edge("s2", END)
+    builder = StateGraph(MessagesState)
+    builder.add_node("sub", sub.compile())
+    builder.add_edge(START, "sub")
+    builder.add_edge("sub", END)
+    agent = make_agent(backend_url, graph=builder)
+    asked = outputs(agent.predict(request("hi")))
+    before = (head_and_count(agent, asked["thread_id"]), question_ids(agent, asked["thread_id"]))
+    with pytest.raises(InvalidRequest, match="subgraph that asks again within one turn"):
+        agent.predict(request(None, thread_id=asked["thread_id"], resume="S1"))
+    assert (head_and_count(agent, asked["thread_id"]), question_ids(agent, asked["thread_id"])) == before
+
+
+def test_answering_an_earlier_question_again_does_not_apply_a_finished_nodes_output_twice(backend_url, make_agent):
+    # From a checkpoint that is not the thread's latest, LangGraph runs the tasks that had finished again instead
+    # of replaying their writes; the copy kept their first writes beside the new ones ("b" twice in `log`).
+    agent = make_agent(backend_url, graph=parallel_askers_graph({"a": 2, "b": 0}))
+    first = outputs(agent.predict(request("hi")))
+    thread_id = first["thread_id"]
+    second = outputs(agent.predict(request(None, thread_id=thread_id, resume="A0")))
+    outputs(agent.predict(request(None, thread_id=thread_id, resume="A1")))
+    again = outputs(agent.predict(request(None, thread_id=thread_id, checkpoint_id=first["checkpoint_id"], resume="B0")))
+    assert again["parent_checkpoint_id"] == first["checkpoint_id"] and again["checkpoint_id"] != second["checkpoint_id"]
+    outputs(agent.predict(request(None, thread_id=thread_id, resume="B1")))
+    state = agent.graph.get_state({"configurable": {"thread_id": thread_id}}).values
+    assert sorted(state["log"]) == ["a", "b"]
+    assert sorted(m.content for m in state["messages"][1:]) == ["a: ['B0', 'B1']", "b: []"]
+
+
+def test_a_resume_that_a_newer_turn_interrupts_keeps_nothing_and_the_question_still_waits(backend_url, make_agent):
+    entered, gate = threading.Event(), threading.Event()
+
+    def ask(state: MessagesState) -> dict:
+        answer = interrupt("go?")
+        entered.set()
+        gate.wait(30)
+        return {"messages": [AIMessage(f"got {answer}", id=f"m-{answer}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    agent = make_agent(backend_url, graph=builder)
+    thread_id = outputs(agent.predict(request("hi")))["thread_id"]
+    results: dict[str, object] = {}
+
+    def resume(name: str, answer: str) -> None:
+        try:
+            results[name] = outputs(agent.predict(request(None, thread_id=thread_id, resume=answer, multitask_strategy="interrupt")))
+        except Exception as exc:  # noqa: BLE001 - the result under test
+            results[name] = exc
+
+    first = threading.Thread(target=resume, args=("first", "yes"))
+    first.start()
+    assert entered.wait(20)
+    second = threading.Thread(target=resume, args=("second", "yes, again"))
+    second.start()
+    claim = agent.storage.keeper.local(thread_id)
+    deadline = time.monotonic() + 20
+    while claim is not None and claim.cancel != "interrupt" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert claim is not None and claim.cancel == "interrupt"
+    gate.set()
+    first.join(30)
+    second.join(30)
+    assert isinstance(results["first"], TurnCancelled), results["first"]
+    assert results["second"]["checkpoint_id"] is not None and not results["second"].get("interrupts")
+    assert "got yes, again" in json.dumps(agent.get_checkpoint_state(thread_id)["messages"])

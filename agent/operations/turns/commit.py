@@ -59,16 +59,18 @@ def finish(
                 "nothing was written.",
                 thread_id=claim.thread_id,
             )
-        if claim.cancel == "rollback":
+        # A resume stopped by a newer turn keeps nothing, as a rollback: what it produced is the answer it took,
+        # and a checkpoint of its messages alone would leave the question unasked and unanswered.
+        if claim.cancel == "rollback" or (claim.cancel == "interrupt" and begun.resume is not None):
+            stopped = "rolled this turn back" if claim.cancel == "rollback" else "stopped this answer (a resume keeps nothing)"
             raise TurnCancelled(
-                f"A newer turn on thread {claim.thread_id!r} rolled this turn back; nothing was written.",
-                thread_id=claim.thread_id,
+                f"A newer turn on thread {claim.thread_id!r} {stopped}; nothing was written.", thread_id=claim.thread_id
             )
         if claim.cancel == "interrupt":
             keep_interrupted(parts, turn, start, begun.messages, progress)
             status = "interrupted"
     asked = progress.interrupts
-    if begun.resume is not None and not turn.puts and status == "completed":
+    if begun.resume is not None and not _root_puts(turn) and status == "completed":
         renamed = answered_in_place(parts, turn, start)
         asked = [dataclasses.replace(item, id=renamed.get(item.id, item.id)) for item in asked]
     turn.name_head()  # the id its response was announced with (`TurnStarted`)
@@ -92,13 +94,13 @@ def answered_in_place(parts: TurnParts, turn: Turn, start: str) -> dict[str, str
 
     Raises:
         InvalidRequest: no task took the answer (LangGraph asked the same question again), or a subgraph asked
-            again (its own checkpoints live in a namespace named by its task, which a copy renames: not
-            supported): nothing is written.
+            again within the turn (its own checkpoints live in a namespace named by its task, which a copy
+            renames: not supported): nothing is written.
     """
-    if any(config["configurable"].get("checkpoint_ns", "") for config, *_ in turn.writes):
+    if turn.puts or any(config["configurable"].get("checkpoint_ns", "") for config, *_ in turn.writes):
         raise InvalidRequest(
             f"A subgraph asked another question after taking the answer at checkpoint {start!r} of thread "
-            f"{turn.thread_id!r}; a subgraph that asks again in one step is not supported yet. Nothing was written.",
+            f"{turn.thread_id!r}; a subgraph that asks again within one turn is not supported yet. Nothing was written.",
             thread_id=turn.thread_id,
             checkpoint_id=start,
         )
@@ -130,11 +132,16 @@ def answered_in_place(parts: TurnParts, turn: Turn, start: str) -> dict[str, str
 
 
 def _superseded(stored: tuple, new: list[tuple]) -> bool:
-    """Whether the turn's `new` writes replace `stored`, a write of the start: a task that wrote this turn asked
-    its question again (a new one) or finished, so its stored question goes; its answers so far are written again
-    whole (LangGraph's savers upsert a task's question and answers: `WRITES_IDX_MAP`). Other writes stay."""
-    task, channel = stored[0], stored[1]
-    return channel in (INTERRUPT_CHANNEL, RESUME_CHANNEL) and any(write[0] == task for write in new)
+    """Whether the turn's `new` writes replace `stored`, a write of the start: every write of a task that wrote
+    this turn. It asked its question again (a new one) or finished, and its answers so far are written again
+    whole; a task that had finished before and ran again (LangGraph runs them again from a checkpoint that is
+    not the thread's latest, instead of replaying their writes) wrote its outputs again. Other writes stay."""
+    return any(write[0] == stored[0] for write in new)
+
+
+def _root_puts(turn: Turn) -> bool:
+    # Whether the turn wrote a checkpoint of the graph itself, not only of a subgraph (its own namespace).
+    return any(not config["configurable"].get("checkpoint_ns", "") for config, *_ in turn.puts)
 
 
 def commit(
