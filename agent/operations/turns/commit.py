@@ -3,7 +3,8 @@
 Step 4 of a turn (`agent.operations.turns`). `finish` reads the claim's stop
 signal: a lost claim is `LeaseExpired`, a `rollback` is `TurnCancelled`
 (nothing written either way), an `interrupt` keeps what the turn produced so
-far as one checkpoint. `commit` then writes the buffer, the thread's head
+far as one checkpoint (a resume keeps nothing, as a rollback). A resume that
+wrote no checkpoint (its task asked again) is settled by `answered`. `commit` then writes the buffer, the thread's head
 (and, for a new thread, its title and metadata), the long-term memory
 operations among the new messages and, with an idempotency key, the response
 under that key, all in one transaction; a `store: false` turn is released instead.
@@ -17,19 +18,17 @@ import dataclasses
 import functools
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
 from langchain_core.messages import BaseMessage
-from langgraph.checkpoint.base.id import uuid6
 from langgraph.errors import InvalidUpdateError
 from langgraph.graph import START
 
-from agent.errors import InvalidRequest, LeaseExpired, TurnCancelled
+from agent.errors import LeaseExpired, TurnCancelled
 from agent.messages import to_output_items
-from agent.operations.copied_writes import copied_writes, writes_by_task
-from agent.operations.interrupts import INTERRUPT_CHANNEL, RESUME_CHANNEL, as_list, stopped_at
+from agent.operations.interrupts import stopped_at
 from agent.operations.thread_values import default_title
+from agent.operations.turns.answered import answered_in_place, wrote_root_checkpoint
 from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.progress import Progress
@@ -70,7 +69,7 @@ def finish(
             keep_interrupted(parts, turn, start, begun.messages, progress)
             status = "interrupted"
     asked = progress.interrupts
-    if begun.resume is not None and not _root_puts(turn) and status == "completed":
+    if begun.resume is not None and not wrote_root_checkpoint(turn) and status == "completed":
         renamed = answered_in_place(parts, turn, start)
         asked = [dataclasses.replace(item, id=renamed.get(item.id, item.id)) for item in asked]
     turn.name_head()  # the id its response was announced with (`TurnStarted`)
@@ -79,69 +78,6 @@ def finish(
         claim.thread_id, turn.new_head, start, status, interrupts=waiting, cancelled_interrupts=begun.cancelled
     )
     return commit(parts, claim, turn, args, result, to_output_items(progress.produced))
-
-
-def answered_in_place(parts: TurnParts, turn: Turn, start: str) -> dict[str, str]:
-    """A resumed turn that wrote no checkpoint: its task took the answer and asked its next question in the same
-    step (a node with two `interrupt()` calls), and LangGraph put its writes (the answers, the new questions, the
-    outputs of tasks of the step that finished) on the start checkpoint. They go on a copy of the start instead,
-    its child and the new head, so the start stays as it was (its question can be answered again, as a sibling
-    branch; written on it, they were lost: a turn with no checkpoint wrote nothing). The copy's writes are
-    keyed by its own tasks (`copied_writes`). Returns each question's id at the start -> its id at the copy.
-
-    The start is read again from storage: the one the run loaded, LangGraph advanced in place (its channel
-    versions), and a copy of that named channel versions no value was stored under.
-
-    Raises:
-        InvalidRequest: no task took the answer (LangGraph asked the same question again), or a subgraph asked
-            again within the turn (its own checkpoints live in a namespace named by its task, which a copy
-            renames: not supported): nothing is written.
-    """
-    if turn.puts or any(config["configurable"].get("checkpoint_ns", "") for config, *_ in turn.writes):
-        raise InvalidRequest(
-            f"A subgraph asked another question after taking the answer at checkpoint {start!r} of thread "
-            f"{turn.thread_id!r}; a subgraph that asks again within one turn is not supported yet. Nothing was written.",
-            thread_id=turn.thread_id,
-            checkpoint_id=start,
-        )
-    writes = [(task_id, channel, value) for _config, task_writes, task_id, _path in turn.writes for channel, value in task_writes]
-    if not any(channel == RESUME_CHANNEL for _task, channel, _value in writes):
-        raise InvalidRequest(
-            f"The graph did not take the answer (custom_inputs.resume) at checkpoint {start!r} of thread "
-            f"{turn.thread_id!r}: no task waiting there asked that question. Nothing was written.",
-            thread_id=turn.thread_id,
-            checkpoint_id=start,
-        )
-    address = {"thread_id": turn.thread_id, "checkpoint_ns": ""}
-    source = parts.storage.saver.get_tuple({"configurable": {**address, "checkpoint_id": start}})
-    merged = [w for w in source.pending_writes or () if not _superseded(w, writes)] + writes
-    copy = {**source.checkpoint, "id": turn.head_id or str(uuid6(clock_seq=source.metadata.get("step", -1))),
-            "ts": datetime.now(timezone.utc).isoformat()}  # fmt: skip
-    carried = copied_writes(parts.graph, source._replace(pending_writes=merged), copy)
-    renamed = {}
-    for (_, channel, before), (_, _, after, _) in zip(merged, carried, strict=True):
-        if channel == INTERRUPT_CHANNEL:
-            renamed.update((a.id, b.id) for a, b in zip(as_list(before), as_list(after), strict=True))
-    turn.writes = []
-    saver = parts.storage.saver
-    with saver.buffering(turn):
-        saver.put({"configurable": {**address, "checkpoint_id": start}}, copy, dict(source.metadata), {})
-        for (task_id, path), task_writes in writes_by_task(carried).items():
-            saver.put_writes({"configurable": {**address, "checkpoint_id": copy["id"]}}, task_writes, task_id, path)
-    return renamed
-
-
-def _superseded(stored: tuple, new: list[tuple]) -> bool:
-    """Whether the turn's `new` writes replace `stored`, a write of the start: every write of a task that wrote
-    this turn. It asked its question again (a new one) or finished, and its answers so far are written again
-    whole; a task that had finished before and ran again (LangGraph runs them again from a checkpoint that is
-    not the thread's latest, instead of replaying their writes) wrote its outputs again. Other writes stay."""
-    return any(write[0] == stored[0] for write in new)
-
-
-def _root_puts(turn: Turn) -> bool:
-    # Whether the turn wrote a checkpoint of the graph itself, not only of a subgraph (its own namespace).
-    return any(not config["configurable"].get("checkpoint_ns", "") for config, *_ in turn.puts)
 
 
 def commit(
