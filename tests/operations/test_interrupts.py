@@ -51,18 +51,29 @@ def approval_graph() -> StateGraph:
     return builder
 
 
+def asker(name: str):
+    """A node that asks `<name>?` and answers with what it was told (message id `answer-<name>`)."""
+
+    def node(state: MessagesState) -> dict:
+        return {"messages": [AIMessage(f"{name}: {interrupt(name + '?')}", id=f"answer-{name}")]}
+
+    return node
+
+
+def in_a_subgraph(sub: StateGraph) -> StateGraph:
+    """A graph whose one node is `sub`, compiled."""
+    builder = StateGraph(MessagesState)
+    builder.add_node("sub", sub.compile())
+    builder.add_edge(START, "sub")
+    builder.add_edge("sub", END)
+    return builder
+
+
 def two_questions_graph() -> StateGraph:
     """Two nodes in one superstep, each asking its own question."""
-
-    def ask(name: str):
-        def node(state: MessagesState) -> dict:
-            return {"messages": [AIMessage(f"{name}: {interrupt(name + '?')}", id=f"answer-{name}")]}
-
-        return node
-
     builder = StateGraph(MessagesState)
-    builder.add_node("hotel", ask("hotel"))
-    builder.add_node("flight", ask("flight"))
+    builder.add_node("hotel", asker("hotel"))
+    builder.add_node("flight", asker("flight"))
     builder.add_edge(START, "hotel")
     builder.add_edge(START, "flight")
     builder.add_edge("hotel", END)
@@ -446,11 +457,7 @@ def test_a_subgraph_that_asks_again_after_an_answer_is_refused_with_nothing_writ
     sub.add_node("inner", inner)
     sub.add_edge(START, "inner")
     sub.add_edge("inner", END)
-    builder = StateGraph(MessagesState)
-    builder.add_node("sub", sub.compile())
-    builder.add_edge(START, "sub")
-    builder.add_edge("sub", END)
-    agent = make_agent(backend_url, graph=builder)
+    agent = make_agent(backend_url, graph=in_a_subgraph(sub))
     thread_id = outputs(agent.predict(request("hi")))["thread_id"]
     before = head_and_count(agent, thread_id)
     with pytest.raises(InvalidRequest, match="subgraph that asks again within one turn"):
@@ -461,23 +468,13 @@ def test_a_subgraph_that_asks_again_after_an_answer_is_refused_with_nothing_writ
 def test_a_subgraph_that_asks_in_a_later_step_of_its_own_is_refused_and_its_start_stays_as_it_was(backend_url, make_agent):
     # The subgraph writes a checkpoint of its own namespace between its two questions: that checkpoint became the
     # thread's head (which no read then found) and the start's question was replaced in place.
-    def asker(name: str):
-        def node(state: MessagesState) -> dict:
-            return {"messages": [AIMessage(f"{name}: {interrupt(name + '?')}", id=f"m-{name}")]}
-
-        return node
-
     sub = StateGraph(MessagesState)
     sub.add_node("s1", asker("s1"))
     sub.add_node("s2", asker("s2"))
     sub.add_edge(START, "s1")
     sub.add_edge("s1", "s2")
     sub.add_edge("s2", END)
-    builder = StateGraph(MessagesState)
-    builder.add_node("sub", sub.compile())
-    builder.add_edge(START, "sub")
-    builder.add_edge("sub", END)
-    agent = make_agent(backend_url, graph=builder)
+    agent = make_agent(backend_url, graph=in_a_subgraph(sub))
     asked = outputs(agent.predict(request("hi")))
     before = (head_and_count(agent, asked["thread_id"]), question_ids(agent, asked["thread_id"]))
     with pytest.raises(InvalidRequest, match="subgraph that asks again within one turn"):
