@@ -249,10 +249,11 @@ class BranchBenchmark:
         return values
 
     def stored_bytes(self, thread_id: str) -> int:
-        """Bytes of the thread's checkpoint rows and blobs (TOAST included)."""
+        """Bytes of the thread's checkpoint rows (the messages they hold too) and blobs (TOAST included)."""
         with psycopg.connect(self.database_url) as conn:
             rows = conn.execute(
-                "SELECT coalesce(sum(pg_column_size(checkpoint) + pg_column_size(metadata)), 0) FROM checkpoints "
+                "SELECT coalesce(sum(pg_column_size(checkpoint) + pg_column_size(metadata)"
+                " + coalesce(pg_column_size(agent_messages), 0)), 0) FROM checkpoints "
                 "WHERE thread_id = %s",
                 (thread_id,),
             ).fetchone()[0]

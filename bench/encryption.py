@@ -46,11 +46,13 @@ from bench.storage import WINDOW, Project, database_bytes, message_bytes, run_th
 
 TITLE = "encryption at rest: cost per turn, one thread of {turns} turns on Postgres"
 
-# The stored size (pg_column_size: after TOAST's compression) of every value encryption changes.
+# The stored size (pg_column_size: after TOAST's compression) of every value encryption changes (a turn's
+# messages are in its checkpoint's row: `agent.storage.postgres.inline_messages`).
 VALUE_BYTES_SQL = """
 SELECT (SELECT coalesce(sum(pg_column_size(blob)), 0) FROM checkpoint_blobs)
      + (SELECT coalesce(sum(pg_column_size(blob)), 0) FROM checkpoint_writes)
-     + (SELECT coalesce(sum(pg_column_size(checkpoint) + pg_column_size(metadata)), 0) FROM checkpoints)
+     + (SELECT coalesce(sum(pg_column_size(checkpoint) + pg_column_size(metadata)
+                            + coalesce(pg_column_size(agent_messages), 0)), 0) FROM checkpoints)
      + (SELECT coalesce(sum(pg_column_size(title)), 0) FROM agent_threads) AS bytes
 """
 

@@ -11,8 +11,8 @@ reference design of `bench.storage` (the Databricks notebooks' `MessagesState`
 * **Storage by message size.** For user messages of `MESSAGE_SIZES` bytes
   (short, medium, long), one thread of `TURNS` turns with the offline model on
   this project (`REFERENCE_TURNS` on the reference design), on Postgres (every table of a scratch database with indexes and
-  TOAST, `pg_total_relation_size`, less the free space of the pages with room
-  for another row, after the thread minus before it, each read after a plain
+  TOAST, `pg_total_relation_size`, less the free space of the heap pages with
+  room for another row and of the index pages a VACUUM freed, after the thread minus before it, each read after a plain
   `VACUUM`: see `vacuumed_database_bytes`; the pages allocated, free space
   included, are in the figure's note) and on a
   SQLite file (its size after `VACUUM`, after minus before). The fixed cost of
@@ -110,28 +110,36 @@ def warm_up(design: Design, size: int) -> None:
 
 
 # -- storage ------------------------------------------------------------------------------
-# Every table's bytes (indexes, TOAST, maps: `DATABASE_BYTES_SQL`'s) less the free space its heap and its
-# TOAST heap hold in pages with room for another row, as the free-space map records it after a VACUUM
-# (pg_freespacemap). A heap row is at most about 2 kB (Postgres compresses or moves a longer one to
-# TOAST: TOAST_TUPLE_THRESHOLD), so a page with `REUSABLE_BYTES` free takes another row of any table here;
-# less than that can be the gap at the end of a full page, which rows do cost, and stays counted.
+# The bytes of every table's rows and index entries: the main fork of each table, of its TOAST table and of
+# their indexes, less the free space its heaps hold in pages with room for another row, and its indexes' free
+# pages, as the free-space maps record them after a VACUUM (pg_freespacemap). The maps themselves (the
+# free-space and visibility forks, a few pages per relation whatever its size, made when a VACUUM first records
+# something in them) are left out: the catalogue's indexes first record a free page during the measured thread,
+# and their two new maps (48 kB) would be counted as 49 bytes a turn of 1,000 (2026-12-06). A heap row is at
+# most about 2 kB (Postgres compresses or moves a longer one to TOAST: TOAST_TUPLE_THRESHOLD), so a page with
+# `REUSABLE_BYTES` free takes another row of any table here; less than that can be the gap at the end of a full
+# page, which rows do cost, and stays counted. An index's map records only whole pages its VACUUM emptied and
+# deleted, which the index's next page splits reuse (see `vacuumed_database_bytes`).
 REUSABLE_BYTES = 2048
 USED_BYTES_SQL = f"""
-SELECT coalesce(sum(pg_total_relation_size(c.oid)
-    - (SELECT coalesce(sum(f.avail) FILTER (WHERE f.avail >= {REUSABLE_BYTES}), 0) FROM pg_freespace(c.oid) f)
-    - CASE WHEN c.reltoastrelid <> 0
-           THEN (SELECT coalesce(sum(f.avail) FILTER (WHERE f.avail >= {REUSABLE_BYTES}), 0)
-                 FROM pg_freespace(c.reltoastrelid) f)
-           ELSE 0 END), 0)::bigint
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind IN ('r', 'm') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-  AND n.nspname NOT LIKE 'pg_toast%'
+WITH tables AS (
+    SELECT c.oid, c.reltoastrelid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.relkind IN ('r', 'm') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+      AND n.nspname NOT LIKE 'pg_toast%'
+), heaps AS (
+    SELECT oid FROM tables UNION ALL SELECT reltoastrelid FROM tables WHERE reltoastrelid <> 0
+), relations AS (
+    SELECT oid FROM heaps UNION ALL SELECT i.indexrelid FROM pg_index i JOIN heaps h ON h.oid = i.indrelid
+)
+SELECT coalesce(sum(pg_relation_size(r.oid)
+    - (SELECT coalesce(sum(f.avail) FILTER (WHERE f.avail >= {REUSABLE_BYTES}), 0) FROM pg_freespace(r.oid) f)), 0)::bigint
+FROM relations r
 """
 
 
 def vacuumed_database_bytes(url: str) -> tuple[int, int]:
-    """(used, allocated) bytes of every table of the database, after a plain `VACUUM`: allocated is
-    `database_bytes`, used is that less the free space the heaps hold (`USED_BYTES_SQL`).
+    """(used, allocated) bytes of every table of the database, after a plain `VACUUM` (two: see below): allocated
+    is `database_bytes`, used is that less the free space the heaps and indexes hold (`USED_BYTES_SQL`).
 
     After the VACUUM the dead row versions of the rows every turn updates (the thread's record, its claim)
     are free space, and every table has its free-space and visibility maps already, so neither
@@ -144,10 +152,20 @@ def vacuumed_database_bytes(url: str) -> tuple[int, int]:
     VACUUM records it), not bytes a turn stores, but at 100 turns each of them is 82 bytes a turn: three
     identical runs of 200-byte messages measured 533, 697 and 943 allocated bytes a turn, and 459, 460
     and 461 used.
+
+    The same holds for an index whose entries a turn replaces: every turn moves the thread's catalogue row
+    to a new `updated_at`, which two indexes order, and the VACUUM deletes the pages left holding only
+    dead entries. A deleted B-tree page is recycled (and recorded in the index's free-space map) only
+    once no transaction could still be reading it: after a transaction id newer than its deletion,
+    hence the second VACUUM after `txid_current()` (Postgres' nbtree README, "Page deletion and
+    recycling"). One thread of 1,000 turns of 200-byte messages left 57 such bytes a turn in the two
+    indexes (2026-12-06); counted as used before, they are free space here as the heaps' is.
     """
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM")
+        conn.execute("SELECT txid_current()")
         conn.execute("VACUUM")
         used = int(conn.execute(USED_BYTES_SQL).fetchone()[0])
     return used, database_bytes(url)

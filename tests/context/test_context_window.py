@@ -16,6 +16,7 @@ from agent.errors import CheckpointNotFound, InvalidRequest, ThreadNotFound
 from agent.models import model_input_note
 from tests.helpers.offline import RecordingOfflineModel, received_tokens
 from tests.helpers.scenario import outputs, request, say, text_of
+from tests.helpers.stored_values import STORED_VALUES
 
 
 def history(agent, thread_id: str) -> dict[str, dict]:
@@ -287,7 +288,7 @@ def test_an_unchanged_summary_is_stored_once_not_once_per_checkpoint(pg_url, mak
     with psycopg.connect(pg_url) as conn:
         rows = dict(
             conn.execute(
-                "SELECT channel, count(*) FROM checkpoint_blobs WHERE thread_id = %s GROUP BY channel",
+                f"SELECT channel, count(*) FROM {STORED_VALUES} WHERE thread_id = %s GROUP BY channel",
                 (thread_id,),
             ).fetchall()
         )

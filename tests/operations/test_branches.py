@@ -14,6 +14,7 @@ import pytest
 from agent.errors import InvalidRequest
 from agent.operations.branches import get_checkpoint_state
 from tests.helpers.scenario import TRIP, outputs, request, run_trip, say, text_of
+from tests.helpers.stored_values import STORED_VALUES
 from tests.operations.test_properties import _expected_reply
 
 ITEM_PLACE_KEYS = {"checkpoint_id", "branch_checkpoint_id", "siblings"}
@@ -632,7 +633,7 @@ def stored_bytes(agent, thread_id: str) -> int:
     if isinstance(storage, PostgresThreadStorage):
         with storage.pool.connection() as conn:
             blobs = conn.execute(
-                "SELECT coalesce(sum(length(blob)), 0) AS n FROM checkpoint_blobs WHERE thread_id = %s", (thread_id,)
+                f"SELECT coalesce(sum(length(blob)), 0) AS n FROM {STORED_VALUES} WHERE thread_id = %s", (thread_id,)
             ).fetchone()["n"]
             rows = conn.execute(
                 "SELECT sum(pg_column_size(checkpoint) + pg_column_size(metadata)) AS n FROM checkpoints WHERE thread_id = %s",

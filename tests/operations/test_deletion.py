@@ -21,14 +21,17 @@ from agent.storage import UserClaim
 from tests.helpers.claims import other_replica_holds
 from tests.helpers.reliability import HANG_TIMEOUT, all_rows, gated_model, head_messages, thread_rows, user_texts
 from tests.helpers.scenario import outputs, say
+from tests.helpers.stored_values import begun_before_the_upgrade
 
 DANGLING_CALL = {"type": "function_call", "call_id": "call_1", "name": "calculator", "arguments": '{"expression": "1"}'}
 
 
 def make_thread(agent, user_id: str | None, label: str) -> str:
-    """A thread with turns, a branch, a tool turn and a state update, so that every table has rows."""
+    """A thread with turns, a branch, a tool turn and a state update, so that every table has rows; begun before
+    the upgrade that stores messages in the checkpoint rows, so that blob rows are among them."""
     first = outputs(say(agent, f"{label}: I'm headed to SF!", user_id=user_id))
     thread_id = first["thread_id"]
+    begun_before_the_upgrade(agent, thread_id)
     say(agent, "calculate 6*7", thread_id=thread_id, user_id=user_id)
     say(agent, "New York instead", thread_id=thread_id, user_id=user_id, checkpoint_id=first["checkpoint_id"])
     agent.update_checkpoint_state(thread_id, None, [DANGLING_CALL], user_id=user_id)

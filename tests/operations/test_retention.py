@@ -31,6 +31,7 @@ from tests.helpers.databases import fresh_database
 from tests.helpers.reliability import head_messages, is_postgres, sqlite_path, thread_rows
 from tests.helpers.scenario import outputs, request, say
 from tests.helpers.servers import free_port, server_process
+from tests.helpers.stored_values import STORED_VALUES, begun_before_the_upgrade
 
 TTL = 3600.0
 DANGLING_CALL = {"type": "function_call", "call_id": "call_1", "name": "calculator", "arguments": '{"expression": "1"}'}
@@ -185,6 +186,7 @@ def test_no_row_of_a_deleted_thread_remains_in_any_table(url, make_agent):
     agent = make_agent(url, thread_ttl_seconds=TTL)
     first = outputs(say(agent, "I'm headed to SF!", idempotency_key="key-1"))
     thread_id = first["thread_id"]
+    begun_before_the_upgrade(agent, thread_id)  # so that its messages have blob rows too
     say(agent, "calculate 6*7", thread_id=thread_id, idempotency_key="key-2")
     say(agent, "New York instead", thread_id=thread_id, checkpoint_id=first["checkpoint_id"])
     agent.update_checkpoint_state(thread_id, None, [DANGLING_CALL])  # leaves pending writes
@@ -236,12 +238,12 @@ def test_keep_latest_keeps_the_head_with_its_messages_and_the_thread_usable(url,
     rows = thread_rows(url, thread_id)
     assert rows["checkpoints"] == 1
     if is_postgres(url):
-        # Only the blobs the head points at remain.
+        # Only the values the head points at remain (its messages in its row, or blob rows).
         with psycopg.connect(url) as conn:
             versions = conn.execute(
                 "SELECT checkpoint -> 'channel_versions' FROM checkpoints WHERE thread_id = %s", (thread_id,)
             ).fetchone()[0]
-            blobs = conn.execute("SELECT channel, version FROM checkpoint_blobs WHERE thread_id = %s", (thread_id,)).fetchall()
+            blobs = conn.execute(f"SELECT channel, version FROM {STORED_VALUES} WHERE thread_id = %s", (thread_id,)).fetchall()
         assert blobs and set(blobs) <= {(channel, str(version)) for channel, version in versions.items()}
 
     # The thread goes on from its head; its history is the head, then the new turn's checkpoints.

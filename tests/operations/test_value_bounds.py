@@ -114,7 +114,7 @@ def corrupt_head(url: str, agent, thread_id: str) -> None:
     head = agent.get_thread(thread_id)["checkpoint_id"]
     execute(
         url,
-        "UPDATE checkpoint_blobs SET blob = '\\xc1c1c1'::bytea WHERE thread_id = %s AND channel = 'messages'",
+        "UPDATE checkpoints SET agent_messages = '\\xc1c1c1'::bytea WHERE thread_id = %s AND agent_messages IS NOT NULL",
         "UPDATE checkpoints SET checkpoint = x'c1c1c1' WHERE thread_id = ? AND checkpoint_id = ?",
         (thread_id,) if is_postgres(url) else (thread_id, head),
     )

@@ -34,6 +34,7 @@ from agent.storage.postgres.migrations import MIGRATIONS as POSTGRES_MIGRATIONS
 from agent.storage.postgres.saver import REST_KEY, expand_checkpoint
 from agent.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.helpers.databases import fresh_database
+from tests.helpers.stored_values import move_messages_to_blobs
 
 
 def say(agent, text, **custom_inputs):
@@ -92,6 +93,8 @@ def to_earlier_postgres(url: str, serde, versions: LongVersions) -> int:
     """Rewrite every row of the database in the earlier layout; how many message deltas were rewritten."""
     rewritten = 0
     with psycopg.connect(url, row_factory=dict_row) as conn:
+        move_messages_to_blobs(conn)  # where that layout kept them
+        conn.execute("ALTER TABLE checkpoints DROP COLUMN agent_messages_type, DROP COLUMN agent_messages")
         rows = conn.execute("SELECT * FROM checkpoints ORDER BY checkpoint_id").fetchall()
         assert rows and all(REST_KEY in row["checkpoint"] for row in rows)  # written with the rest as text
         assert all(isinstance(row["metadata"][SUMMARY_KEY], str) for row in rows)  # and the summary as text

@@ -29,6 +29,7 @@ from tests.helpers.databases import fresh_database
 from tests.helpers.error_bodies import assert_error_body
 from tests.helpers.scenario import outputs, request, say, text_of
 from tests.helpers.servers import in_process_server
+from tests.helpers.stored_values import STORED_VALUES
 
 A, B = generate_key(), generate_key()
 
@@ -294,7 +295,7 @@ def stored_message_bytes(agent, thread_id: str) -> int:
     if isinstance(store, PostgresThreadStorage):
         with store.pool.connection() as conn:
             return conn.execute(
-                "SELECT coalesce(sum(length(blob)), 0) AS n FROM checkpoint_blobs WHERE thread_id = %s AND channel = 'messages'",
+                f"SELECT coalesce(sum(length(blob)), 0) AS n FROM {STORED_VALUES} WHERE thread_id = %s AND channel = 'messages'",
                 (thread_id,),
             ).fetchone()["n"]
     return store.saver.conn.execute(

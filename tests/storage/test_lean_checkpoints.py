@@ -36,6 +36,7 @@ from agent.storage import deltas, summaries
 from agent.storage.compression import COMPRESS_AT, DICTIONARY_V1, DICTIONARY_V1_SHA256, ZDICT_SUFFIX, ZLIB_SUFFIX
 from agent.storage.sqlite.reads import SqliteReader
 from tests.helpers.databases import fresh_database
+from tests.helpers.stored_values import STORED_VALUES, move_messages_to_blobs
 
 KEY = generate_key()
 
@@ -102,7 +103,7 @@ def stored_rows(url: str) -> Iterator[tuple[dict, list[tuple[str, bytes]]]]:
             conn.close()
         return
     with psycopg.connect(url, row_factory=dict_row) as conn:
-        blobs = [(r["type"], bytes(r["blob"])) for r in conn.execute("SELECT type, blob FROM checkpoint_blobs WHERE type <> 'empty'")]
+        blobs = [(r["type"], bytes(r["blob"])) for r in conn.execute(f"SELECT type, blob FROM {STORED_VALUES} WHERE type <> 'empty'")]
         for row in conn.execute("SELECT metadata FROM checkpoints WHERE checkpoint_ns = ''"):
             yield row["metadata"], []
     yield {}, blobs
@@ -207,6 +208,7 @@ def to_earlier_layout(url: str, serde, previews: dict[str, dict], seal) -> int:
             conn.close()
         return compressed
     with psycopg.connect(url, row_factory=dict_row) as conn:
+        move_messages_to_blobs(conn)  # where that layout kept them
         for row in conn.execute("SELECT checkpoint_id, metadata FROM checkpoints WHERE checkpoint_ns = ''").fetchall():
             conn.execute(
                 "UPDATE checkpoints SET metadata = %s WHERE checkpoint_id = %s",

@@ -11,6 +11,7 @@ from psycopg import sql
 from agent.storage.postgres import PostgresThreadStorage
 from tests.helpers.databases import dbname_of, fresh_database
 from tests.helpers.scenario import TRIP, outputs, run_trip, say, text_of
+from tests.helpers.stored_values import STORED_VALUES
 
 
 def state_of(agent, thread_id: str, checkpoint_id: str):
@@ -25,7 +26,7 @@ def stored_message_bytes(agent, thread_id: str) -> int:
     if isinstance(store, PostgresThreadStorage):
         with store.pool.connection() as conn:
             row = conn.execute(
-                "SELECT coalesce(sum(length(blob)), 0) AS n FROM checkpoint_blobs"
+                f"SELECT coalesce(sum(length(blob)), 0) AS n FROM {STORED_VALUES}"
                 " WHERE thread_id = %s AND channel = 'messages'",
                 (thread_id,),
             ).fetchone()

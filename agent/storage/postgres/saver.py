@@ -38,12 +38,19 @@ What it changes in `PostgresSaver`, and why:
   `agent_terms` column rather than in the document: one statement, and no row
   of their own (see the migration). LangGraph's `put` and its six parameters
   stay as they are.
+* **Messages in the row.** A checkpoint that brings a new version of its
+  `messages` value hands it, typed, to `agent_put_checkpoint` under
+  `MESSAGES_KEY` in the compact checkpoint, and the function stores it in the
+  row's own columns rather than as a row of `checkpoint_blobs`; every read
+  (`SELECT_SQL`, which is ours, and the claim's) takes it from there
+  (`inline_messages` has the layout and why).
 * **Rows read by the storage's own statements** (the claim's start, a
   checkpoint by id) become `CheckpointTuple`s here (`load_row`), messages resolved.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -56,8 +63,9 @@ from psycopg_pool import ConnectionPool
 
 from agent.encryption import Keyring, is_sealed
 from agent.storage import deltas, summaries
-from agent.storage.postgres import branches, checkpoint_ids, sql
+from agent.storage.postgres import branches, checkpoint_ids, inline_messages, sql
 from agent.storage.postgres.batch import running_batch
+from agent.storage.postgres.inline_messages import MESSAGES_KEY
 from agent.storage.postgres.migrations import TERMS_KEY
 from agent.storage.records import Turn
 from agent.storage.saver import TurnSaverMixin
@@ -130,6 +138,8 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
     # LangGraph's statements, as calls of the functions that run them with cached plans (see `sql`).
     UPSERT_CHECKPOINT_BLOBS_SQL = sql.PUT_BLOB_SQL
     UPSERT_CHECKPOINTS_SQL = sql.PUT_CHECKPOINT_SQL
+    # Its reads, with `messages` from the checkpoint's own row (`inline_messages`).
+    SELECT_SQL = sql.SELECT_CHECKPOINTS_COLUMNS
 
     def __init__(self, storage: SaverStorage, *, message_cache_size: int) -> None:
         PostgresSaver.__init__(self, storage.pool)
@@ -242,6 +252,8 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
         inline = terms is not None and REST_KEY in stored and TERMS_KEY not in checkpoint
         if inline:
             stored = {**stored, TERMS_KEY: terms}
+        if REST_KEY in stored and MESSAGES_KEY not in checkpoint:
+            stored = self._messages_in_row(stored, new_versions)
         try:
             result = PostgresSaver.put(self, config, stored, summaries.as_text(metadata), new_versions)
             if terms is not None and not inline:
@@ -254,6 +266,22 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
             if refused is not None:
                 raise refused from None
             raise
+
+    def _messages_in_row(self, stored: Mapping[str, Any], new_versions) -> Mapping[str, Any]:
+        """`stored` (a compact checkpoint) with a new version of its `messages` value, typed, under `MESSAGES_KEY`
+        instead of among the channel values that LangGraph's `put` writes as blob rows (`inline_messages`). As it
+        is when the checkpoint brings no new version of them, or the value is a JSON primitive, which LangGraph
+        keeps in the document itself."""
+        values = stored.get("channel_values") or {}
+        value = values.get(inline_messages.CHANNEL)
+        version = new_versions.get(inline_messages.CHANNEL)
+        if not isinstance(value, (dict, list)) or version is None:
+            return stored
+        if version != stored.get("channel_versions", {}).get(inline_messages.CHANNEL):
+            return stored  # a version the checkpoint does not name: LangGraph's blob row, which no read finds
+        type_, blob = self.serde.dumps_typed(value)
+        rest = {k: v for k, v in values.items() if k != inline_messages.CHANNEL}
+        return {**stored, "channel_values": rest, MESSAGES_KEY: [type_, base64.b64encode(blob).decode("ascii")]}
 
     def _backend_put_writes(self, config, writes, task_id, task_path):
         return PostgresSaver.put_writes(self, config, writes, task_id, task_path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from agent.storage import summaries
+from agent.storage.postgres import inline_messages
 
 CLAIM_TURN_SQL = "SELECT * FROM agent_claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # The row version (xmin) of the head a turn's commit wrote, read in that commit (`storage.KnownHeads`).
@@ -22,20 +23,11 @@ THREAD_COLUMNS = """thread_id, user_id, head_checkpoint_id, title, metadata, mes
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS created_at,
     to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') AS updated_at"""
 SELECT_THREAD_SQL = f"SELECT {THREAD_COLUMNS} FROM agent_threads WHERE thread_id = %s"
-# Checkpoints in the shape of PostgresSaver.SELECT_SQL. The blobs are fetched
-# by one primary-key lookup per channel (OFFSET 0 keeps the planner from
-# flattening it): on a young table without statistics the planner otherwise
-# hashes every blob of the thread, a cost that grows with the thread.
-SELECT_CHECKPOINTS_COLUMNS = """
+# Checkpoints in the shape of PostgresSaver.SELECT_SQL (the saver's own `SELECT_SQL`), `messages` from the
+# row when it holds them (`inline_messages.channel_values_sql`).
+SELECT_CHECKPOINTS_COLUMNS = f"""
 SELECT c.thread_id, c.checkpoint, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.metadata,
-    (SELECT array_agg(array[convert_to(bl.channel, 'UTF8'), convert_to(bl.type, 'UTF8'), bl.blob])
-     FROM jsonb_each_text(c.checkpoint -> 'channel_versions') AS v(channel, version)
-     CROSS JOIN LATERAL (
-        SELECT b.channel, b.type, b.blob FROM checkpoint_blobs b
-        WHERE b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
-          AND b.channel = v.channel AND b.version = v.version
-        OFFSET 0) AS bl
-    ) AS channel_values,
+    {inline_messages.channel_values_sql("c")} AS channel_values,
     (SELECT array_agg(array[convert_to(cw.task_id::text, 'UTF8'), convert_to(cw.channel, 'UTF8'),
                             convert_to(cw.type, 'UTF8'), cw.blob, convert_to(cw.task_path, 'UTF8'),
                             convert_to(cw.idx::text, 'UTF8')])
@@ -163,21 +155,20 @@ INSERT_THREAD_SQL = """
 INSERT INTO agent_threads (thread_id, user_id, head_checkpoint_id, message_count, title, metadata, forked_from)
 VALUES (%s, %s, %s, %s, %s, %s, %s)
 """
-# Every checkpoint's stored `messages` value: the blob its channel version points at. A LEFT JOIN: a
-# checkpoint with no messages yet (the input checkpoint of a plain MessagesState graph) is a base too.
-SELECT_THREAD_MESSAGES_SQL = """
-SELECT c.checkpoint_id, b.type, b.blob FROM checkpoints c
-LEFT JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+# Every checkpoint's stored `messages` value: the row's own (`inline_messages`), else the blob its channel
+# version points at. A LEFT JOIN: a checkpoint with no messages yet (the input checkpoint of a plain
+# MessagesState graph) is a base too.
+STORED_MESSAGES_SQL = """
+SELECT c.checkpoint_id, COALESCE(c.agent_messages_type, b.type) AS type,
+    CASE WHEN c.agent_messages_type IS NULL THEN b.blob ELSE c.agent_messages END AS blob
+FROM checkpoints c
+LEFT JOIN checkpoint_blobs b ON c.agent_messages_type IS NULL AND b.thread_id = c.thread_id
+  AND b.checkpoint_ns = c.checkpoint_ns
   AND b.channel = 'messages' AND b.version = c.checkpoint -> 'channel_versions' ->> 'messages'
-WHERE c.thread_id = %s AND c.checkpoint_ns = %s
 """
+SELECT_THREAD_MESSAGES_SQL = STORED_MESSAGES_SQL + "WHERE c.thread_id = %s AND c.checkpoint_ns = %s"
 # The stored messages of some root-namespace checkpoints of a thread (history's previews).
-SELECT_CHECKPOINT_MESSAGES_SQL = """
-SELECT c.checkpoint_id, b.type, b.blob FROM checkpoints c
-LEFT JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
-  AND b.channel = 'messages' AND b.version = c.checkpoint -> 'channel_versions' ->> 'messages'
-WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = ANY(%s)
-"""
+SELECT_CHECKPOINT_MESSAGES_SQL = STORED_MESSAGES_SQL + "WHERE c.thread_id = %s AND c.checkpoint_ns = '' AND c.checkpoint_id = ANY(%s)"
 SELECT_USER_THREADS_SQL = "SELECT thread_id FROM agent_threads WHERE user_id = %s ORDER BY thread_id"
 # The thread a checkpoint id names: the one whose row `checkpoint_ids.OWNER_INDEX` holds, else (a copy whose source
 # is gone) the first copy holding it (`checkpoint_ids.COPIES_INDEX`). Each branch's WHERE implies its index's.
@@ -258,16 +249,17 @@ ORDER BY t.updated_at, t.thread_id
 LIMIT %(limit)s
 """
 IS_EXPIRED_SQL = f"SELECT 1 FROM agent_threads t WHERE t.thread_id = %(thread_id)s AND {EXPIRED_CONDITION}"
-# keep_latest: the head's `messages` blob rewritten whole, everything else of the thread deleted.
+# keep_latest and prune: a checkpoint's `messages` value rewritten whole, where it is stored: its blob row (by
+# version) and its own row (`inline_messages`); the one that holds nothing is left as it is.
 REWRITE_BLOB_SQL = """
-UPDATE checkpoint_blobs SET type = %s, blob = %s
-WHERE thread_id = %s AND checkpoint_ns = '' AND channel = 'messages' AND version = %s
-"""
-# -- the saver's thread operations (`saver_threads.SaverThreadOperations`: prune, copy_thread, delete_for_runs) --
-REWRITE_NS_BLOB_SQL = """
 UPDATE checkpoint_blobs SET type = %s, blob = %s
 WHERE thread_id = %s AND checkpoint_ns = %s AND channel = 'messages' AND version = %s
 """
+REWRITE_INLINE_SQL = """
+UPDATE checkpoints SET agent_messages_type = %s, agent_messages = %s
+WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s AND agent_messages_type IS NOT NULL
+"""
+# -- the saver's thread operations (`saver_threads.SaverThreadOperations`: prune, copy_thread, delete_for_runs) --
 REPARENT_SQL = """
 UPDATE checkpoints SET parent_checkpoint_id = %s, metadata = %s
 WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s
@@ -281,8 +273,9 @@ THREADS_OF_RUNS_SQL = "SELECT DISTINCT thread_id FROM checkpoints WHERE metadata
 # The copy's rows are marked: their ids keep naming the source (`checkpoint_ids`).
 COPY_THREAD_SQL = [
     """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata,
-        agent_copy, agent_terms)
-    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, true, agent_terms
+        agent_copy, agent_terms, agent_messages_type, agent_messages)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, true, agent_terms,
+        agent_messages_type, agent_messages
     FROM checkpoints WHERE thread_id = %(source)s""",
     """INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
     SELECT %(target)s, checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs WHERE thread_id = %(source)s""",

@@ -115,7 +115,8 @@ class PostgresTx(Tx):
         if messages is not None and version is not None:
             # Whole: its base checkpoints are about to go (see `deltas`).
             blob = self.saver.dump_messages_whole(messages)
-            self.batch.execute(sql.REWRITE_BLOB_SQL, (*blob, thread_id, str(version)))
+            self.batch.execute(sql.REWRITE_BLOB_SQL, (*blob, thread_id, "", str(version)))
+            self.batch.execute(sql.REWRITE_INLINE_SQL, (*blob, thread_id, "", head_id))
         params = {"thread_id": thread_id, "head": head_id}
         self.batch.execute(sql.DELETE_OTHER_WRITES_SQL, params)
         self.batch.execute(sql.DELETE_OTHER_BLOBS_SQL, params)
@@ -154,7 +155,8 @@ class PostgresTx(Tx):
         version = tup.checkpoint["channel_versions"].get("messages")
         if deltas.is_message_list(messages) and version is not None:
             blob = self.saver.dump_messages_whole(messages)
-            self.batch.execute(sql.REWRITE_NS_BLOB_SQL, (*blob, thread_id, ns, str(version)))
+            self.batch.execute(sql.REWRITE_BLOB_SQL, (*blob, thread_id, ns, str(version)))
+            self.batch.execute(sql.REWRITE_INLINE_SQL, (*blob, thread_id, ns, checkpoint_id))
         self.batch.execute(sql.REPARENT_SQL, (parent_id, Jsonb(summaries.as_text(metadata)), thread_id, ns, checkpoint_id))
         keys = search.rewritten_keys(messages)
         if not ns and not self.keyring.enabled and (keys or parent_id is None):

@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from tests.helpers.stored_values import STORED_VALUES
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Snapshot:
                 snap.other_ns.append(cp)
             else:
                 snap.checkpoints[cp.thread_id][cp.checkpoint_id] = cp
-        for row in cur.execute("SELECT thread_id, checkpoint_ns, channel, version FROM checkpoint_blobs"):
+        for row in cur.execute(f"SELECT thread_id, checkpoint_ns, channel, version FROM {STORED_VALUES}"):
             snap.blobs.add((row["thread_id"], row["checkpoint_ns"], row["channel"], row["version"]))
         for row in cur.execute("SELECT DISTINCT thread_id, checkpoint_ns, checkpoint_id FROM checkpoint_writes"):
             snap.writes.add((row["thread_id"], row["checkpoint_ns"], row["checkpoint_id"]))

@@ -1,0 +1,159 @@
+"""A checkpoint's `messages` value in its own row, not in a row of `checkpoint_blobs`: the layout and its migrations.
+
+Why: LangGraph's `PostgresSaver` stores every channel value that is not a
+JSON primitive as a row of `checkpoint_blobs`, keyed by (thread, namespace,
+channel, version). The agent's `messages` value is a delta of a few hundred
+bytes (`agent.storage.deltas`), and its blob row cost a turn about 80 bytes of
+row header and keys besides it, and 65 more in the table's primary key (issue
+"pay only for what a turn says": a fixed cost of at most 500 bytes a turn).
+
+The layout:
+
+* **Written by the checkpoint that made it.** When a checkpoint's put brings a
+  new version of `messages` (the channel is in LangGraph's `new_versions` with
+  the version the checkpoint names), `TurnPostgresSaver._backend_put` hands
+  the typed value to `agent_put_checkpoint` under `MESSAGES_KEY` in the compact
+  checkpoint (as `[type, base64]`: LangGraph's six parameters stay as they
+  are, as for the search terms), and the function stores it in the row's
+  `agent_messages_type` and `agent_messages` columns; no blob row is written.
+* **Read from the row first.** Every read of a checkpoint's values
+  (`channel_values_sql`: the saver's `SELECT_SQL`, the claim's start) and of
+  its messages alone (`sql.SELECT_THREAD_MESSAGES_SQL`) takes `messages` from
+  the row when the row holds it, else from `checkpoint_blobs` by version as
+  before: threads written before this layout read as they did, with no data
+  moved by the upgrade.
+* **A checkpoint that names a version it did not make** (an interrupt, an
+  `update_state` of another key: `messages` is not in its `new_versions`) has
+  it from a blob row: `agent_put_checkpoint` copies the value from the parent
+  checkpoint's row (or from the row it replaces) into `checkpoint_blobs` when
+  it is held there. So a blob row exists for every version a checkpoint names
+  without holding it, and deleting the checkpoint that made a version (prune,
+  retention, branch deletion) never loses the value another one reads: the
+  deletes keep the blob rows that remaining checkpoints point at, as before.
+* **Rewrites and copies** (`sql.REWRITE_INLINE_SQL`, `sql.COPY_THREAD_SQL`)
+  change or copy the columns with the row.
+
+The columns are NULL where the row holds no value (LangGraph's own puts of
+other channels, namespaced checkpoints without messages): NULL costs the row
+no byte, since its null bitmap is there already.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: The compact checkpoint's key under which `TurnPostgresSaver` hands `agent_put_checkpoint` the typed `messages`
+#: value, `[type, base64 of the bytes]`; the function stores it in the row's columns and not in the document.
+MESSAGES_KEY = "~m"
+#: The channel whose value a row holds.
+CHANNEL = "messages"
+
+
+def channel_values_sql(row: str) -> str:
+    """The `channel_values` column of LangGraph's `SELECT_SQL` for the checkpoint row aliased `row`: an array of
+    [channel, type, blob] (bytea) for each channel version the checkpoint names whose value is stored, `messages`
+    from the row's own columns when it holds them, every other value from `checkpoint_blobs` by one primary-key
+    lookup per channel (OFFSET 0 keeps the planner from hashing the thread's blobs). Names are read as bytes
+    with `convert_to(..., 'UTF8')` (a backslash in `text::bytea` starts an escape)."""
+    return f"""(SELECT array_agg(array[convert_to(v.channel, 'UTF8'), convert_to(bl.type, 'UTF8'), bl.blob])
+     FROM jsonb_each_text({row}.checkpoint -> 'channel_versions') AS v(channel, version)
+     CROSS JOIN LATERAL (
+        SELECT {row}.agent_messages_type AS type, {row}.agent_messages AS blob
+        WHERE v.channel = '{CHANNEL}' AND {row}.agent_messages_type IS NOT NULL
+        UNION ALL
+        (SELECT b.type, b.blob FROM checkpoint_blobs b
+         WHERE b.thread_id = {row}.thread_id AND b.checkpoint_ns = {row}.checkpoint_ns
+           AND b.channel = v.channel AND b.version = v.version
+           AND (v.channel <> '{CHANNEL}' OR {row}.agent_messages_type IS NULL)
+         OFFSET 0)) AS bl)"""
+
+
+# The claim's start read, as `agent_claim_turn` had it (after `migrations.text_as_utf8`): blobs only.
+_BLOB_VALUES = re.compile(r"\(SELECT array_agg\(array\[convert_to\(bl\.channel::text, 'UTF8'\).*?OFFSET 0\) AS bl\)", re.S)
+
+
+def claim_with_inline_messages(statement: str) -> str:
+    """`statement` (the newest `agent_claim_turn`) with its start's channel values read by `channel_values_sql`.
+
+    Raises:
+        AssertionError: the statement does not read channel values exactly once as expected.
+    """
+    found = _BLOB_VALUES.findall(statement)
+    if len(found) != 1:
+        raise AssertionError(f"expected one read of channel values in the claim, found {len(found)}")
+    return statement.replace(found[0], channel_values_sql("c"))
+
+
+def put_checkpoint_sql(summary_key: str, ts_name: str, terms_key: str) -> str:
+    """`agent_put_checkpoint` storing the typed `messages` value it is handed under `MESSAGES_KEY` in the row, and
+    copying a version the checkpoint names without holding it from its parent's row into `checkpoint_blobs`
+    (module docstring); otherwise as the one before it (the search terms under `terms_key`, the compact row)."""
+    return f"""CREATE OR REPLACE FUNCTION agent_put_checkpoint(
+        p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
+        p_checkpoint JSONB, p_metadata JSONB)
+    RETURNS VOID LANGUAGE plpgsql AS $$
+    DECLARE
+        v_terms INTEGER[];
+        v_messages_type TEXT;
+        v_messages BYTEA;
+        v_version TEXT;
+        v_checkpoint JSONB;
+        v_summary JSONB := p_metadata -> '{summary_key}';
+    BEGIN
+        -- Only a compact checkpoint (its REST_KEY text) carries terms and messages: one kept whole keeps every key.
+        IF jsonb_typeof(p_checkpoint -> 'r') = 'string' THEN
+            IF jsonb_typeof(p_checkpoint -> '{terms_key}') = 'array' THEN
+                v_terms := ARRAY(SELECT jsonb_array_elements_text(p_checkpoint -> '{terms_key}')::integer);
+                p_checkpoint := p_checkpoint - '{terms_key}';
+            END IF;
+            IF jsonb_typeof(p_checkpoint -> '{MESSAGES_KEY}') = 'array' THEN
+                v_messages_type := p_checkpoint -> '{MESSAGES_KEY}' ->> 0;
+                v_messages := decode(p_checkpoint -> '{MESSAGES_KEY}' ->> 1, 'base64');
+                p_checkpoint := p_checkpoint - '{MESSAGES_KEY}';
+            END IF;
+        END IF;
+        v_checkpoint := p_checkpoint - 'id';
+        IF jsonb_typeof(v_summary) = 'string' THEN
+            v_summary := (v_summary #>> '{{}}')::jsonb;
+        END IF;
+        IF p_checkpoint ->> 'id' IS DISTINCT FROM p_checkpoint_id THEN
+            v_checkpoint := p_checkpoint;  -- kept whole: the row could not give its id back
+        ELSE
+            IF p_checkpoint -> 'ts' = v_summary -> '{ts_name}' THEN
+                v_checkpoint := v_checkpoint - 'ts';
+            END IF;
+            IF p_checkpoint -> 'channel_values' = '{{}}'::jsonb THEN
+                v_checkpoint := v_checkpoint - 'channel_values';
+            END IF;
+            IF p_checkpoint -> 'pending_sends' = '[]'::jsonb THEN
+                v_checkpoint := v_checkpoint - 'pending_sends';
+            END IF;
+        END IF;
+        v_version := p_checkpoint -> 'channel_versions' ->> '{CHANNEL}';
+        IF v_messages_type IS NULL AND v_version IS NOT NULL THEN
+            -- A version it names but did not make: the value leaves the row that holds it for a blob row.
+            INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+            SELECT p_thread_id, p_checkpoint_ns, '{CHANNEL}', v_version, c.agent_messages_type, c.agent_messages
+            FROM checkpoints c
+            WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = p_checkpoint_ns
+              AND c.checkpoint_id IN (p_parent_checkpoint_id, p_checkpoint_id)
+              AND c.agent_messages_type IS NOT NULL AND c.checkpoint -> 'channel_versions' ->> '{CHANNEL}' = v_version
+            LIMIT 1
+            ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING;
+        END IF;
+        INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata,
+            agent_terms, agent_messages_type, agent_messages)
+        VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_checkpoint_id, v_checkpoint, p_metadata, v_terms,
+            v_messages_type, v_messages)
+        ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+        DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata,
+            agent_terms = COALESCE(EXCLUDED.agent_terms, checkpoints.agent_terms),
+            agent_messages_type = EXCLUDED.agent_messages_type, agent_messages = EXCLUDED.agent_messages;
+    END $$"""
+
+
+#: The columns (no default: adding them rewrites no table).
+ADD_COLUMNS_SQL = [
+    "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS agent_messages_type TEXT",
+    "ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS agent_messages BYTEA",
+]
