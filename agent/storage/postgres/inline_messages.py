@@ -9,27 +9,33 @@ row header and keys besides it, and 65 more in the table's primary key (issue
 
 The layout:
 
-* **Written by the checkpoint that made it.** When a checkpoint's put brings a
-  new version of `messages` (the channel is in LangGraph's `new_versions` with
-  the version the checkpoint names), `TurnPostgresSaver._backend_put` hands
-  the typed value to `agent_put_checkpoint` under `MESSAGES_KEY` in the compact
-  checkpoint (as `[type, base64]`: LangGraph's six parameters stay as they
-  are, as for the search terms), and the function stores it in the row's
-  `agent_messages_type` and `agent_messages` columns; no blob row is written.
+* **Written by every checkpoint that names a version.** When a checkpoint's
+  put names a version of `messages` and carries its value,
+  `TurnPostgresSaver._backend_put` hands the typed value to
+  `agent_put_checkpoint` under `MESSAGES_KEY` in the compact checkpoint (as
+  `[type, base64]`: LangGraph's six parameters stay as they are, as for the
+  search terms), and the function stores it in the row's `agent_messages_type`
+  and `agent_messages` columns; no blob row is written. That holds also when
+  the checkpoint did not make the version: the agent's value is a delta against
+  the checkpoint's parent (`agent.storage.deltas`), a few bytes when the
+  messages did not change, and a `__copy__` of a checkpoint (LangGraph's
+  `update_state(..., as_node="__copy__")`) names the version its source made
+  while its parent, the source's parent, holds another one.
 * **Read from the row first.** Every read of a checkpoint's values
   (`channel_values_sql`: the saver's `SELECT_SQL`, the claim's start) and of
   its messages alone (`sql.SELECT_THREAD_MESSAGES_SQL`) takes `messages` from
   the row when the row holds it, else from `checkpoint_blobs` by version as
   before: threads written before this layout read as they did, with no data
   moved by the upgrade.
-* **A checkpoint that names a version it did not make** (an interrupt, an
-  `update_state` of another key: `messages` is not in its `new_versions`) has
-  it from a blob row: `agent_put_checkpoint` copies the value from the parent
-  checkpoint's row (or from the row it replaces) into `checkpoint_blobs` when
-  it is held there. So a blob row exists for every version a checkpoint names
-  without holding it, and deleting the checkpoint that made a version (prune,
-  retention, branch deletion) never loses the value another one reads: the
-  deletes keep the blob rows that remaining checkpoints point at, as before.
+* **A checkpoint that names a version without its value** (a put whose
+  checkpoint is kept whole, `saver.compact_checkpoint`, or whose values lack
+  `messages`) has it from a blob row: when no blob row holds that version,
+  `agent_put_checkpoint` copies the value from a row of the thread's namespace
+  that holds it into `checkpoint_blobs`. So every version a checkpoint names
+  is in its row or in a blob row, and deleting the checkpoint that made a
+  version (prune, retention, branch deletion) never loses the value another
+  one reads: the deletes keep the blob rows that remaining checkpoints point
+  at, as before.
 * **Rewrites and copies** (`sql.REWRITE_INLINE_SQL`, `sql.COPY_THREAD_SQL`)
   change or copy the columns with the row.
 
@@ -86,8 +92,9 @@ def claim_with_inline_messages(statement: str) -> str:
 
 def put_checkpoint_sql(summary_key: str, ts_name: str, terms_key: str) -> str:
     """`agent_put_checkpoint` storing the typed `messages` value it is handed under `MESSAGES_KEY` in the row, and
-    copying a version the checkpoint names without holding it from its parent's row into `checkpoint_blobs`
-    (module docstring); otherwise as the one before it (the search terms under `terms_key`, the compact row)."""
+    copying a version the checkpoint names without holding it, when no blob row has it, from a row of the thread
+    that holds it into `checkpoint_blobs` (module docstring); otherwise as the one before it (the search terms
+    under `terms_key`, the compact row)."""
     return f"""CREATE OR REPLACE FUNCTION agent_put_checkpoint(
         p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
         p_checkpoint JSONB, p_metadata JSONB)
@@ -130,14 +137,20 @@ def put_checkpoint_sql(summary_key: str, ts_name: str, terms_key: str) -> str:
             END IF;
         END IF;
         v_version := p_checkpoint -> 'channel_versions' ->> '{CHANNEL}';
-        IF v_messages_type IS NULL AND v_version IS NOT NULL THEN
-            -- A version it names but did not make: the value leaves the row that holds it for a blob row.
+        IF v_messages_type IS NULL AND v_version IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM checkpoint_blobs b
+            WHERE b.thread_id = p_thread_id AND b.checkpoint_ns = p_checkpoint_ns AND b.channel = '{CHANNEL}'
+              AND b.version = v_version)
+        THEN
+            -- A version it names without its value: a copy of the value a row holds, as a blob row. Its own
+            -- row first (a put again of the same checkpoint), then the parent's, then any (one scan of the
+            -- thread's rows, for puts the saver does not write itself).
             INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
             SELECT p_thread_id, p_checkpoint_ns, '{CHANNEL}', v_version, c.agent_messages_type, c.agent_messages
             FROM checkpoints c
             WHERE c.thread_id = p_thread_id AND c.checkpoint_ns = p_checkpoint_ns
-              AND c.checkpoint_id IN (p_parent_checkpoint_id, p_checkpoint_id)
               AND c.agent_messages_type IS NOT NULL AND c.checkpoint -> 'channel_versions' ->> '{CHANNEL}' = v_version
+            ORDER BY c.checkpoint_id = p_checkpoint_id DESC, c.checkpoint_id = p_parent_checkpoint_id DESC
             LIMIT 1
             ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING;
         END IF;

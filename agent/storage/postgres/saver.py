@@ -268,17 +268,18 @@ class TurnPostgresSaver(TurnSaverMixin, PostgresSaver):
             raise
 
     def _messages_in_row(self, stored: Mapping[str, Any], new_versions) -> Mapping[str, Any]:
-        """`stored` (a compact checkpoint) with a new version of its `messages` value, typed, under `MESSAGES_KEY`
-        instead of among the channel values that LangGraph's `put` writes as blob rows (`inline_messages`). As it
-        is when the checkpoint brings no new version of them, or the value is a JSON primitive, which LangGraph
-        keeps in the document itself."""
+        """`stored` (a compact checkpoint) with its `messages` value, typed, under `MESSAGES_KEY` instead of among
+        the channel values that LangGraph's `put` writes as blob rows (`inline_messages`): whether or not the
+        checkpoint made that version (a `__copy__` of a checkpoint names the version its source made, and its
+        parent is the source's parent, which holds another one). As it is when the checkpoint names no version
+        of them, or the value is a JSON primitive, which LangGraph keeps in the document itself."""
         values = stored.get("channel_values") or {}
         value = values.get(inline_messages.CHANNEL)
-        version = new_versions.get(inline_messages.CHANNEL)
+        version = stored.get("channel_versions", {}).get(inline_messages.CHANNEL)
         if not isinstance(value, (dict, list)) or version is None:
             return stored
-        if version != stored.get("channel_versions", {}).get(inline_messages.CHANNEL):
-            return stored  # a version the checkpoint does not name: LangGraph's blob row, which no read finds
+        if new_versions.get(inline_messages.CHANNEL, version) != version:
+            return stored  # a new version the checkpoint does not name: LangGraph's blob row, which no read finds
         type_, blob = self.serde.dumps_typed(value)
         rest = {k: v for k, v in values.items() if k != inline_messages.CHANNEL}
         return {**stored, "channel_values": rest, MESSAGES_KEY: [type_, base64.b64encode(blob).decode("ascii")]}
