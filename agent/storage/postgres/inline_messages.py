@@ -39,6 +39,10 @@ The layout:
 * **Rewrites and copies** (`sql.REWRITE_INLINE_SQL`, `sql.COPY_THREAD_SQL`)
   change or copy the columns with the row.
 
+The value travels as base64 text inside the JSONB parameter, which caps it at
+about 190 MB compressed (a bytea parameter could take 1 GB): far above any
+message delta, and not checked.
+
 The columns are NULL where the row holds no value (LangGraph's own puts of
 other channels, namespaced checkpoints without messages): NULL costs the row
 no byte, since its null bitmap is there already.
