@@ -120,6 +120,22 @@ def test_closing_the_agent_stops_its_background_run_and_records_its_end_before_i
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
 
 
+def test_closing_the_agent_with_a_run_whose_event_loop_closed_neither_raises_nor_waits_for_it(make_agent):
+    # An `asyncio.run` that ended while a background run was pending leaves a run no loop will run again; `close`
+    # raised "Event loop is closed" on it (seen in a full run of the suite).
+    from agent.runs.service import LocalRun
+
+    agent = make_agent("memory://")
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(asyncio.sleep(60))
+    loop.run_until_complete(asyncio.sleep(0))  # the task started
+    loop.close()
+    agent.runs.attach("resp_dead_loop", LocalRun(loop, task, started=True))
+    began = time.monotonic()
+    agent.close()
+    assert time.monotonic() - began < 1.0  # not RECORD_ENDS_SECONDS waiting for an end that never comes
+
+
 def test_a_streamed_turns_stored_events_are_sealed_when_encryption_is_on(make_agent, tmp_path):
     from agent.encryption import generate_key
 

@@ -97,14 +97,20 @@ class LocalRun:
         `agent.runs.places`, `ClaimHandoff`)."""
         if self.task is not None and not self.cancelled and not self.stopped:  # stopped: ending anyway
             self.cancelled = True
-            self.loop.call_soon_threadsafe(self.task.cancel, RUN_CANCEL_MESSAGE)
+            self._cancel_task(RUN_CANCEL_MESSAGE)
 
     def stop(self) -> None:
         """Cancel its task because the server is shutting down (`Runs.stop_all`): a running turn stops and writes
         nothing, as a cancel stops it, but its run reads failed (`STOPPED_AT_SHUTDOWN`), not cancelled."""
         if self.task is not None and not self.cancelled and not self.stopped:
             self.stopped = True
-            self.loop.call_soon_threadsafe(self.task.cancel, RUN_STOP_MESSAGE)
+            self._cancel_task(RUN_STOP_MESSAGE)
+
+    def _cancel_task(self, message: str) -> None:
+        # A loop closed under its task (an `asyncio.run` that ended while the run was pending) runs it no more:
+        # nothing is left to cancel, and its end is its lease's (found by a full run: `close` raised here).
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.task.cancel, message)
 
 
 def run_cancelled(error: BaseException) -> RunCancelled | ServerStopping | None:
@@ -193,9 +199,11 @@ class Runs:
         agent's `close`; blocking, never raises. Returns the response ids stopped."""
         stopped = self.stop_all()
         deadline = time.monotonic() + seconds
+        with self._lock:  # a run whose loop is closed never records its end here (`LocalRun._cancel_task`)
+            waited = {rid for rid in stopped if rid in self._local and not self._local[rid].loop.is_closed()}
         # A run leaves `_local` once its end is recorded (`Recorder._ended`); its task runs on another thread's
         # loop (a sync `predict`'s run: a loop thread of its own), so this thread polls.
-        while set(stopped) & set(self.local_ids()) and time.monotonic() < deadline:
+        while waited & set(self.local_ids()) and time.monotonic() < deadline:
             time.sleep(0.01)
         return stopped
 
