@@ -17,8 +17,11 @@ The layout:
   search terms), and the function stores it in the row's `agent_messages_type`
   and `agent_messages` columns; no blob row is written. That holds also when
   the checkpoint did not make the version: the agent's value is a delta against
-  the checkpoint's parent (`agent.storage.deltas`), a few bytes when the
-  messages did not change, and a `__copy__` of a checkpoint (LangGraph's
+  the checkpoint's parent (`agent.storage.deltas`), about 60 bytes with its
+  type when the messages did not change (where a shared blob row cost such a
+  checkpoint nothing: a graph of your own that writes a checkpoint per step,
+  `durability="sync"`, pays that on its steps that leave the messages alone),
+  and a `__copy__` of a checkpoint (LangGraph's
   `update_state(..., as_node="__copy__")`) names the version its source made
   while its parent, the source's parent, holds another one.
 * **Read from the row first.** Every read of a checkpoint's values
