@@ -175,10 +175,18 @@ def item_text(item: dict[str, Any]) -> tuple[str, str]:
     return who, text
 
 
-def branches_table(branches: list[dict[str, Any]], *, title: str = "Branches") -> RenderableType:
+#: How a branches table says to move the head: in `tt-agent chat`, and from the shell (the thread's id filled in).
+CHAT_SWITCH = "/switch <id>"
+SHELL_SWITCH = "tt-agent switch {thread_id} <id>"
+
+
+def branches_table(
+    branches: list[dict[str, Any]], *, title: str = "Branches", switch: str = CHAT_SWITCH
+) -> RenderableType:
     """`list_branches` entries (the pinned one first, then newest first): each branch's last checkpoint, where it
-    forks, its size and last user message, marked with its label, `[pinned]` and `[archived]`."""
-    table = Table(title=title, header_style="bold", caption="branch: its last checkpoint; /switch <id> moves the head there",
+    forks, its size and last user message, marked with its label, `[pinned]` and `[archived]`. `switch`: the
+    command the caption names for moving the head to a branch (`CHAT_SWITCH`, or `SHELL_SWITCH` filled in)."""
+    table = Table(title=title, header_style="bold", caption=f"branch: its last checkpoint; {switch} moves the head there",
                   caption_justify="left")  # fmt: skip
     table.add_column("branch", no_wrap=True, style="cyan")
     table.add_column("forks at", no_wrap=True, style="dim")

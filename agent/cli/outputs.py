@@ -96,9 +96,9 @@ def _state(run: Run) -> None:
 
 
 def _branches(run: Run) -> None:
-    from agent.views import branches_table
+    from agent.views import SHELL_SWITCH, branches_table
 
-    console.print(branches_table(run.python))
+    console.print(branches_table(run.python, switch=SHELL_SWITCH.format(thread_id=run.args.thread_id)))
 
 
 def _switched(run: Run) -> None:
@@ -166,7 +166,7 @@ def _searched(run: Run) -> None:
 def _branch_changed(run: Run) -> None:
     """A branch record change (`branch label|pin|archive|unarchive|delete`): what it did, then the thread's
     branches as they are now (archived ones too, marked), as `tt-agent branches --include-archived` shows them."""
-    from agent.views import branches_table, short_id
+    from agent.views import SHELL_SWITCH, branches_table, short_id
 
     change, name = run.python, run.operation.name
     at = short_id(change["checkpoint_id"])
@@ -184,7 +184,7 @@ def _branch_changed(run: Run) -> None:
             f"({', '.join(short_id(c) for c in gone)}), {change['deleted_memory_versions']} memory version(s) with them."
         )
     console.print(Text(f"Thread {change['thread_id']}: {said}"))
-    console.print(branches_table(run.branches()))
+    console.print(branches_table(run.branches(), switch=SHELL_SWITCH.format(thread_id=change["thread_id"])))
 
 
 #: By operation name.

@@ -156,7 +156,11 @@ def plan_regenerate(
     holding = tree.newest_holding(chain, last_user + 1, since=first)
     if holding is not None:
         return TurnStart(chain[holding], [])
-    return _start_before(tree, chain, messages, last_user, [messages[last_user]], what="regenerate")
+    answered = "the last answer" if message_id is None else f"answer {message_id!r}"
+    return _start_before(
+        tree, chain, messages, last_user, [messages[last_user]],
+        what=f"regenerate {answered} (to user message {messages[last_user].id!r})",
+    )  # fmt: skip
 
 
 def _start_before(

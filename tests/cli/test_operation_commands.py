@@ -69,6 +69,9 @@ def test_switch_fork_state_compare_branches_and_usage_take_short_ids(branched):
 
     branches = run("branches", thread_id, "--database-url", url)
     assert sf[-8:] in branches.stdout and new_york[-8:] in branches.stdout and "[head]" in branches.stdout
+    # The shell's command to move the head, not the chat's `/switch` (a new user's report).
+    said = " ".join(branches.stdout.split())
+    assert f"tt-agent switch {thread_id} <id> moves the head there" in said and "/switch" not in said
 
     diff = run("compare", thread_id, sf[-8:], new_york[-8:], "--database-url", url)
     assert diff.exit_code == 0 and f"common ancestor: {first[-8:]}" in diff.stdout

@@ -274,13 +274,17 @@ def test_after_keep_latest_edit_and_regenerate_say_why_not_and_what_still_works(
     messages = agent.get_checkpoint_state(thread_id)["messages"]
     first_user = messages[0]["id"]
 
-    # Both are refused with the true reason, naming the checkpoint the sweep kept; nothing is written.
-    for refused in (
-        lambda: say(agent, "I'm headed to Boston!", thread_id=thread_id, edit_message_id=first_user),
-        lambda: agent.predict(request(None, thread_id=thread_id, regenerate=True)),
-    ):
+    # Both are refused with the true reason, naming the checkpoint the sweep kept and the message; nothing is written.
+    last_user = [m for m in messages if m["role"] == "user"][-1]["id"]
+    for refused, names in (
+        (lambda: say(agent, "I'm headed to Boston!", thread_id=thread_id, edit_message_id=first_user),
+         f"Cannot edit message {first_user!r} of thread"),
+        (lambda: agent.predict(request(None, thread_id=thread_id, regenerate=True)),
+         f"Cannot regenerate the last answer (to user message {last_user!r}) of thread"),
+    ):  # fmt: skip
         with pytest.raises(InvalidRequest) as error:
             refused()
+        assert names in error.value.message
         assert "keep_latest retention sweep" in error.value.message
         assert "no earlier checkpoint to branch from" in error.value.message
         assert "empty root" not in error.value.message
