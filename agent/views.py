@@ -128,9 +128,13 @@ def branch_tree(entries: list[dict[str, Any]], *, notes: dict[str, str] | None =
 
 
 def led_to(entry: dict[str, Any]) -> Text:
-    """What led to a checkpoint: the user message of its turn, or that it is the thread's empty root."""
+    """What led to a checkpoint: the user message of its turn, a merge (`merge_branch`: its mode and source
+    checkpoint), or that it is the thread's empty root."""
     if entry.get("source") == "root":
         return Text("(root: empty, before the first message)", style="dim")
+    merged = entry.get("merged_from")
+    if isinstance(merged, dict) and merged.get("checkpoint_id"):
+        return Text(f"merge ({merged.get('mode')}) of {short_id(merged['checkpoint_id'])}")
     said = clipped(entry.get("last_user_message") or "")
     prefix = "update: " if entry.get("source") == "update" else ""
     return Text(f'{prefix}you: "{said}"' if said else f"{prefix}(no user message)")

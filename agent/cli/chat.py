@@ -248,6 +248,9 @@ class _Chat:
         if not number.isdigit() or not 1 <= int(number) <= len(items) or not text.strip():
             console.print(f"[red]Usage: /edit <n> <text>[/], n from 1 to {len(items)} (the numbers of /show)")
             return
+        if items[int(number) - 1].get("role") != "user":  # a turn edits user messages (`operations.edits`)
+            console.print(f"[red]Message {number} is not yours:[/] /edit changes your messages; /regen {number} asks for another answer.")
+            return
         self.send(text.strip(), edit_message_id=items[int(number) - 1]["id"])
 
     def regen(self, rest: str) -> None:

@@ -34,6 +34,7 @@ def test_chat_edits_the_first_message_regenerates_lists_switches_forks_and_compa
         "/regen",
         "/branches",
         "/edit 9 too far",
+        "/edit 2 not my words",
     )
     thread_id = re.search(rf"new thread_id ({UUID})", out).group(1)
     turn1, turn2, edited, regenerated = saved_checkpoints(out)
@@ -51,6 +52,10 @@ def test_chat_edits_the_first_message_regenerates_lists_switches_forks_and_compa
     positions = [listed.index(c[-SHORT:]) for c in (regenerated, edited, turn2)]
     assert positions == sorted(positions) and "[head]" in listed
     assert "Usage: /edit <n> <text>" in out
+    # An answer is not the user's to edit: chat says what to use, not the Python API (a new user's report).
+    refused = " ".join(out.split("you › /edit 2 not my words", 1)[1].split())
+    assert refused.startswith("Message 2 is not yours: /edit changes your messages; /regen 2 asks for another answer.")
+    assert "update_checkpoint_state" not in refused
 
     # A second session on the thread: switch back to the SF branch, continue, fork, compare.
     out = chat(
@@ -119,6 +124,11 @@ def test_branch_merge_brings_in_the_chosen_messages_given_by_repeated_message_id
         state = agent.get_checkpoint_state(thread_id)
     assert state["merged_from"]["message_ids"] == [chosen] and state["merged_from"]["checkpoint_id"] == source_id
     assert state["messages"][-1]["content"][0]["text"] == "Lisbon instead"  # the copy, on the target branch
+    # The tree says it is a merge, and of what (not the previous user message as an "update").
+    tree = run_cli("history", thread_id, "--tree", "--database-url", url, cwd=tmp_path)
+    assert_clean_success(tree)
+    line = next(line for line in tree.stdout.splitlines() if state["checkpoint_id"][-SHORT:] in line and "msgs" in line)
+    assert f"merge (messages) of {source_id[-SHORT:]}" in line and "update:" not in line
 
 
 def test_branch_merge_prints_the_summary_as_the_model_writes_it_then_where_it_was_saved(tmp_path):
