@@ -97,61 +97,31 @@ def claim_with_inline_messages(statement: str) -> str:
     return statement.replace(found[0], channel_values_sql("c"))
 
 
-def put_checkpoint_sql(summary_key: str, ts_name: str, terms_key: str) -> str:
-    """`agent_put_checkpoint` storing the typed `messages` value it is handed under `MESSAGES_KEY` in the row, and
-    copying a version the checkpoint names without holding it, when no blob row has it, from a row of the thread
-    that holds it into `checkpoint_blobs` (module docstring); otherwise as the one before it (the search terms
-    under `terms_key`, the compact row)."""
-    return f"""CREATE OR REPLACE FUNCTION agent_put_checkpoint(
-        p_thread_id TEXT, p_checkpoint_ns TEXT, p_checkpoint_id TEXT, p_parent_checkpoint_id TEXT,
-        p_checkpoint JSONB, p_metadata JSONB)
-    RETURNS VOID LANGUAGE plpgsql AS $$
-    DECLARE
-        v_terms INTEGER[];
-        v_messages_type TEXT;
-        v_messages BYTEA;
-        v_version TEXT;
-        v_checkpoint JSONB;
-        v_summary JSONB := p_metadata -> '{summary_key}';
-    BEGIN
-        -- Only a compact checkpoint (its REST_KEY text) carries terms and messages: one kept whole keeps every key.
-        IF jsonb_typeof(p_checkpoint -> 'r') = 'string' THEN
-            IF jsonb_typeof(p_checkpoint -> '{terms_key}') = 'array' THEN
-                v_terms := ARRAY(SELECT jsonb_array_elements_text(p_checkpoint -> '{terms_key}')::integer);
-                p_checkpoint := p_checkpoint - '{terms_key}';
-            END IF;
-            IF jsonb_typeof(p_checkpoint -> '{MESSAGES_KEY}') = 'array' THEN
-                v_messages_type := p_checkpoint -> '{MESSAGES_KEY}' ->> 0;
-                v_messages := decode(p_checkpoint -> '{MESSAGES_KEY}' ->> 1, 'base64');
-                p_checkpoint := p_checkpoint - '{MESSAGES_KEY}';
-            END IF;
+# `agent_put_checkpoint` as the search terms' migration left it, and what `put_checkpoint_with_messages` makes of it:
+# (the text to find once, the text in its place).
+_PUT_CHANGES = (
+    # Its variables.
+    ("        v_terms INTEGER[];\n",
+     "        v_terms INTEGER[];\n        v_messages_type TEXT;\n        v_messages BYTEA;\n        v_version TEXT;\n"),
+    # The value handed under MESSAGES_KEY, taken out of the document (a compact checkpoint only, as the terms).
+    ("        v_checkpoint := p_checkpoint - 'id';\n", f"""\
+        IF jsonb_typeof(p_checkpoint -> 'r') = 'string' AND jsonb_typeof(p_checkpoint -> '{MESSAGES_KEY}') = 'array' THEN
+            v_messages_type := p_checkpoint -> '{MESSAGES_KEY}' ->> 0;
+            v_messages := decode(p_checkpoint -> '{MESSAGES_KEY}' ->> 1, 'base64');
+            p_checkpoint := p_checkpoint - '{MESSAGES_KEY}';
         END IF;
         v_checkpoint := p_checkpoint - 'id';
-        IF jsonb_typeof(v_summary) = 'string' THEN
-            v_summary := (v_summary #>> '{{}}')::jsonb;
-        END IF;
-        IF p_checkpoint ->> 'id' IS DISTINCT FROM p_checkpoint_id THEN
-            v_checkpoint := p_checkpoint;  -- kept whole: the row could not give its id back
-        ELSE
-            IF p_checkpoint -> 'ts' = v_summary -> '{ts_name}' THEN
-                v_checkpoint := v_checkpoint - 'ts';
-            END IF;
-            IF p_checkpoint -> 'channel_values' = '{{}}'::jsonb THEN
-                v_checkpoint := v_checkpoint - 'channel_values';
-            END IF;
-            IF p_checkpoint -> 'pending_sends' = '[]'::jsonb THEN
-                v_checkpoint := v_checkpoint - 'pending_sends';
-            END IF;
-        END IF;
+"""),
+    # A version it names without its value: a copy of the value a row holds, as a blob row, unless one exists. Its
+    # own row first (a put again of the same checkpoint), then the parent's, then any (one scan of the thread's
+    # rows, for puts the saver does not write itself).
+    ("        INSERT INTO checkpoints (", f"""\
         v_version := p_checkpoint -> 'channel_versions' ->> '{CHANNEL}';
         IF v_messages_type IS NULL AND v_version IS NOT NULL AND NOT EXISTS (
             SELECT 1 FROM checkpoint_blobs b
             WHERE b.thread_id = p_thread_id AND b.checkpoint_ns = p_checkpoint_ns AND b.channel = '{CHANNEL}'
               AND b.version = v_version)
         THEN
-            -- A version it names without its value: a copy of the value a row holds, as a blob row. Its own
-            -- row first (a put again of the same checkpoint), then the parent's, then any (one scan of the
-            -- thread's rows, for puts the saver does not write itself).
             INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
             SELECT p_thread_id, p_checkpoint_ns, '{CHANNEL}', v_version, c.agent_messages_type, c.agent_messages
             FROM checkpoints c
@@ -161,15 +131,29 @@ def put_checkpoint_sql(summary_key: str, ts_name: str, terms_key: str) -> str:
             LIMIT 1
             ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING;
         END IF;
-        INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata,
-            agent_terms, agent_messages_type, agent_messages)
-        VALUES (p_thread_id, p_checkpoint_ns, p_checkpoint_id, p_parent_checkpoint_id, v_checkpoint, p_metadata, v_terms,
-            v_messages_type, v_messages)
-        ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
-        DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata,
-            agent_terms = COALESCE(EXCLUDED.agent_terms, checkpoints.agent_terms),
-            agent_messages_type = EXCLUDED.agent_messages_type, agent_messages = EXCLUDED.agent_messages;
-    END $$"""
+        INSERT INTO checkpoints ("""),
+    # The row's columns.
+    ("            agent_terms)\n", "            agent_terms, agent_messages_type, agent_messages)\n"),
+    ("p_metadata, v_terms)\n", "p_metadata, v_terms,\n            v_messages_type, v_messages)\n"),
+    ("            agent_terms = COALESCE(EXCLUDED.agent_terms, checkpoints.agent_terms);\n",
+     "            agent_terms = COALESCE(EXCLUDED.agent_terms, checkpoints.agent_terms),\n"
+     "            agent_messages_type = EXCLUDED.agent_messages_type, agent_messages = EXCLUDED.agent_messages;\n"),
+)  # fmt: skip
+
+
+def put_checkpoint_with_messages(statement: str) -> str:
+    """`statement` (the newest `agent_put_checkpoint`) storing the typed `messages` value it is handed under
+    `MESSAGES_KEY` in the row, and copying a version the checkpoint names without holding it, when no blob row has
+    it, from a row of the thread that holds it into `checkpoint_blobs` (module docstring).
+
+    Raises:
+        AssertionError: a text it changes is not found exactly once in `statement`.
+    """
+    for old, new in _PUT_CHANGES:
+        if statement.count(old) != 1:
+            raise AssertionError(f"expected {old.strip()!r} once in agent_put_checkpoint, found {statement.count(old)}")
+        statement = statement.replace(old, new)
+    return statement
 
 
 #: The columns (no default: adding them rewrites no table).

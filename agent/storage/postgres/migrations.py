@@ -836,7 +836,9 @@ MIGRATIONS += [
 # row and that row's key. No data moves: a row without the columns' value is read from its blob as before.
 MIGRATIONS += [
     *inline_messages.ADD_COLUMNS_SQL,
-    inline_messages.put_checkpoint_sql(summaries.SUMMARY_KEY, summaries.SHORT_NAMES["ts"], TERMS_KEY),
+    inline_messages.put_checkpoint_with_messages(
+        MIGRATIONS[max(n for n, statement in enumerate(MIGRATIONS) if "FUNCTION agent_put_checkpoint(" in statement)]
+    ),
     inline_messages.claim_with_inline_messages(
         MIGRATIONS[max(n for n, statement in enumerate(MIGRATIONS) if "FUNCTION agent_claim_turn(" in statement)]
     ),
