@@ -38,8 +38,8 @@ What it changes in `PostgresSaver`, and why:
   `agent_terms` column rather than in the document: one statement, and no row
   of their own (see the migration). LangGraph's `put` and its six parameters
   stay as they are.
-* **Messages in the row.** A checkpoint that brings a new version of its
-  `messages` value hands it, typed, to `agent_put_checkpoint` under
+* **Messages in the row.** A checkpoint that names a version of its
+  `messages` value hands the value, typed, to `agent_put_checkpoint` under
   `MESSAGES_KEY` in the compact checkpoint, and the function stores it in the
   row's own columns rather than as a row of `checkpoint_blobs`; every read
   (`SELECT_SQL`, which is ours, and the claim's) takes it from there
