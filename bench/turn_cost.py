@@ -26,6 +26,11 @@ reference design of `bench.storage` (the Databricks notebooks' `MessagesState`
   (tracing as `create_agent` resolves it: on only where an MLflow tracking
   server is configured) and with tracing on into a local MLflow store (what a
   user who traces gets; both designs traced). The figure is the worst round.
+  Beside it, for reference, the time each Postgres turn spent waiting for the
+  server (`RoundTrips`: the claim's round trip and the durable commit's, as
+  psycopg waits for them) and the same ratio with those waits taken out of
+  each turn: what the agent's own work on Postgres adds to a turn, and what
+  the server's two round trips add.
 
 Beside them, the server's own price of a durable commit: the p50 of
 `DURABLE_COMMITS` one-row INSERTs in autocommit (each waits for its WAL flush,
@@ -48,6 +53,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -262,17 +269,57 @@ def commit_p50_ms(server_url: str) -> dict[str, float]:
     return out
 
 
+class RoundTrips:
+    """The seconds this process spends in psycopg's waits for the server (sending a query and waiting for
+    its answer), summed over every Postgres connection of the agent while `timing()` is open: it wraps
+    `DeadlineConnection.wait`, the one wait every query and commit of the agent goes through
+    (`agent.storage.postgres.round_trips`)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextmanager
+    def timing(self) -> Iterator[RoundTrips]:
+        from agent.storage.postgres.round_trips import DeadlineConnection
+
+        wait = DeadlineConnection.wait
+
+        def timed(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return wait(conn, *args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        DeadlineConnection.wait = timed  # type: ignore[method-assign]
+        try:
+            yield self
+        finally:
+            DeadlineConnection.wait = wait  # type: ignore[method-assign]
+
+
 def lockstep_round(designs: dict[str, Design], turns: int) -> dict[str, float]:
-    """One new thread per design, in lockstep; p50 (ms) of each design's last `WINDOW` turns."""
+    """One new thread per design, in lockstep; p50 (ms) of each design's last `WINDOW` turns, and as
+    `postgres_less_round_trips` the p50 of the Postgres turns' wall less their round trips' waits
+    (`RoundTrips`), and as `round_trips` the p50 of those waits."""
     threads = {name: new_thread_id(name) for name in designs}
     times: dict[str, list[float]] = {name: [] for name in designs}
-    for turn in range(1, turns + 1):
-        text = user_message(turn, MESSAGE_SIZES["short"])
-        for name, design in designs.items():
-            start = time.perf_counter()
-            design.turn(threads[name], text)
-            times[name].append(time.perf_counter() - start)
-    return {name: p50_ms(values[-WINDOW:]) for name, values in times.items()}
+    waits: list[float] = []
+    with RoundTrips().timing() as round_trips:
+        for turn in range(1, turns + 1):
+            text = user_message(turn, MESSAGE_SIZES["short"])
+            for name, design in designs.items():
+                before = round_trips.seconds
+                start = time.perf_counter()
+                design.turn(threads[name], text)
+                times[name].append(time.perf_counter() - start)
+                if name == "postgres":
+                    waits.append(round_trips.seconds - before)
+    out = {name: p50_ms(values[-WINDOW:]) for name, values in times.items()}
+    if waits:
+        out["round_trips"] = p50_ms(waits[-WINDOW:])
+        out["postgres_less_round_trips"] = p50_ms([t - w for t, w in zip(times["postgres"], waits)][-WINDOW:])
+    return out
 
 
 class DefaultProject(Project):
@@ -305,6 +352,7 @@ def measure_latency(server_url: str, turns: int, rounds: int, workdir: Path) -> 
                         "tracing": bool(postgres.agent.settings.tracing),
                         "rounds": found,
                         "ratios": [r["postgres"] / r["memory"] for r in found],
+                        "ratios_less_round_trips": [r["postgres_less_round_trips"] / r["memory"] for r in found],
                     }
                 finally:
                     postgres.close()
@@ -336,6 +384,10 @@ def figures() -> dict[str, report.Figure]:
         "turn p50 Postgres / memory://, tracing on (worst round)", "<= 1.3", lambda v: v <= 1.3, ratio
     )
     table["postgres_vs_memory_untraced"] = report.Figure("turn p50 Postgres / memory://, tracing off (worst round)", fmt=ratio)
+    table["postgres_less_round_trips"] = report.Figure(
+        "turn p50 Postgres less its waits for the server / memory://, default settings (worst round)", fmt=ratio
+    )
+    table["round_trips_ms"] = report.Figure("a Postgres turn's waits for the server, p50, default settings", fmt=ms)
     table["turn_ms_postgres_default"] = report.Figure("Postgres turn p50, default settings (last round)", fmt=ms)
     table["turn_ms_postgres_traced"] = report.Figure("Postgres turn p50, tracing on (last round)", fmt=ms)
     table["durable_commit_ms"] = report.Figure("the server's durable one-row commit p50 (its WAL flush)", fmt=ms)
@@ -370,6 +422,16 @@ def run(server_url: str, *, quick: bool = False) -> dict[str, Any]:
         notes[key] = "rounds " + ", ".join(f"{r:.2f}" for r in latency[mode]["ratios"])
         if mode == "default":
             notes[key] += f"; tracing {'on' if latency[mode]['tracing'] else 'off'}"
+    default_rounds = latency["default"]["rounds"]
+    values["postgres_less_round_trips"] = max(latency["default"]["ratios_less_round_trips"])
+    notes["postgres_less_round_trips"] = "rounds " + ", ".join(
+        f"{r:.2f}" for r in latency["default"]["ratios_less_round_trips"]
+    ) + "; what the agent's own work on Postgres adds: the claim's and the commit's round trips taken out"
+    values["round_trips_ms"] = default_rounds[-1]["round_trips"]
+    notes["round_trips_ms"] = (
+        "the claim and the durable commit, in psycopg's waits (last round): "
+        f"{default_rounds[-1]['round_trips'] / default_rounds[-1]['memory']:.2f} of a memory:// turn"
+    )
     values["turn_ms_postgres_default"] = latency["default"]["rounds"][-1]["postgres"]
     notes["turn_ms_postgres_default"] = f"memory:// {latency['default']['rounds'][-1]['memory']:.2f} ms"
     values["turn_ms_postgres_traced"] = latency["tracing_on"]["rounds"][-1]["postgres"]

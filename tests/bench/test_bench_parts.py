@@ -173,6 +173,12 @@ def check_turn_cost(run: Run) -> None:
     latency = result["measurements"]["latency"]
     assert latency["tracing_on"]["tracing"] is True and latency["tracing_off"]["tracing"] is False
     assert all(len(latency[mode]["ratios"]) == turn_cost.QUICK_ROUNDS for mode in latency)
+    # Every Postgres turn's waits for the server were timed (the claim's and the commit's round trips), and
+    # are a part of its wall time, not all of it.
+    for mode in latency:
+        for found in latency[mode]["rounds"]:
+            assert 0 < found["round_trips"] < found["postgres"]
+            assert found["postgres_less_round_trips"] < found["postgres"]
     assert left_by(run, like="tt_bench_cost_%") == []
 
 
