@@ -77,7 +77,8 @@ def compile_graph(builder: StateGraph, saver) -> CompiledStateGraph:
     Raises:
         ConfigurationError: `builder` is not a `StateGraph` (a compiled graph: pass the builder, the
             agent compiles it with its own checkpointer), or its state has no `messages` channel, or
-            that channel has another reducer.
+            that channel has another reducer, or a node is a subgraph compiled with `checkpointer=True`
+            (its state would not branch with the thread's checkpoints).
     """
     if not isinstance(builder, StateGraph):
         hint = " (pass the StateGraph builder, not builder.compile(...))" if isinstance(builder, CompiledStateGraph) else ""
@@ -95,6 +96,14 @@ def compile_graph(builder: StateGraph, saver) -> CompiledStateGraph:
             f"(Annotated[list[AnyMessage], add_messages]); it is a {type(channel).__name__}."
         )
     graph = builder.compile(checkpointer=saver)
+    for name, subgraph in graph.get_subgraphs(recurse=True):
+        if subgraph.checkpointer is True:
+            raise ConfigurationError(
+                f"The graph's node {name!r} is a subgraph compiled with checkpointer=True: LangGraph keeps such a "
+                "subgraph's state per thread, across calls and branches (its own namespace without a task id), so "
+                "a turn from an earlier checkpoint would continue the subgraph where another branch left it. "
+                "Compile it without a checkpointer (its state then lives in each of the parent's checkpoints)."
+            )
     # The saver summarizes `next_nodes` when it writes a checkpoint, with LangGraph's own rule over the
     # graph's nodes and channels.
     saver.next_nodes = functools.partial(next_nodes, graph)

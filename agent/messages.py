@@ -47,6 +47,7 @@ an agent imports this module long before a turn needs it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ from agent.items import to_output_items, to_state_items
 from agent.validation import check_id
 
 __all__ = [
+    "with_ids",
     "UNANSWERED_TOOL_CALL",
     "close_unanswered_tool_calls",
     "to_langchain",
@@ -199,3 +201,9 @@ def _check_item(index: int, item: Any) -> None:
         raise InvalidRequest(
             f"{where}.type {kind!r} is not supported; use 'message', 'function_call' or 'function_call_output'"
         )
+
+
+def with_ids(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """`messages`, each with an id: a copy with a new one (a UUID4 string, as LangGraph's `add_messages`
+    gives) where it is missing, the message itself where it has one."""
+    return [m if m.id else m.model_copy(update={"id": str(uuid.uuid4())}) for m in messages]

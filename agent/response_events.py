@@ -102,9 +102,9 @@ class StreamEvents:
 
     def items_done(self, items: list[dict]) -> list[ResponsesAgentStreamEvent]:
         """The stream events for output items a step of the turn finished (a `NewMessages`'s)."""
-        out = self.release()
-        for item in items:
-            out += self.finished_item(item)
+        out: list[dict[str, Any]] = []
+        for item in items:  # each item releases the message held before it, one of this step's too
+            out += self.release() + self.finished_item(item)
         return self.numbered(out)
 
     def result_done(self, custom: dict[str, Any], tail: list[dict], *, interrupted: bool) -> list[ResponsesAgentStreamEvent]:

@@ -465,6 +465,25 @@ def test_a_subgraph_that_asks_again_after_an_answer_is_refused_with_nothing_writ
     assert head_and_count(agent, thread_id) == before
 
 
+def test_a_fork_waiting_inside_a_subgraph_refuses_an_answer_by_id_and_takes_a_plain_one(backend_url, make_agent):
+    # A copy holds the parent's checkpoints, not the subgraph's own (its namespace): answered, the subgraph starts
+    # again and asks under a new id, so an answer by the listed id is taken by no task.
+    sub = StateGraph(MessagesState)
+    sub.add_node("s1", asker("s1"))
+    sub.add_edge(START, "s1")
+    sub.add_edge("s1", END)
+    agent = make_agent(backend_url, graph=in_a_subgraph(sub))
+    asked = outputs(agent.predict(request("hi")))
+    fork = agent.fork_thread(asked["thread_id"])["thread_id"]
+    [listed] = question_ids(agent, fork)
+    before = head_and_count(agent, fork)
+    with pytest.raises(InvalidRequest, match="a copy does not carry the subgraph's own checkpoints"):
+        agent.predict(request(None, thread_id=fork, resume={listed: "S1"}))
+    assert head_and_count(agent, fork) == before
+    answered = agent.predict(request(None, thread_id=fork, resume="S1"))
+    assert text_of(answered) == "s1: S1" and not outputs(answered).get("interrupts")
+
+
 def test_a_subgraph_that_asks_in_a_later_step_of_its_own_is_refused_and_its_start_stays_as_it_was(backend_url, make_agent):
     # The subgraph writes a checkpoint of its own namespace between its two questions: that checkpoint became the
     # thread's head (which no read then found) and the start's question was replaced in place.

@@ -291,6 +291,11 @@ def test_graphs_the_agent_cannot_run_are_configuration_errors():
         create_agent("memory://", model="offline", graph=plain_graph(), tools=[get_weather], tracing=False)
     with pytest.raises(ConfigurationError, match="context_summary"):
         create_agent("memory://", model="offline", graph=plain_graph(), context_strategy="summarize", tracing=False)
+    # A subgraph with a checkpointer of its own keeps one state per thread, whatever the branch.
+    persistent = one_node(MessagesState, "delegate", one_node(MessagesState, "inner_echo", echo).compile(checkpointer=True))
+    with pytest.raises(ConfigurationError, match="'delegate' is a subgraph compiled with checkpointer=True"):
+        create_agent("memory://", model="offline", graph=persistent, tracing=False)
+    create_agent("memory://", model="offline", graph=subgraph_graph(), tracing=False).close()
 
 
 def test_async_and_failing_tools_run_on_every_path_and_tool_names_cannot_shadow_memory_tools(make_agent):
@@ -326,3 +331,67 @@ def test_a_node_returning_dict_messages_answers_with_the_stored_ids(make_agent):
     assert stored["id"] == reply.output[-1].id
     streamed = [e for e in agent.predict_stream(request("hi")) if e.type == "response.output_item.done"]
     assert [e.item["content"][0]["text"] for e in streamed] == ["dict reply"]
+
+
+def test_a_subgraph_node_giving_back_the_whole_conversation_answers_with_the_new_messages_only(make_agent):
+    # A compiled subgraph as a node returns its whole state: every earlier message again, unchanged.
+    builder = chatbot_graph()
+    builder.add_node("review", one_node(MessagesState, "noop", lambda state: {}).compile())
+    builder.edges.discard(("chatbot", END))
+    builder.add_edge("chatbot", "review")
+    builder.add_edge("review", END)
+    agent = make_agent("memory://", graph=builder)
+    first = say(agent, "one")
+    thread_id = outputs(first)["thread_id"]
+    replies = [first, say(agent, "two", thread_id=thread_id), say(agent, "three", thread_id=thread_id)]
+    stored = agent.get_checkpoint_state(thread_id)["messages"]
+    answers = [m for m in stored if m["role"] == "assistant"]
+    assert [[item.id for item in reply.output] for reply in replies] == [[m["id"]] for m in answers]
+    streamed = [e for e in agent.predict_stream(request("four", thread_id=thread_id)) if e.type == "response.output_item.done"]
+    assert len(streamed) == 1 and '"four"' in streamed[0].item["content"][0]["text"]
+
+
+def test_a_node_rewriting_a_message_by_its_id_is_reported_as_stored(make_agent):
+    def rewrite(state: MessagesState) -> dict:
+        last = state["messages"][-1]
+        return {"messages": [AIMessage("rewritten", id=last.id)]}
+
+    builder = chatbot_graph()
+    builder.add_node("rewrite", rewrite)
+    builder.edges.discard(("chatbot", END))
+    builder.add_edge("chatbot", "rewrite")
+    builder.add_edge("rewrite", END)
+    agent = make_agent("memory://", graph=builder)
+    reply = say(agent, "hi")
+    stored = agent.get_checkpoint_state(outputs(reply)["thread_id"])["messages"][-1]
+    assert stored["content"][0]["text"] == "rewritten"
+    assert reply.output[-1].id == stored["id"] and text_of(reply).endswith("rewritten")
+
+
+def test_dict_messages_of_parallel_nodes_are_answered_in_the_stored_order(make_agent):
+    from langgraph.types import interrupt
+
+    def ask(name: str):
+        return lambda state: {"messages": [("ai", f"{name} got {interrupt(f'question {name}')}")]}
+
+    builder = chatbot_graph()
+    builder.edges.discard((START, "chatbot"))
+    builder.add_node("ask_a", ask("A"))
+    builder.add_node("ask_b", ask("B"))
+    builder.add_edge(START, "ask_a")
+    builder.add_edge(START, "ask_b")
+    builder.add_edge(["ask_a", "ask_b"], "chatbot")
+    agent = make_agent("memory://", graph=builder)
+    asked = say(agent, "go")
+    thread_id, at = outputs(asked)["thread_id"], outputs(asked)["checkpoint_id"]
+    first, second = (item["id"] for item in outputs(asked)["interrupts"])
+
+    answered = agent.predict(request(thread_id=thread_id, checkpoint_id=at, resume={first: "yes", second: "no"}))
+    stored = agent.get_checkpoint_state(outputs(answered)["thread_id"])["messages"]
+    assert [item.id for item in answered.output] == [m["id"] for m in stored[1:]]
+    assert [m["content"][0]["text"][:5] for m in stored[1:3]] == ["A got", "B got"]
+    # Streamed: every message's output_item.done, in the stored order (two came in one step).
+    events = agent.predict_stream(request(thread_id=thread_id, checkpoint_id=at, resume={first: "1", second: "2"}))
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    texts = [item["content"][0]["text"] for item in done]
+    assert texts[:2] == ["A got 1", "B got 2"] and texts[2].startswith("[offline model]") and len(texts) == 3

@@ -39,12 +39,16 @@ def answered_in_place(parts: TurnParts, turn: Turn, start: str) -> dict[str, str
     Raises:
         InvalidRequest: no task took the answer (LangGraph asked the same question again), or a subgraph asked
             again within the turn (its own checkpoints live in a namespace named by its task, which a copy
-            renames: not supported): nothing is written.
+            renames: not supported), or a copy's subgraph question was answered by id (the copy has no
+            checkpoints of the subgraph, which starts again and asks under a new id): nothing is written.
     """
     if turn.puts or any(config["configurable"].get("checkpoint_ns", "") for config, *_ in turn.writes):
         raise InvalidRequest(
-            f"A subgraph asked another question after taking the answer at checkpoint {start!r} of thread "
-            f"{turn.thread_id!r}; a subgraph that asks again within one turn is not supported yet. Nothing was written.",
+            f"A subgraph asked a question again at checkpoint {start!r} of thread {turn.thread_id!r}: a subgraph "
+            "that asks again within one turn, after taking the answer, is not supported yet; or the question was asked "
+            "inside a subgraph before this thread was copied (fork_thread, import_thread): a copy does not carry the "
+            "subgraph's own checkpoints, so its subgraph starts again and asks under a new id, and a plain resume "
+            "value answers it. Nothing was written.",
             thread_id=turn.thread_id,
             checkpoint_id=start,
         )

@@ -5,6 +5,13 @@ messages, and the interrupts the run stopped at) and, when the caller streams
 tokens, "messages" (the model's reply chunk by chunk). `Progress` turns both
 into `TextDelta`s and `NewMessages` and keeps what it saw, because a turn that
 a newer turn interrupts keeps what it produced so far (`commit.keep_interrupted`).
+
+A node's update is what it returned, not what changed: a compiled subgraph
+used as a node returns its whole state, every earlier message included, and
+`add_messages` merges them by id into the same list. So a message that equals
+one the turn started with, sent, or already produced (same id, same fields) is
+not new, and is left out of the turn's events; one with a known id and other
+fields (a node that rewrites a message) is reported, as LangGraph stores it.
 `until` ends the stream the moment a newer turn asks this one to stop.
 """
 
@@ -34,6 +41,10 @@ class Progress:
     partial: dict[str, str] = field(default_factory=dict)  # streamed text of messages not finished yet, by id
     interrupts: list[Any] = field(default_factory=list)  # LangGraph `Interrupt`s the run stopped at
     unconverted: bool = False  # a node returned messages as dicts or tuples (add_messages converts them)
+    before: list[BaseMessage] = field(default_factory=list)
+    """The start checkpoint's messages and those the turn sends (with their ids), in any order."""
+    _known: dict[str, BaseMessage] | None = field(default=None, repr=False)
+    _reported: set[str] = field(default_factory=set, repr=False)  # ids of the messages given as `NewMessages`
 
     def events(self, mode: str, chunk: Any, stream_tokens: bool) -> Iterator[TextDelta | NewMessages]:
         """The turn's events for one item of the graph's stream (`mode`, `chunk`), as `modes` asked for."""
@@ -56,22 +67,39 @@ class Progress:
             given = messages if isinstance(messages, list) else [messages]
             messages = [m for m in given if isinstance(m, BaseMessage)]
             self.unconverted = self.unconverted or len(messages) < len(given)
+            messages = self._new(messages)
             if messages:
                 for message in messages:
                     self.partial.pop(message.id, None)
                 self.produced.extend(messages)
-                yield NewMessages(messages)
+                if not self.unconverted:  # after a node's dicts, the rest waits for `stored_events`, in stored order
+                    self._reported.update(m.id for m in messages)
+                    yield NewMessages(messages)
+
+    def _new(self, messages: list[BaseMessage]) -> list[BaseMessage]:
+        """`messages` less those equal to a message known by its id (see the module docstring); remembers the rest."""
+        if self._known is None:  # made on the first update with messages: most turns have one
+            self._known = {m.id: m for m in (*self.before, *self.produced) if m.id is not None}
+        new = [m for m in messages if m.id is None or self._known.get(m.id) != m]
+        self._known.update((m.id, m) for m in new if m.id is not None)
+        return new
 
     def stored_events(self, turn: Turn, start: str) -> Iterator[NewMessages]:
-        """The new messages of the turn's last checkpoint that the stream gave in another form (a node's dict
-        messages, which add_messages converted and gave ids): reported as stored, so the client gets their ids."""
-        if not self.unconverted or not turn.puts:
+        """After the run: once a node returned messages as dicts or tuples (which `add_messages` converts and
+        gives ids only as it stores them), the new messages not reported yet, as stored (so the client gets
+        their ids) and in the stored order (a node's dicts stay before what later nodes returned); then those
+        produced that the last checkpoint does not hold (a run a newer turn stopped before its checkpoint)."""
+        if not self.unconverted:
             return
-        known = {m.id for m in messages_of(turn, start)} | {m.id for m in self.produced}
-        head = turn.puts[-1][1]["channel_values"].get("messages") or []
+        known = {m.id for m in messages_of(turn, start)} | self._reported
+        head = turn.puts[-1][1]["channel_values"].get("messages") or [] if turn.puts else []
         missing = [m for m in head if isinstance(m, BaseMessage) and m.id not in known]
+        held = {m.id for m in missing}
+        missing += [m for m in self.produced if m.id not in known and m.id not in held]
         if missing:
-            self.produced.extend(missing)
+            produced = {m.id for m in self.produced}
+            self.produced.extend(m for m in missing if m.id not in produced)
+            self._reported.update(m.id for m in missing)
             yield NewMessages(missing)
 
     def kept(self) -> list[BaseMessage]:

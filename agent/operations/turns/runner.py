@@ -49,12 +49,14 @@ from agent.operations.turns.commit import finish
 from agent.operations.turns.parts import TurnParts
 from agent.operations.turns.progress import Progress, modes, until
 from agent.context import TURN_CONTEXT_KEY
+from agent.messages import with_ids
 from agent.operations.turns import steer
 from agent.operations.turns.start import (
     ClaimHandoff,
     begin,
     check_budget,
     check_input_ids,
+    messages_of,
     prepare,
     recall,
     strategy_of,
@@ -183,8 +185,9 @@ class TurnRunner:
         """The turn after its idempotency lookup: claim, prepare, run, commit (the one body of `run` and `arun`)."""
         parts = self.parts
         steering = strategy_of(parts, args) == "steer"
-        if steering:
-            args = dataclasses.replace(args, messages=steer.with_ids(args.messages))
+        # Every message a turn sends has its id before the graph runs: a steering request finds its messages
+        # in the thread by it, and the turn's output leaves out a message a node gives back unchanged (`Progress`).
+        args = dataclasses.replace(args, messages=with_ids(args.messages))
         primed = self._prime_recall(args)
         handoff = ClaimHandoff()
         thread_id = args.thread_id or str(uuid.uuid4())
@@ -227,7 +230,7 @@ class TurnRunner:
                 primed = primed.stale()
             await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config, primed)
             primed = None
-            progress = Progress()
+            progress = Progress(before=[*messages_of(turn, start_id), *begun.messages])
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             claim.on_stop(functools.partial(_wake, loop, stop))

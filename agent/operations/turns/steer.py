@@ -3,8 +3,8 @@
 The protocol is the storage's (`agent.storage.turns`, "Steering"); this module
 holds its two ends:
 
-* **The steering request** (`offer`, `settle`): its messages get ids first
-  (`with_ids`), so that it can later find them in the thread; `offer` is what
+* **The steering request** (`offer`, `settle`): its messages have ids (every
+  turn's do: `agent.messages.with_ids`), so that it can later find them in the thread; `offer` is what
   the claim stores for the running turn. Once the request holds the claim
   itself (the running turn has ended), `settle` deletes its offer and looks at
   the head: holding its messages, the request answers that it joined that
@@ -37,8 +37,7 @@ kind of work (`create_react_agent(pre_model_hook=...)`).
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from langchain_core.messages import BaseMessage
@@ -63,12 +62,6 @@ def can_join(args: TurnArgs) -> bool:
         and not args.regenerate
         and args.resume is None
     )
-
-
-def with_ids(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """`messages`, each with an id (copies get a new one where it is missing): a steering request finds its
-    messages in the thread by id."""
-    return [m if m.id else m.model_copy(update={"id": str(uuid.uuid4())}) for m in messages]
 
 
 def offer(parts: TurnParts, args: TurnArgs) -> tuple[str, bytes]:
