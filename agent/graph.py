@@ -77,7 +77,8 @@ def compile_graph(builder: StateGraph, saver) -> CompiledStateGraph:
     Raises:
         ConfigurationError: `builder` is not a `StateGraph` (a compiled graph: pass the builder, the
             agent compiles it with its own checkpointer), or its state has no `messages` channel, or
-            that channel has another reducer, or a node is a subgraph compiled with `checkpointer=True`
+            that channel has another reducer, or LangGraph refuses to compile it (no edge from START, an
+            edge to a node that does not exist), or a node is a subgraph compiled with `checkpointer=True`
             (its state would not branch with the thread's checkpoints).
     """
     if not isinstance(builder, StateGraph):
@@ -91,11 +92,16 @@ def compile_graph(builder: StateGraph, saver) -> CompiledStateGraph:
             "(or use langgraph.graph.MessagesState)."
         )
     if not (isinstance(channel, BinaryOperatorAggregate) and channel.operator in _MESSAGE_REDUCERS):
+        reducer = getattr(getattr(channel, "operator", None), "__name__", None)
+        has = f"its reducer is {reducer!r}" if reducer else "it has no reducer (each write would replace the list)"
         raise ConfigurationError(
-            f"The graph's {MESSAGES_CHANNEL!r} state key must be reduced by langgraph's add_messages "
-            f"(Annotated[list[AnyMessage], add_messages]); it is a {type(channel).__name__}."
+            f"The graph's {MESSAGES_CHANNEL!r} state key must be reduced by langgraph's add_messages itself "
+            f"(Annotated[list[AnyMessage], add_messages]), which the agent's edits and branches rely on; {has}."
         )
-    graph = builder.compile(checkpointer=saver)
+    try:
+        graph = builder.compile(checkpointer=saver)
+    except ValueError as exc:  # LangGraph's own checks of the graph's shape (no entry point, an unknown node)
+        raise ConfigurationError(f"LangGraph cannot compile the graph: {exc}") from exc
     for name, subgraph in graph.get_subgraphs(recurse=True):
         if subgraph.checkpointer is True:
             raise ConfigurationError(

@@ -233,7 +233,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         model = self.settings.model
         parsed = await context.in_io(self._resolved, parsed)
         if not parsed.is_turn and parsed.operation.stream is None:
-            outputs = await context.in_io(self._run_action, parsed)
+            outputs = await context.in_claim(self._run_action, parsed)
             return response([], outputs, None, model=model)
         output: list[dict] = []
         result: TurnResult | None = None
@@ -264,7 +264,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             if recorder is not None:
                 recorder.thread_id = parsed.envelope.thread_id  # a run that fails still names its thread
             if not parsed.is_turn and parsed.operation.stream is None:
-                outputs = await context.in_io(self._run_action, parsed)
+                outputs = await context.in_claim(self._run_action, parsed)
                 for event in action_events(outputs, model=self.settings.model, lifecycle=lifecycle):
                     yield event
                 return

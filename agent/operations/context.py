@@ -49,6 +49,12 @@ class OperationContext:
         assert self.turns is not None, "a read-only context runs nothing on the event loop"
         return await self.turns.in_io(contextvars.copy_context().run, function, *args)
 
+    async def in_claim(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`in_io` for work that may wait for a thread's claim (an action, a state update): on the turn
+        runner's claims' pool (`TurnRunner.in_claim`), so that waiting never holds the storage pool."""
+        assert self.turns is not None, "a read-only context runs nothing on the event loop"
+        return await self.turns.in_claim(contextvars.copy_context().run, function, *args)
+
     def close(self) -> None:
         """Release the turn runner's threads, the memories and the storage's connections."""
         if self.turns is not None:

@@ -144,7 +144,7 @@ async def amerge(turns: TurnRunner, args: MergeArgs, *, stream_tokens: bool) -> 
     handoff = ClaimHandoff()
     try:
         claimed = await parts.idempotency.aclaim_or_result(
-            lambda: in_io(claim_for, parts, args.thread_id, turn_args, handoff),
+            lambda: turns.in_claim(claim_for, parts, args.thread_id, turn_args, handoff),
             args.user_id, args.idempotency_key, args.request_hash, in_io,
         )  # fmt: skip
     except BaseException:

@@ -135,6 +135,47 @@ def test_a_turn_held_on_one_thread_does_not_block_another_thread(backend_url, ma
     assert user_texts(head_messages(agent, thread_b)) == ["start", "hello B"]
 
 
+def test_async_turns_queued_on_one_thread_leave_the_storage_threads_to_its_commit_and_to_reads(backend_url, make_agent):
+    # Waiting claims sleep in a thread. On the storage pool (2 x pool_max_size + 4 threads), more waiters
+    # than that took every thread: the turn they waited for could not commit, nor could any read run, until
+    # they timed out (a served agent with 30 turns queued on one thread stalled for 30 s).
+    import asyncio
+
+    model = gated_model()
+    agent = make_agent(backend_url, model=model, multitask_strategy="enqueue", pool_max_size=2, enqueue_timeout=HANG_TIMEOUT)
+    thread_id, _ = start_thread(agent)
+    other_thread, _ = start_thread(agent)
+    waiting = 2 * 2 + 4 + 4  # more than the storage pool's threads
+
+    async def scenario() -> tuple[list, dict, dict]:
+        held = asyncio.create_task(agent.apredict({"input": "block here", "custom_inputs": {"thread_id": thread_id}}))
+        while not model.entered.is_set():
+            await asyncio.sleep(0.01)
+        queued = [
+            asyncio.create_task(agent.apredict({"input": f"queued {n:02d}", "custom_inputs": {"thread_id": thread_id}}))
+            for n in range(waiting)
+        ]
+        await asyncio.sleep(0.5)  # every queued turn is in its claim's wait now
+        history = {"input": [], "custom_inputs": {"action": "get_checkpoint_history", "thread_id": thread_id}}
+        read = await asyncio.wait_for(agent.apredict(history), HANG_TIMEOUT / 4)  # the root and "start"
+        model.gate.set()
+        elsewhere = await asyncio.wait_for(
+            agent.apredict({"input": "hello", "custom_inputs": {"thread_id": other_thread}}), HANG_TIMEOUT / 4
+        )
+        done = await asyncio.wait_for(asyncio.gather(held, *queued, return_exceptions=True), HANG_TIMEOUT)
+        return done, outputs(read), outputs(elsewhere)
+
+    try:
+        done, read, elsewhere = asyncio.run(scenario())
+    finally:
+        model.gate.set()
+    assert [type(r).__name__ for r in done if isinstance(r, BaseException)] == []
+    assert len(read["history"]) == 2 and elsewhere["thread_id"] == other_thread
+    messages = head_messages(agent, thread_id)
+    assert sorted(user_texts(messages)) == sorted(["start", "block here", *(f"queued {n:02d}" for n in range(waiting))])
+    assert_each_user_message_followed_by_its_reply(messages)
+
+
 N_QUEUED = 8
 
 

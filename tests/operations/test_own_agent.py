@@ -17,6 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph.message import add_messages
 
 from agent import ConfigurationError, create_agent
 from agent.graph import call_model
@@ -283,8 +284,21 @@ def test_graphs_the_agent_cannot_run_are_configuration_errors():
     replaced = StateGraph(Replaced)
     replaced.add_node("n", lambda state: {})
     replaced.add_edge(START, "n")
-    with pytest.raises(ConfigurationError, match="add_messages"):
+    with pytest.raises(ConfigurationError, match="add_messages itself .* it has no reducer"):
         create_agent("memory://", model="offline", graph=replaced, tracing=False)
+
+    def my_reducer(left: list, right: list) -> list:
+        return add_messages(left, right)
+
+    Wrapped = TypedDict("Wrapped", {"messages": Annotated[list, my_reducer]})  # noqa: UP013 - a local reducer
+
+    wrapped = one_node(Wrapped, "n", lambda state: {})
+    with pytest.raises(ConfigurationError, match="its reducer is 'my_reducer'"):
+        create_agent("memory://", model="offline", graph=wrapped, tracing=False)
+    no_entry = StateGraph(MessagesState)
+    no_entry.add_node("n", echo)
+    with pytest.raises(ConfigurationError, match="LangGraph cannot compile the graph: .*entrypoint"):
+        create_agent("memory://", model="offline", graph=no_entry, tracing=False)
     with pytest.raises(ConfigurationError, match="not builder.compile"):
         create_agent("memory://", model="offline", graph=plain_graph().compile(), tracing=False)
     with pytest.raises(ConfigurationError, match="tools= is for the built-in graph"):

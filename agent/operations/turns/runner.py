@@ -17,6 +17,13 @@ The two paths differ only in where they wait:
   synchronous). An async turn runs them on the runner's storage thread pool
   (`in_io`), so the caller's event loop never blocks; a bridged sync turn runs
   them on its own loop thread, which serves that turn alone.
+* **A claim may wait** for the turn that holds its thread (`enqueue`, and
+  `interrupt`, `rollback`, `steer` after their request), seconds at a time, in
+  a thread (`ThreadStorage.claim`). So an async turn's claim, and a state
+  update or action (which claims too), run on a pool of their own (`in_claim`),
+  sized for every turn the process admits: on the storage pool, 24 turns
+  queued on one thread took every storage thread, and the turn they waited
+  for could not commit (nor any read run) until they timed out.
 * **The idempotency lookup** before the claim may wait for a turn that runs
   with the same key right now: `run` waits in the caller's thread, as the
   caller of a sync call expects, and `arun` awaits without holding a thread.
@@ -93,7 +100,12 @@ class TurnRunner:
         )
         # Storage calls of the async path: short, but blocking. Sized so that
         # waiting for a pooled connection never starves other work.
-        self._io = ThreadPoolExecutor(max_workers=2 * settings.pool_max_size + 4, thread_name_prefix="tt-storage")
+        io_workers = 2 * settings.pool_max_size + 4
+        self._io = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="tt-storage")
+        # Claims, which may wait for their thread (module docstring): one thread each for every turn the
+        # server admits at once, and as many again for actions; threads are made only as claims need them.
+        claims = (settings.max_running_turns or 0) + io_workers
+        self._claims = ThreadPoolExecutor(max_workers=claims, thread_name_prefix="tt-claim")
         # The sync path's event loops (`bridge`), started on the first sync turn.
         self._loops = LoopThreads()
 
@@ -123,6 +135,7 @@ class TurnRunner:
     def close(self) -> None:
         """Stop the storage thread pool and the sync path's loop threads (a running sync turn's when it ends)."""
         self._io.shutdown(wait=False, cancel_futures=True)
+        self._claims.shutdown(wait=False, cancel_futures=True)
         self._loops.close()
 
     def run(self, args: TurnArgs, *, stream_tokens: bool) -> Iterator[TurnEvent]:
@@ -177,9 +190,17 @@ class TurnRunner:
 
     async def in_io(self, function: Callable[..., Any], *args: Any) -> Any:
         """`function(*args)` on the storage thread pool, awaited (on a bridged sync turn's loop: called in place)."""
+        return await self._in(self._io, function, *args)
+
+    async def in_claim(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`in_io` for work that may wait for a thread's claim (a turn's claim, a state update, an action): on
+        the claims' pool, so that waiting claims never hold the storage pool (module docstring)."""
+        return await self._in(self._claims, function, *args)
+
+    async def _in(self, pool: ThreadPoolExecutor, function: Callable[..., Any], *args: Any) -> Any:
         if in_current_thread():
             return function(*args)
-        return await asyncio.get_running_loop().run_in_executor(self._io, functools.partial(function, *args))
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(function, *args))
 
     async def _turn(self, args: TurnArgs, stream_tokens: bool) -> AsyncIterator[TurnEvent]:
         """The turn after its idempotency lookup: claim, prepare, run, commit (the one body of `run` and `arun`)."""
@@ -193,7 +214,7 @@ class TurnRunner:
         thread_id = args.thread_id or str(uuid.uuid4())
         try:
             claimed = await parts.idempotency.aclaim_or_result(
-                lambda: self.in_io(begin, parts, thread_id, args, handoff),
+                lambda: self.in_claim(begin, parts, thread_id, args, handoff),
                 args.user_id, args.idempotency_key, args.request_hash, self.in_io,
             )  # fmt: skip
         except BaseException:
