@@ -416,3 +416,28 @@ def test_update_checkpoint_state_refuses_bad_messages_and_writes_nothing(agent, 
     with pytest.raises(InvalidRequest):
         agent.update_checkpoint_state(thread_id, None, new_messages)
     assert all_rows(backend_url) == rows
+
+
+def test_a_turn_that_sends_a_stored_messages_id_with_other_text_is_refused_and_a_replay_of_it_is_not(backend_url, make_agent):
+    # add_messages would replace the stored message where it stands: the branch's past rewritten, no new branch.
+    agent = make_agent(backend_url)
+    first = agent.predict({"input": "first"})
+    thread_id = first.custom_outputs["thread_id"]
+    stored = agent.get_checkpoint_state(thread_id)["messages"]
+    before = {**agent.export_thread(thread_id), "exported_at": None}
+    rewrite = [{"type": "message", "role": "user", "content": "REWRITTEN", "id": stored[0]["id"]}]
+    with pytest.raises(InvalidRequest, match="is a message of checkpoint .* already, with other content"):
+        agent.predict({"input": rewrite, "custom_inputs": {"thread_id": thread_id}})
+    as_assistant = [{"type": "message", "role": "assistant", "content": "first", "id": stored[0]["id"]}]
+    with pytest.raises(InvalidRequest, match="edit_message_id"):
+        agent.predict({"input": as_assistant, "custom_inputs": {"thread_id": thread_id}})
+    assert {**agent.export_thread(thread_id), "exported_at": None} == before
+    # A client that keeps its own history sends the conversation again, then its new message: appended once.
+    replay = [{"type": "message", "role": "user", "content": "first", "id": stored[0]["id"]},
+              *[item.model_dump(exclude_none=True) for item in first.output], {"role": "user", "content": "second"}]  # fmt: skip
+    agent.predict({"input": replay, "custom_inputs": {"thread_id": thread_id}})
+    after = agent.get_checkpoint_state(thread_id)["messages"]
+    assert [m["id"] for m in after[:2]] == [m["id"] for m in stored]
+    assert [(m["role"], m["content"][0]["text"][:6]) for m in after[1:]] == [
+        ("assistant", "[offli"), ("user", "second"), ("assistant", "[offli")
+    ]

@@ -39,6 +39,8 @@ from agent.storage.summaries import TURN_REPORT_KEY
 from agent.validation import check_id
 
 if TYPE_CHECKING:
+    from langgraph.checkpoint.base import CheckpointTuple
+
     from agent.memory.service import Primed
 
 #: The metadata `source` of a thread's root checkpoint.
@@ -193,6 +195,8 @@ def begin(parts: TurnParts, thread_id: str, args: TurnArgs, handoff: ClaimHandof
     held = claim(parts, thread_id, args, handoff.abandoned if handoff is not None else None)
     try:
         begun = plan_start(parts, held, args)
+        if args.edit_message_id is None and not args.regenerate:  # a turn adds (a state update may replace)
+            begun = dataclasses.replace(begun, messages=not_stored(begun.messages, begun.loaded, thread_id, begun.checkpoint_id))
         check_tool_results(begun, args)
         if handoff is not None and not handoff.deliver(held):
             raise TurnCancelled(f"The turn on thread {thread_id!r} was cancelled; nothing was written.", thread_id=thread_id)
@@ -243,6 +247,49 @@ def answering(begun: Start, args: TurnArgs, *, replacing: bool = False) -> Start
     cancel = args.cancel_interrupts or replacing
     resume, cancelled = answer(pending, args.resume, cancel, thread_id, begun.checkpoint_id)
     return dataclasses.replace(begun, resume=resume, cancelled=cancelled)
+
+
+def not_stored(
+    messages: Sequence[BaseMessage], loaded: CheckpointTuple | None, thread_id: str, checkpoint_id: str | None
+) -> list[BaseMessage]:
+    """A turn's input less the messages its start checkpoint (`loaded`) holds already, unchanged: a client
+    that keeps its own history may send the conversation again (its items carry the ids our output gave them).
+
+    A turn appends: an input message with the id of a stored message but another role or text, tool calls
+    or tool call id would replace it where it stands (LangGraph's `add_messages`), rewriting the branch's
+    past with no new branch, so it is refused.
+
+    Raises:
+        InvalidRequest: naming the id and the ways to change a message; nothing is written (the turn has not run).
+    """
+    stored = {} if loaded is None else {m.id: m for m in loaded.checkpoint["channel_values"].get("messages") or ()}
+    kept = []
+    for message in messages:
+        before = stored.get(message.id) if message.id is not None else None
+        if before is None:
+            kept.append(message)
+        elif not _same_message(message, before):
+            raise InvalidRequest(
+                f"The input holds a message with id {shown_id(message.id)}, which is a message of checkpoint "
+                f"{checkpoint_id!r} of thread {thread_id!r} already, with other content: a turn adds messages. To "
+                "change that one, send the new text with custom_inputs.edit_message_id (a new branch) or use "
+                "update_checkpoint_state; to add a message, send it without an id. Nothing was written.",
+                thread_id=thread_id,
+                checkpoint_id=checkpoint_id,
+                message_id=message.id,
+            )
+    return kept
+
+
+def _same_message(sent: BaseMessage, stored: BaseMessage) -> bool:
+    """Whether `sent` says what `stored` says: role, text, tool calls (id, name, arguments), tool call id."""
+    calls = lambda m: [(c["id"], c["name"], c["args"]) for c in getattr(m, "tool_calls", None) or ()]  # noqa: E731
+    return (
+        sent.type == stored.type
+        and sent.text == stored.text
+        and calls(sent) == calls(stored)
+        and getattr(sent, "tool_call_id", None) == getattr(stored, "tool_call_id", None)
+    )
 
 
 def check_tool_results(begun: Start, args: TurnArgs, *, field: str = "input") -> None:
