@@ -109,9 +109,11 @@ def openai_fields(raw: Mapping[str, Any], custom: Mapping[str, Any], *, turn: bo
         elif key in HARMLESS_FIELDS and HARMLESS_FIELDS[key](value):
             continue
         elif key in REFUSED_BECAUSE:
-            raise InvalidRequest(f"The request field {key!r} is not supported: {REFUSED_BECAUSE[key]}; remove it")
+            raise InvalidRequest(f"The request field {key!r} is not supported: {REFUSED_BECAUSE[key]}; remove it", param=key)
         else:
-            raise InvalidRequest(f"Unknown request field {key!r}; see the OpenAI Responses fields this agent accepts in its docs")
+            raise InvalidRequest(
+                f"Unknown request field {key!r}; see the OpenAI Responses fields this agent accepts in its docs", param=key
+            )
     for key in OPENAI_CUSTOM_KEYS & set(custom):
         if key in given and given[key] != custom[key]:
             raise InvalidRequest(f"{key} and custom_inputs.{key} disagree; send one")

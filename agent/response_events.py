@@ -24,8 +24,10 @@ The wire format is OpenAI's whole (`openai.types.responses.Response` and
   deltas carry their `output_index`; deltas their `content_index` and `logprobs` (`[]`).
 * The last message's `output_item.done` is held back until the turn is committed, so that it can
   carry `custom_outputs` with the new `checkpoint_id` (the Databricks reference drops
-  `custom_outputs` on streams); `response.completed` carries them too, and alone carries their
-  `state` (`include: ["state"]`, `agent.operations.render`), so that the stream holds it once.
+  `custom_outputs` on streams); `response.completed` carries them too, in the event and in its
+  `response` (as `retrieve` has them, for the `openai` client's `get_final_response`), and the event
+  alone carries their `state` (`include: ["state"]`, `agent.operations.render`), so that the stream
+  holds it once.
 * A retry with an idempotency key whose first request committed gets that request's response
   again (`StoredResponse`); streamed, it is replayed as the same events, each message's text as
   one delta.
@@ -184,7 +186,10 @@ class StreamEvents:
         status = "incomplete" if custom.get("status") == "interrupted" else "completed"
         # The announced id, except for a turn stopped at the graph's `interrupt()` (`Turn.name_head`).
         self.response_id = self.fixed_id or custom.get("response_id") or self.response_id
-        out.append(self.event("response.completed", response=self.response(status), custom_outputs=custom))
+        # In the response too (without `state`), as `retrieve` and an unstreamed response have them: the `openai`
+        # client's stream helper (`get_final_response`) reads the event's response only.
+        response = {**self.response(status), "custom_outputs": _on_item(custom)}
+        out.append(self.event("response.completed", response=response, custom_outputs=custom))
         return out
 
     def replay(self, stored: StoredResponse) -> list[dict[str, Any]]:

@@ -94,9 +94,10 @@ def status_error_body(status: int, message: str) -> dict[str, str]:
 
 def openai_error_body(error: AgentError, *, param: str | None = None) -> dict[str, dict[str, str | None]]:
     """`{"error": {"message", "type", "code", "param"}}`, the body the OpenAI API (and its client) uses;
-    `param` defaults to the field the table names for the error's class."""
+    `param` defaults to the request field the error names (its `param` id: a refused or unknown field),
+    else to the field the table names for the error's class."""
     answer = answer_for(error)
-    param = param or answer.openai_param
+    param = param or error.ids.get("param") or answer.openai_param
     return {"error": {"message": error.message, "type": answer.openai_type, "code": answer.openai_code, "param": param}}
 
 

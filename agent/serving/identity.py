@@ -16,11 +16,11 @@ the client would choose the user.
 So, before any route runs, a request whose trusted header arrives more than
 once, or whose value holds a comma, is refused with 400 and nothing is done.
 A user id therefore cannot contain a comma when it comes from the header
-(e-mail addresses and the ids identity providers issue do not). The body holds
-both error shapes, MLflow's `{"error_code", "message"}` (the Agent Server's
-routes) and OpenAI's `{"error": {...}}` (so the `openai` client raises
-`BadRequestError` with the message), because the middleware answers before
-it is known which router the path belongs to.
+(e-mail addresses and the ids identity providers issue do not). The body is
+the route's error shape, by its path (`errors.speaks_openai`): OpenAI's
+`{"error": {...}}` on `/responses` and `/conversations` (the `openai` client
+raises `BadRequestError` with the message, `param` naming the header), MLflow's
+`{"error_code", "message"}` elsewhere.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import json
 from typing import Any
 
 from agent.errors import InvalidRequest
-from agent.serving.errors import error_body, log_error_answer, openai_error_body
+from agent.serving.errors import error_body, log_error_answer, openai_error_body, speaks_openai
 
 
 def header_problem(name: str, values: list[bytes]) -> str | None:
@@ -68,8 +68,9 @@ class TrustedUserHeader:
 
 
 async def _refuse(scope: dict, send: Any, error: InvalidRequest, param: str) -> None:
-    body = {**error_body(error), **openai_error_body(error, param=param)}
-    log_error_answer(scope.get("method", ""), scope.get("path", ""), 400, body)
+    path = scope.get("path", "")
+    body = openai_error_body(error, param=param) if speaks_openai(path) else error_body(error)
+    log_error_answer(scope.get("method", ""), path, 400, body)
     payload = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": 400, "headers": headers})

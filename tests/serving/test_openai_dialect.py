@@ -19,6 +19,7 @@ import openai
 import psycopg
 import pytest
 
+from agent.dialect import REFUSED_BECAUSE
 from tests.helpers.databases import fresh_database
 from tests.helpers.scenario import TRIP
 from tests.helpers.servers import free_port, server_process
@@ -103,6 +104,11 @@ def test_trip_with_previous_response_id_then_conversation(server, local, stream)
     _, _, outputs = respond(client, "And when?", stream=stream, conversation={"id": thread_id})
     assert outputs["thread_id"] == thread_id
     assert local.get_checkpoint_history(thread_id, limit=1, user_id="alice")[0]["checkpoint_id"] == outputs["checkpoint_id"]
+
+    # The client's stream helper gives the final response with its custom_outputs, as retrieve does.
+    with client.responses.stream(model=MODEL, input="And how?", conversation=thread_id) as events:
+        final = events.get_final_response()
+    assert final.custom_outputs["thread_id"] == thread_id and final.id == final.custom_outputs["response_id"]
 
     # A stored response reads back with the same output and its place in the chain.
     stored = client.responses.retrieve(third)
@@ -206,6 +212,8 @@ def test_every_field_the_agent_cannot_honour_is_a_400_naming_it(server, field, f
     with pytest.raises(openai.BadRequestError) as raised:
         server.alice.responses.create(model=MODEL, input="hi", stream=stream, **fields)
     assert field in str(raised.value)
+    if field in REFUSED_BECAUSE or field == "mystery_field":  # a field the agent does not take: named as `param`
+        assert raised.value.param == field
     assert row_counts(server.url) == before
 
 
