@@ -91,9 +91,12 @@ def compile_graph(builder: StateGraph, saver) -> CompiledStateGraph:
             f"the conversation there: add `{MESSAGES_CHANNEL}: Annotated[list[AnyMessage], add_messages]` "
             "(or use langgraph.graph.MessagesState)."
         )
-    if not (isinstance(channel, BinaryOperatorAggregate) and channel.operator in _MESSAGE_REDUCERS):
-        reducer = getattr(getattr(channel, "operator", None), "__name__", None)
-        has = f"its reducer is {reducer!r}" if reducer else "it has no reducer (each write would replace the list)"
+    operator = getattr(channel, "operator", None)
+    # add_messages(format="langchain-openai") is a partial of it: the same merge, the content converted.
+    merge = operator.func if isinstance(operator, functools.partial) else operator
+    if not (isinstance(channel, BinaryOperatorAggregate) and _merges_by_id(merge)):
+        reducer = getattr(merge, "__name__", None) or repr(merge)
+        has = f"its reducer is {reducer!r}" if operator is not None else "it has no reducer (each write would replace the list)"
         raise ConfigurationError(
             f"The graph's {MESSAGES_CHANNEL!r} state key must be reduced by langgraph's add_messages itself "
             f"(Annotated[list[AnyMessage], add_messages]), which the agent's edits and branches rely on; {has}."
@@ -114,6 +117,14 @@ def compile_graph(builder: StateGraph, saver) -> CompiledStateGraph:
     # graph's nodes and channels.
     saver.next_nodes = functools.partial(next_nodes, graph)
     return graph
+
+
+def _merges_by_id(reducer: Any) -> bool:
+    """Whether `reducer` is one of `_MESSAGE_REDUCERS`, or the function LangGraph's `add_messages(format=...)`
+    wraps in a partial (its undecorated `add_messages`)."""
+    if reducer in _MESSAGE_REDUCERS:
+        return True
+    return getattr(reducer, "__module__", None) == add_messages.__module__ and getattr(reducer, "__name__", None) == "add_messages"
 
 
 def has_context_summary(graph: CompiledStateGraph) -> bool:

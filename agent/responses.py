@@ -233,7 +233,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
         model = self.settings.model
         parsed = await context.in_io(self._resolved, parsed)
         if not parsed.is_turn and parsed.operation.stream is None:
-            outputs = await context.in_claim(self._run_action, parsed)
+            outputs = await self._in_pool(parsed)(self._run_action, parsed)
             return response([], outputs, None, model=model)
         output: list[dict] = []
         result: TurnResult | None = None
@@ -264,7 +264,7 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
             if recorder is not None:
                 recorder.thread_id = parsed.envelope.thread_id  # a run that fails still names its thread
             if not parsed.is_turn and parsed.operation.stream is None:
-                outputs = await context.in_claim(self._run_action, parsed)
+                outputs = await self._in_pool(parsed)(self._run_action, parsed)
                 for event in action_events(outputs, model=self.settings.model, lifecycle=lifecycle):
                     yield event
                 return
@@ -402,6 +402,12 @@ class LangGraphResponsesAgent(Agent, ResponsesAgent):
                 response_id=response_id,
             )
         return run.checkpoint_id if run is not None and run.status in ("completed", "incomplete") else None
+
+    def _in_pool(self, parsed: ParsedRequest) -> Callable[..., Any]:
+        """Where an action runs: one that writes (and may wait for its thread's claim) on the updates' pool,
+        a read on the storage pool (`TurnRunner.in_update`)."""
+        context = self.operation_context
+        return context.in_update if parsed.operation.writes else context.in_io
 
     def _run_action(self, parsed: ParsedRequest) -> dict[str, Any]:
         envelope, operation = parsed.envelope, parsed.operation

@@ -426,7 +426,7 @@ def test_a_turn_that_sends_a_stored_messages_id_with_other_text_is_refused_and_a
     stored = agent.get_checkpoint_state(thread_id)["messages"]
     before = {**agent.export_thread(thread_id), "exported_at": None}
     rewrite = [{"type": "message", "role": "user", "content": "REWRITTEN", "id": stored[0]["id"]}]
-    with pytest.raises(InvalidRequest, match="is a message of checkpoint .* already, with other content"):
+    with pytest.raises(InvalidRequest, match="stands for a message of checkpoint .* with other content"):
         agent.predict({"input": rewrite, "custom_inputs": {"thread_id": thread_id}})
     as_assistant = [{"type": "message", "role": "assistant", "content": "first", "id": stored[0]["id"]}]
     with pytest.raises(InvalidRequest, match="edit_message_id"):
@@ -441,3 +441,22 @@ def test_a_turn_that_sends_a_stored_messages_id_with_other_text_is_refused_and_a
     assert [(m["role"], m["content"][0]["text"][:6]) for m in after[1:]] == [
         ("assistant", "[offli"), ("user", "second"), ("assistant", "[offli")
     ]
+
+
+def test_a_replayed_tool_turn_is_not_stored_twice_and_a_turn_of_stored_messages_only_is_refused(backend_url, make_agent):
+    # A function_call item's id is its call_id, not the stored message's: the calls tell it is stored already.
+    agent = make_agent(backend_url)
+    first = agent.predict({"input": 'use calculator {"expression": "2+3"}'})
+    thread_id, after_first = first.custom_outputs["thread_id"], first.custom_outputs["checkpoint_id"]
+    replay = [item.model_dump(exclude_none=True) for item in first.output]
+    assert [item["type"] for item in replay] == ["function_call", "function_call_output", "message"]
+    agent.predict({"input": [*replay, {"role": "user", "content": "thanks"}], "custom_inputs": {"thread_id": thread_id}})
+    kinds = [m["type"] for m in agent.get_checkpoint_state(thread_id)["messages"]]
+    assert kinds == ["message", "function_call", "function_call_output", "message", "message", "message"]
+    head = agent.get_head(thread_id)["checkpoint_id"]
+    with pytest.raises(InvalidRequest, match="Every message of the input .* is a message of checkpoint"):
+        agent.predict({"input": replay, "custom_inputs": {"thread_id": thread_id, "checkpoint_id": after_first}})
+    other_args = [{**replay[0], "arguments": '{"expression": "9*9"}'}, {"role": "user", "content": "and this?"}]
+    with pytest.raises(InvalidRequest, match="its tool call's"):
+        agent.predict({"input": other_args, "custom_inputs": {"thread_id": thread_id, "checkpoint_id": after_first}})
+    assert agent.get_head(thread_id)["checkpoint_id"] == head

@@ -49,11 +49,11 @@ class OperationContext:
         assert self.turns is not None, "a read-only context runs nothing on the event loop"
         return await self.turns.in_io(contextvars.copy_context().run, function, *args)
 
-    async def in_claim(self, function: Callable[..., Any], *args: Any) -> Any:
-        """`in_io` for work that may wait for a thread's claim (an action, a state update): on the turn
-        runner's claims' pool (`TurnRunner.in_claim`), so that waiting never holds the storage pool."""
+    async def in_update(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`in_io` for an action that writes, which may wait for its thread's claim: on the turn runner's
+        updates' pool (`TurnRunner.in_update`), so that waiting never holds the storage pool."""
         assert self.turns is not None, "a read-only context runs nothing on the event loop"
-        return await self.turns.in_claim(contextvars.copy_context().run, function, *args)
+        return await self.turns.in_update(contextvars.copy_context().run, function, *args)
 
     def close(self) -> None:
         """Release the turn runner's threads, the memories and the storage's connections."""

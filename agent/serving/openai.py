@@ -92,15 +92,16 @@ def openai_router(agent: LangGraphResponsesAgent) -> APIRouter:
     storage = context.storage
 
     async def answer(request: Request, work: Callable[[str | None, dict[str, Any]], Any]) -> JSONResponse:
-        """Run `work(user_id, body)` on the claims' pool (it may update a thread, waiting for its claim: a
-        conversation's items); an AgentError answers in OpenAI's shape."""
+        """Run `work(user_id, body)`: a read (GET) on the storage pool, a write (it may wait for its thread's
+        claim: a conversation's items) on the updates' pool; an AgentError answers in OpenAI's shape."""
         raw = await request.body() if request.method == "POST" else b""
         try:
             _path_ids(request)
             user_id = caller(agent, request)
             body = _json_object(raw) if request.method == "POST" else {}
             check_request_size(body, agent.settings)  # as turns and actions are
-            return JSONResponse(await context.in_claim(work, user_id, body))
+            run = context.in_io if request.method == "GET" else context.in_update
+            return JSONResponse(await run(work, user_id, body))
         except AgentError as exc:
             code = http_status(exc)
             body = openai_error_body(exc)

@@ -176,6 +176,46 @@ def test_async_turns_queued_on_one_thread_leave_the_storage_threads_to_its_commi
     assert_each_user_message_followed_by_its_reply(messages)
 
 
+def test_writing_actions_queued_on_one_busy_thread_never_hold_up_reads(backend_url, make_agent):
+    # Nothing bounds how many actions arrive. Writing ones claim their thread and wait under `enqueue`, in a
+    # thread each; reads run on the storage pool, so a flood of waiting writes on one thread delays no read.
+    import asyncio
+
+    from agent.operations.turns.runner import UPDATE_THREADS
+
+    model = gated_model()
+    agent = make_agent(backend_url, model=model, pool_max_size=2, enqueue_timeout=HANG_TIMEOUT)
+    thread_id, start = start_thread(agent)
+    other_thread, _ = start_thread(agent)
+    flood = UPDATE_THREADS + 6  # more than the writing actions' threads
+
+    def action(name: str, thread: str, **custom) -> dict:
+        return {"input": [], "custom_inputs": {"action": name, "thread_id": thread, **custom}}
+
+    async def scenario() -> tuple[list, dict, dict]:
+        held = asyncio.create_task(agent.apredict({"input": "block here", "custom_inputs": {"thread_id": thread_id}}))
+        while not model.entered.is_set():
+            await asyncio.sleep(0.01)
+        moves = [
+            asyncio.create_task(agent.apredict(action("set_head", thread_id, checkpoint_id=start, multitask_strategy="enqueue")))
+            for _ in range(flood)
+        ]
+        await asyncio.sleep(0.5)  # the writes wait for the held turn now
+        here = await asyncio.wait_for(agent.apredict(action("get_checkpoint_state", thread_id)), HANG_TIMEOUT / 4)
+        there = await asyncio.wait_for(agent.apredict(action("get_checkpoint_history", other_thread)), HANG_TIMEOUT / 4)
+        model.gate.set()
+        done = await asyncio.wait_for(asyncio.gather(held, *moves, return_exceptions=True), HANG_TIMEOUT)
+        return done, outputs(here), outputs(there)
+
+    try:
+        done, here, there = asyncio.run(scenario())
+    finally:
+        model.gate.set()
+    assert [type(r).__name__ for r in done if isinstance(r, BaseException)] == []
+    assert here["checkpoint_id"] == start and len(there["history"]) == 2
+    assert agent.get_head(thread_id)["checkpoint_id"] == start  # the last set_head, after the held turn
+
+
 N_QUEUED = 8
 
 

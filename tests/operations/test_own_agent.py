@@ -295,6 +295,9 @@ def test_graphs_the_agent_cannot_run_are_configuration_errors():
     wrapped = one_node(Wrapped, "n", lambda state: {})
     with pytest.raises(ConfigurationError, match="its reducer is 'my_reducer'"):
         create_agent("memory://", model="offline", graph=wrapped, tracing=False)
+    # LangGraph's own add_messages with a format is the same merge (a partial of it): taken.
+    formatted = TypedDict("Formatted", {"messages": Annotated[list, add_messages(format="langchain-openai")]})  # noqa: UP013
+    create_agent("memory://", model="offline", graph=one_node(formatted, "n", lambda state: {}), tracing=False).close()
     no_entry = StateGraph(MessagesState)
     no_entry.add_node("n", echo)
     with pytest.raises(ConfigurationError, match="LangGraph cannot compile the graph: .*entrypoint"):

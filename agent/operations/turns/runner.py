@@ -19,11 +19,15 @@ The two paths differ only in where they wait:
   them on its own loop thread, which serves that turn alone.
 * **A claim may wait** for the turn that holds its thread (`enqueue`, and
   `interrupt`, `rollback`, `steer` after their request), seconds at a time, in
-  a thread (`ThreadStorage.claim`). So an async turn's claim, and a state
-  update or action (which claims too), run on a pool of their own (`in_claim`),
-  sized for every turn the process admits: on the storage pool, 24 turns
-  queued on one thread took every storage thread, and the turn they waited
-  for could not commit (nor any read run) until they timed out.
+  a thread (`ThreadStorage.claim`). On the storage pool, 24 turns queued on one
+  thread took every storage thread, and the turn they waited for could not
+  commit (nor any read run) until they timed out. So an async turn's claim runs
+  on a pool of its own (`in_claim`), a thread for every turn the server admits
+  at once (`max_running_turns`), and an action that writes (it claims its
+  thread too, and waits under `enqueue`) on another (`in_update`), bounded
+  because nothing bounds how many actions arrive: a flood of them on one busy
+  thread delays other writing actions (they queue for the pool's threads), never
+  a read, a commit or a turn.
 * **The idempotency lookup** before the claim may wait for a turn that runs
   with the same key right now: `run` waits in the caller's thread, as the
   caller of a sync call expects, and `arun` awaits without holding a thread.
@@ -77,6 +81,10 @@ if TYPE_CHECKING:
     from agent.memory.service import Memories, Primed
 
 
+#: Threads for writing actions waiting for their thread's claim, at least (`TurnRunner.in_update`).
+UPDATE_THREADS = 64
+
+
 class TurnRunner:
     """Runs turns and state updates on one agent's storage and graph."""
 
@@ -102,10 +110,10 @@ class TurnRunner:
         # waiting for a pooled connection never starves other work.
         io_workers = 2 * settings.pool_max_size + 4
         self._io = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="tt-storage")
-        # Claims, which may wait for their thread (module docstring): one thread each for every turn the
-        # server admits at once, and as many again for actions; threads are made only as claims need them.
-        claims = (settings.max_running_turns or 0) + io_workers
-        self._claims = ThreadPoolExecutor(max_workers=claims, thread_name_prefix="tt-claim")
+        # Claims, which may wait for their thread (module docstring): a turn's, one thread for every turn the
+        # server admits at once; a writing action's, a bounded pool. Threads are made only as claims need them.
+        self._claims = ThreadPoolExecutor(max_workers=settings.max_running_turns or io_workers, thread_name_prefix="tt-claim")
+        self._updates = ThreadPoolExecutor(max_workers=max(UPDATE_THREADS, io_workers), thread_name_prefix="tt-update")
         # The sync path's event loops (`bridge`), started on the first sync turn.
         self._loops = LoopThreads()
 
@@ -136,6 +144,7 @@ class TurnRunner:
         """Stop the storage thread pool and the sync path's loop threads (a running sync turn's when it ends)."""
         self._io.shutdown(wait=False, cancel_futures=True)
         self._claims.shutdown(wait=False, cancel_futures=True)
+        self._updates.shutdown(wait=False, cancel_futures=True)
         self._loops.close()
 
     def run(self, args: TurnArgs, *, stream_tokens: bool) -> Iterator[TurnEvent]:
@@ -193,9 +202,14 @@ class TurnRunner:
         return await self._in(self._io, function, *args)
 
     async def in_claim(self, function: Callable[..., Any], *args: Any) -> Any:
-        """`in_io` for work that may wait for a thread's claim (a turn's claim, a state update, an action): on
-        the claims' pool, so that waiting claims never hold the storage pool (module docstring)."""
+        """`in_io` for a turn's claim, which may wait for its thread: on the claims' pool, so that waiting
+        claims never hold the storage pool (module docstring)."""
         return await self._in(self._claims, function, *args)
+
+    async def in_update(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`in_io` for an action that writes (a state update, a branch or thread change), which claims its
+        thread and may wait for it: on the updates' pool (module docstring)."""
+        return await self._in(self._updates, function, *args)
 
     async def _in(self, pool: ThreadPoolExecutor, function: Callable[..., Any], *args: Any) -> Any:
         if in_current_thread():

@@ -195,7 +195,9 @@ def begin(parts: TurnParts, thread_id: str, args: TurnArgs, handoff: ClaimHandof
     held = claim(parts, thread_id, args, handoff.abandoned if handoff is not None else None)
     try:
         begun = plan_start(parts, held, args)
-        if args.edit_message_id is None and not args.regenerate:  # a turn adds (a state update may replace)
+        # A turn adds (a state update may replace). A steering request's messages may be in the head because
+        # the running turn took them: `steer.settle` tells, after this.
+        if args.edit_message_id is None and not args.regenerate and held.steered_into is None:
             begun = dataclasses.replace(begun, messages=not_stored(begun.messages, begun.loaded, thread_id, begun.checkpoint_id))
         check_tool_results(begun, args)
         if handoff is not None and not handoff.deliver(held):
@@ -253,43 +255,70 @@ def not_stored(
     messages: Sequence[BaseMessage], loaded: CheckpointTuple | None, thread_id: str, checkpoint_id: str | None
 ) -> list[BaseMessage]:
     """A turn's input less the messages its start checkpoint (`loaded`) holds already, unchanged: a client
-    that keeps its own history may send the conversation again (its items carry the ids our output gave them).
+    that keeps its own history may send the conversation again, as the items our output gave it. A message
+    is stored already when one has its id; a tool call (a `function_call` item, whose id is its `call_id`),
+    when a stored answer made the same calls; a tool result, when its call has that result.
 
-    A turn appends: an input message with the id of a stored message but another role or text, tool calls
-    or tool call id would replace it where it stands (LangGraph's `add_messages`), rewriting the branch's
-    past with no new branch, so it is refused.
+    A turn appends: an input message with a stored message's id but another role, text, tool calls or tool
+    call id would replace it where it stands (LangGraph's `add_messages`), rewriting the branch's past with
+    no new branch; a tool call or result under a stored call id with other content would stand twice.
 
     Raises:
-        InvalidRequest: naming the id and the ways to change a message; nothing is written (the turn has not run).
+        InvalidRequest: naming the message and the ways to change one, or when every input message is stored
+            already (nothing new to answer: `regenerate` asks for another answer); nothing is written (the
+            turn has not run).
     """
-    stored = {} if loaded is None else {m.id: m for m in loaded.checkpoint["channel_values"].get("messages") or ()}
+    stored = () if loaded is None else loaded.checkpoint["channel_values"].get("messages") or ()
+    if not messages or not stored:
+        return list(messages)
+    by_id = {m.id: m for m in stored}
+    calls = {call["id"]: m for m in stored if m.type == "ai" for call in m.tool_calls}
+    results = {m.tool_call_id: m for m in stored if m.type == "tool"}
     kept = []
     for message in messages:
-        before = stored.get(message.id) if message.id is not None else None
-        if before is None:
+        twin, same = by_id.get(message.id) if message.id is not None else None, _same_message
+        if twin is None and message.type == "ai" and message.tool_calls:
+            twin, same = calls.get(message.tool_calls[0]["id"]), _same_calls  # the text may come in its own item
+        elif twin is None and message.type == "tool":
+            twin = results.get(message.tool_call_id)
+        if twin is None:
             kept.append(message)
-        elif not _same_message(message, before):
+        elif not same(message, twin):
             raise InvalidRequest(
-                f"The input holds a message with id {shown_id(message.id)}, which is a message of checkpoint "
-                f"{checkpoint_id!r} of thread {thread_id!r} already, with other content: a turn adds messages. To "
-                "change that one, send the new text with custom_inputs.edit_message_id (a new branch) or use "
-                "update_checkpoint_state; to add a message, send it without an id. Nothing was written.",
+                f"The input holds a message with id {shown_id(message.id)} that stands for a message of checkpoint "
+                f"{checkpoint_id!r} of thread {thread_id!r} (its id, or its tool call's) with other content: a turn "
+                "adds messages. To change that one, send the new text with custom_inputs.edit_message_id (a new "
+                "branch) or use update_checkpoint_state; to add a message, send it without an id. Nothing was written.",
                 thread_id=thread_id,
                 checkpoint_id=checkpoint_id,
                 message_id=message.id,
             )
+    if not kept:
+        named = ", ".join(f"call {shown_id(m.tool_call_id)}" if m.type == "tool" else shown_id(m.id) for m in messages)
+        raise InvalidRequest(
+            f"Every message of the input ({named}) is a message of checkpoint {checkpoint_id!r} of thread "
+            f"{thread_id!r} already (sent again unchanged; a tool call's result is stored once): a turn needs a new "
+            "message. For another answer to the last one, send custom_inputs.regenerate: true. Nothing was written.",
+            thread_id=thread_id,
+            checkpoint_id=checkpoint_id,
+        )
     return kept
 
 
 def _same_message(sent: BaseMessage, stored: BaseMessage) -> bool:
     """Whether `sent` says what `stored` says: role, text, tool calls (id, name, arguments), tool call id."""
-    calls = lambda m: [(c["id"], c["name"], c["args"]) for c in getattr(m, "tool_calls", None) or ()]  # noqa: E731
     return (
         sent.type == stored.type
         and sent.text == stored.text
-        and calls(sent) == calls(stored)
+        and _same_calls(sent, stored)
         and getattr(sent, "tool_call_id", None) == getattr(stored, "tool_call_id", None)
     )
+
+
+def _same_calls(sent: BaseMessage, stored: BaseMessage) -> bool:
+    """Whether both make the same tool calls (id, name, arguments), in order."""
+    calls = lambda m: [(c["id"], c["name"], c["args"]) for c in getattr(m, "tool_calls", None) or ()]  # noqa: E731
+    return calls(sent) == calls(stored)
 
 
 def check_tool_results(begun: Start, args: TurnArgs, *, field: str = "input") -> None:
