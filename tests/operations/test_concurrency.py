@@ -176,18 +176,20 @@ def test_async_turns_queued_on_one_thread_leave_the_storage_threads_to_its_commi
     assert_each_user_message_followed_by_its_reply(messages)
 
 
-def test_writing_actions_queued_on_one_busy_thread_never_hold_up_reads(backend_url, make_agent):
+def test_writing_actions_queued_on_one_busy_thread_never_hold_up_reads(backend_url, make_agent, monkeypatch):
     # Nothing bounds how many actions arrive. Writing ones claim their thread and wait under `enqueue`, in a
-    # thread each; reads run on the storage pool, so a flood of waiting writes on one thread delays no read.
+    # thread each of a bounded pool; reads run on the storage pool, so a flood of waiting writes on one thread,
+    # more than that pool has threads, delays no read.
     import asyncio
 
-    from agent.operations.turns.runner import UPDATE_THREADS
+    from agent.operations.turns import runner
 
+    monkeypatch.setattr(runner, "UPDATE_THREADS", 16)  # the pool's size (at least the storage pool's, 8 here)
     model = gated_model()
     agent = make_agent(backend_url, model=model, pool_max_size=2, enqueue_timeout=HANG_TIMEOUT)
     thread_id, start = start_thread(agent)
     other_thread, _ = start_thread(agent)
-    flood = UPDATE_THREADS + 6  # more than the writing actions' threads
+    flood = runner.UPDATE_THREADS + 6  # more than the writing actions' threads
 
     def action(name: str, thread: str, **custom) -> dict:
         return {"input": [], "custom_inputs": {"action": name, "thread_id": thread, **custom}}

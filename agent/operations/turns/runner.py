@@ -25,9 +25,9 @@ The two paths differ only in where they wait:
   on a pool of its own (`in_claim`), a thread for every turn the server admits
   at once (`max_running_turns`), and an action that writes (it claims its
   thread too, and waits under `enqueue`) on another (`in_update`), bounded
-  because nothing bounds how many actions arrive: a flood of them on one busy
-  thread delays other writing actions (they queue for the pool's threads), never
-  a read, a commit or a turn.
+  because nothing bounds how many actions arrive: a flood of more than
+  `UPDATE_THREADS` of them waiting on one busy thread delays other writing
+  actions (they queue for the pool's threads), never a read, a commit or a turn.
 * **The idempotency lookup** before the claim may wait for a turn that runs
   with the same key right now: `run` waits in the caller's thread, as the
   caller of a sync call expects, and `arun` awaits without holding a thread.
@@ -81,8 +81,11 @@ if TYPE_CHECKING:
     from agent.memory.service import Memories, Primed
 
 
-#: Threads for writing actions waiting for their thread's claim, at least (`TurnRunner.in_update`).
-UPDATE_THREADS = 64
+#: Threads for writing actions, which may wait for their thread's claim (`TurnRunner.in_update`), at least. Each
+#: waiting claim polls the database (about 10 times a second), so this also bounds that load; beyond it, writing
+#: actions queue for a thread, and their `enqueue_timeout` counts from when they get one. A claim that waited on
+#: the event loop instead of in a thread would need neither bound (not done: the claim protocol is synchronous).
+UPDATE_THREADS = 256
 
 
 class TurnRunner:
