@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 
 from agent.operations.turns.start import messages_of
 from agent.storage import Turn
+from agent.storage.deltas import MessageList
 from agent.types import NewMessages, TextDelta
 
 #: The key under which LangGraph's "updates" stream reports a run's pending interrupts.
@@ -41,9 +42,12 @@ class Progress:
     partial: dict[str, str] = field(default_factory=dict)  # streamed text of messages not finished yet, by id
     interrupts: list[Any] = field(default_factory=list)  # LangGraph `Interrupt`s the run stopped at
     unconverted: bool = False  # a node returned messages as dicts or tuples (add_messages converts them)
-    before: list[BaseMessage] = field(default_factory=list)
-    """The start checkpoint's messages and those the turn sends (with their ids), in any order."""
-    _known: dict[str, BaseMessage] | None = field(default=None, repr=False)
+    start: Sequence[BaseMessage] = ()
+    """The start checkpoint's messages (a `MessageList` that knows its ids is read only for an id it holds)."""
+    sent: Sequence[BaseMessage] = ()
+    """The messages the turn sends, with their ids."""
+    _known: dict[str, BaseMessage] | None = field(default=None, repr=False)  # sent and produced, by id
+    _start_by_id: dict[str, BaseMessage] | None = field(default=None, repr=False)
     _reported: set[str] = field(default_factory=set, repr=False)  # ids of the messages given as `NewMessages`
 
     def events(self, mode: str, chunk: Any, stream_tokens: bool) -> Iterator[TextDelta | NewMessages]:
@@ -77,11 +81,26 @@ class Progress:
                     yield NewMessages(messages)
 
     def _new(self, messages: list[BaseMessage]) -> list[BaseMessage]:
-        """`messages` less those equal to a message known by its id (see the module docstring); remembers the rest."""
-        if self._known is None:  # made on the first update with messages: most turns have one
-            self._known = {m.id: m for m in (*self.before, *self.produced) if m.id is not None}
-        new = [m for m in messages if m.id is None or self._known.get(m.id) != m]
-        self._known.update((m.id, m) for m in new if m.id is not None)
+        """`messages` less those equal to a message known by its id (see the module docstring); remembers the rest.
+
+        In O(len(messages)) unless an update names an id of the start checkpoint (a subgraph's whole state):
+        the start's messages are then read once, by id."""
+        if self._known is None:
+            self._known = {m.id: m for m in (*self.sent, *self.produced) if m.id is not None}
+        unknown = frozenset(m.id for m in messages if m.id is not None and m.id not in self._known)
+        if unknown and self._start_by_id is None:
+            ids = self.start.ids if isinstance(self.start, MessageList) else None
+            if ids is None or not ids.isdisjoint(unknown):
+                self._start_by_id = {m.id: m for m in self.start if m.id is not None}
+        new = []
+        for message in messages:
+            twin = None if message.id is None else self._known.get(message.id)
+            if twin is None and message.id is not None and self._start_by_id is not None:
+                twin = self._start_by_id.get(message.id)
+            if twin is None or twin != message:
+                new.append(message)
+                if message.id is not None:
+                    self._known[message.id] = message
         return new
 
     def stored_events(self, turn: Turn, start: str) -> Iterator[NewMessages]:

@@ -67,7 +67,7 @@ from agent.operations.turns.start import (
     begin,
     check_budget,
     check_input_ids,
-    messages_of,
+    stored_messages,
     prepare,
     recall,
     strategy_of,
@@ -268,7 +268,7 @@ class TurnRunner:
                 primed = primed.stale()
             await self.in_io(recall, parts, turn, start_id, args.user_id, begun.messages, config, primed)
             primed = None
-            progress = Progress(before=[*messages_of(turn, start_id), *begun.messages])
+            progress = Progress(start=stored_messages(turn, start_id), sent=begun.messages)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             claim.on_stop(functools.partial(_wake, loop, stop))

@@ -35,6 +35,7 @@ from agent.operations.turns import steer
 from agent.operations.turns.args import Start, TurnArgs
 from agent.operations.turns.parts import TurnParts
 from agent.storage import Claim, Turn
+from agent.storage.deltas import MessageList
 from agent.storage.summaries import TURN_REPORT_KEY
 from agent.validation import check_id
 
@@ -271,6 +272,13 @@ def not_stored(
     stored = () if loaded is None else loaded.checkpoint["channel_values"].get("messages") or ()
     if not messages or not stored:
         return list(messages)
+    # Read the stored messages only when the input may repeat one: an id they hold (a `MessageList` knows its
+    # ids: a turn on a long thread stays O(its input)), a tool call or a tool result.
+    ids = stored.ids if isinstance(stored, MessageList) else None
+    sent = frozenset(m.id for m in messages if m.id is not None)
+    tools = any(m.type == "tool" or (m.type == "ai" and m.tool_calls) for m in messages)
+    if ids is not None and ids.isdisjoint(sent) and not tools:
+        return list(messages)
     by_id = {m.id: m for m in stored}
     calls = {call["id"]: m for m in stored if m.type == "ai" for call in m.tool_calls}
     results = {m.tool_call_id: m for m in stored if m.type == "tool"}
@@ -452,6 +460,12 @@ def graph_config(thread_id: str, checkpoint_id: str) -> dict:
     """The graph config that runs (or updates the state) from `checkpoint_id` of `thread_id`."""
     # checkpoint_ns is explicit: SqliteSaver.put_writes needs it (KeyError otherwise).
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}}
+
+
+def stored_messages(turn: Turn, checkpoint_id: str) -> Sequence[BaseMessage]:
+    """The messages of a checkpoint the turn loaded, as stored (a `MessageList` that may know its ids: not copied)."""
+    loaded = turn.loaded.get(checkpoint_id)
+    return () if loaded is None else loaded.checkpoint["channel_values"].get("messages") or ()
 
 
 def messages_of(turn: Turn, checkpoint_id: str) -> list[BaseMessage]:
