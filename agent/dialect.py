@@ -109,7 +109,9 @@ def openai_fields(raw: Mapping[str, Any], custom: Mapping[str, Any], *, turn: bo
         elif key in HARMLESS_FIELDS and HARMLESS_FIELDS[key](value):
             continue
         elif key in REFUSED_BECAUSE:
-            raise InvalidRequest(f"The request field {key!r} is not supported: {REFUSED_BECAUSE[key]}; remove it", param=key)
+            raise InvalidRequest(
+                f"The request field {key!r} is not supported: {REFUSED_BECAUSE[key]}; remove it", param=key
+            )
         else:
             raise InvalidRequest(
                 f"Unknown request field {key!r}; see the OpenAI Responses fields this agent accepts in its docs", param=key

@@ -96,7 +96,11 @@ def compile_graph(builder: StateGraph, saver) -> CompiledStateGraph:
     merge = operator.func if isinstance(operator, functools.partial) else operator
     if not (isinstance(channel, BinaryOperatorAggregate) and _merges_by_id(merge)):
         reducer = getattr(merge, "__name__", None) or repr(merge)
-        has = f"its reducer is {reducer!r}" if operator is not None else "it has no reducer (each write would replace the list)"
+        has = (
+            f"its reducer is {reducer!r}"
+            if operator is not None
+            else "it has no reducer (each write would replace the list)"
+        )
         raise ConfigurationError(
             f"The graph's {MESSAGES_CHANNEL!r} state key must be reduced by langgraph's add_messages itself "
             f"(Annotated[list[AnyMessage], add_messages]), which the agent's edits and branches rely on; {has}."
@@ -124,7 +128,8 @@ def _merges_by_id(reducer: Any) -> bool:
     wraps in a partial (its undecorated `add_messages`)."""
     if reducer in _MESSAGE_REDUCERS:
         return True
-    return getattr(reducer, "__module__", None) == add_messages.__module__ and getattr(reducer, "__name__", None) == "add_messages"
+    module, name = getattr(reducer, "__module__", None), getattr(reducer, "__name__", None)
+    return module == add_messages.__module__ and name == "add_messages"
 
 
 def has_context_summary(graph: CompiledStateGraph) -> bool:

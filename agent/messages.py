@@ -1,4 +1,4 @@
-"""Conversions between Responses API items and LangChain messages, and the tool-call repair.
+"""Conversions between Responses API items and LangChain messages, the tool-call repair, and `with_ids`.
 
 Input items (`message`, `function_call`, `function_call_output`) become chat
 completion dicts through MLflow's `to_chat_completions_input`, then LangChain
@@ -59,12 +59,12 @@ from agent.items import to_output_items, to_state_items
 from agent.validation import check_id
 
 __all__ = [
-    "with_ids",
     "UNANSWERED_TOOL_CALL",
     "close_unanswered_tool_calls",
     "to_langchain",
     "to_output_items",
     "to_state_items",
+    "with_ids",
 ]
 
 ROLES = {"user", "assistant", "system", "developer"}

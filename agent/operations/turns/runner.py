@@ -67,9 +67,9 @@ from agent.operations.turns.start import (
     begin,
     check_budget,
     check_input_ids,
-    stored_messages,
     prepare,
     recall,
+    stored_messages,
     strategy_of,
 )
 from agent.operations.turns.updates import update_state
@@ -115,7 +115,8 @@ class TurnRunner:
         self._io = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="tt-storage")
         # Claims, which may wait for their thread (module docstring): a turn's, one thread for every turn the
         # server admits at once; a writing action's, a bounded pool. Threads are made only as claims need them.
-        self._claims = ThreadPoolExecutor(max_workers=settings.max_running_turns or io_workers, thread_name_prefix="tt-claim")
+        claims = settings.max_running_turns or io_workers
+        self._claims = ThreadPoolExecutor(max_workers=claims, thread_name_prefix="tt-claim")
         self._updates = ThreadPoolExecutor(max_workers=max(UPDATE_THREADS, io_workers), thread_name_prefix="tt-update")
         # The sync path's event loops (`bridge`), started on the first sync turn.
         self._loops = LoopThreads()

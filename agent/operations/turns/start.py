@@ -199,7 +199,8 @@ def begin(parts: TurnParts, thread_id: str, args: TurnArgs, handoff: ClaimHandof
         # A turn adds (a state update may replace). A steering request's messages may be in the head because
         # the running turn took them: `steer.settle` tells, after this.
         if args.edit_message_id is None and not args.regenerate and held.steered_into is None:
-            begun = dataclasses.replace(begun, messages=not_stored(begun.messages, begun.loaded, thread_id, begun.checkpoint_id))
+            sent = not_stored(begun.messages, begun.loaded, thread_id, begun.checkpoint_id)
+            begun = dataclasses.replace(begun, messages=sent)
         check_tool_results(begun, args)
         if handoff is not None and not handoff.deliver(held):
             raise TurnCancelled(f"The turn on thread {thread_id!r} was cancelled; nothing was written.", thread_id=thread_id)
