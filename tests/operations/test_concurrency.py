@@ -135,6 +135,19 @@ def test_a_turn_held_on_one_thread_does_not_block_another_thread(backend_url, ma
     assert user_texts(head_messages(agent, thread_b)) == ["start", "hello B"]
 
 
+async def hold_then_send(agent, model, thread_id: str, bodies: list[dict]) -> list:
+    """Start a turn on `thread_id` that the gated `model` holds, then one request per body, and give those
+    time to reach their claim's wait; their tasks, the held turn's first."""
+    import asyncio
+
+    held = asyncio.create_task(agent.apredict({"input": "block here", "custom_inputs": {"thread_id": thread_id}}))
+    while not model.entered.is_set():
+        await asyncio.sleep(0.01)
+    sent = [asyncio.create_task(agent.apredict(body)) for body in bodies]
+    await asyncio.sleep(0.5)  # each is in its claim's wait now
+    return [held, *sent]
+
+
 def test_async_turns_queued_on_one_thread_leave_the_storage_threads_to_its_commit_and_to_reads(backend_url, make_agent):
     # Waiting claims sleep in a thread. On the storage pool (2 x pool_max_size + 4 threads), more waiters
     # than that took every thread: the turn they waited for could not commit, nor could any read run, until
@@ -148,21 +161,15 @@ def test_async_turns_queued_on_one_thread_leave_the_storage_threads_to_its_commi
     waiting = 2 * 2 + 4 + 4  # more than the storage pool's threads
 
     async def scenario() -> tuple[list, dict, dict]:
-        held = asyncio.create_task(agent.apredict({"input": "block here", "custom_inputs": {"thread_id": thread_id}}))
-        while not model.entered.is_set():
-            await asyncio.sleep(0.01)
-        queued = [
-            asyncio.create_task(agent.apredict({"input": f"queued {n:02d}", "custom_inputs": {"thread_id": thread_id}}))
-            for n in range(waiting)
-        ]
-        await asyncio.sleep(0.5)  # every queued turn is in its claim's wait now
+        bodies = [{"input": f"queued {n:02d}", "custom_inputs": {"thread_id": thread_id}} for n in range(waiting)]
+        tasks = await hold_then_send(agent, model, thread_id, bodies)
         history = {"input": [], "custom_inputs": {"action": "get_checkpoint_history", "thread_id": thread_id}}
         read = await asyncio.wait_for(agent.apredict(history), HANG_TIMEOUT / 4)  # the root and "start"
         model.gate.set()
         elsewhere = await asyncio.wait_for(
             agent.apredict({"input": "hello", "custom_inputs": {"thread_id": other_thread}}), HANG_TIMEOUT / 4
         )
-        done = await asyncio.wait_for(asyncio.gather(held, *queued, return_exceptions=True), HANG_TIMEOUT)
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), HANG_TIMEOUT)
         return done, outputs(read), outputs(elsewhere)
 
     try:
@@ -195,18 +202,12 @@ def test_writing_actions_queued_on_one_busy_thread_never_hold_up_reads(backend_u
         return {"input": [], "custom_inputs": {"action": name, "thread_id": thread, **custom}}
 
     async def scenario() -> tuple[list, dict, dict]:
-        held = asyncio.create_task(agent.apredict({"input": "block here", "custom_inputs": {"thread_id": thread_id}}))
-        while not model.entered.is_set():
-            await asyncio.sleep(0.01)
-        moves = [
-            asyncio.create_task(agent.apredict(action("set_head", thread_id, checkpoint_id=start, multitask_strategy="enqueue")))
-            for _ in range(flood)
-        ]
-        await asyncio.sleep(0.5)  # the writes wait for the held turn now
+        move = action("set_head", thread_id, checkpoint_id=start, multitask_strategy="enqueue")
+        tasks = await hold_then_send(agent, model, thread_id, [move] * flood)
         here = await asyncio.wait_for(agent.apredict(action("get_checkpoint_state", thread_id)), HANG_TIMEOUT / 4)
         there = await asyncio.wait_for(agent.apredict(action("get_checkpoint_history", other_thread)), HANG_TIMEOUT / 4)
         model.gate.set()
-        done = await asyncio.wait_for(asyncio.gather(held, *moves, return_exceptions=True), HANG_TIMEOUT)
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), HANG_TIMEOUT)
         return done, outputs(here), outputs(there)
 
     try:
