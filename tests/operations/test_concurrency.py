@@ -148,6 +148,24 @@ async def hold_then_send(agent, model, thread_id: str, bodies: list[dict]) -> li
     return [held, *sent]
 
 
+def run_held(model, scenario) -> tuple:
+    """Run `scenario()` (a coroutine function returning (tasks, *results)): the gate is opened at the end
+    whatever happens, every task must finish without an error; its results."""
+    import asyncio
+
+    async def whole() -> tuple:
+        tasks, *results = await scenario()
+        model.gate.set()
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), HANG_TIMEOUT)
+        assert [type(r).__name__ for r in done if isinstance(r, BaseException)] == []
+        return tuple(results)
+
+    try:
+        return asyncio.run(whole())
+    finally:
+        model.gate.set()
+
+
 def test_async_turns_queued_on_one_thread_leave_the_storage_threads_to_its_commit_and_to_reads(backend_url, make_agent):
     # Waiting claims sleep in a thread. On the storage pool (2 x pool_max_size + 4 threads), more waiters
     # than that took every thread: the turn they waited for could not commit, nor could any read run, until
@@ -169,14 +187,9 @@ def test_async_turns_queued_on_one_thread_leave_the_storage_threads_to_its_commi
         elsewhere = await asyncio.wait_for(
             agent.apredict({"input": "hello", "custom_inputs": {"thread_id": other_thread}}), HANG_TIMEOUT / 4
         )
-        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), HANG_TIMEOUT)
-        return done, outputs(read), outputs(elsewhere)
+        return tasks, outputs(read), outputs(elsewhere)
 
-    try:
-        done, read, elsewhere = asyncio.run(scenario())
-    finally:
-        model.gate.set()
-    assert [type(r).__name__ for r in done if isinstance(r, BaseException)] == []
+    read, elsewhere = run_held(model, scenario)
     assert len(read["history"]) == 2 and elsewhere["thread_id"] == other_thread
     messages = head_messages(agent, thread_id)
     assert sorted(user_texts(messages)) == sorted(["start", "block here", *(f"queued {n:02d}" for n in range(waiting))])
@@ -206,15 +219,9 @@ def test_writing_actions_queued_on_one_busy_thread_never_hold_up_reads(backend_u
         tasks = await hold_then_send(agent, model, thread_id, [move] * flood)
         here = await asyncio.wait_for(agent.apredict(action("get_checkpoint_state", thread_id)), HANG_TIMEOUT / 4)
         there = await asyncio.wait_for(agent.apredict(action("get_checkpoint_history", other_thread)), HANG_TIMEOUT / 4)
-        model.gate.set()
-        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), HANG_TIMEOUT)
-        return done, outputs(here), outputs(there)
+        return tasks, outputs(here), outputs(there)
 
-    try:
-        done, here, there = asyncio.run(scenario())
-    finally:
-        model.gate.set()
-    assert [type(r).__name__ for r in done if isinstance(r, BaseException)] == []
+    here, there = run_held(model, scenario)
     assert here["checkpoint_id"] == start and len(there["history"]) == 2
     assert agent.get_head(thread_id)["checkpoint_id"] == start  # the last set_head, after the held turn
 
